@@ -1,0 +1,207 @@
+"""Attention masks.
+
+Every mask in this package is a boolean tensor with **True = may attend**, broadcastable to ``[..., n_q, n_k]``
+(the convention of ``torch.nn.functional.scaled_dot_product_attention``). The converters at the bottom of this
+module translate from and to the other conventions found in the wild; call them at the edges only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _check_length(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+    return value
+
+
+def full(n_q: int, n_k: int | None = None) -> torch.Tensor:
+    """Every query may attend to every key (BERT). Returns ``[n_q, n_k]`` bool, True = may attend."""
+    n_q = _check_length("n_q", n_q)
+    n_k = n_q if n_k is None else _check_length("n_k", n_k)
+    return torch.ones(n_q, n_k, dtype=torch.bool)
+
+
+def causal(n_q: int, n_k: int | None = None) -> torch.Tensor:
+    """Causal mask aligned to the bottom-right, as a decoder with a KV cache needs it.
+
+    With ``n_k > n_q`` the queries are the last ``n_q`` positions of the sequence, so query ``i`` may attend to
+    keys ``0 .. i + (n_k - n_q)``. Returns ``[n_q, n_k]`` bool, True = may attend.
+    """
+    n_q = _check_length("n_q", n_q)
+    n_k = n_q if n_k is None else _check_length("n_k", n_k)
+    offset = n_k - n_q
+    query_pos = torch.arange(n_q).unsqueeze(1) + offset  # [n_q, 1]: absolute position of each query
+    key_pos = torch.arange(n_k).unsqueeze(0)  # [1, n_k]
+    return key_pos <= query_pos
+
+
+def sliding_window(n: int, left: int | None, right: int | None = 0, n_k: int | None = None) -> torch.Tensor:
+    """FlashAttention's ``window_size=(left, right)``: query ``i`` sees keys ``j`` with ``i - left <= j <= i + right``.
+
+    ``right=0`` is the causal sliding window (Mistral); ``None`` on a side means unbounded on that side. With
+    ``n_k > n`` the queries are aligned to the bottom-right, as in :func:`causal`. Returns ``[n, n_k]`` bool.
+    """
+    n = _check_length("n", n)
+    n_k = n if n_k is None else _check_length("n_k", n_k)
+    for name, side in (("left", left), ("right", right)):
+        if side is not None and (not isinstance(side, int) or isinstance(side, bool) or side < 0):
+            raise ValueError(f"window {name} must be a whole number >= 0 or None (unbounded), got {side!r}")
+    query_pos = torch.arange(n).unsqueeze(1) + (n_k - n)  # [n, 1]
+    key_pos = torch.arange(n_k).unsqueeze(0)  # [1, n_k]
+    allowed = torch.ones(n, n_k, dtype=torch.bool)
+    if left is not None:
+        allowed &= key_pos >= query_pos - left
+    if right is not None:
+        allowed &= key_pos <= query_pos + right
+    return allowed
+
+
+@dataclass(frozen=True)
+class BlockSparseMask:
+    """A token-level mask together with the block layout it was built from.
+
+    ``mask`` is ``[n, n]`` bool (True = may attend); ``layout`` is ``[n_blocks, n_blocks]`` bool where
+    ``layout[i, j]`` says query block ``i`` attends to key block ``j``; ``kind`` names why each block is on
+    (0 off, 1 global, 2 window, 3 random), for drawing.
+    """
+
+    mask: torch.Tensor
+    layout: torch.Tensor
+    kind: torch.Tensor
+    block_size: int
+
+
+BLOCK_OFF, BLOCK_GLOBAL, BLOCK_WINDOW, BLOCK_RANDOM = 0, 1, 2, 3
+
+
+def bigbird(
+    n: int,
+    block_size: int,
+    num_global_blocks: int = 1,
+    num_window_blocks: int = 3,
+    num_random_blocks: int = 1,
+    seed: int = 0,
+) -> BlockSparseMask:
+    """BigBird's block-sparse pattern (Zaheer et al., 2020), at block granularity.
+
+    The sequence is cut into ``ceil(n / block_size)`` blocks. The first ``num_global_blocks`` blocks are global:
+    they attend to every block and every block attends to them. Each block attends to a window of
+    ``num_window_blocks`` blocks centred on itself (3 = previous, self, next). Each non-global block row also
+    attends to ``num_random_blocks`` further blocks drawn without replacement, from a generator seeded with
+    ``seed``, among the blocks it does not already see. The token mask is the layout expanded to tokens and cut
+    to ``n``.
+    """
+    n = _check_length("n", n)
+    block_size = _check_length("block_size", block_size)
+    n_blocks = -(-n // block_size)
+    for name, value in (
+        ("num_global_blocks", num_global_blocks),
+        ("num_window_blocks", num_window_blocks),
+        ("num_random_blocks", num_random_blocks),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    if num_global_blocks > n_blocks:
+        raise ValueError(
+            f"{num_global_blocks} global blocks asked for, but {n} tokens make only {n_blocks} blocks "
+            f"of {block_size}"
+        )
+
+    kind = torch.zeros(n_blocks, n_blocks, dtype=torch.int8)
+    blocks = torch.arange(n_blocks)
+    if num_window_blocks > 0:
+        left, right = (num_window_blocks - 1) // 2, num_window_blocks // 2
+        offset = blocks.unsqueeze(0) - blocks.unsqueeze(1)  # [query block, key block]: key - query
+        kind[(offset >= -left) & (offset <= right)] = BLOCK_WINDOW
+    if num_random_blocks > 0:
+        generator = torch.Generator().manual_seed(int(seed))
+        for row in range(num_global_blocks, n_blocks):
+            candidates = (kind[row] == BLOCK_OFF).nonzero().flatten()
+            candidates = candidates[candidates >= num_global_blocks]
+            if len(candidates) == 0:
+                continue
+            chosen = candidates[torch.randperm(len(candidates), generator=generator)[:num_random_blocks]]
+            kind[row, chosen] = BLOCK_RANDOM
+    kind[:num_global_blocks, :] = BLOCK_GLOBAL
+    kind[:, :num_global_blocks] = BLOCK_GLOBAL
+
+    layout = kind != BLOCK_OFF
+    mask = expand_block_layout(layout, block_size)[:n, :n]
+    return BlockSparseMask(mask=mask, layout=layout, kind=kind, block_size=block_size)
+
+
+def expand_block_layout(layout: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[n_qb, n_kb]`` block layout -> ``[n_qb * block_size, n_kb * block_size]`` token mask."""
+    return layout.repeat_interleave(block_size, dim=0).repeat_interleave(block_size, dim=1)
+
+
+def block_layout_of(mask: torch.Tensor, block_q: int, block_k: int | None = None) -> torch.Tensor:
+    """Which ``[block_q x block_k]`` tiles of a ``[n_q, n_k]`` mask contain at least one allowed pair."""
+    block_k = block_q if block_k is None else block_k
+    n_q, n_k = mask.shape[-2:]
+    n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
+    padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
+    padded[:n_q, :n_k] = mask
+    return padded.view(n_qb, block_q, n_kb, block_k).any(dim=3).any(dim=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def density(mask: torch.Tensor) -> float:
+    """Fraction of (query, key) pairs that may attend."""
+    if mask.numel() == 0:
+        return 0.0
+    return mask.float().mean().item()
+
+
+def keys_per_query(mask: torch.Tensor) -> torch.Tensor:
+    """How many keys each query row may attend to, ``[..., n_q]``."""
+    return mask.sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Converters between conventions (use only at the edges)
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """True = may attend -> additive float mask: 0 where allowed, -inf where not (add it to the scores)."""
+    _require_bool(mask)
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+
+
+ADDITIVE_BLOCKED_AT = -1e4  # old BERT code adds -10000, newer HF code finfo.min, others -1e9 or -inf
+
+
+def from_additive(additive: torch.Tensor) -> torch.Tensor:
+    """Additive float mask (0 allowed; -inf or a large negative number, <= -1e4, blocked) -> True = may attend."""
+    return additive > ADDITIVE_BLOCKED_AT
+
+
+def from_keep_float(keep: torch.Tensor) -> torch.Tensor:
+    """The textbooks' float mask, 1 = keep and 0 = drop (e.g. HF ``attention_mask``) -> True = may attend."""
+    if keep.dtype == torch.bool:
+        raise TypeError("from_keep_float takes a 0/1 numeric mask; this one is already boolean")
+    return keep != 0
+
+
+def from_masked_bool(masked: torch.Tensor) -> torch.Tensor:
+    """Inverted boolean style, True = masked (``nn.MultiheadAttention``'s ``attn_mask``) -> True = may attend."""
+    _require_bool(masked)
+    return ~masked
+
+
+def to_masked_bool(mask: torch.Tensor) -> torch.Tensor:
+    """True = may attend -> True = masked, the convention of ``nn.MultiheadAttention``."""
+    _require_bool(mask)
+    return ~mask
+
+
+def _require_bool(mask: torch.Tensor) -> None:
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a boolean mask (True = may attend), got dtype {mask.dtype}")

@@ -1,0 +1,1 @@
+"""Plotly figure builders: data in, ``go.Figure`` out, no Streamlit."""

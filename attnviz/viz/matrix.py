@@ -1,0 +1,87 @@
+"""Heatmaps of matrices with their numbers written in: attention weights, scores, Q/K/V."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+
+from attnviz.viz import style
+
+KINDS = ("weights", "signed", "plain")
+
+
+def matrix_heatmap(
+    values,
+    row_labels: list[str],
+    col_labels: list[str],
+    *,
+    title: str,
+    kind: str = "weights",
+    x_title: str = "key",
+    y_title: str = "query",
+    show_values: bool = True,
+    height: int | None = None,
+) -> go.Figure:
+    """A heatmap of ``values [rows, cols]`` with integer axes labelled by ``row_labels`` / ``col_labels``.
+
+    ``kind``: ``"weights"`` uses the shared 0..1 scale; ``"signed"`` a diverging scale centred on 0; ``"plain"``
+    a sequential scale. -inf cells (masked) are drawn grey and written "−∞". Text shows 3 significant digits;
+    hover shows the exact value.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    matrix = np.asarray(values, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix_heatmap draws 2-D values, got shape {matrix.shape}")
+    n_rows, n_cols = matrix.shape
+    if len(row_labels) != n_rows or len(col_labels) != n_cols:
+        raise ValueError(
+            f"{len(row_labels)} row labels and {len(col_labels)} column labels for a {n_rows} x {n_cols} matrix"
+        )
+
+    finite = np.where(np.isfinite(matrix), matrix, np.nan)  # -inf cells are left blank, drawn grey below
+    text = [[style.format_number(v) for v in row] for row in matrix.tolist()]
+    hover = [  # per cell: row label, column label, the exact value
+        [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)] for j, v in enumerate(row)]
+        for i, row in enumerate(matrix.tolist())
+    ]
+
+    colour: dict = {}
+    if kind == "weights":
+        colour = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
+    elif kind == "signed":
+        bound = float(np.nanmax(np.abs(finite))) if np.isfinite(finite).any() else 1.0
+        bound = bound or 1.0
+        colour = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
+    else:
+        colour = dict(colorscale=style.PLAIN_COLORSCALE)
+
+    heatmap = go.Heatmap(
+        z=finite,
+        x=list(range(n_cols)),
+        y=list(range(n_rows)),
+        text=text if show_values else None,
+        texttemplate="%{text}" if show_values else None,
+        customdata=hover,
+        hovertemplate=f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>value %{{customdata[2]}}"
+        "<extra></extra>",
+        hoverongaps=True,
+        xgap=1,
+        ygap=1,
+        **colour,
+    )
+    figure = go.Figure(heatmap)
+    x_ticks, x_text = style.thinned_ticks(col_labels)
+    y_ticks, y_text = style.thinned_ticks(row_labels)
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        font=dict(family=style.FONT_FAMILY),
+        xaxis=dict(title=x_title, tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45, side="bottom"),
+        yaxis=dict(title=y_title, tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
+        plot_bgcolor=style.BLOCKED_COLOR,
+        margin=dict(l=10, r=10, t=50, b=10),
+        height=height or max(260, 60 + 38 * n_rows),
+    )
+    return figure
