@@ -25,7 +25,7 @@ def test_every_page_renders_without_exception(page, app_url, screenshot_dir):
         page.goto(url)
         wait_until_idle(page)
         assert page.locator('[data-testid="stException"]').count() == 0, f"exception on {url}"
-        assert page.locator(".js-plotly-plot").count() > 0, f"no figure on {url}"
+        page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)  # every page draws at least one figure
         name = re.sub(r"[^a-z0-9]+", "_", url.rsplit("/", 1)[-1].lower()) or "home"
         page.screenshot(path=str(screenshot_dir / f"{name}.png"), full_page=True)
 
@@ -33,12 +33,12 @@ def test_every_page_renders_without_exception(page, app_url, screenshot_dir):
 def test_step_by_step_reacts_to_the_mask_in_the_browser(page, app_url, screenshot_dir):
     page.goto(app_url)
     wait_until_idle(page)
-    assert page.get_by_text("Step 4 · Weights").count() >= 1
+    page.get_by_text("Step 4 · Weights").first.wait_for(timeout=30_000)  # Plotly draws after the script ends
     assert page.get_by_text("−∞").count() == 0
     page.get_by_label("Mask").click()  # the selectbox
     page.get_by_role("option", name="causal").click()
     wait_until_idle(page)
-    assert page.get_by_text("Each query sees between 1 and 8").count() == 1
-    assert page.locator("text=−∞").count() > 0  # masked scores drawn in the figure
+    page.get_by_text("Each query sees between 1 and 8").wait_for(timeout=30_000)
+    page.locator("text=−∞").first.wait_for(timeout=30_000)  # masked scores drawn in the figure
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(screenshot_dir / "step_by_step_causal.png"), full_page=True)
