@@ -7,30 +7,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything works offline: never 
 import streamlit as st
 
 from attnviz.runtime import optional_features
-from attnviz.ui import DEFAULT_SENTENCE, apply_presentation_mode
+from attnviz.ui import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, apply_presentation_mode, registered_models
 
-st.set_page_config(page_title="attnviz · attention, explained", page_icon="🔍", layout="wide")
+st.set_page_config(page_title="attnviz · attention, explained", page_icon=":material/visibility:", layout="wide")
 
 pages = [
-    st.Page("pages/step_by_step.py", title="Attention step by step", icon="🧮", default=True),
+    st.Page("pages/explore_heads.py", title="Explore heads", icon=":material/search:", default=True),
+    st.Page("pages/step_by_step.py", title="Attention step by step", icon=":material/calculate:"),
+    st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)
 
+if "pending_model" in st.session_state:  # set by the Checkpoints page after a successful upload
+    st.session_state["model"] = st.session_state.pop("pending_model")
+
 with st.sidebar:
-    st.text_input(
+    models = list(registered_models())
+    st.selectbox(
+        "Model", models, key="model", bind="query-params",
+        help="The bundled BERT, or a checkpoint you added on the Checkpoints page.",
+    )
+    st.text_area(
         "Sentence",
         value=DEFAULT_SENTENCE,
         key="sentence",
-        max_chars=2000,
+        max_chars=MAX_SENTENCE_CHARS,
+        height=100,
+        bind="query-params",
         help="The text every page works on. Pages that need few tokens take the first words.",
     )
     st.toggle("Presentation mode", key="presentation_mode", help="Larger text and figures for a projector.")
     with st.expander("This installation"):
         for feature in optional_features():
             if feature.available:
-                st.markdown(f"✅ **{feature.package}** {feature.version or ''}: {feature.needed_for}.")
+                st.markdown(f":material/check: **{feature.package}** {feature.version or ''}: {feature.needed_for}.")
             else:
-                st.markdown(f"⚠️ **{feature.package}** is not installed: {feature.needed_for} is unavailable.")
+                st.markdown(f":material/block: **{feature.package}** is not installed: {feature.needed_for} is unavailable.")
 
 apply_presentation_mode(st.session_state.get("presentation_mode", False))
 navigation.run()

@@ -1,10 +1,19 @@
-"""Small helpers shared by the Streamlit pages. Only this module and the pages import streamlit."""
+"""Helpers shared by the Streamlit pages: global state (model, sentence), caching, presentation mode.
+Only this module and the pages import streamlit."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import streamlit as st
 
+from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
+from attnviz.models.safety import CheckpointRefused
+
 DEFAULT_SENTENCE = "The cat sat on the mat because it was tired."
+MAX_SENTENCE_CHARS = 5000
+MAX_UPLOADED_MODELS = 4  # per session; with the bounded cache below, memory cannot grow without limit
 
 PRESENTATION_CSS = """
 <style>
@@ -36,3 +45,97 @@ def show_figure(figure, caption: str, key: str | None = None) -> None:
         figure.update_layout(font=dict(size=int(12 * scale)), height=int((figure.layout.height or 400) * scale))
     st.plotly_chart(figure, key=key, config={"displaylogo": False})
     st.caption(caption)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models: a per-session registry of name -> folder, and a bounded process-wide cache of loaded models.
+
+
+def registered_models() -> dict[str, str]:
+    if "models" not in st.session_state:
+        st.session_state["models"] = {DEFAULT_MODEL_NAME: str(default_model_dir())}
+    return st.session_state["models"]
+
+
+def register_model(name: str, folder: Path, *, owned: bool) -> str:
+    """Add a loaded model folder under a unique name; ``owned`` folders (uploads) are deleted on removal."""
+    models = registered_models()
+    if sum(1 for n in models if n != DEFAULT_MODEL_NAME) >= MAX_UPLOADED_MODELS:
+        raise CheckpointRefused(f"at most {MAX_UPLOADED_MODELS} extra models per session: remove one first")
+    unique, number = name, 2
+    while unique in models:
+        unique, number = f"{name} ({number})", number + 1
+    models[unique] = str(folder)
+    st.session_state.setdefault("owned_folders", set())
+    if owned:
+        st.session_state["owned_folders"].add(str(folder))
+    return unique
+
+
+def remove_model(name: str) -> None:
+    models = registered_models()
+    if name == DEFAULT_MODEL_NAME or name not in models:
+        return
+    folder = models.pop(name)
+    if folder in st.session_state.get("owned_folders", set()):
+        st.session_state["owned_folders"].discard(folder)
+        load_bundle.clear(folder, name)
+        shutil.rmtree(folder, ignore_errors=True)
+    if st.session_state.get("model") == name:
+        st.session_state["model"] = DEFAULT_MODEL_NAME
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the model (first time only)…")
+def load_bundle(folder: str, name: str) -> ModelBundle:
+    return load_model_dir(folder, name=name)
+
+
+def current_model_name() -> str:
+    name = st.session_state.get("model", DEFAULT_MODEL_NAME)
+    return name if name in registered_models() else DEFAULT_MODEL_NAME
+
+
+def current_bundle() -> ModelBundle:
+    """The sidebar's model, loaded (cached). Shows an error and stops the page if it cannot be loaded."""
+    name = current_model_name()
+    try:
+        return load_bundle(registered_models()[name], name)
+    except CheckpointRefused as problem:
+        st.error(f"Could not load {name}: {problem}.")
+        st.stop()
+
+
+@st.cache_resource(max_entries=8, show_spinner="Running the model and capturing its attention…")
+def cached_capture(folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle):
+    """Captures are treated as read-only; keyed by the model's folder and name and the texts."""
+    from attnviz.models.capture import capture
+
+    return capture(_bundle, text, text_pair)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_replay_difference(folder: str, name: str, text: str, text_pair: str | None, kind: str, _record) -> float:
+    from attnviz.models.capture import replay_difference
+
+    return replay_difference(_record)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Computing head statistics…")
+def cached_statistics(folder: str, name: str, text: str, text_pair: str | None, kind: str, _capture):
+    from attnviz.explore import statistics_table
+
+    return statistics_table(_capture, kind)
+
+
+def capture_current(text: str, text_pair: str | None = None):
+    """Capture the sidebar model on ``text``; an error in the page (not a traceback) if that fails."""
+    bundle = current_bundle()
+    name = current_model_name()
+    if not text.strip():
+        st.warning("The text is empty. Type a sentence in the sidebar.")
+        st.stop()
+    try:
+        return bundle, cached_capture(registered_models()[name], name, text, text_pair or None, bundle)
+    except (ValueError, RuntimeError) as problem:
+        st.error(f"The model could not run on this text: {problem}")
+        st.stop()

@@ -10,6 +10,8 @@ import plotly.graph_objects as go
 from attnviz.viz import style
 
 KINDS = ("weights", "signed", "plain")
+TEXT_LIMIT = 400  # cells: numbers are written in each cell up to 20 x 20
+DETAIL_LIMIT = 4096  # cells: hover names both tokens up to 64 x 64
 
 
 def matrix_heatmap(
@@ -42,11 +44,20 @@ def matrix_heatmap(
         )
 
     finite = np.where(np.isfinite(matrix), matrix, np.nan)  # -inf cells are left blank, drawn grey below
-    text = [[style.format_number(v) for v in row] for row in matrix.tolist()]
-    hover = [  # per cell: row label, column label, the exact value
-        [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)] for j, v in enumerate(row)]
-        for i, row in enumerate(matrix.tolist())
-    ]
+    # Per-cell labels are what make small matrices readable; for large ones (512 tokens) they would be megabytes.
+    detailed = n_rows * n_cols <= DETAIL_LIMIT
+    show_values = show_values and n_rows * n_cols <= TEXT_LIMIT
+    text = [[style.format_number(v) for v in row] for row in matrix.tolist()] if show_values else None
+    if detailed:
+        hover = [  # per cell: row label, column label, the exact value
+            [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)] for j, v in enumerate(row)]
+            for i, row in enumerate(matrix.tolist())
+        ]
+        hovertemplate = f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>value %{{customdata[2]}}<extra></extra>"
+    else:
+        hover = None
+        finite = finite.astype(np.float32)  # sent as a compact binary array
+        hovertemplate = f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>value %{{z:.6g}}<extra></extra>"
 
     colour: dict = {}
     if kind == "weights":
@@ -62,11 +73,10 @@ def matrix_heatmap(
         z=finite,
         x=list(range(n_cols)),
         y=list(range(n_rows)),
-        text=text if show_values else None,
+        text=text,
         texttemplate="%{text}" if show_values else None,
         customdata=hover,
-        hovertemplate=f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>value %{{customdata[2]}}"
-        "<extra></extra>",
+        hovertemplate=hovertemplate,
         hoverongaps=True,
         xgap=1,
         ygap=1,
@@ -82,6 +92,6 @@ def matrix_heatmap(
         yaxis=dict(title=y_title, tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
         plot_bgcolor=style.BLOCKED_COLOR,
         margin=dict(l=10, r=10, t=50, b=10),
-        height=height or max(260, 60 + 38 * n_rows),
+        height=height or int(min(900, max(260, 60 + 38 * n_rows))),
     )
     return figure

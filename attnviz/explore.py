@@ -1,0 +1,351 @@
+"""Everything the "Explore heads" page computes, as functions of a :class:`~attnviz.models.capture.Capture`.
+
+The page only reads widgets, calls these, and draws the figures they return; the benchmark calls the same.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from attnviz import analysis, masks
+from attnviz.models.capture import AttentionRecord, Capture, replay
+from attnviz.viz import style
+from attnviz.viz.heads import attention_lines, head_grid
+from attnviz.viz.matrix import matrix_heatmap
+
+VIEWS = {
+    "head": "Head",
+    "grid": "Grid",
+    "lines": "Lines",
+    "average": "Average",
+    "rollout": "Rollout",
+}
+BLOCKS = ("all", "A→A", "A→B", "B→A", "B→B")
+KIND_NAMES = {
+    "self": "self-attention",
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention (causal)",
+    "cross": "cross-attention (decoder → encoder)",
+}
+LINES_TOKEN_LIMIT = 128  # above this, the lines view draws only the followed tokens (or the first 128 rows)
+
+
+@dataclass
+class ViewOptions:
+    kind: str = "self"
+    layer: int = 0
+    head: int = 0
+    view: str = "head"
+    hide_special: bool = False
+    renormalise: bool = True
+    block: str = "all"
+    follow: list[int] = field(default_factory=list)
+    line_heads: list[int] | None = None
+
+
+def positions(capture: Capture, record: AttentionRecord, options: ViewOptions) -> tuple[list[int], list[int]]:
+    """Query and key positions kept by the special-token and A/B filters."""
+    n_q, n_k = record.weights.shape[-2:]
+    query_positions, key_positions = list(range(n_q)), list(range(n_k))
+    same_tokens = record.query_tokens is capture.tokens and record.key_tokens is capture.tokens
+    if options.block != "all" and same_tokens:
+        source, target = options.block.split("→")
+        query_positions = analysis.segment_indices(capture.segments, source)
+        key_positions = analysis.segment_indices(capture.segments, target)
+    if options.hide_special:
+        if record.query_tokens is capture.tokens:
+            query_positions = [i for i in query_positions if not capture.special[i]]
+        if record.key_tokens is capture.tokens:
+            key_positions = [j for j in key_positions if not capture.special[j]]
+    if not query_positions or not key_positions:
+        raise ValueError("the filters leave no tokens: show special tokens, or choose another A/B block")
+    return query_positions, key_positions
+
+
+def filtered(weights: torch.Tensor, capture: Capture, record: AttentionRecord, options: ViewOptions):
+    """Apply the filters to ``[..., n_q, n_k]``; returns (weights, query labels, key labels)."""
+    query_positions, key_positions = positions(capture, record, options)
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    subset = analysis.keep_tokens(weights, query_positions, key_positions, renormalise)
+    query_labels = [f"{i} · {record.query_tokens[i]}" for i in query_positions]
+    key_labels = [f"{j} · {record.key_tokens[j]}" for j in key_positions]
+    return subset, query_labels, key_labels, query_positions, key_positions
+
+
+def filter_note(options: ViewOptions) -> str:
+    notes = []
+    if options.hide_special:
+        notes.append("special tokens hidden")
+    if options.block != "all":
+        notes.append(f"block {options.block}")
+    if notes and options.renormalise:
+        notes.append("rows renormalised to sum to 1")
+    elif notes:
+        notes.append("rows not renormalised: they sum to the share left after hiding")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def view_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]:
+    """The figure and its caption for the chosen view."""
+    record = capture.records[options.kind]
+    layer, head = options.layer, options.head
+    kind_name = KIND_NAMES.get(options.kind, options.kind)
+    note = filter_note(options)
+    if options.view == "head":
+        weights, q_labels, k_labels, _, _ = filtered(record.weights[layer, head], capture, record, options)
+        figure = matrix_heatmap(
+            weights, q_labels, k_labels, title=f"Layer {layer}, head {head}: {kind_name}{note}",
+            height=_square_height(len(q_labels)),
+        )
+        return figure, "Each row is one query token's attention over the keys; hover a cell for the exact weight."
+    if options.view == "grid":
+        figure = head_grid(
+            record.weights, title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
+            highlight=(layer, head),
+        )
+        return figure, (
+            "Each thumbnail is one head (rows = queries, columns = keys), scaled to its own maximum so faint heads "
+            "show; the orange box is the selected head. Pick a layer and head above to open it."
+        )
+    if options.view == "lines":
+        weights, _, _, query_positions, key_positions = filtered(record.weights[layer], capture, record, options)
+        follow = [query_positions.index(q) for q in options.follow if q in query_positions]
+        cut = ""
+        if not follow and len(query_positions) > LINES_TOKEN_LIMIT:
+            follow = list(range(LINES_TOKEN_LIMIT))
+            cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
+        heads = options.line_heads if options.line_heads else [head]
+        figure = attention_lines(
+            weights,
+            [record.query_tokens[i] for i in query_positions],
+            [record.key_tokens[j] for j in key_positions],
+            heads,
+            title=f"Layer {layer}: {kind_name}, head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}{note}",
+            follow=follow or None,
+        )
+        return figure, "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head." + cut
+    if options.view == "average":
+        weights, q_labels, k_labels, _, _ = filtered(
+            analysis.average_heads(record.weights)[layer], capture, record, options
+        )
+        figure = matrix_heatmap(
+            weights, q_labels, k_labels, title=f"Layer {layer}: average of {record.n_heads} heads{note}",
+            height=_square_height(len(q_labels)),
+        )
+        return figure, "The mean over heads hides what single heads do: compare with the grid."
+    if options.view == "rollout":
+        if options.kind == "cross" or record.weights.shape[-1] != record.weights.shape[-2]:
+            raise ValueError("rollout needs square self-attention; choose another attention kind")
+        rolled = analysis.attention_rollout(record.weights)[layer]
+        weights, q_labels, k_labels, _, _ = filtered(rolled, capture, record, options)
+        figure = matrix_heatmap(
+            weights, q_labels, k_labels, title=f"Attention rollout through layers 0..{layer}{note}",
+            height=_square_height(len(q_labels)),
+        )
+        return figure, (
+            "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
+            "residual identity, through the layers: how much each input token reaches each position."
+        )
+    raise ValueError(f"unknown view {options.view!r}")
+
+
+def _square_height(n: int) -> int:
+    return int(min(950, max(320, 120 + 24 * n)))
+
+
+def statistics_table(capture: Capture, kind: str) -> pd.DataFrame:
+    """One row per head: entropy, distance, shares and label, rounded for reading."""
+    record = capture.records[kind]
+    if record.weights.shape[-1] != record.weights.shape[-2]:
+        tokens = record.key_tokens
+        square = False
+    else:
+        tokens, square = record.key_tokens, True
+    if not square:
+        raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
+    special = capture.special if record.key_tokens is capture.tokens else [False] * len(tokens)
+    rows = analysis.head_statistics(record.weights, tokens, special)
+    frame = pd.DataFrame(
+        {
+            "layer": [r.layer for r in rows],
+            "head": [r.head for r in rows],
+            "label": [r.label for r in rows],
+            "entropy (nats)": [r.entropy for r in rows],
+            "normalised entropy": [r.normalised_entropy for r in rows],
+            "mean distance": [r.mean_distance for r in rows],
+            "self": [r.self for r in rows],
+            "previous token": [r.previous for r in rows],
+            "next token": [r.next for r in rows],
+            "first token": [r.first for r in rows],
+            "separators": [r.separator for r in rows],
+            "punctuation": [r.punctuation for r in rows],
+        }
+    )
+    return frame
+
+
+def label_rules_text() -> str:
+    rules = [f"**{label}**: share on {stat} ≥ {threshold}" for label, (stat, threshold) in analysis.LABEL_RULES.items()]
+    rules.append(f"**broad head**: normalised entropy ≥ {analysis.BROAD_ENTROPY}")
+    return "; ".join(rules) + ". The strongest rule that holds wins; otherwise **mixed**."
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compare two sentences
+
+
+def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head: int) -> tuple[list[go.Figure], str]:
+    """The same head on two texts, and their difference where the token lists line up."""
+    figures = []
+    for name, capture in (("A", first), ("B", second)):
+        record = capture.records[kind]
+        figures.append(
+            matrix_heatmap(
+                record.weights[layer, head], style.token_labels(record.query_tokens), style.token_labels(record.key_tokens),
+                title=f"Text {name}: layer {layer}, head {head}", height=_square_height(len(record.query_tokens)),
+            )
+        )
+    a, b = first.records[kind], second.records[kind]
+    if a.weights.shape[-2:] == b.weights.shape[-2:]:
+        difference = b.weights[layer, head] - a.weights[layer, head]
+        labels_q = [f"{i} · {x}" + ("" if x == y else f" / {y}") for i, (x, y) in enumerate(zip(a.query_tokens, b.query_tokens))]
+        labels_k = [f"{j} · {x}" + ("" if x == y else f" / {y}") for j, (x, y) in enumerate(zip(a.key_tokens, b.key_tokens))]
+        figures.append(
+            matrix_heatmap(
+                difference, labels_q, labels_k, title="Difference B − A (positions line up)", kind="signed",
+                height=_square_height(len(labels_q)),
+            )
+        )
+        return figures, "Red: B attends more than A; blue: less. Tokens that differ are shown as 'A / B'."
+    return figures, (
+        f"The texts have {len(a.query_tokens)} and {len(b.query_tokens)} tokens, so positions do not line up and no "
+        "difference is drawn. Change one word at a time (same token count) to see a difference map."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What-if: the model's real Q and K under another mask or without scaling
+
+
+WHAT_IF_MASKS = ("model's own", "full", "causal", "sliding window", "BigBird")
+
+
+def what_if_mask(kind: str, n_q: int, n_k: int, *, left: int = 2, right: int = 0, block_size: int = 2,
+                 global_blocks: int = 1, window_blocks: int = 3, random_blocks: int = 1, seed: int = 0):
+    """The replacement mask ``[n_q, n_k]`` (bool, True = may attend), or None for the model's own."""
+    if kind == "model's own":
+        return None
+    if kind == "full":
+        return masks.full(n_q, n_k)
+    if kind == "causal":
+        return masks.causal(n_q, n_k)
+    if kind == "sliding window":
+        return masks.sliding_window(n_q, left, right, n_k=n_k)
+    if kind == "BigBird":
+        if n_q != n_k:
+            raise ValueError("BigBird needs square self-attention")
+        return masks.bigbird(n_q, block_size, global_blocks, window_blocks, random_blocks, seed).mask
+    raise ValueError(f"unknown mask {kind!r}")
+
+
+def what_if(record: AttentionRecord, layer: int, mask: torch.Tensor | None, *, unscaled: bool, temperature: float = 1.0):
+    """Heads of ``layer`` before (the model) and after (our replay with another mask / scale). ``[heads, n_q, n_k]``."""
+    scale = None
+    base = record.scales[layer]
+    if unscaled or temperature != 1.0:
+        scale = (1.0 if unscaled else base) / temperature
+    after = replay(_single_layer(record, layer), mask=mask, scale=scale)[0]
+    return record.weights[layer], after
+
+
+def _single_layer(record: AttentionRecord, layer: int) -> AttentionRecord:
+    return AttentionRecord(
+        kind=record.kind,
+        weights=record.weights[layer : layer + 1],
+        queries=record.queries[layer : layer + 1],
+        keys=record.keys[layer : layer + 1],
+        allowed=record.allowed[layer : layer + 1],
+        bias=None if record.bias is None else record.bias[layer : layer + 1],
+        scales=record.scales[layer : layer + 1],
+        query_tokens=record.query_tokens,
+        key_tokens=record.key_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export
+
+
+def figure_html(figure: go.Figure) -> str:
+    """A self-contained HTML file: plotly.js is inlined, so it opens offline."""
+    return figure.to_html(include_plotlyjs=True, full_html=True)
+
+
+def capture_npz(capture: Capture) -> bytes:
+    """All captured tensors as .npz: ``{kind}_weights``, ``{kind}_queries``, ``{kind}_keys``, and the tokens."""
+    arrays = {"tokens": np.array(capture.tokens, dtype=object).astype(str)}
+    for kind, record in capture.records.items():
+        arrays[f"{kind}_weights"] = record.weights.numpy()
+        arrays[f"{kind}_queries"] = record.queries.numpy()
+        arrays[f"{kind}_keys"] = record.keys.numpy()
+        arrays[f"{kind}_query_tokens"] = np.array(record.query_tokens).astype(str)
+        arrays[f"{kind}_key_tokens"] = np.array(record.key_tokens).astype(str)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def head_csv(record: AttentionRecord, layer: int, head: int) -> str:
+    frame = pd.DataFrame(
+        record.weights[layer, head].numpy(),
+        index=style.token_labels(record.query_tokens),
+        columns=style.token_labels(record.key_tokens),
+    )
+    return frame.to_csv()
+
+
+def capture_json(capture: Capture, kind: str, layer: int, head: int) -> str:
+    record = capture.records[kind]
+    return json.dumps(
+        {
+            "model": capture.model_name,
+            "text": capture.text,
+            "text_pair": capture.text_pair,
+            "kind": kind,
+            "layer": layer,
+            "head": head,
+            "query_tokens": record.query_tokens,
+            "key_tokens": record.key_tokens,
+            "weights": record.weights[layer, head].tolist(),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bertviz (online only: its page loads require.js, d3 and jQuery from a CDN)
+
+
+def _inert_token(token: str) -> str:
+    # bertviz writes tokens into a <script> with json.dumps, which leaves "</script>" intact: a typed or linked
+    # sentence must not be able to inject markup, so angle brackets and ampersands become look-alikes.
+    return token.replace("&", "＆").replace("<", "‹").replace(">", "›")
+
+
+def bertviz_html(capture: Capture, kind: str, which: str) -> str:
+    """bertviz's head view or model view for a captured attention kind, as an HTML string."""
+    from bertviz import head_view, model_view
+
+    record = capture.records[kind]
+    attention = tuple(record.weights[layer].unsqueeze(0) for layer in range(record.n_layers))  # [1, heads, n, n] per layer
+    tokens = [_inert_token(t) for t in record.key_tokens]
+    if record.query_tokens != record.key_tokens:
+        raise ValueError("bertviz shows self-attention; choose encoder or decoder attention")
+    view = head_view if which == "head view" else model_view
+    return view(attention, tokens, html_action="return").data

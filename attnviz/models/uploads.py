@@ -1,0 +1,92 @@
+"""Turn what a person uploads or types into a model folder on disk, refusing anything unsafe.
+
+Each ``prepare_*`` returns ``(folder, owned, notes)``: the folder to load, whether it is a temporary folder of
+ours (deleted when the model is removed), and notes for the page (for example the files that were skipped).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from attnviz.models.safety import (
+    ALLOWED_SUFFIXES,
+    CODE_SUFFIXES,
+    MAX_UPLOAD_BYTES,
+    PICKLE_SUFFIXES,
+    CheckpointRefused,
+    extract_zip,
+    find_model_folder,
+)
+
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_UPLOAD_BYTES:
+        raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MB")
+    if size == 0:
+        raise CheckpointRefused(f"{what} is empty")
+
+
+def _model_name(filename: str) -> str:
+    stem = Path(filename).name
+    for suffix in (".zip", ".safetensors"):
+        if stem.lower().endswith(suffix):
+            stem = stem[: -len(suffix)]
+    return SAFE_NAME.sub("-", stem).strip("-._")[:60] or "uploaded-model"
+
+
+def prepare_zip(data: bytes, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:
+    _check_size(len(data), "the zip")
+    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
+    try:
+        report = extract_zip(io.BytesIO(data), workspace / "extracted")
+        found = find_model_folder(report.root)
+        folder = workspace / _model_name(filename)
+        found.rename(folder)
+    except BaseException:
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise
+    notes = [f"Skipped {len(report.skipped)} file(s): " + "; ".join(report.skipped[:6])] if report.skipped else []
+    return folder, True, notes
+
+
+def prepare_single_files(files: list[tuple[str, bytes]]) -> tuple[Path, bool, list[str]]:
+    """A ``.safetensors`` file with its ``config.json`` (and optional tokenizer files), uploaded together."""
+    names = [Path(name).name for name, _ in files]
+    if "config.json" not in names:
+        raise CheckpointRefused("config.json is missing: upload it together with the .safetensors file")
+    weights = [n for n in names if n.lower().endswith(".safetensors")]
+    if not weights:
+        raise CheckpointRefused("no .safetensors file among the uploaded files")
+    _check_size(sum(len(data) for _, data in files), "the upload")
+    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
+    folder = workspace / _model_name(weights[0])
+    folder.mkdir()
+    notes = []
+    for name, data in files:
+        base = Path(name).name  # never a path from the browser
+        suffix = Path(base).suffix.lower()
+        if suffix in PICKLE_SUFFIXES or suffix in CODE_SUFFIXES or suffix not in ALLOWED_SUFFIXES:
+            notes.append(f"Skipped {base}: not a file type a checkpoint needs (pickles and code are never loaded).")
+            continue
+        target = folder / ("model.safetensors" if suffix == ".safetensors" and len(weights) == 1 else base)
+        target.write_bytes(data)
+    return folder, True, notes
+
+
+def prepare_folder_path(typed: str) -> tuple[Path, bool, list[str]]:
+    """A model folder on the server's disk, used in place (never modified or deleted)."""
+    text = typed.strip().strip('"').strip("'")
+    if not text:
+        raise CheckpointRefused("type the path of a model folder")
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        raise CheckpointRefused(f"{folder} does not exist on this server")
+    if not folder.is_dir():
+        raise CheckpointRefused(f"{folder} is a file; give the folder that holds config.json")
+    return folder.resolve(), False, []

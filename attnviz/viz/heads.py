@@ -1,0 +1,181 @@
+"""Figures of a model's heads: the layers x heads grid, the lines view, head sharing for GQA/MQA."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+
+from attnviz.viz import style
+
+HEAD_COLOURS = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+    "#393b79", "#637939",
+]
+
+
+def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None) -> go.Figure:
+    """Every head of every layer as a thumbnail in one heatmap, ``weights [layers, heads, n_q, n_k]``.
+
+    Long inputs are average-pooled to ``thumbnail`` cells a side, so 512 tokens cost the same as 24.
+    """
+    layers, heads, n_q, n_k = weights.shape
+    size_q, size_k = min(n_q, thumbnail), min(n_k, thumbnail)
+    pooled = F.adaptive_avg_pool2d(weights.float().reshape(layers * heads, 1, n_q, n_k), (size_q, size_k))
+    pooled = pooled.reshape(layers, heads, size_q, size_k)
+    # Normalise each thumbnail by its own maximum so sparse heads stay visible; the hover says so.
+    peak = pooled.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    pooled = (pooled / peak).numpy()
+    gap = 1
+    canvas = np.full((layers * (size_q + gap) - gap, heads * (size_k + gap) - gap), np.nan, dtype=np.float32)
+    for layer in range(layers):
+        for head in range(heads):
+            top, left = layer * (size_q + gap), head * (size_k + gap)
+            canvas[top : top + size_q, left : left + size_k] = pooled[layer, head]
+    figure = go.Figure(
+        go.Heatmap(
+            z=canvas, colorscale=style.WEIGHT_COLORSCALE, zmin=0, zmax=1, showscale=False, hoverinfo="skip",
+            xgap=0, ygap=0,
+        )
+    )
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(
+            tickmode="array", tickvals=[h * (size_k + gap) + size_k / 2 - 0.5 for h in range(heads)],
+            ticktext=[f"H{h}" for h in range(heads)], side="top", showgrid=False, zeroline=False,
+        ),
+        yaxis=dict(
+            tickmode="array", tickvals=[l * (size_q + gap) + size_q / 2 - 0.5 for l in range(layers)],
+            ticktext=[f"L{l}" for l in range(layers)], autorange="reversed", showgrid=False, zeroline=False,
+            scaleanchor="x",
+        ),
+        plot_bgcolor="white",
+        margin=dict(l=10, r=10, t=70, b=10),
+        height=min(1400, 90 + layers * 95),
+        font=dict(family=style.FONT_FAMILY),
+    )
+    if highlight is not None:
+        layer, head = highlight
+        figure.add_shape(
+            type="rect", x0=head * (size_k + gap) - 0.8, x1=head * (size_k + gap) + size_k - 0.2,
+            y0=layer * (size_q + gap) - 0.8, y1=layer * (size_q + gap) + size_q - 0.2,
+            line=dict(color="#ff7f0e", width=3),
+        )
+    return figure
+
+
+def attention_lines(
+    weights: torch.Tensor,
+    query_tokens: list[str],
+    key_tokens: list[str],
+    heads: list[int],
+    *,
+    title: str,
+    follow: list[int] | None = None,
+    min_weight: float = 0.02,
+    max_lines_per_head: int = 2000,
+) -> go.Figure:
+    """bertviz-style lines: queries on the left, keys on the right, line width and opacity = weight.
+
+    ``weights [heads_total, n_q, n_k]`` of one layer; ``heads`` picks which heads to draw (one colour each);
+    ``follow`` keeps only those query positions. Lines below ``min_weight`` are dropped, and at most the
+    ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive.
+    """
+    n_q, n_k = weights.shape[-2:]
+    figure = go.Figure()
+    queries = list(range(n_q)) if not follow else [q for q in follow if 0 <= q < n_q]
+    buckets = [(0.0, 0.1, 1.0, 0.25), (0.1, 0.3, 2.5, 0.45), (0.3, 0.6, 4.5, 0.65), (0.6, 1.01, 7.0, 0.85)]
+    for colour_index, head in enumerate(heads):
+        head_weights = weights[head][queries]  # [len(queries), n_k]
+        values, flat = head_weights.flatten().sort(descending=True)
+        keep = values >= min_weight
+        values, flat = values[keep][:max_lines_per_head], flat[keep][:max_lines_per_head]
+        colour = HEAD_COLOURS[head % len(HEAD_COLOURS)]
+        for low, high, width, opacity in buckets:
+            in_bucket = (values >= low) & (values < high)
+            if not in_bucket.any():
+                continue
+            xs, ys = [], []
+            for index in flat[in_bucket].tolist():
+                query, key = queries[index // n_k], index % n_k
+                xs += [0, 1, None]
+                ys += [query, key, None]
+            figure.add_trace(
+                go.Scatter(
+                    x=xs, y=ys, mode="lines", line=dict(color=colour, width=width), opacity=opacity,
+                    hoverinfo="skip", showlegend=False, legendgroup=f"h{head}",
+                )
+            )
+        figure.add_trace(  # legend entry per head
+            go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=4), name=f"head {head}",
+                       legendgroup=f"h{head}")
+        )
+    labels_q, labels_k = style.token_labels(query_tokens), style.token_labels(key_tokens)
+    highlighted = set(queries) if follow else set()
+    figure.add_trace(
+        go.Scatter(
+            x=[-0.02] * n_q, y=list(range(n_q)), mode="text", text=labels_q, textposition="middle left",
+            hovertext=[f"query {l}" for l in labels_q], hoverinfo="text", showlegend=False,
+            textfont=dict(color=["#d62728" if i in highlighted else "#1b1f24" for i in range(n_q)]),
+        )
+    )
+    figure.add_trace(
+        go.Scatter(
+            x=[1.02] * n_k, y=list(range(n_k)), mode="text", text=labels_k, textposition="middle right",
+            hovertext=[f"key {l}" for l in labels_k], hoverinfo="text", showlegend=False,
+        )
+    )
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(range=[-0.6, 1.6], visible=False, fixedrange=True),
+        yaxis=dict(range=[max(n_q, n_k) - 0.5, -0.5], visible=False),
+        height=min(4000, max(320, 70 + 22 * max(n_q, n_k))),
+        margin=dict(l=10, r=10, t=60, b=10),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+        font=dict(family=style.FONT_FAMILY),
+    )
+    return figure
+
+
+def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
+    """Which query heads read which K/V head (MHA: one each; GQA: groups; MQA: all share one)."""
+    from attnviz.attention import kv_head_of_query_head
+
+    mapping = kv_head_of_query_head(n_heads, n_kv_heads)
+    figure = go.Figure()
+    span = max(n_heads - 1, 1)
+    kv_x = [(g + 0.5) * n_heads / n_kv_heads - 0.5 for g in range(n_kv_heads)]
+    for head, group in enumerate(mapping):
+        figure.add_trace(
+            go.Scatter(
+                x=[head, kv_x[group]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
+                line=dict(color=HEAD_COLOURS[group % len(HEAD_COLOURS)], width=2),
+            )
+        )
+    figure.add_trace(
+        go.Scatter(
+            x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", text=[f"Q{h}" for h in range(n_heads)],
+            textposition="top center", marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
+            hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(mapping)], hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    figure.add_trace(
+        go.Scatter(
+            x=kv_x, y=[0] * n_kv_heads, mode="markers+text", text=[f"KV{g}" for g in range(n_kv_heads)],
+            textposition="bottom center", marker=dict(size=18, symbol="square",
+                                                      color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in range(n_kv_heads)]),
+            hovertext=[f"K/V head {g}: {mapping.count(g)} query heads" for g in range(n_kv_heads)], hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(visible=False, range=[-1, span + 1]),
+        yaxis=dict(visible=False, range=[-0.5, 1.5]),
+        height=260, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
+        font=dict(family=style.FONT_FAMILY),
+    )
+    return figure
