@@ -21,7 +21,9 @@ from attnviz.models.safety import CheckpointRefused, check_weights, read_config
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
-MAX_MISSING_WEIGHT_SHARE = 0.2  # more missing than this: the weights are not for this architecture
+MAX_MISSING_WEIGHT_SHARE = 0.2
+# Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")  # more missing than this: the weights are not for this architecture
 
 
 def default_model_dir() -> Path:
@@ -161,10 +163,15 @@ def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
         )
     model.eval()
 
-    tokenizer_note = None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    except Exception:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
+    tokenizer_note, tokenizer = None, None
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            if len(tokenizer) == 0:
+                tokenizer = None
+        except Exception:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
+            tokenizer = None
+    if tokenizer is None:
         tokenizer = FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1))
         tokenizer_note = (
             "This checkpoint has no tokenizer files, so words are split on whitespace and mapped to arbitrary ids. "

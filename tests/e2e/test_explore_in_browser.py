@@ -1,0 +1,48 @@
+"""Explore heads and Checkpoints in a real Chromium: the three main views, and an upload through the file input."""
+
+import pytest
+
+from tests.e2e.conftest import wait_until_idle
+from tests.tiny_models import make_tiny_checkpoint, zip_folder
+
+pytestmark = pytest.mark.e2e
+
+
+def no_exception(page):
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+
+@pytest.mark.parametrize(
+    "view,expected",
+    [("Head", "Layer 1, head 2: self-attention"), ("Grid", "All 6 x 12 heads"), ("Lines", "Layer 1: self-attention, head 2")],
+)
+def test_explore_views_render(page, app_url, screenshot_dir, view, expected):
+    page.goto(f"{app_url}/?layer=1&head=2&view={view}")
+    wait_until_idle(page)
+    page.get_by_text(expected).first.wait_for(timeout=30_000)
+    page.get_by_text("Replay check").wait_for(timeout=30_000)
+    no_exception(page)
+    page.screenshot(path=str(screenshot_dir / f"explore_{view.lower()}.png"), full_page=True)
+
+
+def test_upload_through_the_file_input_switches_the_model(page, app_url, screenshot_dir, tmp_path):
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2")
+    archive = zip_folder(folder, tmp_path / "tiny-gpt2.zip")
+    page.goto(app_url)
+    wait_until_idle(page)
+    page.get_by_role("link", name="Checkpoints").click()
+    wait_until_idle(page)
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(archive))
+    wait_until_idle(page)
+    page.get_by_role("button", name="Load this zip").click()
+    wait_until_idle(page)
+    page.get_by_text("Loaded tiny-gpt2").wait_for(timeout=60_000)
+    no_exception(page)
+    page.screenshot(path=str(screenshot_dir / "checkpoints_uploaded.png"), full_page=True)
+    page.get_by_role("link", name="Explore heads").click()
+    wait_until_idle(page)
+    page.get_by_text("gpt2 decoder").first.wait_for(timeout=60_000)
+    page.get_by_text("Replay check").wait_for(timeout=30_000)
+    assert "model=tiny-gpt2" in page.url  # the sidebar's model, kept in the URL
+    no_exception(page)
+    page.screenshot(path=str(screenshot_dir / "explore_uploaded_gpt2.png"), full_page=True)

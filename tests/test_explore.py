@@ -1,0 +1,145 @@
+"""The Explore page's computations: views, filters, compare, what-if, exports, bertviz (without a browser)."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz import explore, masks
+from attnviz.models.capture import capture
+from attnviz.models.loading import load_default_model
+from tests.apptest_helpers import plotly_array
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return load_default_model()
+
+
+@pytest.fixture(scope="module")
+def pair(bert):
+    return capture(bert, "The cat sat on the mat.", "It was tired.")
+
+
+@pytest.mark.parametrize("view", list(explore.VIEWS))
+def test_every_view_builds(pair, view):
+    figure, caption = explore.view_figure(pair, explore.ViewOptions(view=view, layer=1, head=2))
+    assert figure.layout.title.text and caption
+
+
+def test_head_view_is_the_captured_matrix(pair):
+    figure, _ = explore.view_figure(pair, explore.ViewOptions(view="head", layer=3, head=7))
+    np.testing.assert_allclose(np.asarray(figure.data[0].z, dtype=float), pair.records["self"].weights[3, 7].numpy(), atol=1e-7)
+
+
+def test_hiding_special_tokens_and_renormalising(pair):
+    options = explore.ViewOptions(view="head", layer=0, head=0, hide_special=True, renormalise=True)
+    weights, q_labels, k_labels, _, _ = explore.filtered(pair.records["self"].weights[0, 0], pair, pair.records["self"], options)
+    assert not any("[CLS]" in label or "[SEP]" in label for label in q_labels + k_labels)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(q_labels)))
+    options.renormalise = False
+    raw, _, _, _, _ = explore.filtered(pair.records["self"].weights[0, 0], pair, pair.records["self"], options)
+    assert torch.all(raw.sum(-1) < 1)
+
+
+def test_sentence_blocks(pair):
+    record = pair.records["self"]
+    options = explore.ViewOptions(block="A→B")
+    _, q_labels, k_labels, q, k = explore.filtered(record.weights[0, 0], pair, record, options)
+    assert all(pair.segments[i] == 0 for i in q) and all(pair.segments[j] == 1 for j in k)
+    assert "9 · it" in k_labels and "1 · the" in q_labels
+
+
+def test_filters_that_leave_nothing_say_so(bert):
+    single = capture(bert, "hello")
+    with pytest.raises(ValueError, match="no tokens"):
+        explore.positions(single, single.records["self"], explore.ViewOptions(block="A→B"))
+
+
+def test_lines_view_follows_tokens(pair):
+    figure, _ = explore.view_figure(pair, explore.ViewOptions(view="lines", layer=2, head=5, follow=[2]))
+    line_traces = [t for t in figure.data if t.mode == "lines" and t.x and t.x[0] is not None]
+    starts = {y for t in line_traces for y in t.y[0::3]}
+    assert starts == {2}
+
+
+def test_grid_thumbnails_pool_long_inputs(bert):
+    long = capture(bert, " ".join(["word"] * 300))
+    figure, _ = explore.view_figure(long, explore.ViewOptions(view="grid"))
+    z = plotly_array(figure.to_plotly_json()["data"][0]["z"])
+    assert z.shape == (6 * 25 - 1, 12 * 25 - 1)  # 24-cell thumbnails with 1-cell gaps
+
+
+def test_statistics_table(pair):
+    table = explore.statistics_table(pair, "self")
+    assert len(table) == 72 and set(table.columns) >= {"layer", "head", "label", "entropy (nats)", "previous token"}
+    assert table["label"].isin(
+        list(explore.analysis.LABEL_RULES) + ["broad head", "mixed"]
+    ).all()
+
+
+def test_compare_lines_up_equal_length_texts(bert):
+    a = capture(bert, "The cat sat on the mat.")
+    b = capture(bert, "The dog sat on the mat.")
+    figures, caption = explore.compare_figures(a, b, "self", 2, 3)
+    assert len(figures) == 3 and "B − A" in figures[2].layout.title.text
+    difference = np.asarray(figures[2].data[0].z, dtype=float)
+    np.testing.assert_allclose(difference, (b.records["self"].weights[2, 3] - a.records["self"].weights[2, 3]).numpy(), atol=1e-7)
+    assert "2 · cat / dog" in figures[2].layout.yaxis.ticktext
+    c = capture(bert, "A much longer sentence than the first one was.")
+    figures, caption = explore.compare_figures(a, c, "self", 0, 0)
+    assert len(figures) == 2 and "do not line up" in caption
+
+
+def test_what_if_causal_mask_on_the_real_model(pair):
+    record = pair.records["self"]
+    n = record.weights.shape[-1]
+    before, after = explore.what_if(record, 2, masks.causal(n), unscaled=False)
+    torch.testing.assert_close(before, record.weights[2])
+    assert torch.all(after.triu(diagonal=1) == 0)
+    torch.testing.assert_close(after.sum(-1), torch.ones(12, n))
+    same, replayed = explore.what_if(record, 2, None, unscaled=False)
+    assert (same - replayed).abs().max() < 1e-5
+
+
+def test_what_if_without_scaling_sharpens(pair):
+    from attnviz.analysis import row_entropy
+
+    record = pair.records["self"]
+    before, after = explore.what_if(record, 4, None, unscaled=True)
+    assert row_entropy(after).mean() < row_entropy(before).mean()  # larger logits -> peakier softmax
+    _, hotter = explore.what_if(record, 4, None, unscaled=False, temperature=3.0)
+    assert row_entropy(hotter).mean() > row_entropy(before).mean()
+
+
+def test_what_if_masks():
+    assert explore.what_if_mask("model's own", 4, 4) is None
+    assert explore.what_if_mask("sliding window", 6, 6, left=1).sum() == 11
+    assert explore.what_if_mask("BigBird", 8, 8, block_size=2).shape == (8, 8)
+    with pytest.raises(ValueError):
+        explore.what_if_mask("BigBird", 4, 6)
+
+
+def test_exports(pair):
+    data = np.load(io.BytesIO(explore.capture_npz(pair)))
+    assert data["self_weights"].shape == (6, 12, 14, 14)
+    assert list(data["tokens"]) == pair.tokens
+    payload = json.loads(explore.capture_json(pair, "self", 1, 2))
+    assert payload["query_tokens"] == pair.tokens and len(payload["weights"]) == 14
+    csv = explore.head_csv(pair.records["self"], 1, 2)
+    assert csv.splitlines()[0].startswith(",0 · [CLS]")
+    figure, _ = explore.view_figure(pair, explore.ViewOptions())
+    html = explore.figure_html(figure)
+    assert "<script src=" not in html.replace('<script src="data:', "")  # nothing from a CDN: it opens offline
+    assert "Plotly" in html and len(html) > 1_000_000
+
+
+def test_bertviz_html_and_injection_is_inert(bert):
+    hostile = capture(bert, "hello </script><script>alert(1)</script> & bye")
+    html = explore.bertviz_html(hostile, "self", "head view")
+    assert "require" in html
+    assert hostile.tokens[2] == "<"  # BERT's tokenizer keeps the angle brackets as tokens...
+    assert '"<"' not in html and '">"' not in html  # ...which never reach bertviz's <script> as markup
+    assert "\\u2039" in html  # they arrive as look-alike characters (JSON-escaped)
