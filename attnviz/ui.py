@@ -106,11 +106,11 @@ def current_bundle() -> ModelBundle:
 
 
 @st.cache_resource(max_entries=8, show_spinner="Running the model and capturing its attention…")
-def cached_capture(folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle):
-    """Captures are treated as read-only; keyed by the model's folder and name and the texts."""
+def cached_capture(folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None):
+    """Captures are treated as read-only; keyed by the model's folder and name, the texts and the fallback."""
     from attnviz.models.capture import capture
 
-    return capture(_bundle, text, text_pair)
+    return capture(_bundle, text, text_pair, fallback_tokenizer=fallback)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -134,8 +134,9 @@ def capture_current(text: str, text_pair: str | None = None):
     if not text.strip():
         st.warning("The text is empty. Type a sentence in the sidebar.")
         st.stop()
+    fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
     try:
-        return bundle, cached_capture(registered_models()[name], name, text, text_pair or None, bundle)
+        return bundle, cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback)
     except (ValueError, RuntimeError) as problem:
         st.error(f"The model could not run on this text: {problem}")
         st.stop()

@@ -10,6 +10,7 @@ from attnviz.ui import (
     cached_replay_difference,
     cached_statistics,
     capture_current,
+    current_bundle,
     current_model_name,
     current_sentence,
     registered_models,
@@ -17,6 +18,12 @@ from attnviz.ui import (
 )
 
 st.title("Explore heads")
+if current_bundle().uses_fallback_tokenizer:
+    st.warning(current_bundle().tokenizer_note, icon=":material/warning:")
+    st.radio(
+        "Stand-in tokenizer (this checkpoint has none)", ["whitespace", "bytes"], horizontal=True,
+        key="fallback_tokenizer", help="Whitespace: one token per word. Bytes: one token per UTF-8 byte.",
+    )
 
 
 def open_head(layer: int, head: int) -> None:
@@ -37,8 +44,6 @@ bundle, capture = capture_current(text, text_pair)
 name = current_model_name()
 folder = registered_models()[name]
 st.caption(f"**{name}** · {bundle.describe()}")
-if bundle.tokenizer_note:
-    st.warning(bundle.tokenizer_note, icon=":material/warning:")
 if capture.truncated:
     st.warning(
         f"The text has {capture.n_tokens_before_truncation} tokens; this model reads at most {bundle.max_positions}. "

@@ -135,3 +135,22 @@ def test_a_hostile_upload_is_refused_and_the_default_model_stays(tmp_path):
     assert any("climbs out of its folder" in e.value for e in at.error)
     at.switch_page(EXPLORE).run()
     assert not at.exception and any("bert encoder" in c.value for c in at.caption)
+
+
+def test_checkpoint_without_tokenizer_offers_a_marked_fallback(tmp_path):
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "no-tokenizer", with_tokenizer=False)
+    at = open_page(EXPLORE, models={"all-MiniLM-L6-v2 (bundled BERT)": "unused", "bare": str(folder)}, model="bare")
+    assert any("no tokenizer files" in w.value for w in at.warning)
+    assert "split on whitespace" in " ".join(w.value for w in at.warning)
+    whitespace_ticks = main_figure(at)["layout"]["xaxis"]["ticktext"]
+    at.radio(key="fallback_tokenizer").set_value("bytes").run()
+    assert not at.exception
+    byte_ticks = main_figure(at)["layout"]["xaxis"]["ticktext"]
+    assert len(byte_ticks) > len(whitespace_ticks) and byte_ticks[0] == "0 · T"
+
+
+def test_presentation_mode_enlarges_figures():
+    normal = main_figure(open_page(EXPLORE))
+    large = main_figure(open_page(EXPLORE, presentation_mode=True))
+    assert large["layout"]["height"] > normal["layout"]["height"]
+    assert large["layout"]["font"]["size"] > 12

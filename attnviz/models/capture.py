@@ -130,9 +130,11 @@ def _allowed_from_model_mask(mask, n_q: int, n_k: int) -> torch.Tensor:
     return allowed.reshape(-1, *allowed.shape[-2:])[0].expand(n_q, n_k).clone()  # batch of one, same for all heads
 
 
-def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens: int):
+def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens: int, fallback: str | None = None):
     tokenizer = bundle.tokenizer
     if isinstance(tokenizer, FallbackTokenizer):
+        if fallback:
+            tokenizer = FallbackTokenizer(fallback, tokenizer.vocab_size)
         tokens = tokenizer.tokenize(text) + (tokenizer.tokenize(text_pair) if text_pair else [])
         ids = tokenizer.ids(tokenizer.tokenize(text), text) + (
             tokenizer.ids(tokenizer.tokenize(text_pair), text_pair) if text_pair else []
@@ -169,19 +171,30 @@ def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens:
     return inputs, tokens, segments, special, total
 
 
-def capture(bundle: ModelBundle, text: str, text_pair: str | None = None, *, max_tokens: int | None = None) -> Capture:
+def capture(
+    bundle: ModelBundle,
+    text: str,
+    text_pair: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    fallback_tokenizer: str | None = None,
+) -> Capture:
     """Run ``bundle``'s model on ``text`` (and ``text_pair`` for A/B pairs; for encoder-decoder models the pair
     is the decoder's input, defaulting to ``text``) and capture every attention call.
+
+    ``fallback_tokenizer`` ("whitespace" or "bytes") chooses the stand-in tokenizer of a checkpoint that has none.
     """
     if not text or not text.strip():
         raise ValueError("the text is empty: type a sentence")
     limit = min(bundle.max_positions, max_tokens or bundle.max_positions)
     encoder_decoder = bundle.architecture == "encoder-decoder"
-    inputs, tokens, segments, special, total = _tokenize(bundle, text, None if encoder_decoder else text_pair, limit)
+    inputs, tokens, segments, special, total = _tokenize(
+        bundle, text, None if encoder_decoder else text_pair, limit, fallback_tokenizer
+    )
     decoder_tokens = None
     if encoder_decoder:
         decoder_text = text_pair or text
-        decoder_inputs, decoder_tokens, _, _, _ = _tokenize(bundle, decoder_text, None, limit)
+        decoder_inputs, decoder_tokens, _, _, _ = _tokenize(bundle, decoder_text, None, limit, fallback_tokenizer)
         inputs["decoder_input_ids"] = decoder_inputs["input_ids"]
         if "attention_mask" in decoder_inputs:
             inputs["decoder_attention_mask"] = decoder_inputs["attention_mask"]

@@ -78,8 +78,8 @@ def matrix_heatmap(
         customdata=hover,
         hovertemplate=hovertemplate,
         hoverongaps=True,
-        xgap=1,
-        ygap=1,
+        xgap=1 if detailed else 0,  # cell borders would hide the cells of a 512 x 512 matrix
+        ygap=1 if detailed else 0,
         **colour,
     )
     figure = go.Figure(heatmap)
