@@ -14,6 +14,8 @@ st.set_page_config(page_title="attnviz · attention, explained", page_icon=":mat
 pages = [
     st.Page("pages/explore_heads.py", title="Explore heads", icon=":material/search:", default=True),
     st.Page("pages/step_by_step.py", title="Attention step by step", icon=":material/calculate:"),
+    st.Page("pages/masks.py", title="Masks", icon=":material/grid_on:"),
+    st.Page("pages/positional.py", title="Positional encodings", icon=":material/pin_drop:"),
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)

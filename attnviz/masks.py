@@ -149,6 +149,54 @@ def block_layout_of(mask: torch.Tensor, block_q: int, block_k: int | None = None
     return padded.view(n_qb, block_q, n_kb, block_k).any(dim=3).any(dim=1)
 
 
+def dilated_sliding_window(n: int, window: int, dilation: int, *, causal: bool = True) -> torch.Tensor:
+    """Longformer's dilated window: query ``i`` sees ``window`` keys spaced ``dilation`` apart, ``i - k * dilation``
+    for ``k = 0 .. window - 1`` (and the mirror image ahead when not ``causal``). Returns ``[n, n]`` bool."""
+    n = _check_length("n", n)
+    window = _check_length("window", window)
+    dilation = _check_length("dilation", dilation)
+    offset = torch.arange(n).unsqueeze(1) - torch.arange(n).unsqueeze(0)  # [n, n]: i - j
+    distance = offset if causal else offset.abs()
+    return (distance >= 0) & (distance % dilation == 0) & (distance // dilation < window)
+
+
+def global_local(n: int, global_positions: list[int], left: int, right: int = 0) -> torch.Tensor:
+    """Longformer / ETC: a sliding window plus global tokens that attend to all and are attended by all."""
+    allowed = sliding_window(n, left, right)
+    positions = [p for p in global_positions if 0 <= p < n]
+    if len(positions) != len(global_positions):
+        raise ValueError(f"global positions must lie in 0..{n - 1}, got {global_positions}")
+    allowed[positions, :] = True
+    allowed[:, positions] = True
+    return allowed
+
+
+def lsh_buckets(vectors: torch.Tensor, n_buckets: int, n_rounds: int, seed: int = 0) -> torch.Tensor:
+    """Reformer's angular LSH: ``argmax([xR, -xR])`` with a seeded random rotation ``R`` per round.
+
+    ``vectors [n, d]`` (shared query/key vectors) -> bucket ids ``[n_rounds, n]``. ``n_buckets`` must be even.
+    """
+    if n_buckets < 2 or n_buckets % 2:
+        raise ValueError(f"n_buckets must be an even number >= 2, got {n_buckets}")
+    n_rounds = _check_length("n_rounds", n_rounds)
+    generator = torch.Generator().manual_seed(int(seed))
+    rotations = torch.randn(n_rounds, vectors.shape[-1], n_buckets // 2, generator=generator, dtype=vectors.dtype)
+    rotated = torch.einsum("nd,rdb->rnb", vectors, rotations)  # [rounds, n, n_buckets / 2]
+    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # [rounds, n]
+
+
+def lsh(vectors: torch.Tensor, n_buckets: int, n_rounds: int, seed: int = 0, *, causal: bool = False) -> torch.Tensor:
+    """Reformer-style mask: tokens attend within their hash bucket in any round (and always to themselves).
+
+    A simplification of Reformer, which also sorts by bucket and attends within fixed-size chunks."""
+    buckets = lsh_buckets(vectors, n_buckets, n_rounds, seed)  # [rounds, n]
+    allowed = (buckets.unsqueeze(2) == buckets.unsqueeze(1)).any(dim=0)  # [n, n]
+    allowed |= torch.eye(len(vectors), dtype=torch.bool)
+    if causal:
+        allowed &= globals()["causal"](len(vectors))  # the function, not the flag of the same name
+    return allowed
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Statistics
 
@@ -163,6 +211,22 @@ def density(mask: torch.Tensor) -> float:
 def keys_per_query(mask: torch.Tensor) -> torch.Tensor:
     """How many keys each query row may attend to, ``[..., n_q]``."""
     return mask.sum(dim=-1)
+
+
+def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Which inputs can reach which positions through ``n_layers`` stacked layers with this mask (and residuals).
+
+    Returns ``[n_layers, n, n]`` bool: entry ``[l, i, j]`` says token ``j``'s information can reach position ``i``
+    after ``l + 1`` layers (boolean matrix powers of ``mask | I``).
+    """
+    n_layers = _check_length("n_layers", n_layers)
+    step = (mask | torch.eye(mask.shape[-1], dtype=torch.bool)).to(torch.float32)
+    reach = step.clone()
+    result = [reach > 0]
+    for _ in range(n_layers - 1):
+        reach = ((reach @ step) > 0).to(torch.float32)
+        result.append(reach > 0)
+    return torch.stack(result)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,25 @@ import streamlit as st
 from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
 from attnviz.models.safety import CheckpointRefused
 
+def _leave_legacy_page_discovery() -> None:
+    """Make a deep link to a page work on a freshly started server.
+
+    Streamlit starts in its legacy mode when a ``pages/`` folder sits beside the entry point, and stays there until
+    some run calls ``st.navigation``. If the very first request is for ``/masks``, that page would run alone,
+    without app.py's navigation and sidebar. Leaving the legacy mode and rerunning runs app.py, which then opens
+    the requested page.
+    """
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # a future Streamlit without this internal: nothing to fix
+        return
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+_leave_legacy_page_discovery()
+
 DEFAULT_SENTENCE = "The cat sat on the mat because it was tired."
 MAX_SENTENCE_CHARS = 5000
 MAX_UPLOADED_MODELS = 4  # per session; with the bounded cache below, memory cannot grow without limit

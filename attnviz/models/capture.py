@@ -21,7 +21,7 @@ from attnviz.attention import repeat_kv, scaled_dot_product_attention
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
 PUNCTUATION = set(".,;:!?-—–'\"()[]{}…")
-_CAPTURE_LOCK = threading.Lock()  # module globals are patched: one capture at a time across sessions
+_CAPTURE_LOCK = threading.RLock()  # module globals (and, for experiments, weights) are patched: one run at a time
 
 
 @dataclass
@@ -271,3 +271,57 @@ def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: 
 def replay_difference(record: AttentionRecord) -> float:
     """Max |replayed - model| over all layers and heads: the proof that our attention is the model's."""
     return (replay(record) - record.weights).abs().max().item()
+
+
+def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remove_positions: bool = True) -> dict:
+    """Shuffle the words of ``text`` and compare first-layer self-attention before and after.
+
+    With the model's learned position embeddings zeroed (``remove_positions``), self-attention is permutation
+    equivariant: the shuffled sentence's weights are exactly the original's with rows and columns permuted.
+    Returns the original and un-permuted weights ``[heads, n, n]``, the permutation and the max difference.
+    """
+    from attnviz.positional import learned_position_table, permutation_of_words
+
+    found = learned_position_table(bundle.model)
+    if found is None:
+        raise ValueError(
+            f"{bundle.name} has no learned position embeddings to remove (it uses RoPE, ALiBi or relative bias)"
+        )
+    if bundle.architecture != "encoder":
+        raise ValueError("the word-order experiment runs on encoders (BERT-like), whose attention is not causal")
+    inputs, tokens, _, special, _ = _tokenize(bundle, text, None, bundle.max_positions)
+    n = len(tokens)
+    keep_ends = special[0] and special[-1]
+    order = permutation_of_words(n, seed, keep_ends=keep_ends)
+    shuffled = {name: value[:, order] if value.dim() == 2 and value.shape[1] == n else value for name, value in inputs.items()}
+    parameter = dict(bundle.model.named_parameters())[found[0]]
+
+    def first_layer(model_inputs):
+        calls: list[dict] = []
+        with torch.no_grad(), _observe_eager_attention(bundle.model, calls):
+            bundle.model(**model_inputs, output_attentions=True)
+        return calls[0]["weights"][0].float()  # [heads, n, n]
+
+    with _CAPTURE_LOCK:
+        saved = parameter.detach().clone()
+        try:
+            if remove_positions:
+                with torch.no_grad():
+                    parameter.zero_()
+            original = first_layer(inputs)
+            permuted = first_layer(shuffled)
+        finally:
+            with torch.no_grad():
+                parameter.copy_(saved)
+    # Row i of the shuffled run is token order[i]: undo that on rows and columns.
+    inverse = torch.argsort(torch.tensor(order))
+    unpermuted = permuted[:, inverse][:, :, inverse]
+    return {
+        "tokens": tokens,
+        "order": order,
+        "original": original,
+        "permuted": permuted,
+        "unpermuted": unpermuted,
+        "max_difference": (unpermuted - original).abs().max().item(),
+        "parameter": found[0],
+    }

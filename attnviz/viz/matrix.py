@@ -95,3 +95,83 @@ def matrix_heatmap(
         height=height or int(min(900, max(260, 60 + 38 * n_rows))),
     )
     return figure
+
+
+MASK_COLOURS = {0: ("#ffffff", "blocked"), 1: ("#2f6db5", "may attend")}
+BLOCK_COLOURS = {0: ("#ffffff", "blocked"), 1: ("#d62728", "global"), 2: ("#2f6db5", "window"), 3: ("#ff9f1c", "random")}
+
+
+def mask_heatmap(
+    categories, row_labels: list[str], col_labels: list[str], *, title: str, legend: dict[int, tuple[str, str]] | None = None,
+    height: int | None = None,
+) -> go.Figure:
+    """A mask drawn with discrete colours: ``categories [n_q, n_k]`` ints (0 = blocked, 1 = may attend, or BigBird's
+    kinds with ``legend=BLOCK_COLOURS``)."""
+    legend = legend or MASK_COLOURS
+    values = np.asarray(categories, dtype=np.int64)
+    levels = sorted(legend)
+    top = max(levels)
+    colorscale = []
+    for level in levels:  # a stepped colour scale: each integer level gets a flat band
+        colour = legend[level][0]
+        colorscale += [[level / (top + 1), colour], [(level + 1) / (top + 1), colour]]
+    names = [[legend.get(int(v), ("", "?"))[1] for v in row] for row in values.tolist()]
+    figure = go.Figure(
+        go.Heatmap(
+            z=values, x=list(range(values.shape[1])), y=list(range(values.shape[0])),
+            zmin=-0.5, zmax=top + 0.5, colorscale=colorscale, customdata=names,
+            hovertemplate="query %{y} → key %{x}: %{customdata}<extra></extra>",
+            colorbar=dict(tickvals=levels, ticktext=[legend[l][1] for l in levels], thickness=14),
+            xgap=1 if values.size <= DETAIL_LIMIT else 0, ygap=1 if values.size <= DETAIL_LIMIT else 0,
+        )
+    )
+    x_ticks, x_text = style.thinned_ticks(col_labels)
+    y_ticks, y_text = style.thinned_ticks(row_labels)
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        font=dict(family=style.FONT_FAMILY),
+        xaxis=dict(title="key", tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45),
+        yaxis=dict(title="query", tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
+        plot_bgcolor="#eeeeee",
+        margin=dict(l=10, r=10, t=50, b=10),
+        height=height or int(min(900, max(300, 90 + 26 * values.shape[0]))),
+    )
+    return figure
+
+
+def heatmap_row(
+    matrices: list,
+    titles: list[str],
+    row_labels: list[str],
+    col_labels: list[str],
+    *,
+    title: str,
+    kind: str = "weights",
+    show_values: bool = False,
+    height: int | None = None,
+) -> go.Figure:
+    """Several same-shaped matrices side by side with one shared colour scale (weights: 0..1), one figure wide."""
+    from plotly.subplots import make_subplots
+
+    count = len(matrices)
+    figure = make_subplots(rows=1, cols=count, subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.03)
+    for index, values in enumerate(matrices):
+        single = matrix_heatmap(values, row_labels, col_labels, title="", kind=kind, show_values=show_values)
+        trace = single.data[0]
+        trace.showscale = index == count - 1
+        trace.coloraxis = None
+        figure.add_trace(trace, row=1, col=index + 1)
+    x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=24)
+    y_ticks, y_text = style.thinned_ticks(row_labels)
+    figure.update_xaxes(tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45)
+    figure.update_yaxes(tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed")
+    figure.update_yaxes(title_text="query", row=1, col=1)
+    figure.update_annotations(font_size=12)  # the subplot titles
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        font=dict(family=style.FONT_FAMILY),
+        plot_bgcolor=style.BLOCKED_COLOR,
+        margin=dict(l=10, r=10, t=80, b=10),
+        height=height or int(min(800, max(320, 140 + 26 * len(row_labels)))),
+    )
+    return figure

@@ -1,0 +1,156 @@
+"""Positional encodings: sinusoidal (Vaswani et al.), learned (read from a checkpoint), RoPE (Su et al.) and
+ALiBi (Press et al.), with the properties each one is known for, computed rather than asserted."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sinusoidal: PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(pos / base^(2i/d))
+
+
+def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The ``d_model / 2`` angular frequencies ``1 / base^(2i / d_model)``, ``[d_model // 2]``."""
+    if d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be an even number >= 2, got {d_model}")
+    return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+
+
+def sinusoidal(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The sinusoidal table, ``[n_positions, d_model]``, sin in even and cos in odd dimensions."""
+    angles = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1) * sinusoidal_frequencies(d_model, base)
+    table = torch.empty(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table
+
+
+def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The matrix ``M_k`` with ``PE(pos + k) = M_k @ PE(pos)`` for every pos: a rotation of each (sin, cos) pair.
+
+    [sin(a + b), cos(a + b)] = [[cos b, sin b], [-sin b, cos b]] @ [sin a, cos a], with b = k * frequency.
+    """
+    shift = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i, frequency in enumerate(sinusoidal_frequencies(d_model, base).tolist()):
+        b = k * frequency
+        shift[2 * i, 2 * i], shift[2 * i, 2 * i + 1] = math.cos(b), math.sin(b)
+        shift[2 * i + 1, 2 * i], shift[2 * i + 1, 2 * i + 1] = -math.sin(b), math.cos(b)
+    return shift
+
+
+def dot_by_distance(table: torch.Tensor, origin: int = 0) -> torch.Tensor:
+    """``table[origin] . table[origin + k]`` for k = 0 .. n - origin - 1, ``[n - origin]``."""
+    return table[origin:] @ table[origin]
+
+
+def cosine_by_distance(table: torch.Tensor, origin: int = 0) -> torch.Tensor:
+    normed = table / table.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return dot_by_distance(normed, origin)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Learned: the table a checkpoint trained
+
+
+def learned_position_table(model: torch.nn.Module) -> tuple[str, torch.Tensor] | None:
+    """The learned absolute position embeddings of a model (BERT, RoBERTa, GPT-2, BART, ...) as
+    ``(parameter name, [max_positions, d_model])``, or None when it has none (RoPE, ALiBi, T5's relative bias)."""
+    candidates = []
+    for name, parameter in model.named_parameters():
+        lowered = name.lower()
+        if parameter.dim() == 2 and ("position_embeddings" in lowered or lowered.endswith("wpe.weight")
+                                     or "embed_positions" in lowered):
+            candidates.append((name, parameter.detach().float()))
+    if not candidates:
+        return None
+    # Prefer the encoder's (or the only) table.
+    candidates.sort(key=lambda item: ("decoder" in item[0], item[0]))
+    name, table = candidates[0]
+    if "embed_positions" in name and table.shape[0] > 2:  # BART stores two unused offset rows first
+        table = table[2:]
+    return name, table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RoPE: rotate each pair of query/key dimensions by an angle proportional to the position
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """``[head_dim // 2]`` frequencies ``base^(-2i / head_dim)``."""
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be an even number >= 2, got {head_dim}")
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE in the half-split layout of Llama and GPT-NeoX: dimension ``i`` pairs with ``i + d/2``.
+
+    ``x [..., seq, head_dim]``, ``positions [seq]`` -> rotated ``x``, same shape.
+    """
+    frequencies = rope_frequencies(x.shape[-1], base).to(x.dtype)
+    angles = positions.to(x.dtype).unsqueeze(-1) * frequencies  # [seq, head_dim / 2]
+    angles = torch.cat((angles, angles), dim=-1)  # [seq, head_dim]
+    return x * torch.cos(angles) + rotate_half(x) * torch.sin(angles)
+
+
+def rotate_pair(vector: tuple[float, float], angle: float) -> tuple[float, float]:
+    x, y = vector
+    return x * math.cos(angle) - y * math.sin(angle), x * math.sin(angle) + y * math.cos(angle)
+
+
+def rope_relative_scores(q: torch.Tensor, k: torch.Tensor, max_position: int, base: float = 10000.0) -> torch.Tensor:
+    """``score[m, n] = RoPE(q, m) . RoPE(k, n)`` for one fixed q and k, ``[max_position, max_position]``.
+
+    Constant along diagonals (it depends on m - n only): the relative-position property."""
+    positions = torch.arange(max_position)
+    rotated_q = apply_rope(q.expand(max_position, -1), positions, base)
+    rotated_k = apply_rope(k.expand(max_position, -1), positions, base)
+    return rotated_q @ rotated_k.T
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ALiBi: no embeddings; a per-head linear penalty on distance added to the scores
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The paper's slopes: a geometric sequence starting at 2^(-8/n), ratio 2^(-8/n), for n a power of two;
+    otherwise the slopes of the closest smaller power of two, then every other slope of the next one."""
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two_slopes(n_heads), dtype=torch.float64)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two_slopes(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_two_slopes(closest) + extra, dtype=torch.float64)
+
+
+def alibi_bias(n_heads: int, n_q: int, n_k: int | None = None, *, causal: bool = True) -> torch.Tensor:
+    """``[n_heads, n_q, n_k]`` additive bias ``-slope * distance`` (queries aligned to the end of the keys).
+
+    Causal (the paper): distance = i - j for past keys (future keys are masked elsewhere, their bias is 0 here);
+    bidirectional: distance = |i - j|."""
+    n_k = n_q if n_k is None else n_k
+    query_pos = torch.arange(n_q).unsqueeze(1) + (n_k - n_q)
+    distance = (query_pos - torch.arange(n_k).unsqueeze(0)).to(torch.float64)  # [n_q, n_k]
+    distance = distance.clamp_min(0) if causal else distance.abs()
+    return -alibi_slopes(n_heads).view(-1, 1, 1) * distance
+
+
+def permutation_of_words(n_tokens: int, seed: int, keep_ends: bool = True) -> list[int]:
+    """A seeded shuffle of token positions; ``keep_ends`` keeps [CLS] first and [SEP] last in place."""
+    generator = torch.Generator().manual_seed(int(seed))
+    inner = list(range(1, n_tokens - 1)) if keep_ends and n_tokens > 2 else list(range(n_tokens))
+    shuffled = [inner[i] for i in torch.randperm(len(inner), generator=generator).tolist()]
+    return [0] + shuffled + [n_tokens - 1] if keep_ends and n_tokens > 2 else shuffled

@@ -1,0 +1,85 @@
+"""Line charts, histograms and bar charts in the house style."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from attnviz.viz import style
+from attnviz.viz.heads import HEAD_COLOURS
+
+
+def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, height: int) -> go.Figure:
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        height=height,
+        margin=dict(l=10, r=10, t=60, b=10),
+        font=dict(family=style.FONT_FAMILY),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+    )
+    figure.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
+    figure.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=True, zerolinecolor="#cccccc")
+    return figure
+
+
+def line_chart(
+    x,
+    series: dict[str, list],
+    *,
+    title: str,
+    x_title: str,
+    y_title: str,
+    log_x: bool = False,
+    log_y: bool = False,
+    markers: bool = False,
+    dashed: set[str] | None = None,
+    vlines: dict[str, float] | None = None,
+    height: int = 380,
+) -> go.Figure:
+    """One line per named series over shared ``x``; ``dashed`` series (theory, references) are drawn dashed."""
+    figure = go.Figure()
+    for index, (name, values) in enumerate(series.items()):
+        figure.add_trace(
+            go.Scatter(
+                x=list(x), y=list(values), name=name, mode="lines+markers" if markers else "lines",
+                line=dict(color=HEAD_COLOURS[index % len(HEAD_COLOURS)], width=2.5,
+                          dash="dash" if dashed and name in dashed else "solid"),
+                hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.4g}}<extra></extra>",
+            )
+        )
+    for label, position in (vlines or {}).items():
+        figure.add_vline(x=position, line=dict(color="#888888", dash="dot"), annotation_text=label)
+    _layout(figure, title, x_title, y_title, height)
+    if log_x:
+        figure.update_xaxes(type="log")
+    if log_y:
+        figure.update_yaxes(type="log")
+    return figure
+
+
+def histogram(samples: dict[str, list], *, title: str, x_title: str, bins: int = 60, height: int = 360) -> go.Figure:
+    """Overlaid normalised histograms, one per named sample."""
+    figure = go.Figure()
+    for index, (name, values) in enumerate(samples.items()):
+        figure.add_trace(
+            go.Histogram(
+                x=list(values), name=name, nbinsx=bins, histnorm="probability density", opacity=0.6,
+                marker_color=HEAD_COLOURS[index % len(HEAD_COLOURS)],
+            )
+        )
+    figure.update_layout(barmode="overlay")
+    return _layout(figure, title, x_title, "density", height)
+
+
+def bar_chart(labels: list[str], values: list[float], *, title: str, y_title: str, text: list[str] | None = None,
+              height: int = 360, log_y: bool = False) -> go.Figure:
+    figure = go.Figure(
+        go.Bar(x=labels, y=values, text=text, textposition="outside", marker_color=HEAD_COLOURS[0],
+               hovertemplate="%{x}<br>%{y:.4g}<extra></extra>")
+    )
+    _layout(figure, title, "", y_title, height)
+    if log_y:
+        figure.update_yaxes(type="log")
+    return figure

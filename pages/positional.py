@@ -1,0 +1,281 @@
+"""Positional encodings: how attention learns where tokens are."""
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+import torch
+
+from attnviz import positional, stepwise
+from attnviz.attention import masked_softmax
+from attnviz.models.capture import word_order_experiment
+from attnviz.ui import capture_current, current_sentence, show_figure
+from attnviz.viz import style
+from attnviz.viz.charts import bar_chart, line_chart
+from attnviz.viz.matrix import heatmap_row, matrix_heatmap
+
+st.title("Positional encodings")
+st.caption(
+    "Attention itself has no idea of order: permute the tokens and the weights permute with them. Position enters "
+    "through added vectors (sinusoidal, learned), rotations of Q and K (RoPE) or a bias on the scores (ALiBi)."
+)
+
+tabs = st.tabs(
+    ["Sinusoidal", "Learned", "RoPE", "ALiBi", "Word order"], key="pos_tab", on_change="rerun", default="Sinusoidal"
+)
+sinusoidal_tab, learned_tab, rope_tab, alibi_tab, order_tab = tabs
+
+if sinusoidal_tab.open:
+    with sinusoidal_tab:
+        columns = st.columns(3)
+        d_model = columns[0].select_slider("d_model", [16, 32, 64, 128, 256, 512], 128, key="pos_sin_d")
+        n_positions = columns[1].slider("Positions", 16, 512, 100, key="pos_sin_n")
+        shift = columns[2].slider("Shift k", 1, 50, 5, key="pos_sin_k")
+        table = positional.sinusoidal(n_positions, d_model)
+        show_figure(
+            matrix_heatmap(
+                table, [f"pos {p}" for p in range(n_positions)], [f"dim {i}" for i in range(d_model)],
+                title=f"Sinusoidal table: {n_positions} positions x {d_model} dimensions", kind="signed",
+                x_title="dimension", y_title="position", show_values=False, height=520,
+            ),
+            "Low dimensions oscillate fast, high ones slowly: together they write each position as a unique pattern.",
+            key="pos_sin_table",
+        )
+        dims = st.multiselect(
+            "Dimensions to plot", list(range(d_model)), default=[0, 1, 10, 11, min(40, d_model - 1)], key="pos_sin_dims"
+        )
+        left, right = st.columns(2)
+        with left:
+            show_figure(
+                line_chart(
+                    range(n_positions), {f"dim {d}": table[:, d].tolist() for d in dims},
+                    title="Chosen dimensions along the positions", x_title="position", y_title="PE value",
+                ),
+                "Each pair (2i, 2i+1) is a sine and a cosine of the same frequency.",
+                key="pos_sin_curves",
+            )
+        with right:
+            origins = [0, n_positions // 2]
+            series = {f"from position {o}": positional.cosine_by_distance(table, o)[: n_positions - origins[1]].tolist() for o in origins}
+            show_figure(
+                line_chart(
+                    range(n_positions - origins[1]), series, title="Similarity of PE(p) and PE(p + k)",
+                    x_title="distance k", y_title="cosine similarity",
+                ),
+                "The two curves coincide: the dot product depends on the distance only, not on where you start.",
+                key="pos_sin_distance",
+            )
+        matrix = positional.sinusoidal_shift_matrix(shift, d_model)
+        error = (table[shift:] - table[:-shift] @ matrix.T).abs().max().item()
+        st.markdown(
+            f"**Shift property.** PE(pos + {shift}) = M_{shift} · PE(pos) for every position, where M is a block of 2x2 "
+            f"rotations: max error over all {n_positions - shift} positions = **{error:.1e}**. A fixed linear map "
+            "moves attention by k positions, which a head can learn."
+        )
+        block = min(8, d_model)
+        show_figure(
+            matrix_heatmap(
+                matrix[:block, :block], [f"dim {i}" for i in range(block)], [f"dim {i}" for i in range(block)],
+                title=f"M_{shift}: the first {block} x {block} block", kind="signed", x_title="input", y_title="output",
+            ),
+            "Only 2x2 blocks on the diagonal are non-zero: each (sin, cos) pair rotates by k times its frequency.",
+            key="pos_sin_shift",
+        )
+
+if learned_tab.open:
+    with learned_tab:
+        bundle, capture = capture_current(current_sentence())
+        found = positional.learned_position_table(bundle.model)
+        if found is None:
+            st.info(f"{bundle.name} has no learned absolute position table (it uses RoPE, ALiBi or a relative bias).")
+        else:
+            name, table = found
+            shown = st.slider("Positions to show", 16, table.shape[0], min(128, table.shape[0]), key="pos_learned_n")
+            part = table[:shown]
+            st.caption(f"`{name}` of {bundle.name}: {table.shape[0]} positions x {table.shape[1]} dimensions, learned in training.")
+            left, right = st.columns(2)
+            with left:
+                show_figure(
+                    matrix_heatmap(
+                        part, [f"pos {p}" for p in range(shown)], [f"dim {i}" for i in range(part.shape[1])],
+                        title="Learned position embeddings", kind="signed", x_title="dimension", y_title="position",
+                        show_values=False, height=480,
+                    ),
+                    "Unlike the sinusoidal table nothing forces a pattern, yet smooth waves appear.",
+                    key="pos_learned_table",
+                )
+            with right:
+                normed = part / part.norm(dim=-1, keepdim=True)
+                show_figure(
+                    matrix_heatmap(
+                        normed @ normed.T, [f"pos {p}" for p in range(shown)], [f"pos {p}" for p in range(shown)],
+                        title="Cosine similarity between positions", kind="signed", x_title="position",
+                        y_title="position", show_values=False, height=480,
+                    ),
+                    "A bright band along the diagonal: the model learned that nearby positions are alike.",
+                    key="pos_learned_similarity",
+                )
+            series = {f"from position {o}": positional.cosine_by_distance(table, o)[: shown // 2].tolist() for o in (0, shown // 2)}
+            show_figure(
+                line_chart(range(shown // 2), series, title="Similarity by distance", x_title="distance k", y_title="cosine"),
+                "Close to a function of distance alone, but not exactly: learned tables are only approximately relative.",
+                key="pos_learned_distance",
+            )
+
+if rope_tab.open:
+    with rope_tab:
+        columns = st.columns(4)
+        head_dim = columns[0].select_slider("Head dimension", [2, 4, 8, 16, 32, 64, 128], 64, key="pos_rope_d")
+        base = columns[1].select_slider("Base θ", [100, 1000, 10000, 500000], 10000, key="pos_rope_base")
+        position = columns[2].slider("Position m (for the 2-D pair)", 0, 64, 3, key="pos_rope_m")
+        seed = columns[3].number_input("Seed", 0, 10_000, 0, key="pos_rope_seed")
+        left, right = st.columns(2)
+        frequencies = positional.rope_frequencies(head_dim, base)
+        with left:
+            angle = position * frequencies[0].item()
+            vector = (1.0, 0.3)
+            rotated = positional.rotate_pair(vector, angle)
+            figure = go.Figure()
+            for (x, y), name, colour in ((vector, "q at position 0", "#1f77b4"), (rotated, f"q at position {position}", "#d62728")):
+                figure.add_trace(go.Scatter(x=[0, x], y=[0, y], mode="lines+markers", name=name, line=dict(color=colour, width=4)))
+            figure.update_layout(
+                title=dict(text=f"The first pair rotated by m·θ₀ = {angle:.2f} rad", x=0),
+                xaxis=dict(range=[-1.2, 1.2], zeroline=True), yaxis=dict(range=[-1.2, 1.2], scaleanchor="x"),
+                height=380, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
+            )
+            show_figure(figure, "RoPE turns each (dim i, dim i + d/2) pair of q and k by an angle proportional to the position.", key="pos_rope_pair")
+        with right:
+            show_figure(
+                line_chart(
+                    range(len(frequencies)), {"frequency θᵢ": frequencies.tolist(), "wavelength 2π/θᵢ": (2 * math.pi / frequencies).tolist()},
+                    title="Frequencies of the pairs", x_title="pair i", y_title="radians per position / positions", log_y=True,
+                ),
+                "Early pairs turn fast (fine position), late pairs slowly (long range); a larger base stretches them.",
+                key="pos_rope_freq",
+            )
+        generator = torch.Generator().manual_seed(int(seed))
+        q, k = torch.randn(2, head_dim, generator=generator, dtype=torch.float64)
+        scores = positional.rope_relative_scores(q, k, 24, base)
+        deviation = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item() for o in range(-23, 24))
+        show_figure(
+            matrix_heatmap(
+                scores, [f"m={m}" for m in range(24)], [f"n={n}" for n in range(24)],
+                title="RoPE(q, m) · RoPE(k, n) for one fixed q and k", kind="signed", x_title="key position n",
+                y_title="query position m", show_values=False,
+            ),
+            f"Constant along every diagonal: the score depends on m − n only (largest deviation {deviation:.1e}).",
+            key="pos_rope_relative",
+        )
+        tokens, _ = stepwise.tokens_of(current_sentence())
+        toy_dim = max(2, min(8, head_dim))
+        toy = stepwise.prefill_qkv(tokens or ["attention"], toy_dim, int(seed))
+        positions = torch.arange(len(toy["Q"]))
+        plain = masked_softmax(toy["Q"] @ toy["K"].T / math.sqrt(toy_dim))
+        rotated = masked_softmax(
+            positional.apply_rope(toy["Q"], positions, base) @ positional.apply_rope(toy["K"], positions, base).T / math.sqrt(toy_dim)
+        )
+        labels = style.token_labels(tokens or ["attention"])
+        show_figure(
+            heatmap_row([plain, rotated], ["Without RoPE", "With RoPE"], labels, labels,
+                        title="A toy head on your first words (repeated words share Q and K)", show_values=len(labels) <= 8),
+            "Without positions, a repeated word gets identical rows; RoPE separates them by where they stand.",
+            key="pos_rope_toy",
+        )
+
+if alibi_tab.open:
+    with alibi_tab:
+        bundle, capture = capture_current(current_sentence())
+        record = capture.records[capture.kinds[0]]
+        columns = st.columns(4)
+        n_heads = columns[0].slider("Heads", 1, 32, 8, key="pos_alibi_heads")
+        alibi_head = columns[1].number_input("ALiBi head (slope)", 0, n_heads - 1, 0, key="pos_alibi_head")
+        layer = columns[2].number_input("Real layer", 0, record.n_layers - 1, 0, key="pos_alibi_layer")
+        head = columns[3].number_input("Real head", 0, record.n_heads - 1, 0, key="pos_alibi_real_head")
+        slopes = positional.alibi_slopes(n_heads)
+        left, right = st.columns(2)
+        with left:
+            show_figure(
+                bar_chart([f"h{h}" for h in range(n_heads)], slopes.tolist(), title=f"Slopes for {n_heads} heads",
+                          y_title="slope m", text=[f"1/{1 / s:.3g}" for s in slopes.tolist()], log_y=True),
+                "A geometric sequence: for 8 heads, 1/2, 1/4, ..., 1/256. Steep heads look locally, flat ones far.",
+                key="pos_alibi_slopes",
+            )
+        causal = bundle.architecture != "encoder"
+        n = record.weights.shape[-1]
+        bias = positional.alibi_bias(n_heads, n, causal=causal)
+        labels = style.token_labels(record.key_tokens)
+        with right:
+            shown_heads = sorted({0, n_heads // 2, n_heads - 1})
+            show_figure(
+                heatmap_row([bias[h] for h in shown_heads], [f"head {h}: m = {slopes[h]:.3g}" for h in shown_heads],
+                            labels, labels, title="Bias −m·distance added to the scores", kind="signed"),
+                "No embeddings at all: a penalty that grows linearly with distance" + (" (|i − j|, bidirectional)." if not causal else "."),
+                key="pos_alibi_bias",
+            )
+        q = record.queries[int(layer), int(head)].double()
+        k = record.keys[int(layer), int(head) * record.n_kv_heads // record.n_heads].double()
+        scores = q @ k.T * record.scales[int(layer)]
+        allowed = record.allowed[int(layer)]
+        before = masked_softmax(scores, allowed)
+        after = masked_softmax(scores + bias[int(alibi_head)], allowed)
+        show_figure(
+            heatmap_row([before, after], ["The model's head", f"+ ALiBi bias of head {alibi_head}"], labels, labels,
+                        title=f"ALiBi added to the real scores of layer {layer}, head {head}"),
+            "The bias pulls attention toward nearby tokens; the steeper the slope, the more local the head becomes.",
+            key="pos_alibi_real",
+        )
+        training = bundle.max_positions
+        distances = np.arange(0, 2 * training)
+        sinus = positional.cosine_by_distance(positional.sinusoidal(2 * training, 64)).numpy()
+        series = {
+            f"ALiBi bias, m = {slopes[int(alibi_head)]:.3g} (scaled to [−1, 0])": (-distances / distances.max()).tolist(),
+            "sinusoidal: cos(PE(0), PE(k))": sinus.tolist(),
+        }
+        found = positional.learned_position_table(bundle.model)
+        if found is not None:
+            learned = positional.cosine_by_distance(found[1]).tolist()
+            series["learned: cos(PE(0), PE(k))"] = learned + [None] * (len(distances) - len(learned))
+        show_figure(
+            line_chart(distances, series, title="Position signals beyond the training length", x_title="distance k",
+                       y_title="signal", vlines={f"training length {training}": training}),
+            "Past the training length a learned table simply ends (no vector exists), sinusoidal vectors exist but "
+            "were never seen in training, and ALiBi's penalty just keeps growing: why ALiBi extrapolates best.",
+            key="pos_alibi_extrapolation",
+        )
+
+if order_tab.open:
+    with order_tab:
+        bundle, _ = capture_current(current_sentence())
+        columns = st.columns(3)
+        seed = columns[0].number_input("Shuffle seed", 0, 10_000, 1, key="pos_order_seed")
+        remove = columns[1].toggle("Remove position embeddings", value=True, key="pos_order_remove")
+        head = columns[2].number_input("Head (layer 0)", 0, bundle.n_heads - 1, 0, key="pos_order_head")
+        try:
+            result = word_order_experiment(bundle, current_sentence(), int(seed), remove_positions=remove)
+        except ValueError as problem:
+            st.info(str(problem))
+        else:
+            tokens, order = result["tokens"], result["order"]
+            labels = style.token_labels(tokens)
+            shuffled = [f"{i} · {tokens[j]}" for i, j in enumerate(order)]
+            st.markdown("**Shuffled:** " + " ".join(tokens[j] for j in order))
+            left, right = st.columns(2)
+            with left:
+                show_figure(matrix_heatmap(result["original"][int(head)], labels, labels, title="Original order", show_values=False),
+                            "Layer 0 of the real model.", key="pos_order_original")
+            with right:
+                show_figure(matrix_heatmap(result["permuted"][int(head)], shuffled, shuffled, title="Shuffled order", show_values=False),
+                            "The same words in another order.", key="pos_order_permuted")
+            difference = result["max_difference"]
+            if remove:
+                st.success(
+                    f"With `{result['parameter']}` zeroed, un-shuffling the rows and columns of the shuffled run gives "
+                    f"the original weights back: max difference **{difference:.1e}**. Without positions, attention is "
+                    "a function of the set of words, not their order."
+                )
+            else:
+                st.warning(
+                    f"With position embeddings kept, the un-shuffled weights differ by up to **{difference:.3g}**: "
+                    "the model knows where each word stands."
+                )
