@@ -104,7 +104,7 @@ options = explore.ViewOptions(
 
 tabs = st.tabs(
     ["View", "Head statistics", "Compare two sentences", "What-if", "bertviz (online)", "Export"],
-    key="explore_tab", on_change="rerun",
+    key="explore_tab", on_change="rerun", bind="query-params",
 )
 view_tab, stats_tab, compare_tab, what_if_tab, bertviz_tab, export_tab = tabs
 

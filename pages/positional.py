@@ -22,7 +22,8 @@ st.caption(
 )
 
 tabs = st.tabs(
-    ["Sinusoidal", "Learned", "RoPE", "ALiBi", "Word order"], key="pos_tab", on_change="rerun", default="Sinusoidal"
+    ["Sinusoidal", "Learned", "RoPE", "ALiBi", "Word order"], key="pos_tab", on_change="rerun", default="Sinusoidal",
+    bind="query-params",
 )
 sinusoidal_tab, learned_tab, rope_tab, alibi_tab, order_tab = tabs
 

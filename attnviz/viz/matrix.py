@@ -83,8 +83,9 @@ def matrix_heatmap(
         **colour,
     )
     figure = go.Figure(heatmap)
-    x_ticks, x_text = style.thinned_ticks(col_labels)
-    y_ticks, y_text = style.thinned_ticks(row_labels)
+    height = height or int(min(900, max(260, 60 + 38 * n_rows)))
+    x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=48)
+    y_ticks, y_text = style.thinned_ticks(row_labels, max_ticks=max(4, (height - 120) // 14))  # ~14 px a label
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
         font=dict(family=style.FONT_FAMILY),
@@ -92,7 +93,7 @@ def matrix_heatmap(
         yaxis=dict(title=y_title, tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
         plot_bgcolor=style.BLOCKED_COLOR,
         margin=dict(l=10, r=10, t=50, b=10),
-        height=height or int(min(900, max(260, 60 + 38 * n_rows))),
+        height=height,
     )
     return figure
 
@@ -155,11 +156,16 @@ def heatmap_row(
 
     count = len(matrices)
     figure = make_subplots(rows=1, cols=count, subplot_titles=titles, shared_yaxes=True, horizontal_spacing=0.03)
+    bound = None
+    if kind == "signed":  # one scale for all panels, so they can be compared
+        finite = [np.abs(np.asarray(m, dtype=np.float64)) for m in matrices]
+        bound = max(float(np.nanmax(np.where(np.isfinite(f), f, np.nan))) if np.isfinite(f).any() else 0.0 for f in finite) or 1.0
     for index, values in enumerate(matrices):
         single = matrix_heatmap(values, row_labels, col_labels, title="", kind=kind, show_values=show_values)
         trace = single.data[0]
         trace.showscale = index == count - 1
-        trace.coloraxis = None
+        if bound is not None:
+            trace.zmin, trace.zmax = -bound, bound
         figure.add_trace(trace, row=1, col=index + 1)
     x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=24)
     y_ticks, y_text = style.thinned_ticks(row_labels)
