@@ -16,6 +16,8 @@ pages = [
     st.Page("pages/step_by_step.py", title="Attention step by step", icon=":material/calculate:"),
     st.Page("pages/masks.py", title="Masks", icon=":material/grid_on:"),
     st.Page("pages/positional.py", title="Positional encodings", icon=":material/pin_drop:"),
+    st.Page("pages/scaling.py", title="Scaling and softmax", icon=":material/functions:"),
+    st.Page("pages/heads_kv_cache.py", title="Heads and KV cache", icon=":material/memory:"),
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)
