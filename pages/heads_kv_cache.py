@@ -81,7 +81,7 @@ with right:
 
 st.subheader("Who shares keys and values")
 columns = st.columns(3)
-drawn_heads = min(config.n_heads, 16)
+drawn_heads = min(config.n_heads, 8)
 for column, (name, kv_heads) in zip(columns, variants.items()):
     shown_kv = max(1, kv_heads * drawn_heads // config.n_heads)
     with column:

@@ -43,3 +43,11 @@ def plotly_array(value):
             array = array.reshape([int(s) for s in str(shape).split(",")])
         return array
     return np.array(value, dtype=float)
+
+
+def figure_containing(at: AppTest, text: str) -> dict:
+    for spec in figures(at):
+        if text in spec["layout"].get("title", {}).get("text", ""):
+            return spec
+    titles = [spec["layout"].get("title", {}).get("text") for spec in figures(at)]
+    raise AssertionError(f"no figure title contains {text!r}; titles: {titles}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from attnviz.viz import style
@@ -17,7 +19,7 @@ def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, height: i
         margin=dict(l=10, r=10, t=60, b=10),
         font=dict(family=style.FONT_FAMILY),
         plot_bgcolor="white",
-        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+        legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.8)"),
     )
     figure.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     figure.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=True, zerolinecolor="#cccccc")
@@ -50,7 +52,9 @@ def line_chart(
             )
         )
     for label, position in (vlines or {}).items():
-        figure.add_vline(x=position, line=dict(color="#888888", dash="dot"), annotation_text=label)
+        # Shapes on a log axis are placed in log10 units.
+        figure.add_vline(x=math.log10(position) if log_x else position, line=dict(color="#888888", dash="dot"),
+                         annotation_text=label)
     _layout(figure, title, x_title, y_title, height)
     if log_x:
         figure.update_xaxes(type="log")

@@ -1,0 +1,244 @@
+"""Closed-form checks for the mechanism pages: positional encodings, sparse patterns, scaling, KV cache."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnviz import kvcache, masks, patterns, positional, scaling
+
+# --- positional -------------------------------------------------------------------------------------------------
+
+
+def test_sinusoidal_values_at_known_positions():
+    table = positional.sinusoidal(10, 4)
+    # d_model = 4: frequencies 1 and 1/100.
+    assert table[0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert table[1, 0].item() == pytest.approx(math.sin(1))
+    assert table[1, 1].item() == pytest.approx(math.cos(1))
+    assert table[3, 2].item() == pytest.approx(math.sin(3 / 100))
+    assert table[3, 3].item() == pytest.approx(math.cos(3 / 100))
+
+
+def test_sinusoidal_shift_is_a_linear_map():
+    table = positional.sinusoidal(64, 32)
+    for k in (1, 7, 20):
+        shift = positional.sinusoidal_shift_matrix(k, 32)
+        torch.testing.assert_close(table[k:], table[:-k] @ shift.T)
+        torch.testing.assert_close(shift @ shift.T, torch.eye(32, dtype=torch.float64))  # a rotation
+
+
+def test_sinusoidal_dot_product_depends_on_distance_only():
+    table = positional.sinusoidal(80, 16)
+    torch.testing.assert_close(positional.dot_by_distance(table, 0)[:30], positional.dot_by_distance(table, 40)[:30])
+    # Closed form: PE(p).PE(p+k) = sum_i cos(k * w_i).
+    w = positional.sinusoidal_frequencies(16)
+    torch.testing.assert_close(positional.dot_by_distance(table, 0)[5], torch.cos(5 * w).sum())
+
+
+def test_rope_relative_property_and_norm():
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 16, generator=generator, dtype=torch.float64)
+    scores = positional.rope_relative_scores(q, k, 12)
+    for offset in range(-11, 12):
+        diagonal = scores.diagonal(offset)
+        torch.testing.assert_close(diagonal, diagonal[0].expand_as(diagonal))
+    rotated = positional.apply_rope(q.expand(5, -1), torch.arange(5))
+    torch.testing.assert_close(rotated.norm(dim=-1), q.norm().expand(5))  # rotations keep lengths
+
+
+def test_rope_matches_transformers_llama():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 6, 8, generator=generator, dtype=torch.float64)  # [batch, heads, seq, head_dim]
+    positions = torch.arange(6)
+    angles = positions.double().unsqueeze(-1) * positional.rope_frequencies(8)
+    emb = torch.cat((angles, angles), dim=-1)
+    reference, _ = apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
+    torch.testing.assert_close(positional.apply_rope(x, positions), reference)
+
+
+def test_rotate_pair():
+    x, y = positional.rotate_pair((1.0, 0.0), math.pi / 2)
+    assert x == pytest.approx(0.0, abs=1e-12) and y == pytest.approx(1.0)
+
+
+def test_alibi_slopes_from_the_paper():
+    assert positional.alibi_slopes(8).tolist() == [1 / 2**i for i in range(1, 9)]
+    assert positional.alibi_slopes(16)[0].item() == pytest.approx(2**-0.5)
+    # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads.
+    expected = [2 ** (-i) for i in range(1, 9)] + [2 ** (-(2 * i + 1) / 2) for i in range(4)]
+    torch.testing.assert_close(positional.alibi_slopes(12), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_alibi_bias():
+    bias = positional.alibi_bias(2, 4)  # 2 heads: slopes 2^-4 and 2^-8
+    assert bias[0].tolist()[3] == [-3 / 16, -2 / 16, -1 / 16, 0.0]  # distances 3, 2, 1, 0
+    assert bias[1, 3, 0].item() == pytest.approx(-3 / 256)
+    symmetric = positional.alibi_bias(1, 3, causal=False)[0]
+    torch.testing.assert_close(symmetric, symmetric.T)
+
+
+def test_learned_position_table_of_the_bundled_bert():
+    from attnviz.models.loading import load_default_model
+
+    name, table = positional.learned_position_table(load_default_model().model)
+    assert name == "embeddings.position_embeddings.weight" and table.shape == (512, 384)
+
+
+def test_word_order_without_positions_is_a_permutation():
+    from attnviz.models.capture import word_order_experiment
+    from attnviz.models.loading import load_default_model
+
+    bundle = load_default_model()
+    text = "The cat sat on the mat because it was tired."
+    without = word_order_experiment(bundle, text, seed=3, remove_positions=True)
+    assert without["order"] != list(range(len(without["tokens"])))
+    assert without["max_difference"] < 1e-5
+    with_positions = word_order_experiment(bundle, text, seed=3, remove_positions=False)
+    assert with_positions["max_difference"] > 0.05
+    # The experiment restores the weights it zeroed.
+    assert bundle.model.embeddings.position_embeddings.weight.abs().sum() > 0
+
+
+def test_permutation_keeps_special_tokens_in_place():
+    order = positional.permutation_of_words(8, seed=5)
+    assert order[0] == 0 and order[-1] == 7 and sorted(order) == list(range(8))
+
+
+# --- patterns ---------------------------------------------------------------------------------------------------
+
+
+def test_pattern_densities_on_small_cases():
+    n = 8
+    assert patterns.build_pattern("full", n).density == 1.0
+    assert patterns.build_pattern("causal", n).scores_computed == 36
+    assert patterns.build_pattern("sliding_causal", n, window=3).scores_computed == 1 + 2 + 3 * 6
+    assert patterns.build_pattern("sliding_bidirectional", n, window=3).scores_computed == 3 * n - 2
+    assert patterns.build_pattern("dilated", n, window=2, dilation=2).scores_computed == n + 2 * (n - 2)
+    # one global token on top of a 3-wide window: row 0 and column 0 become full
+    assert patterns.build_pattern("global_local", n, window=3, global_tokens=1).scores_computed == (3 * n - 2) + (n - 2) + (n - 2)
+    for key in patterns.PATTERNS:
+        assert patterns.build_pattern(key, n).mask.diagonal().all() or key == "dilated"
+
+
+def test_dilated_window_sees_every_other_token():
+    mask = masks.dilated_sliding_window(9, window=3, dilation=2)
+    assert mask[8].nonzero().flatten().tolist() == [4, 6, 8]
+    assert not masks.dilated_sliding_window(9, 3, 2, causal=False)[4, 5]
+
+
+def test_receptive_field_of_stacked_windows():
+    # A causal window of 2 (itself and the previous token) reaches one token further back per layer.
+    reach = masks.receptive_field(masks.sliding_window(10, 1, 0), 4)
+    assert [int(reach[l, 9].sum()) for l in range(4)] == [2, 3, 4, 5]
+    # Global token 0: any token reaches any other in two layers.
+    glob = masks.receptive_field(masks.global_local(10, [0], 0, 0), 2)
+    assert not glob[0].all() and glob[1].all()
+
+
+def test_lsh_mask_is_seeded_symmetric_and_groups_identical_vectors():
+    vectors = torch.randn(12, 8, generator=torch.Generator().manual_seed(0))
+    vectors[5] = vectors[2]
+    mask = masks.lsh(vectors, 4, 2, seed=1)
+    assert torch.equal(mask, mask.T) and mask.diagonal().all()
+    assert mask[2, 5]
+    assert torch.equal(mask, masks.lsh(vectors, 4, 2, seed=1))
+    with pytest.raises(ValueError):
+        masks.lsh(vectors, 3, 1)
+
+
+def test_allowed_pairs_estimate_matches_small_masks():
+    for key, params in (("full", {}), ("causal", {}), ("sliding_causal", {"window": 4})):
+        built = patterns.build_pattern(key, 64, **params)
+        assert patterns.allowed_pairs_estimate(key, 64, **params) == built.scores_computed
+
+
+def test_score_memory_at_128k_fp16():
+    table = patterns.score_memory_table([131072], "fp16", 0.01)
+    assert table["dense bytes"].iloc[0] == 131072**2 * 2 == 32 * 1024**3
+    assert table["dense scores"].iloc[0] == "32 GiB"
+
+
+def test_convention_demo_uses_pytorch_semantics():
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 6, 4, generator=generator, dtype=torch.float64)
+    demo = patterns.convention_demo(q, k)
+    right, additive, keep, inverted = demo.weights.values()
+    torch.testing.assert_close(right, F.scaled_dot_product_attention(q, k, torch.eye(6, dtype=torch.float64), is_causal=True))
+    torch.testing.assert_close(additive, right)
+    assert demo.future_weight["bool, True = may attend"] == 0
+    assert demo.future_weight["float 1 = keep (added!)"] > 0.1  # the 0/1 float mask blocks nothing
+    assert demo.future_weight["bool, True = masked (inverted!)"] > 0.5
+
+
+# --- scaling ----------------------------------------------------------------------------------------------------
+
+
+def test_dot_product_variance_matches_theory():
+    for row in scaling.dot_product_variance([1, 16, 256], n_samples=20000):
+        assert row["measured"] == pytest.approx(row["theory"], rel=0.06)
+        assert row["measured_scaled"] == pytest.approx(1.0, rel=0.06)
+
+
+def test_softmax_saturates_without_scaling():
+    small, large = scaling.softmax_statistics([4, 1024], n_keys=32)
+    assert large["entropy_unscaled"] < 0.3 < large["entropy_scaled"]
+    assert large["max_weight_unscaled"] > 0.9
+    assert large["jacobian_unscaled"] < small["jacobian_unscaled"]
+    assert large["entropy_scaled"] == pytest.approx(small["entropy_scaled"], rel=0.1)
+
+
+def test_jacobian_norm_closed_form():
+    uniform = torch.full((4,), 0.25, dtype=torch.float64)
+    # diag(p) - pp^T for uniform p over n: diagonal (1/n - 1/n^2), off-diagonal -1/n^2.
+    expected = math.sqrt(4 * (0.25 - 0.0625) ** 2 + 12 * 0.0625**2)
+    assert scaling.jacobian_norm(uniform).item() == pytest.approx(expected)
+    assert scaling.jacobian_norm(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)).item() == 0.0
+
+
+def test_max_subtraction_is_exact_and_stable():
+    x = torch.tensor([1000.0, 999.0, 0.0])
+    assert torch.isnan(scaling.naive_softmax(x)).any()
+    torch.testing.assert_close(scaling.stable_softmax(x), torch.softmax(x.double(), -1).float())
+    table = scaling.stability_table([10, 100], {"fp16": torch.float16, "fp32": torch.float32})
+    fp16_naive_100 = next(r for r in table if r["max logit"] == 100 and r["dtype"] == "fp16" and r["method"] == "naive")
+    assert not fp16_naive_100["finite"]
+    assert all(r["finite"] for r in table if r["method"] == "max-subtracted")
+
+
+# --- KV cache ---------------------------------------------------------------------------------------------------
+
+
+def test_kv_cache_bytes_for_known_configs():
+    llama70 = kvcache.PRESETS["Llama 2 70B"]
+    # 2 x 80 layers x 8 KV heads x 128 dims x 2 bytes = 320 KiB per token in fp16.
+    cache = kvcache.kv_cache_bytes(llama70, seq_len=4096, batch=1, dtype="fp16")
+    assert cache["per_token"] == 2 * 80 * 8 * 128 * 2 == 327680
+    assert cache["total"] == 327680 * 4096
+    gpt2 = kvcache.PRESETS["GPT-2 (124M)"]
+    assert kvcache.kv_cache_bytes(gpt2, 1024, 1, "fp32")["total"] == 2 * 12 * 12 * 64 * 1024 * 4
+
+
+def test_attention_parameters_match_our_module():
+    from attnviz.attention import MultiHeadAttention
+
+    config = kvcache.AttentionConfig("toy", 2, 64, 8, 2, 8, 128)
+    module = MultiHeadAttention(64, 8, n_kv_heads=2)
+    assert kvcache.attention_parameters(config)["per layer"] == sum(p.numel() for p in module.parameters())
+    assert kvcache.with_kv_heads(config, 1).kind == "MQA" and kvcache.with_kv_heads(config, 8).kind == "MHA"
+    with pytest.raises(ValueError):
+        kvcache.with_kv_heads(config, 3)
+
+
+def test_cross_attention_example_aligns_related_words():
+    from attnviz.cross import cross_attention_example
+    from attnviz.models.loading import load_default_model
+
+    result = cross_attention_example(load_default_model(), "the cat sat on the mat", "a kitten rested")
+    weights = result["weights"]
+    assert weights.shape == (1, 3, 6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 3))
+    assert result["source_tokens"][int(weights[0, 1].argmax())] == "cat"  # kitten -> cat
