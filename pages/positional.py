@@ -117,12 +117,22 @@ if learned_tab.open:
                     "A bright band along the diagonal: the model learned that nearby positions are alike.",
                     key="pos_learned_similarity",
                 )
-            series = {f"from position {o}": positional.cosine_by_distance(table, o)[: shown // 2].tolist() for o in (0, shown // 2)}
-            show_figure(
-                line_chart(range(shown // 2), series, title="Similarity by distance", x_title="distance k", y_title="cosine"),
-                "Close to a function of distance alone, but not exactly: learned tables are only approximately relative.",
-                key="pos_learned_distance",
-            )
+            dims = st.multiselect("Dimensions to plot", list(range(table.shape[1])), default=[0, 1, 2, 3], key="pos_learned_dims")
+            left, right = st.columns(2)
+            with left:
+                show_figure(
+                    line_chart(range(shown), {f"dim {d}": part[:, d].tolist() for d in dims},
+                               title="Chosen dimensions along the positions", x_title="position", y_title="value"),
+                    "Learned dimensions are noisier than sinusoids but many still vary smoothly with position.",
+                    key="pos_learned_curves",
+                )
+            with right:
+                series = {f"from position {o}": positional.cosine_by_distance(table, o)[: shown // 2].tolist() for o in (0, shown // 2)}
+                show_figure(
+                    line_chart(range(shown // 2), series, title="Similarity by distance", x_title="distance k", y_title="cosine"),
+                    "Close to a function of distance alone, but not exactly: learned tables are only approximately relative.",
+                    key="pos_learned_distance",
+                )
 
 if rope_tab.open:
     with rope_tab:
