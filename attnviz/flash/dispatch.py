@@ -1,0 +1,106 @@
+"""``attention(q, k, v, backend=...)``: every contender behind one call, with the same masks.
+
+Backends: ``naive`` (materialises the N x N matrix: attnviz.attention), ``tiled`` (the online softmax in PyTorch),
+``sdpa`` (PyTorch's ``scaled_dot_product_attention`` with a named kernel: flash, efficient, cudnn or math, and
+the one that ran reported), ``triton`` (our kernel; CUDA, or the CPU interpreter for small inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.flash.masking import spec_from
+
+BACKENDS = ("naive", "tiled", "sdpa", "triton")
+SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run these inputs here; the message says why."""
+
+
+@dataclass
+class Result:
+    output: torch.Tensor  # [b, h, n_q, d]
+    backend: str  # what ran, e.g. "sdpa/flash" or "triton (interpreter)"
+
+
+def _naive(q, k, v, spec, scale):
+    from attnviz.attention import repeat_kv, scaled_dot_product_attention
+
+    group = q.shape[1] // k.shape[1]
+    mask = None if spec.is_full else spec.dense().to(q.device)
+    output, _ = scaled_dot_product_attention(q, repeat_kv(k, group), repeat_kv(v, group), mask, scale=scale)
+    return output
+
+
+def _sdpa(q, k, v, spec, scale, kernel):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[kernel]
+    kwargs = {"scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if spec.causal and spec.window is None and spec.n_q == spec.n_k:
+        kwargs["is_causal"] = True  # SDPA's is_causal is top-left aligned: the same as ours only when square
+    elif not spec.is_full:
+        kwargs["attn_mask"] = spec.dense().to(q.device)  # a dense boolean mask, True = may attend
+    try:
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    except RuntimeError as problem:
+        reason = str(problem).strip().splitlines()[0][:200]
+        raise BackendUnavailable(f"SDPA's {kernel} kernel cannot run these inputs here: {reason}") from None
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    backend: str = "naive",
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    block_layout: torch.Tensor | None = None,
+    block_size: int | None = None,
+    scale: float | None = None,
+    sdpa_kernel: str = "flash",
+    block_q: int = 128,
+    block_k: int = 128,
+) -> Result:
+    """Attention by the named backend. ``q [b, h, n_q, d]``, ``k, v [b, h_kv, n_k, d]``; masks as
+    ``attnviz.flash.masking``."""
+    spec = spec_from(q.shape[2], k.shape[2], causal=causal, window=window, block_layout=block_layout,
+                     block_size=block_size)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if backend == "naive":
+        return Result(_naive(q, k, v, spec, scale), "naive")
+    if backend == "tiled":
+        from attnviz.flash.tiled import tiled_attention
+
+        output, _, _ = tiled_attention(q, k, v, causal=causal, window=window, block_layout=block_layout,
+                                       block_size=block_size, scale=scale, block_q=block_q, block_k=block_k)
+        return Result(output, "tiled")
+    if backend == "sdpa":
+        if sdpa_kernel not in SDPA_KERNELS:
+            raise ValueError(f"sdpa_kernel must be one of {SDPA_KERNELS}, got {sdpa_kernel!r}")
+        return Result(_sdpa(q, k, v, spec, scale, sdpa_kernel), f"sdpa/{sdpa_kernel}")
+    if backend == "triton":
+        try:
+            from attnviz.flash import triton_kernel
+        except ImportError:
+            raise BackendUnavailable("Triton is not installed (pip install triton; Linux x86_64 wheels only)") from None
+        try:
+            output, _ = triton_kernel.triton_attention(q, k, v, causal=causal, window=window, block_layout=block_layout,
+                                                       block_size=block_size, scale=scale)
+        except triton_kernel.TritonUnavailable as problem:
+            raise BackendUnavailable(str(problem)) from None
+        return Result(output, "triton (interpreter)" if triton_kernel.INTERPRETED else "triton")
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

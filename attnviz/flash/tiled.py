@@ -1,0 +1,139 @@
+"""FlashAttention-2's forward pass in plain PyTorch: one query block at a time against key blocks, with an
+online softmax (running max and running sum), never holding the N x N matrix.
+
+Read it next to Dao (2023), Algorithm 1. Shapes: ``q [batch, heads, n_q, d]``, ``k, v [batch, kv_heads, n_k, d]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from attnviz.flash.masking import MaskSpec, spec_from
+
+COMPUTED, MASKED, SKIPPED = "computed", "masked", "skipped"
+
+
+@dataclass
+class OnlineSoftmaxStep:
+    """The state of one query block after consuming one key block (for the page's stepper)."""
+
+    key_block: int
+    status: str
+    scores: torch.Tensor | None  # [block_q, block_k] scaled scores of this tile (-inf where masked)
+    running_max: torch.Tensor  # [block_q]
+    running_sum: torch.Tensor  # [block_q]
+    output: torch.Tensor  # [block_q, d]: the normalised output so far (acc / running_sum)
+
+
+@dataclass
+class TiledTrace:
+    n_query_blocks: int
+    n_key_blocks: int
+    status: list[list[str]] = field(default_factory=list)  # [query block][key block]
+    steps: list[OnlineSoftmaxStep] = field(default_factory=list)  # for trace_query_block, batch 0, head 0
+
+    def counts(self) -> dict[str, int]:
+        flat = [s for row in self.status for s in row]
+        return {name: flat.count(name) for name in (COMPUTED, MASKED, SKIPPED)}
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    block_layout: torch.Tensor | None = None,
+    block_size: int | None = None,
+    scale: float | None = None,
+    block_q: int = 128,
+    block_k: int = 128,
+    trace: bool = False,
+    trace_query_block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, TiledTrace | None]:
+    """Returns ``(output [b, h, n_q, d], lse [b, h, n_q], trace)``.
+
+    ``lse`` is the natural log-sum-exp of each row's scaled scores (-inf for a row with no allowed key, whose
+    output is 0). With ``block_layout`` (bool ``[n_qb, n_kb]``, e.g. BigBird's) the tiles are ``block_size`` a
+    side and only the listed key blocks are visited. ``trace`` records which tiles were computed, masked or skipped;
+    ``trace_query_block`` also records that block's online-softmax state after each key block.
+    """
+    batch, heads, n_q, d = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    if k.shape[-1] != d or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} K/V heads evenly")
+    if block_layout is not None:
+        block_q = block_k = int(block_size)
+    spec = spec_from(n_q, n_k, causal=causal, window=window, block_layout=block_layout, block_size=block_size)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    group = heads // kv_heads
+    k = k.repeat_interleave(group, dim=1) if group > 1 else k  # [b, heads, n_k, d]
+    v = v.repeat_interleave(group, dim=1) if group > 1 else v
+
+    out_dtype = q.dtype
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
+    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=out_dtype)
+    lse = torch.empty(batch, heads, n_q, dtype=compute_dtype)
+    n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
+    record = TiledTrace(n_qb, n_kb) if trace or trace_query_block is not None else None
+
+    for qb in range(n_qb):
+        q_start, q_end = qb * block_q, min(n_q, (qb + 1) * block_q)
+        q_block = q[:, :, q_start:q_end].to(compute_dtype)  # [b, h, bq, d]
+        rows = q_end - q_start
+        running_max = torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype)
+        running_sum = torch.zeros(batch, heads, rows, dtype=compute_dtype)
+        accumulator = torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype)
+        lo, hi = spec.key_range(q_start, q_end)
+        full_lo, full_hi = spec.fully_allowed_range(q_start, q_end)
+        statuses = []
+        for kb in range(n_kb):
+            k_start, k_end = kb * block_k, min(n_k, (kb + 1) * block_k)
+            # Skip a tile the rule rules out without looking at it: outside the window/causal range, or off the layout.
+            if k_end <= lo or k_start >= hi or (block_layout is not None and not bool(block_layout[qb, kb])):
+                statuses.append(SKIPPED)
+                continue
+            scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(compute_dtype).transpose(-2, -1)) * scale
+            needs_mask = block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
+            if needs_mask:
+                allowed = spec.tile(q_start, q_end, k_start, k_end)  # [bq, bk]
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            statuses.append(MASKED if needs_mask else COMPUTED)
+
+            block_max = scores.amax(dim=-1)  # [b, h, bq]
+            new_max = torch.maximum(running_max, block_max)
+            # Rows that have seen no allowed key yet keep max = -inf; use 0 there so exp() gives 0, not NaN.
+            safe_max = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
+            probabilities = torch.exp(scores - safe_max.unsqueeze(-1))  # [b, h, bq, bk]
+            correction = torch.exp(running_max - safe_max)  # rescales what was accumulated under the old max
+            running_sum = running_sum * correction + probabilities.sum(dim=-1)
+            accumulator = accumulator * correction.unsqueeze(-1) + torch.matmul(
+                probabilities, v[:, :, k_start:k_end].to(compute_dtype)
+            )
+            running_max = new_max
+            if record is not None and qb == trace_query_block:
+                record.steps.append(
+                    OnlineSoftmaxStep(
+                        key_block=kb,
+                        status=statuses[-1],
+                        scores=scores[0, 0].clone(),
+                        running_max=running_max[0, 0].clone(),
+                        running_sum=running_sum[0, 0].clone(),
+                        output=(accumulator[0, 0] / running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),
+                    )
+                )
+        empty = running_sum == 0
+        output[:, :, q_start:q_end] = torch.where(
+            empty.unsqueeze(-1), torch.zeros_like(accumulator), accumulator / running_sum.clamp_min(1e-30).unsqueeze(-1)
+        ).to(out_dtype)
+        lse[:, :, q_start:q_end] = torch.where(empty, torch.full_like(running_max, float("-inf")),
+                                               running_max + torch.log(running_sum.clamp_min(1e-30)))
+        if record is not None:
+            record.status.append(statuses)
+    return output, lse, record
