@@ -4,10 +4,13 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything works offline: never reach for a model hub
 
-import streamlit as st
+from attnviz.runtime import configure_triton, optional_features  # noqa: E402
 
-from attnviz.runtime import optional_features
-from attnviz.ui import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, apply_presentation_mode, registered_models
+configure_triton()  # before anything imports triton
+
+import streamlit as st  # noqa: E402
+
+from attnviz.ui import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, apply_presentation_mode, registered_models  # noqa: E402
 
 st.set_page_config(page_title="attnviz · attention, explained", page_icon=":material/visibility:", layout="wide")
 
@@ -18,6 +21,7 @@ pages = [
     st.Page("pages/positional.py", title="Positional encodings", icon=":material/pin_drop:"),
     st.Page("pages/scaling.py", title="Scaling and softmax", icon=":material/functions:"),
     st.Page("pages/heads_kv_cache.py", title="Heads and KV cache", icon=":material/memory:"),
+    st.Page("pages/flash.py", title="Flash vs naive", icon=":material/bolt:"),
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m attnviz.bench explore`` (and more subcommands as they arrive).
+"""Benchmarks: ``python -m attnviz.bench explore``, ``python -m attnviz.bench flash [--gpu]``.
 
 Every contender is measured in the same run and reported as medians of repeats, with ratios; results are also
 written as JSON. Machines are shared and noisy: read the ratios, not single numbers.
@@ -118,12 +118,37 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     explore_parser = commands.add_parser("explore", help="the Explore heads page on the default model")
     explore_parser.add_argument("--repeats", type=int, default=7)
-    explore_parser.add_argument("--out", type=Path, default=Path("bench-results/explore.json"))
+    explore_parser.add_argument("--out", type=Path, default=None)
+    flash_parser = commands.add_parser("flash", help="flash attention: naive, tiled, SDPA (CPU) or Triton (--gpu)")
+    flash_parser.add_argument("--gpu", action="store_true", help="Triton vs SDPA kernels on a CUDA GPU, bf16")
+    flash_parser.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
+    flash_parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    flash_parser.add_argument("--heads", type=int, default=8)
+    flash_parser.add_argument("--d", type=int, default=64)
+    flash_parser.add_argument("--causal", action="store_true")
+    flash_parser.add_argument("--repeats", type=int, default=3)
+    flash_parser.add_argument("--no-memory", action="store_true", help="skip the per-point memory subprocesses")
+    flash_parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
     if args.command == "explore":
         report = bench_explore(args.repeats)
         print_explore(report)
+    elif args.command == "flash":
+        from attnviz import flash_bench
+
+        if args.gpu:
+            report = flash_bench.bench_gpu(quick=args.quick)
+            lines = flash_bench.print_gpu(report)
+        else:
+            lengths = [512, 1024] if args.quick else args.lengths
+            report = flash_bench.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal,
+                                           repeats=args.repeats, memory=not args.no_memory)
+            lines = flash_bench.print_cpu(report)
+        report["environment"] = environment()
+        print("\n".join(lines))
+        args.out = args.out or Path("bench-results") / ("flash-gpu.json" if args.gpu else "flash-cpu.json")
+    args.out = args.out or Path("bench-results/explore.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"JSON written to {args.out}")

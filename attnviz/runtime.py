@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
+
+
+def configure_triton() -> None:
+    """Without a GPU, Triton kernels can only run in its interpreter, and Triton decides that when it is first
+    imported (its standard library is decorated then). transformers imports triton while loading a model, so this
+    must run at process start, before any model is loaded."""
+    if "triton" in sys.modules:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @dataclass(frozen=True)

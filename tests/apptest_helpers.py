@@ -13,6 +13,7 @@ def open_page(page: str, timeout: float = 120, **session_state) -> AppTest:
     for key, value in session_state.items():
         at.session_state[key] = value
     at.run()
+    assert not at.exception, [e.value for e in at.exception]  # app.py itself (sidebar, navigation)
     at.switch_page(page).run()
     assert not at.exception, [e.value for e in at.exception]
     return at

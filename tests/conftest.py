@@ -4,6 +4,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from attnviz.runtime import configure_triton  # noqa: E402
+
+configure_triton()  # no GPU here or in CI: Triton kernels run in the interpreter
+
 
 @pytest.fixture
 def clean_streamlit_caches():

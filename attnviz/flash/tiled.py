@@ -99,30 +99,32 @@ def tiled_attention(
             if k_end <= lo or k_start >= hi or (block_layout is not None and not bool(block_layout[qb, kb])):
                 statuses.append(SKIPPED)
                 continue
-            scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(compute_dtype).transpose(-2, -1)) * scale
+            scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(compute_dtype).transpose(-2, -1))
+            scores.mul_(scale)  # [b, h, bq, bk]; in place: this tile is the largest temporary
             needs_mask = block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
             if needs_mask:
                 allowed = spec.tile(q_start, q_end, k_start, k_end)  # [bq, bk]
-                scores = scores.masked_fill(~allowed, float("-inf"))
+                scores.masked_fill_(~allowed, float("-inf"))
             statuses.append(MASKED if needs_mask else COMPUTED)
+            tile_scores = scores[0, 0].clone() if record is not None and qb == trace_query_block else None
 
             block_max = scores.amax(dim=-1)  # [b, h, bq]
             new_max = torch.maximum(running_max, block_max)
             # Rows that have seen no allowed key yet keep max = -inf; use 0 there so exp() gives 0, not NaN.
             safe_max = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
-            probabilities = torch.exp(scores - safe_max.unsqueeze(-1))  # [b, h, bq, bk]
+            probabilities = scores.sub_(safe_max.unsqueeze(-1)).exp_()  # in place: exp(s - m), [b, h, bq, bk]
             correction = torch.exp(running_max - safe_max)  # rescales what was accumulated under the old max
             running_sum = running_sum * correction + probabilities.sum(dim=-1)
-            accumulator = accumulator * correction.unsqueeze(-1) + torch.matmul(
-                probabilities, v[:, :, k_start:k_end].to(compute_dtype)
+            accumulator.mul_(correction.unsqueeze(-1)).add_(
+                torch.matmul(probabilities, v[:, :, k_start:k_end].to(compute_dtype))
             )
             running_max = new_max
-            if record is not None and qb == trace_query_block:
+            if tile_scores is not None:
                 record.steps.append(
                     OnlineSoftmaxStep(
                         key_block=kb,
                         status=statuses[-1],
-                        scores=scores[0, 0].clone(),
+                        scores=tile_scores,
                         running_max=running_max[0, 0].clone(),
                         running_sum=running_sum[0, 0].clone(),
                         output=(accumulator[0, 0] / running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),

@@ -333,7 +333,19 @@ def _config(head_dim: int, spec: MaskSpec) -> tuple[int, int, int, int]:
     return 64, 32, 8, 2
 
 
+def _interpreter_is_consistent() -> bool:
+    """Triton's own library functions must have been decorated in interpreter mode too (see runtime.configure_triton)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.standard.cdiv, InterpretedFunction)
+
+
 def _check(q, k, v, spec: MaskSpec) -> None:
+    if INTERPRETED and not _interpreter_is_consistent():
+        raise TritonUnavailable(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its interpreter cannot run; start the process "
+            "with TRITON_INTERPRET=1 (app.py and the tests do this)"
+        )
     if q.device.type == "cpu" and not INTERPRETED:
         raise TritonUnavailable("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
     if q.device.type == "cuda" and INTERPRETED:

@@ -1,0 +1,121 @@
+"""What the "Flash vs naive" page computes: every chosen backend on the same inputs, timed and compared."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from attnviz import masks
+from attnviz.flash import BackendUnavailable, attention
+from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, tiled_attention
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+INTERPRETER_LIMIT = 256  # tokens: above this the Triton interpreter takes minutes
+CONTENDERS = {
+    "naive": {"backend": "naive"},
+    "tiled (PyTorch)": {"backend": "tiled"},
+    "SDPA flash": {"backend": "sdpa", "sdpa_kernel": "flash"},
+    "SDPA math": {"backend": "sdpa", "sdpa_kernel": "math"},
+    "SDPA efficient": {"backend": "sdpa", "sdpa_kernel": "efficient"},
+    "SDPA cuDNN": {"backend": "sdpa", "sdpa_kernel": "cudnn"},
+    "Triton": {"backend": "triton"},
+}
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask_kwargs: dict
+    dense_mask: torch.Tensor | None  # for reference and density only; None = full
+
+
+def make_inputs(n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str, *, window: int = 64,
+                block_size: int = 64, seed: int = 0) -> Inputs:
+    generator = torch.Generator().manual_seed(int(seed))
+    q = torch.randn(1, heads, n, d, generator=generator).to(DTYPES[dtype])
+    k = torch.randn(1, kv_heads, n, d, generator=generator).to(DTYPES[dtype])
+    v = torch.randn(1, kv_heads, n, d, generator=generator).to(DTYPES[dtype])
+    if mask == "full":
+        return Inputs(q, k, v, {}, None)
+    if mask == "causal":
+        return Inputs(q, k, v, {"causal": True}, masks.causal(n))
+    if mask == "sliding window":
+        return Inputs(q, k, v, {"window": (window - 1, 0)}, masks.sliding_window(n, window - 1, 0))
+    if mask == "BigBird":
+        pattern = masks.bigbird(n, block_size, 1, 3, 1, seed=int(seed))
+        return Inputs(q, k, v, {"block_layout": pattern.layout, "block_size": block_size}, pattern.mask)
+    raise ValueError(f"unknown mask {mask!r}")
+
+
+@dataclass
+class Row:
+    name: str
+    ran: str | None  # the backend that ran, or None
+    reason: str | None  # why it did not run
+    max_abs_diff: float | None
+    median_ms: float | None
+
+
+def run_contenders(inputs: Inputs, names: list[str], *, repeats: int = 3, block_q: int = 256, block_k: int = 512,
+                   allow_interpreter: bool = False, progress=None) -> list[Row]:
+    """Run each named contender on the same inputs: max |difference| to naive (fp64) and median time."""
+    q, k, v = inputs.q, inputs.k, inputs.v
+    with torch.no_grad():
+        reference = attention(q.double(), k.double(), v.double(), backend="naive", **inputs.mask_kwargs).output
+    rows = []
+    for index, name in enumerate(names):
+        options = dict(CONTENDERS[name])
+        if progress:
+            progress(index, name)
+        if options["backend"] == "triton" and q.device.type == "cpu":
+            if not allow_interpreter:
+                rows.append(Row(name, None, "no GPU here: tick 'run the Triton interpreter' (correctness only)", None, None))
+                continue
+            if q.shape[2] > INTERPRETER_LIMIT:
+                rows.append(Row(name, None, f"the interpreter would take minutes above N = {INTERPRETER_LIMIT}", None, None))
+                continue
+        if options["backend"] == "tiled":
+            options.update(block_q=block_q, block_k=block_k)
+        run = lambda: attention(q, k, v, **inputs.mask_kwargs, **options)  # noqa: E731
+        try:
+            with torch.no_grad():
+                result = run()
+                times = []
+                for _ in range(1 if options["backend"] == "triton" and q.device.type == "cpu" else repeats):
+                    start = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - start)
+        except (BackendUnavailable, RuntimeError, TypeError, ValueError) as problem:
+            rows.append(Row(name, None, str(problem).splitlines()[0][:200], None, None))
+            continue
+        difference = (result.output.double() - reference).abs().max().item()
+        timing = statistics.median(times) * 1000
+        if result.backend == "triton (interpreter)":
+            timing = None  # the interpreter is for correctness, never timing
+        rows.append(Row(name, result.backend, None, difference, timing))
+    return rows
+
+
+def naive_score_bytes(n: int, heads: int, dtype: str, batch: int = 1) -> int:
+    """What naive attention materialises: the N x N scores and as many probabilities, per batch x heads."""
+    size = torch.finfo(DTYPES[dtype]).bits // 8
+    return 2 * batch * heads * n * n * size
+
+
+def tiling(inputs: Inputs, block_q: int, block_k: int, trace_query_block: int):
+    """The tiled algorithm's trace on these inputs: block statuses and one query block's online-softmax steps."""
+    q, k, v = (t[:, :1].float() for t in (inputs.q, inputs.k, inputs.v))  # one head is enough to draw
+    kwargs = dict(inputs.mask_kwargs)
+    if "block_layout" in kwargs:
+        block_q = block_k = kwargs["block_size"]
+    output, _, trace = tiled_attention(q, k, v, block_q=block_q, block_k=block_k, trace=True,
+                                       trace_query_block=trace_query_block, **kwargs)
+    return output, trace
+
+
+STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}

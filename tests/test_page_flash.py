@@ -1,0 +1,96 @@
+"""AppTest for "Flash vs naive", and the flash benchmark's pieces."""
+
+import json
+
+import numpy as np
+import pytest
+
+from attnviz import flash_bench, flash_live
+from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
+
+
+def results_table(at):
+    return next(d.value for d in at.dataframe if "backend" in d.value.columns)
+
+
+def test_page_runs_backends_and_agrees_with_naive():
+    at = open_page("pages/flash.py", flash_n=256)
+    assert not at.exception, [e.value for e in at.exception]
+    table = results_table(at)
+    ran = table[table["ran as"] != "—"]
+    assert {"naive", "tiled", "sdpa/flash", "sdpa/math"} <= set(ran["ran as"])
+    assert all(float(x) < 1e-4 for x in ran["max |out − naive fp64|"])
+    triton = table[table["backend"] == "Triton"].iloc[0]
+    assert "correctness only" in triton["why not"]  # no GPU: the interpreter is opt-in
+
+
+def test_interpreter_is_offered_for_small_n_only():
+    at = open_page("pages/flash.py", flash_n=128)
+    at.toggle(key="flash_interpreter").set_value(True).run()
+    triton = results_table(at).set_index("backend").loc["Triton"]
+    assert triton["ran as"] == "triton (interpreter)" and triton["median time"] == "correctness only"
+    assert float(triton["max |out − naive fp64|"]) < 1e-4
+    at.select_slider(key="flash_n").set_value(512).run()
+    assert "would take minutes" in results_table(at).set_index("backend").loc["Triton", "why not"]
+
+
+def test_tiling_figure_follows_the_mask():
+    at = open_page("pages/flash.py", flash_n=256)
+    at.selectbox(key="flash_mask").set_value("causal").run()
+    tiles = plotly_array(figure_titled(at, "4 x 4 tiles")["data"][0]["z"])
+    assert np.array_equal(tiles, np.array([[2, 0, 0, 0], [1, 2, 0, 0], [1, 1, 2, 0], [1, 1, 1, 2]]))
+    converge = figure_titled(at, "The online softmax converging")
+    gaps = plotly_array(converge["data"][0]["y"])
+    assert gaps[-1] < 1e-6
+    at.slider(key="flash_step").set_value(1).run()
+    assert any("After key block **k0**" in m.value for m in at.markdown)
+
+
+def test_bigbird_and_window_masks_on_the_page():
+    at = open_page("pages/flash.py", flash_n=256)
+    at.selectbox(key="flash_mask").set_value("BigBird").run()
+    assert not at.exception
+    table = results_table(at)
+    assert all(float(x) < 1e-4 for x in table[table["ran as"] != "—"]["max |out − naive fp64|"])
+    at.selectbox(key="flash_mask").set_value("sliding window").run()
+    assert not at.exception and any("skipped" in c.value for c in at.caption)
+
+
+def test_saved_benchmark_is_drawn():
+    at = open_page("pages/flash.py", flash_n=128)
+    assert any(s["layout"]["title"]["text"] == "Time vs N" for s in figures(at))
+
+
+def test_flop_counts():
+    assert flash_bench.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
+    assert flash_bench.attention_flops(2, 3, 100, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 100 * 8
+    assert flash_bench.attention_flops(1, 1, 10, 2, backward=True) == 3.5 * 4 * 100 * 2
+    assert flash_bench.attention_flops(1, 1, 10, 2, density=0.25) == 0.25 * 4 * 100 * 2
+    cases = flash_bench.gpu_cases()
+    assert len(cases) == 2 * 5 * 4 and {c["mask"] for c in cases} == {"full", "causal", "window", "bigbird"}
+
+
+def test_naive_memory_at_128k():
+    assert flash_live.naive_score_bytes(131072, 1, "fp16") == 2 * 131072**2 * 2
+
+
+def test_cpu_benchmark_smoke(tmp_path):
+    from attnviz import bench
+
+    out = tmp_path / "flash.json"
+    assert bench.main(["flash", "--lengths", "128", "256", "--heads", "2", "--repeats", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    last = report["results"][-1]
+    assert set(last["time_s"]) == set(flash_bench.CPU_CONTENDERS)
+    assert last["peak_bytes"]["naive"] > last["peak_bytes"]["sdpa/flash"]  # measured in fresh processes
+    assert max(last["max_abs_diff_vs_naive"].values()) < 1e-4
+    assert "environment" in report
+
+
+def test_gpu_benchmark_refuses_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match="CUDA"):
+        flash_bench.bench_gpu(quick=True)
