@@ -23,13 +23,15 @@ st.caption(
 
 gpu = torch.cuda.is_available()
 columns = st.columns(6)
-n = columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n")
+n = columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n",
+                            bind="query-params")
 d = columns[1].select_slider("Head dim d", [16, 32, 64, 128], 64, key="flash_d")
 heads = columns[2].select_slider("Heads", [1, 2, 4, 8, 16], 4, key="flash_heads")
 kv_heads = columns[3].selectbox("K/V heads", [h for h in (1, 2, 4, 8, 16) if heads % h == 0 and h <= heads],
                                 index=None, placeholder=f"{heads} (MHA)", key="flash_kv_heads") or heads
 dtype = columns[4].selectbox("dtype", list(flash_live.DTYPES), key="flash_dtype")
-mask = columns[5].selectbox("Mask", ["full", "causal", "sliding window", "BigBird"], key="flash_mask")
+mask = columns[5].selectbox("Mask", ["full", "causal", "sliding window", "BigBird"], key="flash_mask",
+                            bind="query-params")
 columns = st.columns([4, 2, 2])
 names = columns[0].multiselect(
     "Backends", list(flash_live.CONTENDERS), default=["naive", "tiled (PyTorch)", "SDPA flash", "SDPA math", "Triton"],
@@ -76,7 +78,8 @@ naive_bytes = flash_live.naive_score_bytes(n, heads, dtype)
 metrics = st.columns(3)
 metrics[0].metric(f"Naive holds at N = {n:,}", human_bytes(naive_bytes), help="scores + probabilities, batch 1")
 metrics[1].metric("Naive would hold at N = 131,072", human_bytes(flash_live.naive_score_bytes(131072, heads, dtype)))
-metrics[2].metric("Flash holds per query block", human_bytes(64 * 64 * 4 * heads * 2), help="a 64 x 64 fp32 tile and its exponentials")
+metrics[2].metric("A 64 x 64 flash tile holds", human_bytes(64 * 64 * 4 * heads * 2),
+                  help="one fp32 tile of scores and its exponentials, per head: the most flash ever keeps of the N x N matrix")
 st.caption(
     "Differences are against naive attention in fp64 on the same inputs. Peak memory per backend, measured in a "
     "fresh process for each, is in the benchmark below and in `python -m attnviz.bench flash`."
@@ -129,7 +132,7 @@ with right:
             "e^(m_old − m_new)."
         )
         st.dataframe(numbers.style.format(precision=4), hide_index=True)
-        gaps = [(s.output - final).abs().max().item() for s in steps]
+        gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
         show_figure(
             line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps}, title="The online softmax converging",
                        x_title="key blocks consumed", y_title="difference", markers=True, log_y=True, height=280),

@@ -23,7 +23,7 @@ current = kvcache.config_of_bundle(bundle)
 presets[f"Current checkpoint: {bundle.name}"] = current
 
 columns = st.columns([3, 2, 2, 2])
-choice = columns[0].selectbox("Model configuration", list(presets), key="kv_preset")
+choice = columns[0].selectbox("Model configuration", list(presets), key="kv_preset", bind="query-params")
 config = presets[choice]
 seq_len = columns[1].select_slider(
     "Sequence length", [512, 1024, 2048, 4096, 8192, 16384, 32768, 131072], 4096, key="kv_seq"

@@ -24,7 +24,8 @@ n = len(tokens)
 
 controls = st.columns([3, 5])
 key = controls[0].selectbox(
-    "Pattern", list(patterns.PATTERNS), index=2, format_func=lambda k: patterns.PATTERNS[k][0], key="masks_pattern"
+    "Pattern", list(patterns.PATTERNS), index=2, format_func=lambda k: patterns.PATTERNS[k][0], key="masks_pattern",
+    bind="query-params",
 )
 params = {}
 with controls[1]:
