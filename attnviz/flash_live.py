@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz import masks
-from attnviz.flash import BackendUnavailable, attention
+from attnviz.flash import BackendUnavailable, attention  # noqa: F401 - BackendUnavailable is used by the page
 from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, tiled_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -119,3 +119,56 @@ def tiling(inputs: Inputs, block_q: int, block_k: int, trace_query_block: int):
 
 
 STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Peak memory of one backend, measured in a fresh process (so nothing else in this one counts)
+
+
+def _peak_memory_child(spec_json: str) -> None:
+    import gc
+    import json
+
+    from attnviz.flash_bench import _status_kib
+
+    spec = json.loads(spec_json)
+    inputs = make_inputs(spec["n"], spec["d"], spec["heads"], spec["kv_heads"], spec["dtype"], spec["mask"],
+                         window=spec["window"], block_size=spec["block_size"])
+    options = dict(CONTENDERS[spec["name"]])
+    if options["backend"] == "tiled":
+        options.update(block_q=256, block_k=512)
+    with torch.no_grad():
+        attention(inputs.q, inputs.k, inputs.v, **inputs.mask_kwargs, **options)  # warm-up: one-time buffers
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset the high-water mark to the current resident size
+        before = _status_kib("VmRSS")
+        attention(inputs.q, inputs.k, inputs.v, **inputs.mask_kwargs, **options)
+        after = _status_kib("VmHWM")
+    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
+
+
+def measure_peak_memory(name: str, *, n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str,
+                        window: int = 64, block_size: int = 64, timeout: float = 120) -> int:
+    """Extra peak resident memory of one call of backend ``name`` (CPU, Linux), in a fresh Python process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if CONTENDERS[name]["backend"] == "triton":
+        raise BackendUnavailable("peak memory is measured for the CPU backends (the interpreter's is not the kernel's)")
+    if not Path("/proc/self/clear_refs").exists():
+        raise BackendUnavailable("peak memory is measured through Linux's /proc; not available on this system")
+    spec = json.dumps({"name": name, "n": n, "d": d, "heads": heads, "kv_heads": kv_heads, "dtype": dtype,
+                       "mask": mask, "window": window, "block_size": block_size})
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [sys.executable, "-c", f"from attnviz.flash_live import _peak_memory_child; _peak_memory_child({spec!r})"],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=root,
+    )
+    if result.returncode != 0:
+        raise BackendUnavailable((result.stderr.strip().splitlines() or ["the measuring process failed"])[-1][:200])
+    return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])

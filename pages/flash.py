@@ -73,7 +73,28 @@ table = pd.DataFrame(
         "why not": [r.reason or "" for r in rows],
     }
 )
+memory_key = ("flash_memory", n, d, heads, kv_heads, dtype, mask, window, block_size)
+measured = st.session_state.get("flash_measured", {}).get(memory_key, {})
+if measured:
+    table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
+                                    else measured.get(r.name, "—") for r in rows])
 st.dataframe(table, hide_index=True)
+cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
+if not gpu and cpu_names and st.button(
+    "Measure peak memory (a fresh process per backend, a few seconds each)", key="flash_measure_memory"
+):
+    results = {}
+    with st.status("Measuring peak memory…") as status:
+        for index, name in enumerate(cpu_names):
+            status.update(label=f"Measuring {name} ({index + 1}/{len(cpu_names)}) in a fresh process…")
+            try:
+                results[name] = flash_live.measure_peak_memory(name, n=n, d=d, heads=heads, kv_heads=kv_heads,
+                                                               dtype=dtype, mask=mask, window=window, block_size=block_size)
+            except (flash_live.BackendUnavailable, OSError, ValueError) as problem:
+                results[name] = f"not measured: {problem}"
+        status.update(label="Peak memory measured", state="complete")
+    st.session_state.setdefault("flash_measured", {})[memory_key] = results
+    st.rerun()
 naive_bytes = flash_live.naive_score_bytes(n, heads, dtype)
 metrics = st.columns(3)
 metrics[0].metric(f"Naive holds at N = {n:,}", human_bytes(naive_bytes), help="scores + probabilities, batch 1")
@@ -81,8 +102,8 @@ metrics[1].metric("Naive would hold at N = 131,072", human_bytes(flash_live.naiv
 metrics[2].metric("A 64 x 64 flash tile holds", human_bytes(64 * 64 * 4 * heads * 2),
                   help="one fp32 tile of scores and its exponentials, per head: the most flash ever keeps of the N x N matrix")
 st.caption(
-    "Differences are against naive attention in fp64 on the same inputs. Peak memory per backend, measured in a "
-    "fresh process for each, is in the benchmark below and in `python -m attnviz.bench flash`."
+    "Differences are against naive attention in fp64 on the same inputs. Peak memory is the extra resident memory "
+    "of one call, measured in a fresh process per backend; `python -m attnviz.bench flash` measures it across N."
 )
 
 st.subheader("The tiling")

@@ -94,3 +94,20 @@ def test_gpu_benchmark_refuses_without_a_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match="CUDA"):
         flash_bench.bench_gpu(quick=True)
+
+
+def test_peak_memory_is_measured_in_fresh_processes():
+    naive = flash_live.measure_peak_memory("naive", n=1024, d=32, heads=2, kv_heads=2, dtype="fp32", mask="full")
+    tiled = flash_live.measure_peak_memory("tiled (PyTorch)", n=1024, d=32, heads=2, kv_heads=2, dtype="fp32", mask="full")
+    assert naive >= 2 * 1024 * 1024 * 4 * 2  # at least the scores and the probabilities of 2 heads
+    assert tiled < naive / 2
+    with pytest.raises(flash_live.BackendUnavailable):
+        flash_live.measure_peak_memory("Triton", n=64, d=16, heads=1, kv_heads=1, dtype="fp32", mask="full")
+
+
+def test_page_measures_memory_on_request():
+    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "SDPA flash"])
+    at.button(key="flash_measure_memory").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = results_table(at).set_index("backend")
+    assert table.loc["naive", "peak memory"].endswith("MiB")
