@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 
 from attnviz.viz import style
@@ -16,10 +14,10 @@ def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, height: i
         xaxis_title=x_title,
         yaxis_title=y_title,
         height=height,
-        margin=dict(l=10, r=10, t=60, b=10),
+        margin=dict(l=10, r=10, t=60, b=40),
         font=dict(family=style.FONT_FAMILY),
         plot_bgcolor="white",
-        legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.8)"),
+        legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top"),
     )
     figure.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     figure.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=True, zerolinecolor="#cccccc")
@@ -51,10 +49,15 @@ def line_chart(
                 hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.4g}}<extra></extra>",
             )
         )
+    values = [v for series_values in series.values() for v in series_values if v is not None]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
     for label, position in (vlines or {}).items():
-        # Shapes on a log axis are placed in log10 units.
-        figure.add_vline(x=math.log10(position) if log_x else position, line=dict(color="#888888", dash="dot"),
-                         annotation_text=label)
+        # A marker line as a trace, not a shape: shapes on log axes are placed in log units and stretch the range.
+        figure.add_trace(
+            go.Scatter(x=[position, position], y=[low, high], mode="lines+text", text=["", label],
+                       textposition="top center", line=dict(color="#888888", dash="dot", width=1.5),
+                       showlegend=False, hoverinfo="skip")
+        )
     _layout(figure, title, x_title, y_title, height)
     if log_x:
         figure.update_xaxes(type="log")
