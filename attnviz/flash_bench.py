@@ -152,17 +152,20 @@ def print_cpu(report: dict) -> list[str]:
 # GPU: Triton vs SDPA's flash, cuDNN and memory-efficient kernels (bf16)
 
 
-def gpu_cases(quick: bool = False) -> list[dict]:
-    lengths = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384]
-    cases = []
-    for d in (64, 128):
-        for n in lengths:
-            for mask in ("full", "causal", "window", "bigbird"):
-                cases.append({"d": d, "n": n, "mask": mask})
-    return cases
+def gpu_cases(quick: bool = False, lengths: list[int] | None = None, head_dims: tuple[int, ...] = (64, 128)) -> list[dict]:
+    lengths = lengths or ([1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384])
+    return [{"d": d, "n": n, "mask": mask} for d in head_dims for n in lengths
+            for mask in ("full", "causal", "window", "bigbird")]
 
 
-def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, progress=print) -> dict:
+def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, device: str = "cuda", timer=None,
+              lengths: list[int] | None = None, head_dims: tuple[int, ...] = (64, 128), window: int = 1024,
+              bigbird_block: int = 128, progress=print) -> dict:
+    """Triton vs SDPA's flash, cuDNN and efficient kernels, bf16, forward and forward + backward.
+
+    ``device``, ``timer`` (ms per call), ``lengths`` and ``head_dims`` exist so the same code can be smoke-tested
+    on a CPU with the Triton interpreter; the real run is ``python -m attnviz.bench flash --gpu``.
+    """
     import torch
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -170,35 +173,37 @@ def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, progress=
     from attnviz import masks
     from attnviz.flash.triton_kernel import triton_attention
 
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--gpu needs a CUDA GPU")
+    if timer is None:
+        timer = lambda function: triton.testing.do_bench(function, warmup=5, rep=20)  # noqa: E731
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
-    device_name = torch.cuda.get_device_name()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke test, Triton interpreter)"
     rows = []
-    window = 1024
     started = time.perf_counter()
-    for case in gpu_cases(quick):
+    for case in gpu_cases(quick, lengths, head_dims):
         d, n, mask = case["d"], case["n"], case["mask"]
-        q, k, v = (t.requires_grad_() for t in _make_inputs(batch, heads, n, d, torch.bfloat16, "cuda"))
+        q, k, v = (t.requires_grad_() for t in _make_inputs(batch, heads, n, d, dtype, device))
         grad = torch.randn_like(q)
         kwargs, dense, density, causal = {}, None, None, False
         if mask == "causal":
             kwargs, causal = {"causal": True}, True
         elif mask == "window":
             kwargs = {"window": (window - 1, 0)}
-            dense = masks.sliding_window(n, window - 1, 0).cuda()
+            dense = masks.sliding_window(n, window - 1, 0).to(device)
             density = masks.density(dense)
         elif mask == "bigbird":
-            layout = masks.bigbird(n, 128, 2, 3, 2, seed=0)
-            kwargs = {"block_layout": layout.layout, "block_size": 128}
-            dense = layout.mask.cuda()
+            layout = masks.bigbird(n, bigbird_block, 2, 3, 2, seed=0)
+            kwargs = {"block_layout": layout.layout, "block_size": bigbird_block}
+            dense = layout.mask.to(device)
             density = masks.density(layout.mask)
         contenders = {"triton": lambda: triton_attention(q, k, v, **kwargs)[0]}
         for label, backend in (("sdpa/flash", SDPBackend.FLASH_ATTENTION), ("sdpa/cudnn", SDPBackend.CUDNN_ATTENTION),
                                ("sdpa/efficient", SDPBackend.EFFICIENT_ATTENTION)):
             def run(backend=backend):
                 with sdpa_kernel([backend]):
-                    if dense is not None:
+                    if dense is not None:  # SDPA gets the same mask, dense
                         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
                     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
             contenders[label] = run
@@ -210,12 +215,12 @@ def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, progress=
                     output = function()
                 if reference is None and label != "triton":
                     reference = output
-                row["forward_ms"][label] = triton.testing.do_bench(function, warmup=5, rep=20)
+                row["forward_ms"][label] = timer(function)
 
                 def forward_backward(function=function):
                     q.grad = k.grad = v.grad = None
                     function().backward(grad)
-                row["forward_backward_ms"][label] = triton.testing.do_bench(forward_backward, warmup=3, rep=20)
+                row["forward_backward_ms"][label] = timer(forward_backward)
             except Exception as problem:  # noqa: BLE001 - a kernel that cannot run this case is reported, not fatal
                 row["errors"][label] = str(problem).splitlines()[0][:160]
         with torch.no_grad():
@@ -227,18 +232,43 @@ def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, progress=
             flops = attention_flops(batch, heads, n, d, causal=causal, backward=backward, density=density)
             row[key.replace("_ms", "_tflops")] = {lab: flops / (ms * 1e-3) / 1e12 for lab, ms in row[key].items()}
         rows.append(row)
-        tf = row["forward_tflops"].get("triton", float("nan"))
         progress(f"  d={d:<3} N={n:>5} {mask:<7} triton fwd {row['forward_ms'].get('triton', float('nan')):7.2f} ms "
-                 f"({tf:6.1f} TFLOPS) | " + ", ".join(f"{lab} {ms:.2f}" for lab, ms in row["forward_ms"].items() if lab != "triton")
+                 f"({row['forward_tflops'].get('triton', float('nan')):6.1f} TFLOPS) | "
+                 + ", ".join(f"{lab} {ms:.2f}" for lab, ms in row["forward_ms"].items() if lab != "triton")
                  + (f" | errors: {row['errors']}" if row["errors"] else ""))
         del q, k, v, grad
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return {
-        "benchmark": "flash-gpu", "gpu": device_name, "batch": batch, "heads": heads, "dtype": "bf16",
-        "window": window, "bigbird": "block 128, 2 global, 3 window, 2 random blocks", "peak_tflops": PEAK_TFLOPS,
-        "torch": torch.__version__, "triton": triton.__version__, "seconds": time.perf_counter() - started,
-        "results": rows,
+        "benchmark": "flash-gpu", "gpu": device_name, "batch": batch, "heads": heads, "dtype": str(dtype).split(".")[-1],
+        "window": window, "bigbird": f"block {bigbird_block}, 2 global, 3 window, 2 random blocks",
+        "peak_tflops": PEAK_TFLOPS, "torch": torch.__version__, "triton": triton.__version__,
+        "seconds": time.perf_counter() - started, "results": rows,
     }
+
+
+def targets_gpu(report: dict) -> list[str]:
+    """The issue's GPU targets, checked on a report's numbers."""
+    rows = report["results"]
+    lines = []
+    big_d128 = [r for r in rows if r["d"] == 128 and r["n"] >= 4096 and r["mask"] == "full"]
+    ok = [r["forward_ms"]["sdpa/flash"] / r["forward_ms"]["triton"] >= 1.0 for r in big_d128
+          if "triton" in r["forward_ms"] and "sdpa/flash" in r["forward_ms"]]
+    lines.append(f"forward >= 1.0x SDPA flash at N >= 4k, d = 128: {sum(ok)} of {len(ok)} sizes")
+    pairs = {(r["d"], r["n"]): r for r in rows if r["mask"] == "full"}
+    causal_ratios = [r["forward_ms"]["triton"] / pairs[(r["d"], r["n"])]["forward_ms"]["triton"]
+                     for r in rows if r["mask"] == "causal" and (r["d"], r["n"]) in pairs
+                     and "triton" in r["forward_ms"] and "triton" in pairs[(r["d"], r["n"])]["forward_ms"]]
+    if causal_ratios:
+        lines.append(f"causal / non-causal wall time: {min(causal_ratios):.2f}..{max(causal_ratios):.2f} (target <= 0.6)")
+    longest = max(r["n"] for r in rows)
+    for mask in ("window", "bigbird"):
+        for r in (r for r in rows if r["mask"] == mask and r["n"] == longest and "triton" in r["forward_ms"]):
+            dense = [r["forward_ms"][lab] for lab in ("sdpa/efficient", "sdpa/cudnn", "sdpa/flash") if lab in r["forward_ms"]]
+            if dense:
+                lines.append(f"{mask} at N = {longest}, d = {r['d']}: {min(dense) / r['forward_ms']['triton']:.1f}x faster "
+                             "than the fastest SDPA with the dense mask (target >= 3x)")
+    return lines
 
 
 def print_gpu(report: dict) -> list[str]:
@@ -259,4 +289,5 @@ def print_gpu(report: dict) -> list[str]:
             f"{row['forward_backward_tflops'].get('triton', float('nan')):>11.1f}"
         )
     lines.append("Ratios are contender time / triton time (above 1 = triton faster).")
+    lines += targets_gpu(report)
     return lines

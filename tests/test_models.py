@@ -65,6 +65,8 @@ def test_replay_parity_on_the_bundled_model(bert):
     "kind,expected_kinds",
     [
         ("gpt2", ["self"]),
+        ("distilbert", ["self"]),
+        ("roberta", ["self"]),
         ("llama", ["self"]),
         ("bart", ["encoder", "decoder", "cross"]),
         ("t5", ["encoder", "decoder", "cross"]),

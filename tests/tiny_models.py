@@ -13,7 +13,7 @@ VOCAB = 30522  # the bundled tokenizer's vocabulary
 
 
 def tiny_config(kind: str):
-    from transformers import BartConfig, BertConfig, GPT2Config, LlamaConfig, T5Config
+    from transformers import BartConfig, BertConfig, DistilBertConfig, GPT2Config, LlamaConfig, RobertaConfig, T5Config
 
     if kind == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4)
@@ -31,6 +31,13 @@ def tiny_config(kind: str):
         return T5Config(
             vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
             decoder_start_token_id=0,
+        )
+    if kind == "distilbert":
+        return DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64)
+    if kind == "roberta":
+        return RobertaConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=66, pad_token_id=0,
         )
     if kind == "bert":
         return BertConfig(
