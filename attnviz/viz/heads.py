@@ -48,11 +48,11 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
         yaxis=dict(
             tickmode="array", tickvals=[l * (size_q + gap) + size_q / 2 - 0.5 for l in range(layers)],
             ticktext=[f"L{l}" for l in range(layers)], autorange="reversed", showgrid=False, zeroline=False,
-            scaleanchor="x",
         ),
         plot_bgcolor="white",
         margin=dict(l=10, r=10, t=70, b=10),
-        height=min(1400, 90 + layers * 95),
+        # About square thumbnails in a ~1000 px wide page (a fixed aspect ratio would leave blank bands instead).
+        height=int(min(1400, 90 + 1000 * layers * (size_q + gap) / (heads * (size_k + gap)))),
         font=dict(family=style.FONT_FAMILY),
     )
     if highlight is not None:
