@@ -7,12 +7,12 @@ Every contender runs in the same process and run; peak CPU memory is measured in
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from attnviz.bench import median_seconds
 
 CPU_CONTENDERS = {
     "naive": {"backend": "naive"},
@@ -83,16 +83,6 @@ def measure_peak_memory(name: str, n: int, *, batch: int, heads: int, d: int, ca
     return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])
 
 
-def _median_time(function, repeats: int) -> float:
-    function()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def bench_cpu(lengths: list[int], *, batch: int = 1, heads: int = 8, d: int = 64, causal: bool = False,
               repeats: int = 3, memory: bool = True, progress=print) -> dict:
     import torch
@@ -108,7 +98,7 @@ def bench_cpu(lengths: list[int], *, batch: int = 1, heads: int = 8, d: int = 64
             reference = attention(q, k, v, backend="naive", causal=causal).output
             for name, options in CPU_CONTENDERS.items():
                 run = lambda: attention(q, k, v, causal=causal, **options).output  # noqa: E731
-                row["time_s"][name] = _median_time(run, repeats)
+                row["time_s"][name] = median_seconds(run, repeats)
                 row["max_abs_diff_vs_naive"][name] = (run() - reference).abs().max().item()
                 if memory:
                     row["peak_bytes"][name] = measure_peak_memory(name, n, batch=batch, heads=heads, d=d,
