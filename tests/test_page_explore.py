@@ -154,3 +154,35 @@ def test_presentation_mode_enlarges_figures():
     large = main_figure(open_page(EXPLORE, presentation_mode=True))
     assert large["layout"]["height"] > normal["layout"]["height"]
     assert large["layout"]["font"]["size"] > 12
+
+
+def test_encoder_decoder_model_shows_all_three_attention_kinds(tmp_path):
+    folder = make_tiny_checkpoint("bart", tmp_path / "tiny-bart")
+    at = open_page(EXPLORE, models={"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-bart": str(folder)},
+                   model="tiny-bart")
+    kinds = at.segmented_control(key="explore_kind")
+    assert list(kinds.options) == ["encoder self-attention", "decoder self-attention (causal)",
+                                   "cross-attention (decoder → encoder)"]
+    at.text_input(key="explore_pair").input("a short target").run()
+    kinds.set_value("cross").run()
+    assert not at.exception
+    spec = main_figure(at)
+    assert "cross-attention" in spec["layout"]["title"]["text"]
+    z = plotly_array(spec["data"][0]["z"])
+    assert z.shape[0] < z.shape[1]  # decoder queries x encoder keys
+    at.segmented_control(key="view").set_value("rollout").run()
+    assert any("rollout needs square self-attention" in w.value for w in at.warning)
+    at.segmented_control(key="explore_kind").set_value("decoder").run()
+    z = plotly_array(main_figure(at)["data"][0]["z"])
+    assert np.all(np.triu(z, 1) == 0)
+
+
+def test_bertviz_tab_builds_its_view_on_request():
+    at = open_page(EXPLORE)
+    at.session_state["explore_tab"] = "bertviz (online)"
+    at.run()
+    assert any("needs internet" in i.value for i in at.info)
+    at.button(key="explore_bertviz_build").click().run()
+    assert not at.exception
+    frames = at.get("iframe")
+    assert frames and "require" in str(frames[0].proto)

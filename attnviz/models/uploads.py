@@ -6,6 +6,7 @@ ours (deleted when the model is removed), and notes for the page (for example th
 
 from __future__ import annotations
 
+import atexit
 import io
 import re
 import shutil
@@ -25,6 +26,13 @@ from attnviz.models.safety import (
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _workspace() -> Path:
+    """A temporary folder for one upload; removed when the model is removed, and at the latest when the app exits."""
+    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
+    atexit.register(shutil.rmtree, workspace, ignore_errors=True)
+    return workspace
+
+
 def _check_size(size: int, what: str) -> None:
     if size > MAX_UPLOAD_BYTES:
         raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MB")
@@ -42,7 +50,7 @@ def _model_name(filename: str) -> str:
 
 def prepare_zip(data: bytes, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:
     _check_size(len(data), "the zip")
-    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
+    workspace = _workspace()
     try:
         report = extract_zip(io.BytesIO(data), workspace / "extracted")
         found = find_model_folder(report.root)
@@ -64,7 +72,7 @@ def prepare_single_files(files: list[tuple[str, bytes]]) -> tuple[Path, bool, li
     if not weights:
         raise CheckpointRefused("no .safetensors file among the uploaded files")
     _check_size(sum(len(data) for _, data in files), "the upload")
-    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
+    workspace = _workspace()
     folder = workspace / _model_name(weights[0])
     folder.mkdir()
     notes = []
