@@ -26,8 +26,9 @@ pages = [
 ]
 navigation = st.navigation(pages)
 
-if "pending_model" in st.session_state:  # set by the Checkpoints page after a successful upload
-    st.session_state["model"] = st.session_state.pop("pending_model")
+pending = st.session_state.pop("pending_model", None)  # set by the Checkpoints page (upload or removal)
+if pending in registered_models():
+    st.session_state["model"] = pending
 
 with st.sidebar:
     models = list(registered_models())

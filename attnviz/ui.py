@@ -99,9 +99,11 @@ def remove_model(name: str) -> None:
     if folder in st.session_state.get("owned_folders", set()):
         st.session_state["owned_folders"].discard(folder)
         load_bundle.clear(folder, name)
-        shutil.rmtree(folder, ignore_errors=True)
-    if st.session_state.get("model") == name:
-        st.session_state["model"] = DEFAULT_MODEL_NAME
+        parent = Path(folder).parent
+        shutil.rmtree(parent if parent.name.startswith("attnviz-upload-") else folder, ignore_errors=True)
+    if name in (st.session_state.get("model"), st.session_state.get("pending_model")):
+        # The sidebar's model widget already exists in this run: app.py applies the change at the next run.
+        st.session_state["pending_model"] = DEFAULT_MODEL_NAME
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the model (first time only)…")

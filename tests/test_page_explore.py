@@ -186,3 +186,20 @@ def test_bertviz_tab_builds_its_view_on_request():
     assert not at.exception
     frames = at.get("iframe")
     assert frames and "require" in str(frames[0].proto)
+
+
+def test_remove_an_uploaded_model(tmp_path):
+    from pathlib import Path
+
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2")
+    data = zip_folder(folder, tmp_path / "tiny-gpt2.zip").read_bytes()
+    at = open_page(CHECKPOINTS)
+    at.file_uploader(key="ckpt_zip").set_value(("tiny-gpt2.zip", data, "application/zip")).run()
+    at.button(key="ckpt_zip_load").click().run()
+    extracted = Path(at.session_state["models"]["tiny-gpt2"])
+    assert extracted.is_dir()
+    at.button(key="ckpt_remove_tiny-gpt2").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "tiny-gpt2" not in at.session_state["models"]
+    assert not extracted.exists() and not extracted.parent.exists()  # the upload's temporary folder is gone
+    assert at.session_state["pending_model"] == "all-MiniLM-L6-v2 (bundled BERT)"

@@ -46,3 +46,12 @@ def test_upload_through_the_file_input_switches_the_model(page, app_url, screens
     assert "model=tiny-gpt2" in page.url  # the sidebar's model, kept in the URL
     no_exception(page)
     page.screenshot(path=str(screenshot_dir / "explore_uploaded_gpt2.png"), full_page=True)
+    # Remove it again: the sidebar falls back to the bundled BERT.
+    page.get_by_role("link", name="Checkpoints").click()
+    wait_until_idle(page)
+    page.get_by_role("button", name="Remove").click()
+    wait_until_idle(page)
+    page.get_by_role("link", name="Explore heads").click()
+    wait_until_idle(page)
+    page.get_by_text("bert encoder").first.wait_for(timeout=60_000)
+    no_exception(page)
