@@ -1,6 +1,7 @@
 """attnviz: see how transformer attention works. Run with `streamlit run app.py`."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything works offline: never reach for a model hub
 
@@ -12,7 +13,7 @@ import streamlit as st  # noqa: E402
 
 from attnviz.ui import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, apply_presentation_mode, registered_models  # noqa: E402
 
-st.set_page_config(page_title="attnviz · attention, explained", page_icon=":material/visibility:", layout="wide")
+st.set_page_config(page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"), layout="wide")
 
 pages = [
     st.Page("pages/explore_heads.py", title="Explore heads", icon=":material/search:", default=True),

@@ -126,7 +126,7 @@ def current_bundle() -> ModelBundle:
         st.stop()
 
 
-@st.cache_resource(max_entries=8, show_spinner="Running the model and capturing its attention…")
+@st.cache_resource(max_entries=4, show_spinner="Running the model and capturing its attention…")
 def cached_capture(folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None):
     """Captures are treated as read-only; keyed by the model's folder and name, the texts and the fallback."""
     from attnviz.models.capture import capture
