@@ -112,7 +112,7 @@ def view_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]
         )
         return figure, (
             "Each thumbnail is one head (rows = queries, columns = keys), scaled to its own maximum so faint heads "
-            "show; the orange box is the selected head. Pick a layer and head above to open it."
+            "show; the orange box is the selected head. Click a thumbnail to open that head."
         )
     if options.view == "lines":
         weights, _, _, query_positions, key_positions = filtered(record.weights[layer], capture, record, options)

@@ -57,12 +57,17 @@ def current_sentence() -> str:
     return st.session_state.get("sentence", DEFAULT_SENTENCE)
 
 
-def show_figure(figure, caption: str, key: str | None = None) -> None:
-    """A figure with its one-line caption saying what to notice; scaled up in presentation mode."""
+def show_figure(figure, caption: str, key: str | None = None, on_select=None) -> None:
+    """A figure with its one-line caption saying what to notice; scaled up in presentation mode.
+
+    ``on_select``: a callback run when the user clicks a point (it reads ``st.session_state[key].selection``)."""
     scale = figure_scale()
     if scale != 1.0:
         figure.update_layout(font=dict(size=int(12 * scale)), height=int((figure.layout.height or 400) * scale))
-    st.plotly_chart(figure, key=key, config={"displaylogo": False})
+    if on_select is None:
+        st.plotly_chart(figure, key=key, config={"displaylogo": False})
+    else:
+        st.plotly_chart(figure, key=key, config={"displaylogo": False}, on_select=on_select, selection_mode="points")
     st.caption(caption)
 
 

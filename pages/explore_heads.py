@@ -26,6 +26,19 @@ if current_bundle().uses_fallback_tokenizer:
     )
 
 
+def open_clicked_thumbnail() -> None:
+    """Callback of the grid view: a click on a thumbnail opens that head."""
+    selection = st.session_state.get("explore_main_figure")
+    points = (selection or {}).get("selection", {}).get("points", []) if isinstance(selection, dict) else (
+        selection.selection.points if selection is not None else []
+    )
+    for point in points:
+        data = point.get("customdata")
+        if data and len(data) == 2:
+            open_head(int(data[0]), int(data[1]))
+            return
+
+
 def open_head(layer: int, head: int) -> None:
     """Callback (runs before the widgets exist, so their state may be set)."""
     st.session_state["layer"], st.session_state["head"] = layer, head
@@ -114,7 +127,8 @@ with view_tab:
     except ValueError as problem:
         st.warning(str(problem))
     else:
-        show_figure(figure, caption, key="explore_main_figure")
+        show_figure(figure, caption, key="explore_main_figure",
+                    on_select=open_clicked_thumbnail if options.view == "grid" else None)
     if record.n_kv_heads != record.n_heads:
         show_figure(
             head_sharing(record.n_heads, record.n_kv_heads, title=f"{record.n_heads} query heads share {record.n_kv_heads} K/V heads"),

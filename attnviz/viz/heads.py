@@ -55,6 +55,19 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
         height=int(min(1400, 90 + 1000 * layers * (size_q + gap) / (heads * (size_k + gap)))),
         font=dict(family=style.FONT_FAMILY),
     )
+    # Invisible points at the thumbnails' centres: hovering names the head, and clicking one selects it (Streamlit
+    # reports point selections, not heatmap cells).
+    centres = [(layer, head) for layer in range(layers) for head in range(heads)]
+    figure.add_trace(
+        go.Scatter(
+            x=[h * (size_k + gap) + (size_k - 1) / 2 for _, h in centres],
+            y=[l * (size_q + gap) + (size_q - 1) / 2 for l, _ in centres],
+            mode="markers", marker=dict(size=max(8, 220 // max(heads, layers)), color="rgba(0,0,0,0)", symbol="square"),
+            customdata=[[l, h] for l, h in centres],
+            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>click to open<extra></extra>",
+            showlegend=False,
+        )
+    )
     if highlight is not None:
         layer, head = highlight
         figure.add_shape(

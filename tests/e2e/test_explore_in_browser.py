@@ -55,3 +55,20 @@ def test_upload_through_the_file_input_switches_the_model(page, app_url, screens
     wait_until_idle(page)
     page.get_by_text("bert encoder").first.wait_for(timeout=60_000)
     no_exception(page)
+
+
+def test_clicking_a_grid_thumbnail_opens_that_head(page, app_url, screenshot_dir):
+    page.goto(f"{app_url}/?view=Grid&sentence=The%20cat%20sat%20on%20the%20mat.")
+    wait_until_idle(page)
+    page.get_by_text("All 6 x 12 heads").first.wait_for(timeout=30_000)
+    area = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
+    tokens, gap, layers, heads = 9, 1, 6, 12  # [CLS] the cat sat on the mat . [SEP]: thumbnails of 9 cells
+    width, height = heads * (tokens + gap) - gap, layers * (tokens + gap) - gap
+    layer, head = 3, 7
+    x = area["x"] + area["width"] * (head * (tokens + gap) + tokens / 2) / width
+    y = area["y"] + area["height"] * (layer * (tokens + gap) + tokens / 2) / height
+    page.mouse.click(x, y)
+    wait_until_idle(page)
+    page.get_by_text("Layer 3, head 7: self-attention").first.wait_for(timeout=30_000)
+    assert "layer=3" in page.url and "head=7" in page.url
+    page.screenshot(path=str(screenshot_dir / "explore_clicked_thumbnail.png"), full_page=True)
