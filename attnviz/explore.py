@@ -129,8 +129,12 @@ def view_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]
             heads,
             title=f"Layer {layer}: {kind_name}, head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}{note}",
             follow=follow or None,
+            query_ids=query_positions,
         )
-        return figure, "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head." + cut
+        return figure, (
+            "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head. Click a query "
+            "token to follow it alone; click it again to see all." + cut
+        )
     if options.view == "average":
         weights, q_labels, k_labels, _, _ = filtered(
             analysis.average_heads(record.weights)[layer], capture, record, options

@@ -26,16 +26,21 @@ if current_bundle().uses_fallback_tokenizer:
     )
 
 
-def open_clicked_thumbnail() -> None:
-    """Callback of the grid view: a click on a thumbnail opens that head."""
+def on_figure_click() -> None:
+    """Callback of the grid and lines views: a click on a thumbnail opens that head; on a query token, follows it."""
     selection = st.session_state.get("explore_main_figure")
     points = (selection or {}).get("selection", {}).get("points", []) if isinstance(selection, dict) else (
         selection.selection.points if selection is not None else []
     )
     for point in points:
         data = point.get("customdata")
-        if data and len(data) == 2:
+        if data and len(data) == 2:  # a grid thumbnail: (layer, head)
             open_head(int(data[0]), int(data[1]))
+            return
+        if data and len(data) == 1:  # a query token of the lines view: follow it, or stop following it
+            position = int(data[0])
+            following = st.session_state.get("explore_follow", [])
+            st.session_state["explore_follow"] = [] if following == [position] else [position]
             return
 
 
@@ -128,7 +133,7 @@ with view_tab:
         st.warning(str(problem))
     else:
         show_figure(figure, caption, key="explore_main_figure",
-                    on_select=open_clicked_thumbnail if options.view == "grid" else None)
+                    on_select=on_figure_click if options.view in ("grid", "lines") else None)
     if record.n_kv_heads != record.n_heads:
         show_figure(
             head_sharing(record.n_heads, record.n_kv_heads, title=f"{record.n_heads} query heads share {record.n_kv_heads} K/V heads"),

@@ -88,12 +88,14 @@ def attention_lines(
     follow: list[int] | None = None,
     min_weight: float = 0.02,
     max_lines_per_head: int = 2000,
+    query_ids: list[int] | None = None,
 ) -> go.Figure:
     """bertviz-style lines: queries on the left, keys on the right, line width and opacity = weight.
 
     ``weights [heads_total, n_q, n_k]`` of one layer; ``heads`` picks which heads to draw (one colour each);
     ``follow`` keeps only those query positions. Lines below ``min_weight`` are dropped, and at most the
-    ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive.
+    ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive. ``query_ids`` (the
+    queries' positions in the full text) are attached to the query labels, so a click can name the token.
     """
     n_q, n_k = weights.shape[-2:]
     figure = go.Figure()
@@ -128,8 +130,10 @@ def attention_lines(
     highlighted = set(queries) if follow else set()
     figure.add_trace(
         go.Scatter(
-            x=[-0.02] * n_q, y=list(range(n_q)), mode="text", text=labels_q, textposition="middle left",
-            hovertext=[f"query {l}" for l in labels_q], hoverinfo="text", showlegend=False,
+            x=[-0.02] * n_q, y=list(range(n_q)), mode="text+markers", text=labels_q, textposition="middle left",
+            marker=dict(size=12, color="rgba(0,0,0,0)"),
+            customdata=[[position] for position in (query_ids or list(range(n_q)))],
+            hovertext=[f"query {l}: click to follow" for l in labels_q], hoverinfo="text", showlegend=False,
             textfont=dict(color=["#d62728" if i in highlighted else "#1b1f24" for i in range(n_q)]),
         )
     )

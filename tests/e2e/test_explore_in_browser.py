@@ -72,3 +72,14 @@ def test_clicking_a_grid_thumbnail_opens_that_head(page, app_url, screenshot_dir
     page.get_by_text("Layer 3, head 7: self-attention").first.wait_for(timeout=30_000)
     assert "layer=3" in page.url and "head=7" in page.url
     page.screenshot(path=str(screenshot_dir / "explore_clicked_thumbnail.png"), full_page=True)
+
+
+def test_clicking_a_query_token_in_the_lines_view_follows_it(page, app_url):
+    page.goto(f"{app_url}/?view=Lines&layer=2&head=5&sentence=The%20cat%20sat%20on%20the%20mat.")
+    wait_until_idle(page)
+    page.get_by_text("Layer 2: self-attention, head 5").first.wait_for(timeout=30_000)
+    label = page.locator(".js-plotly-plot").first.get_by_text("2 · cat", exact=True).first.bounding_box()
+    page.mouse.click(label["x"] + label["width"] + 5, label["y"] + label["height"] / 2)  # the point the label names
+    wait_until_idle(page)
+    page.locator('[data-testid="stMultiSelect"]').get_by_text("2 · cat").wait_for(timeout=30_000)  # now followed
+    assert page.locator('[data-testid="stException"]').count() == 0
