@@ -39,6 +39,7 @@ PRESENTATION_CSS = """
 html, body, [data-testid="stAppViewContainer"] { font-size: 1.25rem; }
 [data-testid="stMarkdownContainer"] p, [data-testid="stCaptionContainer"] { font-size: 1.2rem; }
 h1 { font-size: 3rem !important; }
+[data-testid="stSidebar"] { min-width: 22rem; }
 </style>
 """
 
@@ -63,7 +64,8 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
     ``on_select``: a callback run when the user clicks a point (it reads ``st.session_state[key].selection``)."""
     scale = figure_scale()
     if scale != 1.0:
-        figure.update_layout(font=dict(size=int(12 * scale)), height=int((figure.layout.height or 400) * scale))
+        figure.update_layout(font=dict(size=int(12 * scale)), title_font_size=int(17 * scale),
+                             height=int((figure.layout.height or 400) * scale))
     if on_select is None:
         st.plotly_chart(figure, key=key, config={"displaylogo": False})
     else:

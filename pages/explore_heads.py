@@ -52,12 +52,11 @@ def open_head(layer: int, head: int) -> None:
 
 
 text = current_sentence()
-with st.container(horizontal=True):
-    pair_label = "Second sentence (B), optional"
-    text_pair = st.text_input(
-        pair_label, key="explore_pair", max_chars=2000,
-        help="For encoders: a sentence pair (A, B) as in BERT's training. For encoder-decoder models: the decoder's input.",
-    )
+if current_bundle().architecture == "encoder-decoder":
+    pair_label, pair_help = "Decoder input (empty: the sentence itself)", "What the decoder reads; its queries attend to the encoder's keys."
+else:
+    pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training: filter by block below."
+text_pair = st.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help)
 bundle, capture = capture_current(text, text_pair)
 name = current_model_name()
 folder = registered_models()[name]
@@ -94,7 +93,7 @@ view = controls[2].segmented_control(
     bind="query-params",
 )
 
-filters = st.columns([2, 2, 2, 4])
+filters = st.columns([3, 3, 2, 4])
 hide_special = filters[0].toggle("Hide special tokens", key="explore_hide_special", help="[CLS], [SEP], <s>, padding")
 renormalise = filters[1].toggle(
     "Renormalise rows", value=True, key="explore_renormalise",
