@@ -1,5 +1,6 @@
 """Checkpoints: bring your own model (zip, safetensors + config, or a folder on the server) and manage them."""
 
+import os
 import shutil
 
 import streamlit as st
@@ -61,10 +62,16 @@ with files_tab:
     if files and st.button("Load these files", key="ckpt_files_load", type="primary"):
         add_model(prepare_single_files, [(f.name, f.getvalue()) for f in files])
 with folder_tab:
-    st.caption("A model folder on the machine that runs this app (for example a local `save_pretrained` output).")
-    typed = st.text_input("Folder path", key="ckpt_folder", placeholder="/path/to/model")
-    if typed and st.button("Load this folder", key="ckpt_folder_load", type="primary"):
-        add_model(prepare_folder_path, typed)
+    if os.environ.get("ATTNVIZ_SERVER_FOLDERS", "1") == "0":
+        st.info("Loading folders from the server's disk is switched off on this deployment (ATTNVIZ_SERVER_FOLDERS=0).")
+    else:
+        st.caption(
+            "A model folder on the machine that runs this app (for example a local `save_pretrained` output). "
+            "On a shared deployment, switch this off with ATTNVIZ_SERVER_FOLDERS=0."
+        )
+        typed = st.text_input("Folder path", key="ckpt_folder", placeholder="/path/to/model")
+        if typed and st.button("Load this folder", key="ckpt_folder_load", type="primary"):
+            add_model(prepare_folder_path, typed)
 
 st.subheader("Loaded models")
 for name, folder in list(registered_models().items()):

@@ -203,3 +203,21 @@ def test_remove_an_uploaded_model(tmp_path):
     assert "tiny-gpt2" not in at.session_state["models"]
     assert not extracted.exists() and not extracted.parent.exists()  # the upload's temporary folder is gone
     assert at.session_state["pending_model"] == "all-MiniLM-L6-v2 (bundled BERT)"
+
+
+def test_load_a_folder_from_the_server_and_switch_it_off(tmp_path, monkeypatch):
+    folder = make_tiny_checkpoint("bert", tmp_path / "local-bert")
+    at = open_page(CHECKPOINTS)
+    at.text_input(key="ckpt_folder").input(str(folder)).run()
+    at.button(key="ckpt_folder_load").click().run()
+    assert not at.exception
+    assert at.session_state["models"]["local-bert"] == str(folder.resolve())
+    assert folder.exists()  # a server folder is used in place, never deleted
+    at.text_input(key="ckpt_folder").input(str(tmp_path / "missing")).run()
+    at.button(key="ckpt_folder_load").click().run()
+    assert any("does not exist" in e.value for e in at.error)
+
+    monkeypatch.setenv("ATTNVIZ_SERVER_FOLDERS", "0")
+    at = open_page(CHECKPOINTS)
+    assert any("switched off" in i.value for i in at.info)
+    assert not [w for w in at.text_input if w.key == "ckpt_folder"]

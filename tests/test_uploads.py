@@ -128,7 +128,7 @@ def test_garbage_bytes(tmp_path, tiny_gpt2):
     folder.mkdir()
     (folder / "config.json").write_bytes((tiny_gpt2 / "config.json").read_bytes())
     (folder / "model.safetensors").write_bytes(b"\x00\x01garbage" * 1000)
-    with pytest.raises(CheckpointRefused, match="could not build"):
+    with pytest.raises(CheckpointRefused, match="not a readable safetensors file"):
         load_model_dir(folder)
 
 
@@ -169,3 +169,27 @@ def test_folder_path(tiny_gpt2, tmp_path):
 def test_limits_match_the_server_config():
     config = Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml"
     assert f"maxUploadSize = {safety.MAX_UPLOAD_BYTES // 1024**2}" in config.read_text()
+
+
+def test_config_far_larger_than_its_weights_is_refused_before_allocating(tiny_gpt2, tmp_path):
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    config.update(n_embd=4096, n_layer=48, n_head=32)  # ~10B parameters described, 1M present
+    folder = tmp_path / "oversize"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((tiny_gpt2 / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointRefused, match="B parameters|hold only"):
+        load_model_dir(folder)
+    config.update(n_embd=256, n_layer=4, n_head=4)  # small enough to build, but still not these weights
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointRefused, match="hold only"):
+        load_model_dir(folder)
+
+
+def test_parameters_are_counted_from_headers(tiny_gpt2):
+    from attnviz.models.loading import parameters_in_files
+
+    from safetensors.torch import load_file
+
+    expected = sum(t.numel() for t in load_file(str(tiny_gpt2 / "model.safetensors")).values())
+    assert parameters_in_files(tiny_gpt2) == expected

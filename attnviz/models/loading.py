@@ -22,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
 MAX_MISSING_WEIGHT_SHARE = 0.2
+MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
 # Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")  # more missing than this: the weights are not for this architecture
 
@@ -115,6 +116,48 @@ def _capturable(model: torch.nn.Module) -> bool:
     return False
 
 
+def parameters_in_files(folder: Path) -> int:
+    """How many numbers the folder's safetensors hold, read from their headers (no weights are loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    count = 1
+                    for size in handle.get_slice(name).get_shape():
+                        count *= size
+                    total += count
+        except Exception as problem:  # noqa: BLE001 - a broken header is a broken file
+            raise CheckpointRefused(f"{path.name} is not a readable safetensors file ({str(problem)[:120]})") from None
+    return total
+
+
+def _check_size_before_loading(config, folder: Path) -> None:
+    """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
+    transformers builds it: a tiny upload must not make the server allocate a huge random model."""
+    from transformers import AutoModel
+
+    in_files = parameters_in_files(folder)
+    try:
+        with torch.device("meta"):  # shapes only, no memory
+            skeleton = AutoModel.from_config(config, trust_remote_code=False)
+    except Exception as problem:  # noqa: BLE001
+        raise CheckpointRefused(f"transformers cannot build this architecture: {str(problem).splitlines()[0][:200]}") from None
+    described = sum(p.numel() for p in skeleton.parameters())
+    if described > MAX_PARAMETERS:
+        raise CheckpointRefused(
+            f"config.json describes a model of {described / 1e9:.1f}B parameters; this app loads up to "
+            f"{MAX_PARAMETERS / 1e9:.0f}B on a CPU"
+        )
+    if described > 1.5 * in_files + 1_000_000:
+        raise CheckpointRefused(
+            f"config.json describes {described / 1e6:.1f}M parameters but the safetensors hold only "
+            f"{in_files / 1e6:.1f}M: the weights do not belong to this config (wrong architecture, or missing shards?)"
+        )
+
+
 def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
     """Load a Hugging Face model folder safely. Raises :class:`CheckpointRefused` with a reason to show."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -131,6 +174,10 @@ def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
 
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as problem:  # noqa: BLE001
+        raise CheckpointRefused(f"transformers cannot read this config.json: {str(problem).splitlines()[0][:200]}") from None
+    _check_size_before_loading(config, folder)
+    try:
         model, info = AutoModel.from_pretrained(
             folder,
             config=config,
