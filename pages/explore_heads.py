@@ -1,10 +1,11 @@
 """Explore heads: what every head of a real pretrained model attends to, for any sentence."""
 
 import streamlit as st
+import torch
 
 from attnviz import explore
 from attnviz.viz import style
-from attnviz.viz.heads import head_sharing
+from attnviz.viz.heads import head_grid, head_sharing
 from attnviz.viz.matrix import matrix_heatmap
 from attnviz.ui import (
     cached_replay_difference,
@@ -227,7 +228,12 @@ if what_if_tab.open:
                     key="whatif_after",
                 )
             change = (after - before).abs().amax().item()
-            st.caption(f"Largest change over the layer's {record.n_heads} heads: {change:.3g}.")
+            show_figure(
+                head_grid(torch.stack([before, after]), title=f"All {record.n_heads} heads of layer {layer}, before and after",
+                          row_names=["before", "after"], highlight=(0, int(head))),
+                f"Every head of the layer under the same rule; the largest change of any weight is {change:.3g}.",
+                key="whatif_all_heads",
+            )
 
 if bertviz_tab.open:
     with bertviz_tab:

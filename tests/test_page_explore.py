@@ -98,6 +98,8 @@ def test_statistics_tab_and_what_if_tab():
     after = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("After: causal"))
     z = plotly_array(after["data"][0]["z"])
     assert np.all(np.triu(np.nan_to_num(z), k=1) == 0)
+    grid = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("All 12 heads of layer 0, before and after"))
+    assert grid["layout"]["yaxis"]["ticktext"] == ["before", "after"]
 
 
 def test_upload_a_zipped_tiny_checkpoint_and_switch_to_it(tmp_path):

@@ -15,7 +15,8 @@ HEAD_COLOURS = [
 ]
 
 
-def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None) -> go.Figure:
+def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None,
+              row_names: list[str] | None = None) -> go.Figure:
     """Every head of every layer as a thumbnail in one heatmap, ``weights [layers, heads, n_q, n_k]``.
 
     Long inputs are average-pooled to ``thumbnail`` cells a side, so 512 tokens cost the same as 24.
@@ -47,7 +48,7 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
         ),
         yaxis=dict(
             tickmode="array", tickvals=[l * (size_q + gap) + size_q / 2 - 0.5 for l in range(layers)],
-            ticktext=[f"L{l}" for l in range(layers)], autorange="reversed", showgrid=False, zeroline=False,
+            ticktext=row_names or [f"L{l}" for l in range(layers)], autorange="reversed", showgrid=False, zeroline=False,
         ),
         plot_bgcolor="white",
         margin=dict(l=10, r=10, t=70, b=10),
