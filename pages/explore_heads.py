@@ -230,7 +230,7 @@ if what_if_tab.open:
             change = (after - before).abs().amax().item()
             show_figure(
                 head_grid(torch.stack([before, after]), title=f"All {record.n_heads} heads of layer {layer}, before and after",
-                          row_names=["before", "after"], highlight=(0, int(head))),
+                          row_names=["before", "after"], highlight=(0, int(head)), clickable=False),
                 f"Every head of the layer under the same rule; the largest change of any weight is {change:.3g}.",
                 key="whatif_all_heads",
             )

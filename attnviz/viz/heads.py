@@ -16,7 +16,7 @@ HEAD_COLOURS = [
 
 
 def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None,
-              row_names: list[str] | None = None) -> go.Figure:
+              row_names: list[str] | None = None, clickable: bool = True) -> go.Figure:
     """Every head of every layer as a thumbnail in one heatmap, ``weights [layers, heads, n_q, n_k]``.
 
     Long inputs are average-pooled to ``thumbnail`` cells a side, so 512 tokens cost the same as 24.
@@ -65,7 +65,9 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
             y=[l * (size_q + gap) + (size_q - 1) / 2 for l, _ in centres],
             mode="markers", marker=dict(size=max(8, 220 // max(heads, layers)), color="rgba(0,0,0,0)", symbol="square"),
             customdata=[[l, h] for l, h in centres],
-            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>click to open<extra></extra>",
+            hovertext=[f"{row_names[l] if row_names else f'layer {l}'}, head {h}" + ("<br>click to open" if clickable else "")
+                       for l, h in centres],
+            hoverinfo="text",
             showlegend=False,
         )
     )
