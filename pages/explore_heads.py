@@ -217,13 +217,14 @@ if what_if_tab.open:
             columns = st.columns(2)
             with columns[0]:
                 show_figure(
-                    matrix_heatmap(before[int(head)], labels_q, labels_k, title=f"Before: layer {layer}, head {head} (the model)"),
+                    matrix_heatmap(before[int(head)], labels_q, labels_k, title=f"Before: layer {layer}, head {head} (the model)",
+                                   show_values=len(labels_k) <= 10),
                     "The model's own weights.", key="whatif_before",
                 )
             with columns[1]:
                 rule = mask_kind + (", no √d_k scaling" if unscaled else "") + (f", T = {temperature:g}" if temperature != 1 else "")
                 show_figure(
-                    matrix_heatmap(after[int(head)], labels_q, labels_k, title=f"After: {rule}"),
+                    matrix_heatmap(after[int(head)], labels_q, labels_k, title=f"After: {rule}", show_values=len(labels_k) <= 10),
                     "Masked keys lose their weight and the rest is renormalised; without scaling the softmax sharpens.",
                     key="whatif_after",
                 )
