@@ -226,7 +226,7 @@ def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, device: s
                  f"({row['forward_tflops'].get('triton', float('nan')):6.1f} TFLOPS) | "
                  + ", ".join(f"{lab} {ms:.2f}" for lab, ms in row["forward_ms"].items() if lab != "triton")
                  + (f" | errors: {row['errors']}" if row["errors"] else ""))
-        del q, k, v, grad
+        contenders = reference = ours = None  # let the GPU memory of this case go before the next
         if device == "cuda":
             torch.cuda.empty_cache()
     return {

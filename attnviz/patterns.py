@@ -204,3 +204,20 @@ def allowed_pairs_estimate(key: str, n: int, *, window: int = 3, dilation: int =
         same_bucket = 1 - (1 - 1 / n_buckets) ** n_rounds
         return float(n) * n * same_bucket
     raise ValueError(f"unknown pattern {key!r}")
+
+
+def apply_to_head(record, layer: int, head: int, mask: torch.Tensor):
+    """A real head before, masked without renormalising (rows lose weight), and replayed under the mask
+    (renormalised), each ``[n_q, n_k]``; plus the mean share of attention the head loses."""
+    from attnviz.explore import what_if
+
+    before, after = what_if(record, layer, mask, unscaled=False)
+    cut = record.weights[layer, head] * mask
+    return before[head], cut, after[head], float(1 - cut.sum(-1).mean())
+
+
+def convention_demo_on_head(record, layer: int, head: int, size: int = 8) -> "ConventionDemo":
+    """:func:`convention_demo` on a real head's first ``size`` queries and keys."""
+    q = record.queries[layer, head, :size].double()
+    k = record.keys[layer, head * record.n_kv_heads // record.n_heads, :size].double()
+    return convention_demo(q, k)

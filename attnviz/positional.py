@@ -154,3 +154,40 @@ def permutation_of_words(n_tokens: int, seed: int, keep_ends: bool = True) -> li
     inner = list(range(1, n_tokens - 1)) if keep_ends and n_tokens > 2 else list(range(n_tokens))
     shuffled = [inner[i] for i in torch.randperm(len(inner), generator=generator).tolist()]
     return [0] + shuffled + [n_tokens - 1] if keep_ends and n_tokens > 2 else shuffled
+
+
+def shift_error(table: torch.Tensor, shift: int, matrix: torch.Tensor) -> float:
+    """max |PE(pos + k) - M_k PE(pos)| over the table: the shift property, checked."""
+    return (table[shift:] - table[:-shift] @ matrix.T).abs().max().item()
+
+
+def cosine_similarity_matrix(table: torch.Tensor) -> torch.Tensor:
+    normed = table / table.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return normed @ normed.T
+
+
+def random_pair(head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(int(seed))
+    q, k = torch.randn(2, head_dim, generator=generator, dtype=torch.float64)
+    return q, k
+
+
+def toy_attention_with_and_without_rope(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0):
+    """Weights of a toy head ``q, k [n, d]`` without positions and with RoPE (positions 0..n-1)."""
+    from attnviz.attention import masked_softmax
+
+    scale = 1 / math.sqrt(q.shape[-1])
+    positions = torch.arange(q.shape[0])
+    plain = masked_softmax(q @ k.T * scale)
+    rotated = masked_softmax(apply_rope(q, positions, base) @ apply_rope(k, positions, base).T * scale)
+    return plain, rotated
+
+
+def alibi_on_real_head(record, layer: int, head: int, bias: torch.Tensor):
+    """A real head's weights, and the same scores plus an ALiBi bias ``[n_q, n_k]`` (the model's mask kept)."""
+    from attnviz.attention import masked_softmax
+    from attnviz.models.capture import head_scores
+
+    raw, allowed = head_scores(record, layer, head)
+    scores = raw * record.scales[layer]
+    return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)

@@ -107,3 +107,17 @@ def stability_table(logit_scales: list[float], dtypes: dict[str, torch.dtype], s
                     }
                 )
     return rows
+
+
+def real_head_scalings(record, layer: int, head: int, temperature: float) -> dict[str, torch.Tensor]:
+    """A real head's weights with the model's scaling, without it, and with the model's scaling over a temperature."""
+    from attnviz.attention import masked_softmax
+    from attnviz.models.capture import head_scores
+
+    raw, allowed = head_scores(record, layer, head)
+    scale = record.scales[layer]
+    return {
+        f"model (× {scale:.3g})": masked_softmax(raw * scale, allowed),
+        "no scaling": masked_softmax(raw, allowed),
+        f"model scale, T = {temperature:g}": masked_softmax(raw * scale / temperature, allowed),
+    }

@@ -1,7 +1,6 @@
 """Explore heads: what every head of a real pretrained model attends to, for any sentence."""
 
 import streamlit as st
-import torch
 
 from attnviz import explore
 from attnviz.viz import style
@@ -230,7 +229,7 @@ if what_if_tab.open:
                 )
             change = (after - before).abs().amax().item()
             show_figure(
-                head_grid(torch.stack([before, after]), title=f"All {record.n_heads} heads of layer {layer}, before and after",
+                head_grid([before, after], title=f"All {record.n_heads} heads of layer {layer}, before and after",
                           row_names=["before", "after"], highlight=(0, int(head)), clickable=False),
                 f"Every head of the layer under the same rule; the largest change of any weight is {change:.3g}.",
                 key="whatif_all_heads",

@@ -2,10 +2,8 @@
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from attnviz import masks, patterns
-from attnviz.explore import what_if
 from attnviz.ui import capture_current, current_sentence, show_figure
 from attnviz.viz import style
 from attnviz.viz.matrix import BLOCK_COLOURS, heatmap_row, mask_heatmap
@@ -88,15 +86,14 @@ st.subheader("Apply the mask to a real head")
 columns = st.columns(4)
 layer = columns[0].number_input("Layer", 0, record.n_layers - 1, 0, key="masks_layer")
 head = columns[1].number_input("Head", 0, record.n_heads - 1, 0, key="masks_head")
-before, after = what_if(record, int(layer), pattern.mask, unscaled=False)
-cut = record.weights[int(layer), int(head)] * pattern.mask  # masked but not renormalised
+before, cut, after, lost = patterns.apply_to_head(record, int(layer), int(head), pattern.mask)
 show_figure(
     heatmap_row(
-        [before[int(head)], cut, after[int(head)]],
+        [before, cut, after],
         ["Before: the model's head", "Masked, not renormalised", "Masked and renormalised"],
         labels, labels, title=f"{bundle.name}, layer {layer}, head {head}, under the {pattern.name} mask",
     ),
-    f"Without renormalising, rows sum to less than 1 (this head loses {float(1 - cut.sum(-1).mean()):.1%} of its "
+    f"Without renormalising, rows sum to less than 1 (this head loses {lost:.1%} of its "
     "attention on average); a softmax over the allowed keys only makes the kept weights fill each row again.",
     key="masks_real",
 )
@@ -110,9 +107,7 @@ st.error(
     icon=":material/visibility:",
 )
 demo_size = min(n, 8)
-q = record.queries[int(layer), int(head), :demo_size].double()
-k_heads = record.keys[int(layer), int(head) * record.n_kv_heads // record.n_heads, :demo_size].double()
-demo = patterns.convention_demo(q, k_heads)
+demo = patterns.convention_demo_on_head(record, int(layer), int(head), demo_size)
 small_labels = labels[:demo_size]
 spellings = st.columns(4)
 for column, (name, matrix) in zip(

@@ -5,10 +5,8 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 
 from attnviz import positional, stepwise
-from attnviz.attention import masked_softmax
 from attnviz.models.capture import word_order_experiment
 from attnviz.ui import capture_current, current_sentence, show_figure
 from attnviz.viz import style
@@ -68,7 +66,7 @@ if sinusoidal_tab.open:
                 key="pos_sin_distance",
             )
         matrix = positional.sinusoidal_shift_matrix(shift, d_model)
-        error = (table[shift:] - table[:-shift] @ matrix.T).abs().max().item()
+        error = positional.shift_error(table, shift, matrix)
         st.markdown(
             f"**Shift property.** PE(pos + {shift}) = M_{shift} · PE(pos) for every position, where M is a block of 2x2 "
             f"rotations: max error over all {n_positions - shift} positions = **{error:.1e}**. A fixed linear map "
@@ -107,10 +105,10 @@ if learned_tab.open:
                     key="pos_learned_table",
                 )
             with right:
-                normed = part / part.norm(dim=-1, keepdim=True)
                 show_figure(
                     matrix_heatmap(
-                        normed @ normed.T, [f"pos {p}" for p in range(shown)], [f"pos {p}" for p in range(shown)],
+                        positional.cosine_similarity_matrix(part), [f"pos {p}" for p in range(shown)],
+                        [f"pos {p}" for p in range(shown)],
                         title="Cosine similarity between positions", kind="signed", x_title="position",
                         y_title="position", show_values=False, height=480,
                     ),
@@ -165,8 +163,7 @@ if rope_tab.open:
                 "Early pairs turn fast (fine position), late pairs slowly (long range); a larger base stretches them.",
                 key="pos_rope_freq",
             )
-        generator = torch.Generator().manual_seed(int(seed))
-        q, k = torch.randn(2, head_dim, generator=generator, dtype=torch.float64)
+        q, k = positional.random_pair(head_dim, int(seed))
         scores = positional.rope_relative_scores(q, k, 24, base)
         deviation = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item() for o in range(-23, 24))
         show_figure(
@@ -181,11 +178,7 @@ if rope_tab.open:
         tokens, _ = stepwise.tokens_of(current_sentence())
         toy_dim = max(2, min(8, head_dim))
         toy = stepwise.prefill_qkv(tokens or ["attention"], toy_dim, int(seed))
-        positions = torch.arange(len(toy["Q"]))
-        plain = masked_softmax(toy["Q"] @ toy["K"].T / math.sqrt(toy_dim))
-        rotated = masked_softmax(
-            positional.apply_rope(toy["Q"], positions, base) @ positional.apply_rope(toy["K"], positions, base).T / math.sqrt(toy_dim)
-        )
+        plain, rotated = positional.toy_attention_with_and_without_rope(toy["Q"], toy["K"], base)
         labels = style.token_labels(tokens or ["attention"])
         show_figure(
             heatmap_row([plain, rotated], ["Without RoPE", "With RoPE"], labels, labels,
@@ -224,12 +217,7 @@ if alibi_tab.open:
                 "No embeddings at all: a penalty that grows linearly with distance" + (" (|i − j|, bidirectional)." if not causal else "."),
                 key="pos_alibi_bias",
             )
-        q = record.queries[int(layer), int(head)].double()
-        k = record.keys[int(layer), int(head) * record.n_kv_heads // record.n_heads].double()
-        scores = q @ k.T * record.scales[int(layer)]
-        allowed = record.allowed[int(layer)]
-        before = masked_softmax(scores, allowed)
-        after = masked_softmax(scores + bias[int(alibi_head)], allowed)
+        before, after = positional.alibi_on_real_head(record, int(layer), int(head), bias[int(alibi_head)])
         show_figure(
             heatmap_row([before, after], ["The model's head", f"+ ALiBi bias of head {alibi_head}"], labels, labels,
                         title=f"ALiBi added to the real scores of layer {layer}, head {head}"),

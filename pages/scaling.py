@@ -7,7 +7,6 @@ import streamlit as st
 import torch
 
 from attnviz import scaling
-from attnviz.attention import masked_softmax
 from attnviz.ui import capture_current, current_sentence, show_figure
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, histogram, line_chart
@@ -92,22 +91,13 @@ columns = st.columns(3)
 layer = columns[0].number_input("Layer", 0, record.n_layers - 1, 0, key="scale_layer")
 head = columns[1].number_input("Head", 0, record.n_heads - 1, 0, key="scale_head")
 temperature = columns[2].slider("Temperature T", 0.1, 5.0, 2.0, 0.1, key="scale_temperature")
-q = record.queries[int(layer), int(head)].double()
-k = record.keys[int(layer), int(head) * record.n_kv_heads // record.n_heads].double()
-raw = q @ k.T
-allowed = record.allowed[int(layer)]
-model_scale = record.scales[int(layer)]
-versions = {
-    f"model (× {model_scale:.3g})": masked_softmax(raw * model_scale, allowed),
-    "no scaling": masked_softmax(raw, allowed),
-    f"model scale, T = {temperature:g}": masked_softmax(raw * model_scale / temperature, allowed),
-}
+versions = scaling.real_head_scalings(record, int(layer), int(head), temperature)
 labels = style.token_labels(record.key_tokens)
 entropies = {name: scaling.entropy(w).mean().item() for name, w in versions.items()}
 show_figure(
     heatmap_row(list(versions.values()), [f"{name}<br>entropy {entropies[name]:.2f}" for name in versions], labels, labels,
                 title=f"{bundle.name}, layer {layer}, head {head}: its real Q and K with three scalings"),
-    f"d_k = {q.shape[-1]}: without the 1/√d_k the real head turns nearly one-hot; T > 1 flattens it, T < 1 sharpens it.",
+    f"d_k = {record.queries.shape[-1]}: without the 1/√d_k the real head turns nearly one-hot; T > 1 flattens it, T < 1 sharpens it.",
     key="scale_real",
 )
 

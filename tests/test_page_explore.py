@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_default_model

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.flash.masking import MaskSpec, spec_from
+from attnviz.flash.masking import spec_from
 
 COMPUTED, MASKED, SKIPPED = "computed", "masked", "skipped"
 

@@ -268,6 +268,14 @@ def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: 
     return torch.stack(layers)
 
 
+def head_scores(record: AttentionRecord, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's raw q.k scores (unscaled, fp64) ``[n_q, n_k]`` and the model's mask ``[n_q, n_k]`` (True = may
+    attend). With GQA the head reads its group's K/V head."""
+    q = record.queries[layer, head].double()  # [n_q, d_head]
+    k = record.keys[layer, head * record.n_kv_heads // record.n_heads].double()  # [n_k, d_head]
+    return q @ k.T, record.allowed[layer]
+
+
 def replay_difference(record: AttentionRecord) -> float:
     """Max |replayed - model| over all layers and heads: the proof that our attention is the model's."""
     return (replay(record) - record.weights).abs().max().item()

@@ -21,6 +21,8 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
 
     Long inputs are average-pooled to ``thumbnail`` cells a side, so 512 tokens cost the same as 24.
     """
+    if isinstance(weights, (list, tuple)):
+        weights = torch.stack(list(weights))  # rows given one by one, e.g. [before, after]
     layers, heads, n_q, n_k = weights.shape
     size_q, size_k = min(n_q, thumbnail), min(n_k, thumbnail)
     pooled = F.adaptive_avg_pool2d(weights.float().reshape(layers * heads, 1, n_q, n_k), (size_q, size_k))
