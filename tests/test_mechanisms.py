@@ -242,3 +242,33 @@ def test_cross_attention_example_aligns_related_words():
     assert weights.shape == (1, 3, 6)
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 3))
     assert result["source_tokens"][int(weights[0, 1].argmax())] == "cat"  # kitten -> cat
+
+
+def test_real_head_helpers_reproduce_the_model():
+    from attnviz.models.capture import capture, head_scores
+    from attnviz.models.loading import load_default_model
+
+    record = capture(load_default_model(), "The cat sat on the mat.").records["self"]
+    raw, allowed = head_scores(record, 2, 5)
+    assert allowed.all() and raw.shape == (9, 9)
+    versions = scaling.real_head_scalings(record, 2, 5, temperature=1.0)
+    model, unscaled, same = versions.values()
+    torch.testing.assert_close(model.float(), record.weights[2, 5], atol=1e-5, rtol=0)
+    torch.testing.assert_close(same, model)
+    assert scaling.entropy(unscaled).mean() < scaling.entropy(model).mean()
+    before, with_zero_bias = positional.alibi_on_real_head(record, 2, 5, torch.zeros(9, 9, dtype=torch.float64))
+    torch.testing.assert_close(before, with_zero_bias)
+    _, with_alibi = positional.alibi_on_real_head(record, 2, 5, positional.alibi_bias(1, 9, causal=False)[0] * 8)
+    distance = (torch.arange(9).unsqueeze(1) - torch.arange(9)).abs().double()
+    assert (with_alibi * distance).sum(-1).mean() < (before * distance).sum(-1).mean()  # pulled toward neighbours
+    before_head, cut, after, lost = patterns.apply_to_head(record, 2, 5, masks.causal(9))
+    torch.testing.assert_close(cut, record.weights[2, 5] * masks.causal(9))
+    assert lost == pytest.approx(float(1 - cut.sum(-1).mean()))
+    torch.testing.assert_close(after.sum(-1), torch.ones(9))
+
+
+def test_toy_rope_separates_repeated_words():
+    q = torch.ones(3, 4, dtype=torch.float64)  # three identical tokens
+    plain, rotated = positional.toy_attention_with_and_without_rope(q, q.clone())
+    torch.testing.assert_close(plain, torch.full((3, 3), 1 / 3, dtype=torch.float64))
+    assert not torch.allclose(rotated[0], rotated[2])
