@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from attnviz.bench import median_seconds
 
@@ -73,14 +74,30 @@ def _peak_memory_child(spec_json: str) -> None:
     print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
 
 
+# glibc hands freed blocks of up to 32 MiB back to the next allocation instead of to the OS, so a second call
+# could reuse the first one's memory and show no new peak. A fixed mmap threshold makes every block over 64 KiB
+# its own mapping, returned on free: the measured peak is then the call's own.
+MEASURING_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0",
+                 "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=0"}
+
+
+def run_memory_child(module: str, function: str, spec: str, timeout: float = 600) -> int:
+    """Run ``module.function(spec)`` in a fresh Python process and return the peak bytes it prints as JSON."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, **MEASURING_ENV, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [sys.executable, "-c", f"from {module} import {function}; {function}({spec!r})"],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=root,
+    )
+    if result.returncode != 0:
+        raise RuntimeError((result.stderr.strip().splitlines() or ["the measuring process failed"])[-1][:200])
+    return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
 def measure_peak_memory(name: str, n: int, *, batch: int, heads: int, d: int, causal: bool, threads: int) -> int:
     spec = json.dumps({"name": name, "n": n, "batch": batch, "heads": heads, "d": d, "causal": causal,
                        "threads": threads})
-    result = subprocess.run(
-        [sys.executable, "-c", f"from attnviz.flash_bench import _peak_memory_child; _peak_memory_child({spec!r})"],
-        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.getcwd()),
-    )
-    return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])
+    return run_memory_child("attnviz.flash_bench", "_peak_memory_child", spec)
 
 
 def bench_cpu(lengths: list[int], *, batch: int = 1, heads: int = 8, d: int = 64, causal: bool = False,

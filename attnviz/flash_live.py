@@ -34,12 +34,18 @@ class Inputs:
     dense_mask: torch.Tensor | None  # for reference and density only; None = full
 
 
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def make_inputs(n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str, *, window: int = 64,
-                block_size: int = 64, seed: int = 0) -> Inputs:
+                block_size: int = 64, seed: int = 0, device: str | None = None) -> Inputs:
+    """Seeded inputs on the GPU when there is one (so Triton and SDPA's CUDA kernels run), else on the CPU."""
+    device = device or default_device()
     generator = torch.Generator().manual_seed(int(seed))
-    q = torch.randn(1, heads, n, d, generator=generator).to(DTYPES[dtype])
-    k = torch.randn(1, kv_heads, n, d, generator=generator).to(DTYPES[dtype])
-    v = torch.randn(1, kv_heads, n, d, generator=generator).to(DTYPES[dtype])
+    q = torch.randn(1, heads, n, d, generator=generator).to(device=device, dtype=DTYPES[dtype])
+    k = torch.randn(1, kv_heads, n, d, generator=generator).to(device=device, dtype=DTYPES[dtype])
+    v = torch.randn(1, kv_heads, n, d, generator=generator).to(device=device, dtype=DTYPES[dtype])
     if mask == "full":
         return Inputs(q, k, v, {}, None)
     if mask == "causal":
@@ -59,6 +65,7 @@ class Row:
     reason: str | None  # why it did not run
     max_abs_diff: float | None
     median_ms: float | None
+    peak_bytes: int | None = None  # on a GPU: extra peak allocated memory of one call
 
 
 def run_contenders(inputs: Inputs, names: list[str], *, repeats: int = 3, block_q: int = 256, block_k: int = 512,
@@ -82,13 +89,24 @@ def run_contenders(inputs: Inputs, names: list[str], *, repeats: int = 3, block_
         if options["backend"] == "tiled":
             options.update(block_q=block_q, block_k=block_k)
         run = lambda: attention(q, k, v, **inputs.mask_kwargs, **options)  # noqa: E731
+        cuda = q.device.type == "cuda"
+        peak = None
         try:
             with torch.no_grad():
                 result = run()
+                if cuda:  # the allocator's own high-water mark, for this one call
+                    torch.cuda.synchronize()
+                    baseline = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    run()
+                    torch.cuda.synchronize()
+                    peak = torch.cuda.max_memory_allocated() - baseline
                 times = []
-                for _ in range(1 if options["backend"] == "triton" and q.device.type == "cpu" else repeats):
+                for _ in range(1 if options["backend"] == "triton" and not cuda else repeats):
                     start = time.perf_counter()
                     run()
+                    if cuda:
+                        torch.cuda.synchronize()  # kernels run asynchronously: wait before reading the clock
                     times.append(time.perf_counter() - start)
         except (BackendUnavailable, RuntimeError, TypeError, ValueError) as problem:
             rows.append(Row(name, None, str(problem).splitlines()[0][:200], None, None))
@@ -97,7 +115,7 @@ def run_contenders(inputs: Inputs, names: list[str], *, repeats: int = 3, block_
         timing = statistics.median(times) * 1000
         if result.backend == "triton (interpreter)":
             timing = None  # the interpreter is for correctness, never timing
-        rows.append(Row(name, result.backend, None, difference, timing))
+        rows.append(Row(name, result.backend, None, difference, timing, peak))
     return rows
 
 
@@ -109,7 +127,7 @@ def naive_score_bytes(n: int, heads: int, dtype: str, batch: int = 1) -> int:
 
 def tiling(inputs: Inputs, block_q: int, block_k: int, trace_query_block: int):
     """The tiled algorithm's trace on these inputs: block statuses and one query block's online-softmax steps."""
-    q, k, v = (t[:, :1].float() for t in (inputs.q, inputs.k, inputs.v))  # one head is enough to draw
+    q, k, v = (t[:, :1].float().cpu() for t in (inputs.q, inputs.k, inputs.v))  # one head is enough to draw
     kwargs = dict(inputs.mask_kwargs)
     if "block_layout" in kwargs:
         block_q = block_k = kwargs["block_size"]
@@ -133,7 +151,7 @@ def _peak_memory_child(spec_json: str) -> None:
 
     spec = json.loads(spec_json)
     inputs = make_inputs(spec["n"], spec["d"], spec["heads"], spec["kv_heads"], spec["dtype"], spec["mask"],
-                         window=spec["window"], block_size=spec["block_size"])
+                         window=spec["window"], block_size=spec["block_size"], device=spec.get("device", "cpu"))
     options = dict(CONTENDERS[spec["name"]])
     if options["backend"] == "tiled":
         options.update(block_q=256, block_k=512)
@@ -152,23 +170,18 @@ def measure_peak_memory(name: str, *, n: int, d: int, heads: int, kv_heads: int,
                         window: int = 64, block_size: int = 64, timeout: float = 120) -> int:
     """Extra peak resident memory of one call of backend ``name`` (CPU, Linux), in a fresh Python process."""
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from attnviz.flash_bench import run_memory_child
 
     if CONTENDERS[name]["backend"] == "triton":
         raise BackendUnavailable("peak memory is measured for the CPU backends (the interpreter's is not the kernel's)")
     if not Path("/proc/self/clear_refs").exists():
         raise BackendUnavailable("peak memory is measured through Linux's /proc; not available on this system")
     spec = json.dumps({"name": name, "n": n, "d": d, "heads": heads, "kv_heads": kv_heads, "dtype": dtype,
-                       "mask": mask, "window": window, "block_size": block_size})
-    root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run(
-        [sys.executable, "-c", f"from attnviz.flash_live import _peak_memory_child; _peak_memory_child({spec!r})"],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=root,
-    )
-    if result.returncode != 0:
-        raise BackendUnavailable((result.stderr.strip().splitlines() or ["the measuring process failed"])[-1][:200])
-    return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])
+                       "mask": mask, "window": window, "block_size": block_size, "device": "cpu"})
+    try:
+        return run_memory_child("attnviz.flash_live", "_peak_memory_child", spec, timeout)
+    except RuntimeError as problem:
+        raise BackendUnavailable(str(problem)) from None
+

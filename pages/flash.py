@@ -55,7 +55,8 @@ if mask == "BigBird" and n % block_size:
     st.stop()
 inputs = flash_live.make_inputs(n, d, heads, kv_heads, dtype, mask, window=window, block_size=block_size)
 
-with st.status(f"Running {len(names)} backends on N = {n}…", expanded=False) as status:
+with st.status(f"Running {len(names)} backends on N = {n} ({'GPU: ' + torch.cuda.get_device_name() if gpu else 'CPU'})…",
+               expanded=False) as status:
     rows = flash_live.run_contenders(
         inputs, names, allow_interpreter=interpreter,
         progress=lambda index, name: status.update(label=f"Running {name} ({index + 1}/{len(names)})…"),
@@ -75,6 +76,8 @@ table = pd.DataFrame(
 )
 memory_key = ("flash_memory", n, d, heads, kv_heads, dtype, mask, window, block_size)
 measured = st.session_state.get("flash_measured", {}).get(memory_key, {})
+if gpu:  # on a GPU every run measures the allocator's peak as it goes
+    measured = {r.name: r.peak_bytes for r in rows if r.peak_bytes is not None}
 if measured:
     table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
                                     else measured.get(r.name, "—") for r in rows])

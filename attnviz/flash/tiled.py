@@ -78,8 +78,9 @@ def tiled_attention(
 
     out_dtype = q.dtype
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
-    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=out_dtype)
-    lse = torch.empty(batch, heads, n_q, dtype=compute_dtype)
+    device = q.device
+    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=out_dtype, device=device)
+    lse = torch.empty(batch, heads, n_q, dtype=compute_dtype, device=device)
     n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
     record = TiledTrace(n_qb, n_kb) if trace or trace_query_block is not None else None
 
@@ -87,9 +88,9 @@ def tiled_attention(
         q_start, q_end = qb * block_q, min(n_q, (qb + 1) * block_q)
         q_block = q[:, :, q_start:q_end].to(compute_dtype)  # [b, h, bq, d]
         rows = q_end - q_start
-        running_max = torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype)
-        running_sum = torch.zeros(batch, heads, rows, dtype=compute_dtype)
-        accumulator = torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype)
+        running_max = torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype, device=device)
+        running_sum = torch.zeros(batch, heads, rows, dtype=compute_dtype, device=device)
+        accumulator = torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype, device=device)
         lo, hi = spec.key_range(q_start, q_end)
         full_lo, full_hi = spec.fully_allowed_range(q_start, q_end)
         statuses = []
@@ -103,7 +104,7 @@ def tiled_attention(
             scores.mul_(scale)  # [b, h, bq, bk]; in place: this tile is the largest temporary
             needs_mask = block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
             if needs_mask:
-                allowed = spec.tile(q_start, q_end, k_start, k_end)  # [bq, bk]
+                allowed = spec.tile(q_start, q_end, k_start, k_end).to(device)  # [bq, bk]
                 scores.masked_fill_(~allowed, float("-inf"))
             statuses.append(MASKED if needs_mask else COMPUTED)
             tile_scores = scores[0, 0].clone() if record is not None and qb == trace_query_block else None
