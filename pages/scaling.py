@@ -48,7 +48,7 @@ with right:
 
 st.subheader("2 · Softmax saturates without scaling, and its gradient vanishes")
 columns = st.columns(2)
-d_k = columns[0].select_slider("d_k", scaling.D_K_VALUES, 256, key="scale_d")
+d_k = columns[0].select_slider("d_k", scaling.D_K_VALUES, 256, key="scale_d", bind="query-params")
 n_keys = columns[1].select_slider("Keys per query", [8, 16, 32, 64, 128], 32, key="scale_keys")
 statistics = scaling.softmax_statistics(scaling.D_K_VALUES, n_keys=n_keys, seed=int(seed))
 xs = [r["d_k"] for r in statistics]

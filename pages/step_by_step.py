@@ -24,10 +24,11 @@ score_function = controls[0].selectbox(
     list(stepwise.SCORE_FUNCTIONS),
     format_func=stepwise.SCORE_FUNCTIONS.get,
     key="sbs_score_function",
+    bind="query-params",
     help="Where scaled dot product came from: additive and general scores need learned weights (seeded here).",
 )
-d_k = controls[1].slider("d_k (columns of Q and K)", 1, stepwise.MAX_DIM, 4, key="sbs_d_k")
-mask_kind = controls[2].selectbox("Mask", ["none", "causal", "sliding window"], key="sbs_mask")
+d_k = controls[1].slider("d_k (columns of Q and K)", 1, stepwise.MAX_DIM, 4, key="sbs_d_k", bind="query-params")
+mask_kind = controls[2].selectbox("Mask", ["none", "causal", "sliding window"], key="sbs_mask", bind="query-params")
 window_left = window_right = 0
 if mask_kind == "sliding window":
     window_left = controls[3].slider("Keys to the left", 0, stepwise.MAX_TOKENS - 1, 2, key="sbs_left")

@@ -44,3 +44,17 @@ def test_step_by_step_reacts_to_the_mask_in_the_browser(page, app_url, screensho
     page.locator("text=−∞").first.wait_for(timeout=30_000)  # masked scores drawn in the figure
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(screenshot_dir / "step_by_step_causal.png"), full_page=True)
+
+
+def test_a_link_reopens_a_page_in_its_state(page, app_url):
+    """Speakers share links: the URL carries the page's main choices."""
+    page.goto(app_url + "/step_by_step?sbs_mask=causal&sbs_d_k=3")
+    wait_until_idle(page)
+    page.get_by_text("Each query sees between 1 and 8").wait_for(timeout=30_000)
+    page.get_by_text("Step 2 · Scaled scores (÷ √3").first.wait_for(timeout=30_000)
+    from urllib.parse import quote
+
+    page.goto(app_url + "/masks?masks_pattern=" + quote("BigBird (global + window + random)"))  # the shown label
+    wait_until_idle(page)
+    page.get_by_text("BigBird (global + window + random) over your").first.wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stException"]').count() == 0
