@@ -36,7 +36,7 @@ if sinusoidal_tab.open:
             matrix_heatmap(
                 table, [f"pos {p}" for p in range(n_positions)], [f"dim {i}" for i in range(d_model)],
                 title=f"Sinusoidal table: {n_positions} positions x {d_model} dimensions", kind="signed",
-                x_title="dimension", y_title="position", show_values=False, height=520,
+                x_title="dimension", y_title="position", show_values=False, height=520, max_x_ticks=24,
             ),
             "Low dimensions oscillate fast, high ones slowly: together they write each position as a unique pattern.",
             key="pos_sin_table",
@@ -99,9 +99,10 @@ if learned_tab.open:
                     matrix_heatmap(
                         part, [f"pos {p}" for p in range(shown)], [f"dim {i}" for i in range(part.shape[1])],
                         title="Learned position embeddings", kind="signed", x_title="dimension", y_title="position",
-                        show_values=False, height=480,
+                        show_values=False, height=480, robust=True, max_x_ticks=12,
                     ),
-                    "Unlike the sinusoidal table nothing forces a pattern, yet smooth waves appear.",
+                    "Nothing forces a pattern here, yet waves appear (colours clipped at the 99th percentile; a few "
+                    "dimensions are much larger).",
                     key="pos_learned_table",
                 )
             with right:
@@ -110,7 +111,7 @@ if learned_tab.open:
                         positional.cosine_similarity_matrix(part), [f"pos {p}" for p in range(shown)],
                         [f"pos {p}" for p in range(shown)],
                         title="Cosine similarity between positions", kind="signed", x_title="position",
-                        y_title="position", show_values=False, height=480,
+                        y_title="position", show_values=False, height=480, max_x_ticks=12,
                     ),
                     "A bright band along the diagonal: the model learned that nearby positions are alike.",
                     key="pos_learned_similarity",
@@ -128,7 +129,7 @@ if learned_tab.open:
                 series = {f"from position {o}": positional.cosine_by_distance(table, o)[: shown // 2].tolist() for o in (0, shown // 2)}
                 show_figure(
                     line_chart(range(shown // 2), series, title="Similarity by distance", x_title="distance k", y_title="cosine"),
-                    "Close to a function of distance alone, but not exactly: learned tables are only approximately relative.",
+                    "Unlike the sinusoidal curves these depend on where you start: a learned table is only roughly relative.",
                     key="pos_learned_distance",
                 )
 

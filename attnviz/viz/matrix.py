@@ -25,8 +25,13 @@ def matrix_heatmap(
     y_title: str = "query",
     show_values: bool = True,
     height: int | None = None,
+    robust: bool = False,
+    max_x_ticks: int = 48,
 ) -> go.Figure:
     """A heatmap of ``values [rows, cols]`` with integer axes labelled by ``row_labels`` / ``col_labels``.
+
+    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|, so a few outliers do not
+    wash out everything else (hover still shows exact values).
 
     ``kind``: ``"weights"`` uses the shared 0..1 scale; ``"signed"`` a diverging scale centred on 0; ``"plain"``
     a sequential scale. -inf cells (masked) are drawn grey and written "−∞". Text shows 3 significant digits;
@@ -63,7 +68,8 @@ def matrix_heatmap(
     if kind == "weights":
         colour = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
     elif kind == "signed":
-        bound = float(np.nanmax(np.abs(finite))) if np.isfinite(finite).any() else 1.0
+        magnitudes = np.abs(finite[np.isfinite(finite)])
+        bound = float(np.percentile(magnitudes, 99) if robust else magnitudes.max()) if magnitudes.size else 1.0
         bound = bound or 1.0
         colour = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
     else:
@@ -84,7 +90,7 @@ def matrix_heatmap(
     )
     figure = go.Figure(heatmap)
     height = height or int(min(900, max(260, 60 + 38 * n_rows)))
-    x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=48)
+    x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=max_x_ticks)
     y_ticks, y_text = style.thinned_ticks(row_labels, max_ticks=max(4, (height - 120) // 14))  # ~14 px a label
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
