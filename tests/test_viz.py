@@ -1,0 +1,72 @@
+"""Figure builders: one colour scale for weights, a centred one for signed values, readable labels, -inf shown."""
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.viz import style
+from attnviz.viz.charts import line_chart
+from attnviz.viz.heads import head_grid
+from attnviz.viz.matrix import heatmap_row, mask_heatmap, matrix_heatmap
+
+
+def test_weights_use_the_shared_zero_to_one_scale_and_show_minus_infinity():
+    figure = matrix_heatmap(np.array([[0.5, -np.inf], [0.25, 0.75]]), ["0 · a", "1 · b"], ["0 · a", "1 · b"], title="t")
+    trace = figure.data[0]
+    assert (trace.zmin, trace.zmax) == (0.0, 1.0) and trace.colorscale == figure.data[0].colorscale
+    assert trace.text[0][1] == "−∞" and np.isnan(trace.z[0][1])
+    assert trace.customdata[0][1][2] == "−∞" and trace.customdata[1][1][2] == repr(0.75)  # exact value on hover
+    assert list(figure.layout.xaxis.tickvals) == [0, 1] and figure.layout.yaxis.autorange == "reversed"
+
+
+def test_signed_values_are_centred_and_robust_bound_ignores_outliers():
+    values = np.concatenate([np.linspace(-1, 1, 999), [100.0]]).reshape(20, 50)
+    plain = matrix_heatmap(values, [str(i) for i in range(20)], [str(j) for j in range(50)], title="t", kind="signed")
+    assert plain.data[0].zmin == -100 and plain.data[0].zmax == 100
+    robust = matrix_heatmap(values, [str(i) for i in range(20)], [str(j) for j in range(50)], title="t", kind="signed",
+                            robust=True)
+    assert robust.data[0].zmax < 2 and robust.data[0].zmin == -robust.data[0].zmax
+
+
+def test_large_matrices_drop_per_cell_text_and_thin_ticks():
+    labels = style.token_labels([f"w{i}" for i in range(512)])
+    figure = matrix_heatmap(np.random.rand(512, 512), labels, labels, title="t")
+    assert figure.data[0].text is None and figure.data[0].customdata is None
+    assert len(figure.layout.xaxis.tickvals) <= 48
+    assert style.token_labels(["a", "a"]) == ["0 · a", "1 · a"]  # repeated tokens kept apart
+    assert style.format_number(0.000123456) == "0.000123" and style.format_number(float("-inf")) == "−∞"
+
+
+def test_heatmap_row_shares_one_scale():
+    figure = heatmap_row([np.array([[1.0, -2.0]]), np.array([[0.5, 4.0]])], ["a", "b"], ["q"], ["k0", "k1"],
+                         title="t", kind="signed")
+    assert {(trace.zmin, trace.zmax) for trace in figure.data} == {(-4.0, 4.0)}
+    assert [trace.showscale for trace in figure.data] == [False, True]
+
+
+def test_mask_heatmap_uses_discrete_colours():
+    figure = mask_heatmap(torch.tensor([[1, 0], [1, 1]]), ["q0", "q1"], ["k0", "k1"], title="t")
+    assert list(figure.data[0].colorbar.ticktext) == ["blocked", "may attend"]
+
+
+def test_head_grid_pools_and_labels():
+    weights = torch.softmax(torch.randn(3, 4, 100, 100), dim=-1)
+    figure = head_grid(weights, title="t", thumbnail=10)
+    canvas = np.asarray(figure.data[0].z)
+    assert canvas.shape == (3 * 11 - 1, 4 * 11 - 1)
+    assert list(figure.layout.yaxis.ticktext) == ["L0", "L1", "L2"]
+    assert len(figure.data[1].customdata) == 12  # one clickable centre per head
+
+
+def test_line_chart_marker_line_stays_in_data_units_on_log_axes():
+    figure = line_chart([1, 10, 100], {"a": [3.0, 2.0, 1.0]}, title="t", x_title="x", y_title="y", log_x=True,
+                        vlines={"here": 10})
+    marker = figure.data[-1]
+    assert list(marker.x) == [10, 10] and list(marker.y) == [1.0, 3.0]
+    assert figure.layout.xaxis.type == "log" and not figure.layout.shapes
+
+
+@pytest.mark.parametrize("kind", ["weights", "signed", "plain"])
+def test_label_count_mismatch_is_an_error(kind):
+    with pytest.raises(ValueError, match="labels"):
+        matrix_heatmap(np.zeros((2, 2)), ["a"], ["a", "b"], title="t", kind=kind)
