@@ -132,8 +132,9 @@ def mask_heatmap(
             xgap=1 if values.size <= DETAIL_LIMIT else 0, ygap=1 if values.size <= DETAIL_LIMIT else 0,
         )
     )
-    x_ticks, x_text = style.thinned_ticks(col_labels)
-    y_ticks, y_text = style.thinned_ticks(row_labels)
+    height = height or int(min(900, max(300, 90 + 26 * values.shape[0])))
+    x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=32)
+    y_ticks, y_text = style.thinned_ticks(row_labels, max_ticks=max(4, (height - 120) // 14))  # ~14 px a label
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
         font=dict(family=style.FONT_FAMILY),
@@ -141,7 +142,7 @@ def mask_heatmap(
         yaxis=dict(title="query", tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
         plot_bgcolor="#eeeeee",
         margin=dict(l=10, r=10, t=50, b=10),
-        height=height or int(min(900, max(300, 90 + 26 * values.shape[0]))),
+        height=height,
     )
     return figure
 
