@@ -165,16 +165,12 @@ def _square_height(n: int) -> int:
 
 
 def statistics_table(capture: Capture, kind: str) -> pd.DataFrame:
-    """One row per head: entropy, distance, shares and label, rounded for reading."""
+    """One row per head: entropy, distance, shares and label (self-attention only)."""
     record = capture.records[kind]
     if record.weights.shape[-1] != record.weights.shape[-2]:
-        tokens = record.key_tokens
-        square = False
-    else:
-        tokens, square = record.key_tokens, True
-    if not square:
         raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
-    special = capture.special if record.key_tokens is capture.tokens else [False] * len(tokens)
+    tokens = record.key_tokens
+    special = capture.special if tokens is capture.tokens else [False] * len(tokens)
     rows = analysis.head_statistics(record.weights, tokens, special)
     frame = pd.DataFrame(
         {
