@@ -112,17 +112,21 @@ def human_bytes(count: float) -> str:
     return f"{count:.3g} PiB"
 
 
-def score_memory_table(lengths: list[int], dtype: str, density: float, heads: int = 1, batch: int = 1) -> pd.DataFrame:
-    """Bytes of the N x N score matrix (per batch x heads) dense, and if only the allowed fraction were stored."""
+def score_memory_table(key: str, lengths: list[int], dtype: str, heads: int = 1, **params) -> pd.DataFrame:
+    """Bytes of the N x N score matrix (per head x batch) for each N: dense, and if only the pairs the pattern
+    allows were stored (estimated at that N without building the mask)."""
     size = DTYPE_BYTES[dtype]
+    name = PATTERNS[key][0]
     rows = []
-    for n in lengths:
-        dense = n * n * size * heads * batch
+    for n in sorted(lengths):
+        dense = float(n) * n * size * heads
+        share = allowed_pairs_estimate(key, n, **params) / (float(n) * n)
         rows.append(
             {
                 "N": f"{n:,}",
-                "dense scores": human_bytes(dense),
-                f"stored at density {density:.1%}": human_bytes(dense * density),
+                "dense N×N scores": human_bytes(dense),
+                f"{name} (≈)": human_bytes(dense * share),
+                "density (≈)": f"{share:.3%}",
                 "dense bytes": dense,
             }
         )

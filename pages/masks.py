@@ -143,19 +143,8 @@ lengths = columns[0].multiselect(
 dtype = columns[1].selectbox("dtype", list(patterns.DTYPE_BYTES), index=1, key="masks_dtype")
 heads = columns[2].number_input("Heads x batch", 1, 4096, 1, key="masks_heads")
 if lengths:
-    rows = []
-    for length in sorted(lengths):
-        allowed = patterns.allowed_pairs_estimate(key, length, **params)
-        dense = float(length) * length * patterns.DTYPE_BYTES[dtype] * heads
-        rows.append(
-            {
-                "N": f"{length:,}",
-                "dense N×N scores": patterns.human_bytes(dense),
-                f"{pattern.name} (≈)": patterns.human_bytes(dense * allowed / (float(length) * length)),
-                "density (≈)": f"{allowed / (float(length) * length):.3%}",
-            }
-        )
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    table = patterns.score_memory_table(key, lengths, dtype, heads, **params)
+    st.dataframe(table.drop(columns=["dense bytes"]), hide_index=True)
     st.caption(
         "Naive attention materialises all N² scores (and as many softmax probabilities). At N = 128K in fp16 that is "
         "32 GiB per head: why long-context models use sparse patterns or flash attention, which never stores them."

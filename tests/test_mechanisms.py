@@ -157,9 +157,11 @@ def test_allowed_pairs_estimate_matches_small_masks():
 
 
 def test_score_memory_at_128k_fp16():
-    table = patterns.score_memory_table([131072], "fp16", 0.01)
+    table = patterns.score_memory_table("sliding_causal", [131072], "fp16", window=4096)
     assert table["dense bytes"].iloc[0] == 131072**2 * 2 == 32 * 1024**3
-    assert table["dense scores"].iloc[0] == "32 GiB"
+    assert table["dense N×N scores"].iloc[0] == "32 GiB"
+    # A causal window of W keys stores about N x W scores: 131072 x 4096 x 2 bytes, less the first W rows' triangle.
+    assert table.iloc[0, 2] == patterns.human_bytes(2 * (131072 * 4096 - 4096 * 4095 / 2))
 
 
 def test_convention_demo_uses_pytorch_semantics():

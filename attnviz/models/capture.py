@@ -20,7 +20,6 @@ from attnviz import masks
 from attnviz.attention import repeat_kv, scaled_dot_product_attention
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
-PUNCTUATION = set(".,;:!?-—–'\"()[]{}…")
 _CAPTURE_LOCK = threading.RLock()  # module globals (and, for experiments, weights) are patched: one run at a time
 
 
