@@ -47,14 +47,29 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _peak_memory_child(spec_json: str) -> None:
-    """Run one contender once in this (fresh) process and print the extra peak RSS it needed, in bytes.
+def print_peak_of(call) -> None:
+    """Run ``call`` twice in this (fresh) process and print, as JSON, the extra peak resident memory of the second.
 
-    The kernel's high-water mark (VmHWM) is reset just before the run (``echo 5 > /proc/self/clear_refs``), so
-    the import of torch and the inputs do not count: peak = VmHWM after the run - VmRSS before it.
+    The first run is a warm-up (thread pools, packing buffers do not count). The kernel's high-water mark (VmHWM)
+    is reset just before the second (``echo 5 > /proc/self/clear_refs``), so the import of torch and the inputs
+    do not count either: peak = VmHWM after the run - VmRSS before it.
     """
     import gc
 
+    import torch
+
+    with torch.no_grad():
+        call()
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset VmHWM to the current RSS
+        before = _status_kib("VmRSS")
+        call()
+        after = _status_kib("VmHWM")
+    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
+
+
+def _peak_memory_child(spec_json: str) -> None:
     import torch
 
     from attnviz.flash import attention
@@ -62,16 +77,7 @@ def _peak_memory_child(spec_json: str) -> None:
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
     q, k, v = _make_inputs(spec["batch"], spec["heads"], spec["n"], spec["d"], torch.float32, "cpu")
-    with torch.no_grad():  # a full warm-up run: one-time buffers (thread pools, packing) do not count
-        attention(q, k, v, causal=spec["causal"], **CPU_CONTENDERS[spec["name"]])
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset VmHWM to the current RSS
-    before = _status_kib("VmRSS")
-    with torch.no_grad():
-        attention(q, k, v, causal=spec["causal"], **CPU_CONTENDERS[spec["name"]])
-    after = _status_kib("VmHWM")
-    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
+    print_peak_of(lambda: attention(q, k, v, causal=spec["causal"], **CPU_CONTENDERS[spec["name"]]))
 
 
 # glibc hands freed blocks of up to 32 MiB back to the next allocation instead of to the OS, so a second call

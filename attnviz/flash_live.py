@@ -144,10 +144,9 @@ STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
 
 
 def _peak_memory_child(spec_json: str) -> None:
-    import gc
     import json
 
-    from attnviz.flash_bench import _status_kib
+    from attnviz.flash_bench import print_peak_of
 
     spec = json.loads(spec_json)
     inputs = make_inputs(spec["n"], spec["d"], spec["heads"], spec["kv_heads"], spec["dtype"], spec["mask"],
@@ -155,15 +154,7 @@ def _peak_memory_child(spec_json: str) -> None:
     options = dict(CONTENDERS[spec["name"]])
     if options["backend"] == "tiled":
         options.update(block_q=256, block_k=512)
-    with torch.no_grad():
-        attention(inputs.q, inputs.k, inputs.v, **inputs.mask_kwargs, **options)  # warm-up: one-time buffers
-        gc.collect()
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # reset the high-water mark to the current resident size
-        before = _status_kib("VmRSS")
-        attention(inputs.q, inputs.k, inputs.v, **inputs.mask_kwargs, **options)
-        after = _status_kib("VmHWM")
-    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
+    print_peak_of(lambda: attention(inputs.q, inputs.k, inputs.v, **inputs.mask_kwargs, **options))
 
 
 def measure_peak_memory(name: str, *, n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str,

@@ -101,7 +101,7 @@ def receptive_field_summary(mask: torch.Tensor, n_layers: int, query: int) -> to
     return masks.receptive_field(mask, n_layers)[:, query, :]
 
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+from attnviz.kvcache import DTYPE_BYTES  # noqa: E402 - one table of element sizes for the whole package
 
 
 def human_bytes(count: float) -> str:
