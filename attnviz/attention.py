@@ -80,7 +80,8 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """``[batch, n_kv_heads, seq, d]`` -> ``[batch, n_kv_heads * n_rep, seq, d]``: each K/V head serves n_rep query heads."""
+    """``[batch, n_kv_heads, seq, d]`` -> ``[batch, n_kv_heads * n_rep, seq, d]``: each K/V head serves n_rep
+    query heads."""
     if n_rep == 1:
         return x
     return x.repeat_interleave(n_rep, dim=1)
@@ -182,12 +183,13 @@ def make_norm(kind: str, d_model: int) -> nn.Module:
     raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
 
 
-class SelfAttentionLayer(nn.Module):
-    """Self-attention sub-layer with its residual and norm.
+class AttentionSublayer(nn.Module):
+    """An attention sub-layer with its residual and norm: the body that self- and cross-attention share.
 
-    Pre-norm (default, as in GPT-2 and Llama): ``x + dropout(attn(norm(x)))``.
-    Post-norm (the 2017 paper, BERT): ``norm(x + dropout(attn(x)))``.
-    ``forward(x [batch, seq, d_model], mask)`` returns ``(y [batch, seq, d_model], weights [batch, heads, seq, seq])``.
+    Pre-norm (default, as in GPT-2 and Llama): ``x + dropout(attn(norm(x), memory))``.
+    Post-norm (the 2017 paper, BERT): ``norm(x + dropout(attn(x, memory)))``.
+    The norm applies to the query side ``x``; ``memory`` (the keys' and values' source) is ``x`` itself for
+    self-attention, already normalised for cross-attention (as the encoder's final norm leaves it).
     """
 
     def __init__(
@@ -207,58 +209,49 @@ class SelfAttentionLayer(nn.Module):
         self.norm_first = norm_first
         self.residual_dropout = nn.Dropout(dropout)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.attention(x, x, x, mask)
+    def attend(
+        self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.attention(x, memory, memory, mask)
+
+    def sublayer(
+        self, x: torch.Tensor, memory: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``memory`` None means self-attention: keys and values come from ``x`` after the same norm."""
+        queries_from = self.norm(x) if self.norm_first else x
+        update, weights = self.attend(queries_from, queries_from if memory is None else memory, mask)
+        y = x + self.residual_dropout(update)  # [batch, n_q, d_model]
+        return (y if self.norm_first else self.norm(y)), weights
+
+
+class SelfAttentionLayer(AttentionSublayer):
+    """Self-attention sub-layer: ``forward(x [batch, seq, d_model], mask)`` returns
+    ``(y [batch, seq, d_model], weights [batch, heads, seq, seq])``."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.norm_first:
-            update, weights = self.attend(self.norm(x), mask)
-            return x + self.residual_dropout(update), weights
-        update, weights = self.attend(x, mask)
-        return self.norm(x + self.residual_dropout(update)), weights
+        return self.sublayer(x, None, mask)
 
 
 class DecoderSelfAttention(SelfAttentionLayer):
     """Causal self-attention (GPT): each position sees itself and the past. An extra mask is combined with AND."""
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        seq = x.shape[1]
-        allowed = masks_mod.causal(seq).to(x.device)  # [seq, seq]
+    def attend(
+        self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        allowed = masks_mod.causal(x.shape[1], memory.shape[1]).to(x.device)  # [seq, seq]
         if mask is not None:
             allowed = allowed & (mask.unsqueeze(1) if mask.dim() == 3 else mask)
-        return self.attention(x, x, x, allowed)
+        return self.attention(x, memory, memory, allowed)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(AttentionSublayer):
     """Encoder-decoder attention: queries from the decoder, keys and values from the encoder's output.
 
     ``forward(x [batch, n_dec, d_model], memory [batch, n_enc, d_model], mask)`` returns
-    ``(y [batch, n_dec, d_model], weights [batch, heads, n_dec, n_enc])``. The norm applies to the decoder side;
-    the encoder's output is taken as already normalised (as the encoder's final norm does).
+    ``(y [batch, n_dec, d_model], weights [batch, heads, n_dec, n_enc])``.
     """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        *,
-        norm: str = "layer",
-        norm_first: bool = True,
-        dropout: float = 0.0,
-        bias: bool = False,
-    ):
-        super().__init__()
-        self.attention = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout)
-        self.norm = make_norm(norm, d_model)
-        self.norm_first = norm_first
-        self.residual_dropout = nn.Dropout(dropout)
 
     def forward(
         self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.norm_first:
-            update, weights = self.attention(self.norm(x), memory, memory, mask)
-            return x + self.residual_dropout(update), weights
-        update, weights = self.attention(x, memory, memory, mask)
-        return self.norm(x + self.residual_dropout(update)), weights
+        return self.sublayer(x, memory, mask)

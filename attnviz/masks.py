@@ -186,15 +186,21 @@ def lsh_buckets(vectors: torch.Tensor, n_buckets: int, n_rounds: int, seed: int 
 
 
 def lsh(vectors: torch.Tensor, n_buckets: int, n_rounds: int, seed: int = 0, *, causal: bool = False) -> torch.Tensor:
-    """Reformer-style mask: tokens attend within their hash bucket in any round (and always to themselves).
+    """Reformer-style mask: a token attends to the tokens that share its hash bucket in any round.
 
-    A simplification of Reformer, which also sorts by bucket and attends within fixed-size chunks."""
+    As in Reformer, a token does not attend to itself unless it has no other key (its own query and key are the
+    same vector, so it would otherwise always win). Simplification: Reformer sorts the tokens by bucket and
+    attends within fixed-size chunks, which bounds its cost at O(N log N); this mask keeps every same-bucket pair,
+    so its density stays about ``1 - (1 - 1/n_buckets) ** n_rounds`` at every length (O(N^2) as built).
+    """
+    n = len(vectors)
     buckets = lsh_buckets(vectors, n_buckets, n_rounds, seed)  # [rounds, n]
     allowed = (buckets.unsqueeze(2) == buckets.unsqueeze(1)).any(dim=0)  # [n, n]
-    allowed |= torch.eye(len(vectors), dtype=torch.bool)
     if causal:
-        allowed &= globals()["causal"](len(vectors))  # the function, not the flag of the same name
-    return allowed
+        allowed &= globals()["causal"](n)  # the function, not the flag of the same name
+    itself = torch.eye(n, dtype=torch.bool)
+    has_other = (allowed & ~itself).any(dim=-1, keepdim=True)  # [n, 1]
+    return (allowed & ~itself) | (itself & ~has_other)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,6 +233,102 @@ def receptive_field(mask: torch.Tensor, n_layers: int) -> torch.Tensor:
         reach = ((reach @ step) > 0).to(torch.float32)
         result.append(reach > 0)
     return torch.stack(result)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Masks as rules: what the flash paths take instead of an N x N tensor
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A mask described by its rule, so a kernel can skip whole tiles without building ``[n_q, n_k]``.
+
+    Positions follow the functions above: queries are aligned to the end of the keys (``offset = n_k - n_q``),
+    ``causal`` keeps key <= query position, ``window=(left, right)`` keeps ``pos - left <= key <= pos + right``
+    (FlashAttention's ``window_size``; None on a side = unbounded), and ``block_layout`` (``[n_query_blocks,
+    n_key_blocks]`` bool, True = compute this tile, with its ``block_size``) is a whole block-sparse mask such as
+    BigBird's. :meth:`dense` gives the equivalent True = may attend tensor.
+    """
+
+    n_q: int
+    n_k: int
+    causal: bool = False
+    window: tuple[int | None, int | None] | None = None
+    block_layout: torch.Tensor | None = None
+    block_size: int | None = None
+
+    def __post_init__(self):
+        _check_length("n_q", self.n_q)
+        _check_length("n_k", self.n_k)
+        if self.window is not None:
+            object.__setattr__(self, "window", (self.window[0], self.window[1]))
+            for side in self.window:
+                if side is not None and (not isinstance(side, int) or isinstance(side, bool) or side < 0):
+                    raise ValueError(f"window sides must be whole numbers >= 0 or None, got {self.window}")
+        if self.block_layout is not None:
+            if self.causal or self.window is not None:
+                raise ValueError("a block layout is the whole mask: do not combine it with causal or window")
+            if self.block_size is None or self.block_size < 1:
+                raise ValueError("a block layout needs its block_size")
+            n_qb, n_kb = -(-self.n_q // self.block_size), -(-self.n_k // self.block_size)
+            if tuple(self.block_layout.shape) != (n_qb, n_kb):
+                raise ValueError(
+                    f"block layout is {tuple(self.block_layout.shape)} but {self.n_q} x {self.n_k} tokens in blocks "
+                    f"of {self.block_size} need {(n_qb, n_kb)}"
+                )
+
+    @property
+    def offset(self) -> int:
+        return self.n_k - self.n_q
+
+    @property
+    def left(self) -> int | None:
+        return None if self.window is None else self.window[0]
+
+    @property
+    def right(self) -> int | None:
+        """The effective right bound: 0 when causal (combined with a window's right bound if any)."""
+        right = None if self.window is None else self.window[1]
+        if self.causal:
+            return 0 if right is None else min(right, 0)
+        return right
+
+    @property
+    def is_full(self) -> bool:
+        return not self.causal and self.window is None and self.block_layout is None
+
+    def tile(self, q_start: int, q_end: int, k_start: int, k_end: int) -> torch.Tensor:
+        """The mask of one tile, ``[q_end - q_start, k_end - k_start]`` bool, True = may attend."""
+        query_pos = torch.arange(q_start, q_end).unsqueeze(1) + self.offset  # [rows, 1]
+        key_pos = torch.arange(k_start, k_end).unsqueeze(0)  # [1, cols]
+        allowed = torch.ones(q_end - q_start, k_end - k_start, dtype=torch.bool)
+        if self.left is not None:
+            allowed &= key_pos >= query_pos - self.left
+        if self.right is not None:
+            allowed &= key_pos <= query_pos + self.right
+        if self.block_layout is not None:
+            query_blocks = torch.arange(q_start, q_end) // self.block_size
+            key_blocks = torch.arange(k_start, k_end) // self.block_size
+            allowed &= self.block_layout[query_blocks][:, key_blocks]
+        return allowed
+
+    def dense(self) -> torch.Tensor:
+        """The whole ``[n_q, n_k]`` mask (for references and small drawings; avoid at large N)."""
+        return self.tile(0, self.n_q, 0, self.n_k)
+
+    def key_range(self, q_start: int, q_end: int) -> tuple[int, int]:
+        """Keys that some query in ``[q_start, q_end)`` may see: ``[lo, hi)`` (the window and causal bounds)."""
+        first, last = q_start + self.offset, q_end - 1 + self.offset
+        lo = 0 if self.left is None else max(0, first - self.left)
+        hi = self.n_k if self.right is None else min(self.n_k, last + self.right + 1)
+        return lo, max(lo, hi)
+
+    def fully_allowed_range(self, q_start: int, q_end: int) -> tuple[int, int]:
+        """Keys that every query in the block may see: tiles inside ``[lo, hi)`` need no element mask."""
+        first, last = q_start + self.offset, q_end - 1 + self.offset
+        lo = 0 if self.left is None else max(0, last - self.left)
+        hi = self.n_k if self.right is None else min(self.n_k, first + self.right + 1)
+        return lo, max(lo, hi)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""What this installation can do: optional dependencies and the features that need them."""
+"""The process environment attnviz needs, set in one place, and what this installation can do (optional
+dependencies and the features that need them).
+
+Call :func:`configure_environment` at process start (``app.py``, the tests and the benchmarks do), before
+anything imports transformers or triton.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,12 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
+
+
+def configure_environment() -> None:
+    """Everything offline (never reach for a model hub), and Triton's interpreter when there is no GPU."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    configure_triton()
 
 
 def configure_triton() -> None:

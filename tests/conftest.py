@@ -1,12 +1,8 @@
-import os
-
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from attnviz.runtime import configure_environment
 
-from attnviz.runtime import configure_triton  # noqa: E402
-
-configure_triton()  # no GPU here or in CI: Triton kernels run in the interpreter
+configure_environment()  # offline; no GPU here or in CI, so Triton kernels run in the interpreter
 
 
 @pytest.fixture

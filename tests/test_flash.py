@@ -2,18 +2,15 @@
 and backward under TRITON_INTERPRET=1 on CPU tensors (small shapes)."""
 
 import math
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # no GPU here or in CI: the kernel runs in Triton's interpreter
-
-from attnviz import masks  # noqa: E402
-from attnviz.attention import repeat_kv, scaled_dot_product_attention  # noqa: E402
-from attnviz.flash import BackendUnavailable, attention, tiled_attention  # noqa: E402
-from attnviz.flash.masking import spec_from  # noqa: E402
-from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED  # noqa: E402
+from attnviz import mask_patterns, masks
+from attnviz.attention import repeat_kv, scaled_dot_product_attention
+from attnviz.flash import BackendUnavailable, attention, tiled_attention
+from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED
+from attnviz.masks import MaskSpec
 
 
 def inputs(n_q, n_k, d, heads=4, kv_heads=4, batch=1, dtype=torch.float32, seed=0):
@@ -42,11 +39,15 @@ MASK_CASES = {
 }
 
 
+def mask_spec(case, n_q, n_k):
+    return MaskSpec(n_q, n_k, **MASK_CASES[case][0])
+
+
 def dense_mask(case, n_q, n_k):
-    kwargs, explicit = MASK_CASES[case]
+    explicit = MASK_CASES[case][1]
     if explicit is not None:
         return explicit
-    spec = spec_from(n_q, n_k, **kwargs)
+    spec = mask_spec(case, n_q, n_k)
     return None if spec.is_full else spec.dense()
 
 
@@ -56,15 +57,15 @@ def dense_mask(case, n_q, n_k):
 def test_cpu_backends_match_naive(case, backend, kernel, d):
     n = 96 if case == "bigbird" else 101  # odd N: ragged last tiles
     q, k, v = inputs(n, n, d, heads=4, kv_heads=2)  # GQA: 2 query heads per K/V head
-    kwargs, _ = MASK_CASES[case]
-    result = attention(q, k, v, backend=backend, sdpa_kernel=kernel or "flash", block_q=32, block_k=16, **kwargs)
+    result = attention(q, k, v, mask_spec(case, n, n), backend=backend, sdpa_kernel=kernel or "flash", block_q=32,
+                       block_k=16)
     torch.testing.assert_close(result.output.double(), reference(q, k, v, dense_mask(case, n, n)), atol=2e-5, rtol=0)
     assert result.backend.startswith(backend)
 
 
 def test_naive_backend_is_the_reference_in_fp64():
     q, k, v = inputs(33, 57, 32, dtype=torch.float64)
-    out = attention(q, k, v, backend="naive", causal=True).output
+    out = attention(q, k, v, MaskSpec(33, 57, causal=True), backend="naive").output
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=masks.causal(33, 57))
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
 
@@ -72,7 +73,7 @@ def test_naive_backend_is_the_reference_in_fp64():
 @pytest.mark.parametrize("block_q,block_k", [(16, 16), (32, 8), (128, 128)])
 def test_tiled_log_sum_exp_and_kv_cache_shapes(block_q, block_k):
     q, k, v = inputs(37, 90, 16, dtype=torch.float64)
-    out, lse, _ = tiled_attention(q, k, v, causal=True, block_q=block_q, block_k=block_k)
+    out, lse, _ = tiled_attention(q, k, v, MaskSpec(37, 90, causal=True), block_q=block_q, block_k=block_k)
     mask = masks.causal(37, 90)
     torch.testing.assert_close(out, reference(q, k, v, mask), atol=1e-12, rtol=0)
     scores = (q @ k.transpose(-2, -1) / math.sqrt(16)).masked_fill(~mask, float("-inf"))
@@ -81,14 +82,15 @@ def test_tiled_log_sum_exp_and_kv_cache_shapes(block_q, block_k):
 
 def test_tiled_trace_skips_what_the_mask_rules_out():
     q, k, v = inputs(128, 128, 16)
-    _, _, trace = tiled_attention(q, k, v, causal=True, block_q=32, block_k=32, trace=True)
+    _, _, trace = tiled_attention(q, k, v, MaskSpec(128, 128, causal=True), block_q=32, block_k=32, trace=True)
     # 4 x 4 tiles: 6 strictly above the diagonal are skipped, 4 diagonal tiles masked, 6 below computed as is.
     assert trace.counts() == {COMPUTED: 6, MASKED: 4, SKIPPED: 6}
     assert trace.status[0] == [MASKED, SKIPPED, SKIPPED, SKIPPED]
-    _, _, window_trace = tiled_attention(q, k, v, window=(31, 0), block_q=32, block_k=32, trace=True)
+    _, _, window_trace = tiled_attention(q, k, v, MaskSpec(128, 128, window=(31, 0)), block_q=32, block_k=32,
+                                         trace=True)
     assert window_trace.status[3] == [SKIPPED, SKIPPED, MASKED, MASKED]
-    _, _, sparse = tiled_attention(q[..., :96, :], k[..., :96, :], v[..., :96, :], block_layout=BIGBIRD.layout,
-                                   block_size=16, trace=True)
+    _, _, sparse = tiled_attention(q[..., :96, :], k[..., :96, :], v[..., :96, :],
+                                   MaskSpec(96, 96, block_layout=BIGBIRD.layout, block_size=16), trace=True)
     assert sparse.counts()[SKIPPED] == int((~BIGBIRD.layout).sum())
 
 
@@ -106,20 +108,33 @@ def test_tiled_online_softmax_steps_end_at_the_true_answer():
 def test_empty_rows_give_zeros_not_nan():
     q, k, v = inputs(8, 8, 16)
     layout = torch.tensor([[True, False], [False, False]])
-    out, lse, _ = tiled_attention(q, k, v, block_layout=layout, block_size=4)
+    out, lse, _ = tiled_attention(q, k, v, MaskSpec(8, 8, block_layout=layout, block_size=4))
     assert torch.all(out[..., 4:, :] == 0) and torch.all(torch.isneginf(lse[..., 4:]))
     assert not torch.isnan(out).any()
 
 
 def test_mask_spec_validation():
     with pytest.raises(ValueError, match="do not combine"):
-        spec_from(8, 8, causal=True, block_layout=torch.ones(2, 2, dtype=torch.bool), block_size=4)
+        MaskSpec(8, 8, causal=True, block_layout=torch.ones(2, 2, dtype=torch.bool), block_size=4)
     with pytest.raises(ValueError, match="need"):
-        spec_from(8, 8, block_layout=torch.ones(3, 3, dtype=torch.bool), block_size=4)
+        MaskSpec(8, 8, block_layout=torch.ones(3, 3, dtype=torch.bool), block_size=4)
     with pytest.raises(ValueError, match=">= 0"):
-        spec_from(8, 8, window=(-1, 0))
+        MaskSpec(8, 8, window=(-1, 0))
     with pytest.raises(ValueError, match="backend"):
         attention(*inputs(4, 4, 16), backend="magic")
+    with pytest.raises(ValueError, match="the mask is for 8 x 8"):
+        attention(*inputs(4, 4, 16), MaskSpec(8, 8))
+
+
+def test_registry_rules_are_the_registry_masks():
+    """Every pattern the flash kernels follow by rule is the same mask as the registry builds densely."""
+    for key, pattern in mask_patterns.PATTERNS.items():
+        if pattern.rule is None:
+            continue
+        for n in (17, 64):
+            params = {"block_size": 4} if key == "bigbird" else {}
+            rule = mask_patterns.rule(key, n, **params)
+            assert torch.equal(rule.dense(), mask_patterns.build(key, n, **params).mask), (key, n)
 
 
 def test_sdpa_reports_a_kernel_that_cannot_run():
@@ -148,11 +163,11 @@ def test_triton_forward_and_backward_fp32(case, n_q, n_k):
     assert triton_kernel.INTERPRETED
     q, k, v = inputs(n_q, n_k, 32, heads=4, kv_heads=2)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
-    kwargs, _ = MASK_CASES[case]
+    spec = mask_spec(case, n_q, n_k)
     mask = dense_mask(case, n_q, n_k)
-    ours = _grads(lambda q, k, v: triton_kernel.triton_attention(q, k, v, **kwargs)[0], q, k, v, grad_out)
+    ours = _grads(lambda q, k, v: triton_kernel.triton_attention(q, k, v, spec)[0], q, k, v, grad_out)
     expected = _grads(lambda q, k, v: reference(q, k, v, mask), q.double(), k.double(), v.double(), grad_out.double())
-    for name, got, want in zip(("output", "dQ", "dK", "dV"), ours, expected):
+    for name, got, want in zip(("output", "dQ", "dK", "dV"), ours, expected, strict=True):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0, msg=name)
 
 
@@ -160,11 +175,12 @@ def test_triton_forward_and_backward_fp32(case, n_q, n_k):
 def test_triton_half_precision(dtype, tolerance):
     q, k, v = inputs(64, 64, 64, heads=2, kv_heads=2, dtype=dtype)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    ours = _grads(lambda q, k, v: triton_kernel.triton_attention(q, k, v, causal=True)[0], q, k, v, grad_out)
+    causal = MaskSpec(64, 64, causal=True)
+    ours = _grads(lambda q, k, v: triton_kernel.triton_attention(q, k, v, causal)[0], q, k, v, grad_out)
     expected = _grads(lambda q, k, v: reference(q, k, v, masks.causal(64)), q.double(), k.double(), v.double(),
                       grad_out.double())
     assert ours[0].dtype == dtype
-    for got, want in zip(ours, expected):
+    for got, want in zip(ours, expected, strict=True):
         torch.testing.assert_close(got.double(), want, atol=tolerance, rtol=0)
 
 
@@ -180,11 +196,11 @@ def test_triton_log_sum_exp_head_dims_and_errors():
         triton_kernel.triton_attention(*inputs(8, 8, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="power of two"):
         layout = torch.ones(2, 2, dtype=torch.bool)
-        triton_kernel.triton_attention(*inputs(24, 24, 16), block_layout=layout, block_size=12)
+        triton_kernel.triton_attention(*inputs(24, 24, 16), MaskSpec(24, 24, block_layout=layout, block_size=12))
 
 
 def test_dispatch_names_the_interpreter():
     q, k, v = inputs(48, 48, 16)
-    result = attention(q, k, v, backend="triton", causal=True)
+    result = attention(q, k, v, MaskSpec(48, 48, causal=True), backend="triton")
     assert result.backend == "triton (interpreter)"
     torch.testing.assert_close(result.output.double(), reference(q, k, v, masks.causal(48)), atol=1e-5, rtol=0)

@@ -2,5 +2,11 @@
 every contender the same way. Imports only torch, triton, numpy and the standard library (it runs on the GPU
 machine as is)."""
 
-from attnviz.flash.dispatch import BACKENDS, BackendUnavailable, attention  # noqa: F401
+from attnviz.flash.dispatch import (  # noqa: F401
+    BACKENDS,
+    CONTENDERS,
+    BackendUnavailable,
+    attention,
+    run_contender,
+)
 from attnviz.flash.tiled import tiled_attention  # noqa: F401

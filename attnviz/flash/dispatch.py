@@ -13,10 +13,30 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnviz.flash.masking import spec_from
+from attnviz.masks import MaskSpec
 
 BACKENDS = ("naive", "tiled", "sdpa", "triton")
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way to compute attention, by name: the Flash page and the benchmarks run these."""
+
+    key: str
+    label: str
+    options: dict  # keyword arguments of attention()
+
+
+CONTENDERS = {c.key: c for c in (
+    Contender("naive", "naive", {"backend": "naive"}),
+    Contender("tiled", "tiled (PyTorch)", {"backend": "tiled", "block_q": 256, "block_k": 512}),
+    Contender("sdpa/flash", "SDPA flash", {"backend": "sdpa", "sdpa_kernel": "flash"}),
+    Contender("sdpa/math", "SDPA math", {"backend": "sdpa", "sdpa_kernel": "math"}),
+    Contender("sdpa/efficient", "SDPA efficient", {"backend": "sdpa", "sdpa_kernel": "efficient"}),
+    Contender("sdpa/cudnn", "SDPA cuDNN", {"backend": "sdpa", "sdpa_kernel": "cudnn"}),
+    Contender("triton", "Triton", {"backend": "triton"}),
+)}
 
 
 class BackendUnavailable(RuntimeError):
@@ -29,7 +49,7 @@ class Result:
     backend: str  # what ran, e.g. "sdpa/flash" or "triton (interpreter)"
 
 
-def _naive(q, k, v, spec, scale):
+def _naive(q, k, v, spec: MaskSpec, scale):
     from attnviz.attention import repeat_kv, scaled_dot_product_attention
 
     group = q.shape[1] // k.shape[1]
@@ -38,7 +58,7 @@ def _naive(q, k, v, spec, scale):
     return output
 
 
-def _sdpa(q, k, v, spec, scale, kernel):
+def _sdpa(q, k, v, spec: MaskSpec, scale, kernel):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {
@@ -60,33 +80,36 @@ def _sdpa(q, k, v, spec, scale, kernel):
         raise BackendUnavailable(f"SDPA's {kernel} kernel cannot run these inputs here: {reason}") from None
 
 
+def run_contender(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskSpec | None = None) -> Result:
+    """Attention by the contender named ``key`` (a key of :data:`CONTENDERS`)."""
+    return attention(q, k, v, mask, **CONTENDERS[key].options)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    mask: MaskSpec | None = None,
     *,
     backend: str = "naive",
-    causal: bool = False,
-    window: tuple[int | None, int | None] | None = None,
-    block_layout: torch.Tensor | None = None,
-    block_size: int | None = None,
     scale: float | None = None,
     sdpa_kernel: str = "flash",
     block_q: int = 128,
     block_k: int = 128,
 ) -> Result:
-    """Attention by the named backend. ``q [b, h, n_q, d]``, ``k, v [b, h_kv, n_k, d]``; masks as
-    ``attnviz.flash.masking``."""
-    spec = spec_from(q.shape[2], k.shape[2], causal=causal, window=window, block_layout=block_layout,
-                     block_size=block_size)
+    """Attention by the named backend. ``q [b, h, n_q, d]``, ``k, v [b, h_kv, n_k, d]``; ``mask`` a rule
+    (:class:`attnviz.masks.MaskSpec`, e.g. from ``attnviz.mask_patterns.rule``), None for full attention.
+    ``block_q``/``block_k`` are the tiled backend's tile sizes."""
+    spec = MaskSpec(q.shape[2], k.shape[2]) if mask is None else mask
+    if (spec.n_q, spec.n_k) != (q.shape[2], k.shape[2]):
+        raise ValueError(f"the mask is for {spec.n_q} x {spec.n_k} but the inputs are {q.shape[2]} x {k.shape[2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if backend == "naive":
         return Result(_naive(q, k, v, spec, scale), "naive")
     if backend == "tiled":
         from attnviz.flash.tiled import tiled_attention
 
-        output, _, _ = tiled_attention(q, k, v, causal=causal, window=window, block_layout=block_layout,
-                                       block_size=block_size, scale=scale, block_q=block_q, block_k=block_k)
+        output, _, _ = tiled_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
         return Result(output, "tiled")
     if backend == "sdpa":
         if sdpa_kernel not in SDPA_KERNELS:
@@ -98,8 +121,7 @@ def attention(
         except ImportError:
             raise BackendUnavailable("Triton is not installed (pip install triton; Linux x86_64 wheels only)") from None
         try:
-            output, _ = triton_kernel.triton_attention(q, k, v, causal=causal, window=window, block_layout=block_layout,
-                                                       block_size=block_size, scale=scale)
+            output, _ = triton_kernel.triton_attention(q, k, v, spec, scale=scale)
         except triton_kernel.TritonUnavailable as problem:
             raise BackendUnavailable(str(problem)) from None
         return Result(output, "triton (interpreter)" if triton_kernel.INTERPRETED else "triton")

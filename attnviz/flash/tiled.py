@@ -2,6 +2,7 @@
 online softmax (running max and running sum), never holding the N x N matrix.
 
 Read it next to Dao (2023), Algorithm 1. Shapes: ``q [batch, heads, n_q, d]``, ``k, v [batch, kv_heads, n_k, d]``.
+The mask is a rule (:class:`attnviz.masks.MaskSpec`), so tiles it rules out are skipped without being looked at.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.flash.masking import spec_from
+from attnviz.masks import MaskSpec
 
 COMPUTED, MASKED, SKIPPED = "computed", "masked", "skipped"
 
@@ -40,15 +41,43 @@ class TiledTrace:
         return {name: flat.count(name) for name in (COMPUTED, MASKED, SKIPPED)}
 
 
+@dataclass
+class _RowState:
+    """What one query block keeps between key blocks: O(block_q x d), whatever N is."""
+
+    running_max: torch.Tensor  # [b, h, bq], the largest score seen so far
+    running_sum: torch.Tensor  # [b, h, bq], sum of exp(score - running_max)
+    accumulator: torch.Tensor  # [b, h, bq, d], sum of exp(score - running_max) * v
+
+
+def _online_softmax_update(state: _RowState, scores: torch.Tensor, values: torch.Tensor) -> None:
+    """Fold one tile into the running state (in place). ``scores [b, h, bq, bk]`` are scaled and -inf where
+    masked; ``values [b, h, bk, d]``. Overwrites ``scores`` with its exponentials: the tile is the largest
+    temporary there is, so no copy is made."""
+    new_max = torch.maximum(state.running_max, scores.amax(dim=-1))  # [b, h, bq]
+    # Rows that have seen no allowed key yet keep max = -inf; use 0 there so exp() gives 0, not NaN.
+    safe_max = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
+    probabilities = scores.sub_(safe_max.unsqueeze(-1)).exp_()  # exp(s - m), [b, h, bq, bk]
+    correction = torch.exp(state.running_max - safe_max)  # rescales what was accumulated under the old max
+    state.running_sum = state.running_sum * correction + probabilities.sum(dim=-1)
+    state.accumulator.mul_(correction.unsqueeze(-1)).add_(torch.matmul(probabilities, values))
+    state.running_max = new_max
+
+
+def _tile_is_skipped(mask: MaskSpec, qb: int, kb: int, key_range: tuple[int, int], k_start: int, k_end: int) -> bool:
+    """Whether the rule rules out this whole tile: outside the window/causal range, or off the block layout."""
+    lo, hi = key_range
+    if k_end <= lo or k_start >= hi:
+        return True
+    return mask.block_layout is not None and not bool(mask.block_layout[qb, kb])
+
+
 def tiled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    mask: MaskSpec | None = None,
     *,
-    causal: bool = False,
-    window: tuple[int | None, int | None] | None = None,
-    block_layout: torch.Tensor | None = None,
-    block_size: int | None = None,
     scale: float | None = None,
     block_q: int = 128,
     block_k: int = 128,
@@ -58,9 +87,9 @@ def tiled_attention(
     """Returns ``(output [b, h, n_q, d], lse [b, h, n_q], trace)``.
 
     ``lse`` is the natural log-sum-exp of each row's scaled scores (-inf for a row with no allowed key, whose
-    output is 0). With ``block_layout`` (bool ``[n_qb, n_kb]``, e.g. BigBird's) the tiles are ``block_size`` a
-    side and only the listed key blocks are visited. ``trace`` records which tiles were computed, masked or skipped;
-    ``trace_query_block`` also records that block's online-softmax state after each key block.
+    output is 0). ``mask`` None is full attention. With a block layout (e.g. BigBird's) the tiles are the layout's
+    blocks and only its listed key blocks are visited. ``trace`` records which tiles were computed, masked or
+    skipped; ``trace_query_block`` also records that block's online-softmax state after each key block.
     """
     batch, heads, n_q, d = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
@@ -68,18 +97,19 @@ def tiled_attention(
         raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} K/V heads evenly")
-    if block_layout is not None:
-        block_q = block_k = int(block_size)
-    spec = spec_from(n_q, n_k, causal=causal, window=window, block_layout=block_layout, block_size=block_size)
+    mask = MaskSpec(n_q, n_k) if mask is None else mask
+    if (mask.n_q, mask.n_k) != (n_q, n_k):
+        raise ValueError(f"the mask is for {mask.n_q} x {mask.n_k} but the inputs are {n_q} x {n_k}")
+    if mask.block_layout is not None:
+        block_q = block_k = int(mask.block_size)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     group = heads // kv_heads
     k = k.repeat_interleave(group, dim=1) if group > 1 else k  # [b, heads, n_k, d]
     v = v.repeat_interleave(group, dim=1) if group > 1 else v
 
-    out_dtype = q.dtype
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
     device = q.device
-    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=out_dtype, device=device)
+    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=q.dtype, device=device)
     lse = torch.empty(batch, heads, n_q, dtype=compute_dtype, device=device)
     n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
     record = TiledTrace(n_qb, n_kb) if trace or trace_query_block is not None else None
@@ -88,55 +118,42 @@ def tiled_attention(
         q_start, q_end = qb * block_q, min(n_q, (qb + 1) * block_q)
         q_block = q[:, :, q_start:q_end].to(compute_dtype)  # [b, h, bq, d]
         rows = q_end - q_start
-        running_max = torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype, device=device)
-        running_sum = torch.zeros(batch, heads, rows, dtype=compute_dtype, device=device)
-        accumulator = torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype, device=device)
-        lo, hi = spec.key_range(q_start, q_end)
-        full_lo, full_hi = spec.fully_allowed_range(q_start, q_end)
+        state = _RowState(
+            running_max=torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype, device=device),
+            running_sum=torch.zeros(batch, heads, rows, dtype=compute_dtype, device=device),
+            accumulator=torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype, device=device),
+        )
+        key_range = mask.key_range(q_start, q_end)
+        full_lo, full_hi = mask.fully_allowed_range(q_start, q_end)
         statuses = []
         for kb in range(n_kb):
             k_start, k_end = kb * block_k, min(n_k, (kb + 1) * block_k)
-            # Skip a tile the rule rules out without looking at it: outside the window/causal range, or off the layout.
-            if k_end <= lo or k_start >= hi or (block_layout is not None and not bool(block_layout[qb, kb])):
+            if _tile_is_skipped(mask, qb, kb, key_range, k_start, k_end):
                 statuses.append(SKIPPED)
                 continue
             scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(compute_dtype).transpose(-2, -1))
             scores.mul_(scale)  # [b, h, bq, bk]; in place: this tile is the largest temporary
-            needs_mask = block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
-            if needs_mask:
-                allowed = spec.tile(q_start, q_end, k_start, k_end).to(device)  # [bq, bk]
-                scores.masked_fill_(~allowed, float("-inf"))
+            needs_mask = mask.block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
+            if needs_mask:  # a diagonal or window-edge tile: mask element by element
+                scores.masked_fill_(~mask.tile(q_start, q_end, k_start, k_end).to(device), float("-inf"))
             statuses.append(MASKED if needs_mask else COMPUTED)
-            tile_scores = scores[0, 0].clone() if record is not None and qb == trace_query_block else None
-
-            block_max = scores.amax(dim=-1)  # [b, h, bq]
-            new_max = torch.maximum(running_max, block_max)
-            # Rows that have seen no allowed key yet keep max = -inf; use 0 there so exp() gives 0, not NaN.
-            safe_max = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
-            probabilities = scores.sub_(safe_max.unsqueeze(-1)).exp_()  # in place: exp(s - m), [b, h, bq, bk]
-            correction = torch.exp(running_max - safe_max)  # rescales what was accumulated under the old max
-            running_sum = running_sum * correction + probabilities.sum(dim=-1)
-            accumulator.mul_(correction.unsqueeze(-1)).add_(
-                torch.matmul(probabilities, v[:, :, k_start:k_end].to(compute_dtype))
-            )
-            running_max = new_max
-            if tile_scores is not None:
-                record.steps.append(
-                    OnlineSoftmaxStep(
-                        key_block=kb,
-                        status=statuses[-1],
-                        scores=tile_scores,
-                        running_max=running_max[0, 0].clone(),
-                        running_sum=running_sum[0, 0].clone(),
-                        output=(accumulator[0, 0] / running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),
-                    )
-                )
-        empty = running_sum == 0
+            traced = record is not None and qb == trace_query_block
+            tile_scores = scores[0, 0].clone() if traced else None
+            _online_softmax_update(state, scores, v[:, :, k_start:k_end].to(compute_dtype))
+            if traced:
+                record.steps.append(OnlineSoftmaxStep(
+                    key_block=kb, status=statuses[-1], scores=tile_scores,
+                    running_max=state.running_max[0, 0].clone(), running_sum=state.running_sum[0, 0].clone(),
+                    output=(state.accumulator[0, 0] / state.running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),
+                ))
+        empty = state.running_sum == 0  # rows with no allowed key: output 0, lse -inf
+        normaliser = state.running_sum.clamp_min(1e-30)
         output[:, :, q_start:q_end] = torch.where(
-            empty.unsqueeze(-1), torch.zeros_like(accumulator), accumulator / running_sum.clamp_min(1e-30).unsqueeze(-1)
-        ).to(out_dtype)
-        lse[:, :, q_start:q_end] = torch.where(empty, torch.full_like(running_max, float("-inf")),
-                                               running_max + torch.log(running_sum.clamp_min(1e-30)))
+            empty.unsqueeze(-1), torch.zeros_like(state.accumulator), state.accumulator / normaliser.unsqueeze(-1)
+        ).to(q.dtype)
+        lse[:, :, q_start:q_end] = torch.where(
+            empty, torch.full_like(state.running_max, float("-inf")), state.running_max + torch.log(normaliser)
+        )
         if record is not None:
             record.status.append(statuses)
     return output, lse, record

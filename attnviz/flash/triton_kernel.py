@@ -5,7 +5,7 @@ Written for Triton 3.6 and 3.9 alike: plain pointer arithmetic, no block pointer
 size (no autotune, which the interpreter cannot run). On a machine without CUDA the kernels run in Triton's
 interpreter on CPU tensors: correct, and far too slow to time (keep N <= 256 there).
 
-Masks follow ``attnviz.flash.masking``: queries aligned to the end of the keys, causal = key <= position,
+Masks follow ``attnviz.masks.MaskSpec``: queries aligned to the end of the keys, causal = key <= position,
 window ``(left, right)`` = ``position - left <= key <= position + right``.
 """
 
@@ -16,13 +16,13 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():  # no GPU: the kernels must run in the interpreter, decided at decoration time
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from attnviz.masks import MaskSpec
+from attnviz.runtime import configure_triton
+
+configure_triton()  # no GPU: the kernels must run in the interpreter, which Triton decides when first imported
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-from attnviz.flash.masking import MaskSpec, spec_from  # noqa: E402
 
 LOG2E = 1.4426950408889634
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -334,7 +334,7 @@ def _config(head_dim: int, spec: MaskSpec) -> tuple[int, int, int, int]:
 
 
 def _interpreter_is_consistent() -> bool:
-    """Triton's own library functions must have been decorated in interpreter mode too (see runtime.configure_triton)."""
+    """Triton's own library functions must have been decorated in interpreter mode too (runtime.configure_triton)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(tl.standard.cdiv, InterpretedFunction)
@@ -354,7 +354,9 @@ def _check(q, k, v, spec: MaskSpec) -> None:
         raise TypeError(f"q, k, v must share one of fp16, bf16, fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
     head_dim = q.shape[-1]
     if not 16 <= head_dim <= 256 or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        raise ValueError(f"head dims must be equal and between 16 and 256, got q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}")
+        raise ValueError(
+            f"head dims must be equal and between 16 and 256, got q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads cannot share {k.shape[1]} K/V heads evenly")
     if spec.block_layout is not None and (spec.block_size < 16 or spec.block_size & (spec.block_size - 1)):
@@ -455,19 +457,18 @@ def triton_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    mask: MaskSpec | None = None,
     *,
-    causal: bool = False,
-    window: tuple[int | None, int | None] | None = None,
-    block_layout: torch.Tensor | None = None,
-    block_size: int | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flash attention in Triton. ``q [b, h, n_q, d]``, ``k, v [b, h_kv, n_k, d]`` -> ``(output, lse)``.
 
-    ``lse`` is the natural log-sum-exp per row. Differentiable (dQ, dK, dV) with the same masks.
+    ``mask`` is a rule (None = full). ``lse`` is the natural log-sum-exp per row. Differentiable (dQ, dK, dV)
+    with the same masks.
     """
-    spec = spec_from(q.shape[2], k.shape[2], causal=causal, window=window, block_layout=block_layout,
-                     block_size=block_size)
+    spec = MaskSpec(q.shape[2], k.shape[2]) if mask is None else mask
+    if (spec.n_q, spec.n_k) != (q.shape[2], k.shape[2]):
+        raise ValueError(f"the mask is for {spec.n_q} x {spec.n_k} but the inputs are {q.shape[2]} x {k.shape[2]}")
     _check(q, k, v, spec)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

@@ -1,0 +1,247 @@
+"""Every mask pattern by name, in one registry that the pages, the flash dispatch and the benchmarks share.
+
+A pattern knows how to build its token mask (bool, True = may attend), how to say what it does with the numbers
+of the chosen parameters, roughly how many (query, key) pairs it allows at a length without building the mask,
+and, where the flash kernels can follow it as a rule, its :class:`~attnviz.masks.MaskSpec`.
+
+    >>> build("sliding_causal", 6, window=3).mask.sum(-1).tolist()
+    [1, 2, 3, 3, 3, 3]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from attnviz import masks
+
+# Every parameter a pattern may read, with its default.
+DEFAULTS = {
+    "window": 3,  # keys per query of a causal window (itself included); keys per side of a dilated window
+    "radius": 1,  # keys on each side of a bidirectional window
+    "left": 2,  # FlashAttention's window_size=(left, right)
+    "right": 0,
+    "dilation": 2,
+    "global_tokens": 1,
+    "block_size": 2,
+    "global_blocks": 1,
+    "window_blocks": 3,
+    "random_blocks": 1,
+    "n_buckets": 4,
+    "n_rounds": 2,
+    "seed": 0,
+    "vectors": None,  # [n, d] shared query/key vectors for LSH; seeded random ones if None
+}
+
+
+@dataclass(frozen=True)
+class PatternMask:
+    """A built pattern: ``mask [n_q, n_k]`` bool (True = may attend), and for block patterns the block layout
+    ``[n_query_blocks, n_key_blocks]``, why each block is on (``masks.BLOCK_*``) and the block size."""
+
+    mask: torch.Tensor
+    layout: torch.Tensor | None = None
+    block_kind: torch.Tensor | None = None
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class MaskPattern:
+    key: str
+    label: str
+    parameters: tuple[str, ...]
+    cost: Callable[[dict], str]  # the cost as built here, in O() terms
+    describe: Callable[[dict], str]  # one line with the numbers of these parameters
+    build: Callable[[int, int, dict], PatternMask]  # (n_q, n_k, params)
+    allowed_pairs: Callable[[int, dict], float]  # about how many pairs at length n, without building the mask
+    rule: Callable[[int, int, dict], masks.MaskSpec] | None = None  # the flash kernels' form, where they have one
+    square_only: bool = False
+
+
+def _lsh_vectors(n: int, p: dict) -> torch.Tensor:
+    if p["vectors"] is not None:
+        if len(p["vectors"]) != n:
+            raise ValueError(f"LSH needs one vector per token: {len(p['vectors'])} vectors for {n} tokens")
+        return p["vectors"].float()
+    generator = torch.Generator().manual_seed(int(p["seed"]) + 7)
+    return torch.randn(n, 16, generator=generator)
+
+
+def _bigbird(n: int, p: dict) -> masks.BlockSparseMask:
+    return masks.bigbird(n, p["block_size"], p["global_blocks"], p["window_blocks"], p["random_blocks"], p["seed"])
+
+
+def _window_pairs(n: int, left: int, right: int) -> float:
+    """Exactly how many pairs ``sliding_window(n, left, right)`` allows: rows near the edges lose keys."""
+    left, right = min(left, n - 1), min(right, n - 1)
+    return float(n) * (left + right + 1) - left * (left + 1) / 2 - right * (right + 1) / 2
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+PATTERNS: dict[str, MaskPattern] = {}
+
+
+def _register(pattern: MaskPattern) -> None:
+    PATTERNS[pattern.key] = pattern
+
+
+_register(MaskPattern(
+    key="full", label="Full (BERT)", parameters=(),
+    cost=lambda p: "O(N²)",
+    describe=lambda p: "Every token attends to every token.",
+    build=lambda n_q, n_k, p: PatternMask(masks.full(n_q, n_k)),
+    allowed_pairs=lambda n, p: float(n) * n,
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k),
+))
+_register(MaskPattern(
+    key="causal", label="Causal (GPT)", parameters=(),
+    cost=lambda p: "O(N²/2)",
+    describe=lambda p: "Each token attends to itself and every token before it.",
+    build=lambda n_q, n_k, p: PatternMask(masks.causal(n_q, n_k)),
+    allowed_pairs=lambda n, p: n * (n + 1) / 2,
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k, causal=True),
+))
+_register(MaskPattern(
+    key="sliding_window", label="Sliding window (left, right)", parameters=("left", "right"),
+    cost=lambda p: f"O(N·{p['left'] + p['right'] + 1})",
+    describe=lambda p: (
+        f"Query i sees keys i − {p['left']} … i + {p['right']}: {p['left'] + p['right'] + 1} keys per query away "
+        "from the edges (FlashAttention's window_size)."
+    ),
+    build=lambda n_q, n_k, p: PatternMask(masks.sliding_window(n_q, p["left"], p["right"], n_k=n_k)),
+    allowed_pairs=lambda n, p: _window_pairs(n, p["left"], p["right"]),
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k, window=(p["left"], p["right"])),
+))
+_register(MaskPattern(
+    key="sliding_causal", label="Sliding window, causal (Mistral)", parameters=("window",),
+    cost=lambda p: "O(N·W)",
+    describe=lambda p: f"The last W = {p['window']} tokens, itself included: {_plural(p['window'], 'key')} per query.",
+    build=lambda n_q, n_k, p: PatternMask(masks.sliding_window(n_q, p["window"] - 1, 0, n_k=n_k)),
+    allowed_pairs=lambda n, p: _window_pairs(n, p["window"] - 1, 0),
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k, window=(p["window"] - 1, 0)),
+))
+_register(MaskPattern(
+    key="sliding_bidirectional", label="Sliding window, bidirectional (Longformer)", parameters=("radius",),
+    cost=lambda p: "O(N·(2r+1))",
+    describe=lambda p: (
+        f"r = {p['radius']} {'key' if p['radius'] == 1 else 'keys'} on each side and itself: "
+        f"{2 * p['radius'] + 1} keys per query away from the edges."
+    ),
+    build=lambda n_q, n_k, p: PatternMask(masks.sliding_window(n_q, p["radius"], p["radius"], n_k=n_k)),
+    allowed_pairs=lambda n, p: _window_pairs(n, p["radius"], p["radius"]),
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k, window=(p["radius"], p["radius"])),
+))
+_register(MaskPattern(
+    key="dilated", label="Dilated sliding window (Longformer)", parameters=("window", "dilation"),
+    cost=lambda p: "O(N·(2W−1))",
+    describe=lambda p: (
+        f"W = {p['window']} keys on each side spaced d = {p['dilation']} apart, itself counted once: "
+        f"{2 * p['window'] - 1} keys per query reaching {(p['window'] - 1) * p['dilation']} positions either way, "
+        f"the reach of a {2 * (p['window'] - 1) * p['dilation'] + 1}-key window at the cost of a "
+        f"{2 * p['window'] - 1}-key one."
+    ),
+    build=lambda n_q, n_k, p: PatternMask(masks.dilated_sliding_window(n_q, p["window"], p["dilation"], causal=False)),
+    allowed_pairs=lambda n, p: float(n + 2 * sum(max(0, n - k * p["dilation"]) for k in range(1, p["window"]))),
+    square_only=True,
+))
+_register(MaskPattern(
+    key="global_local", label="Global + local (Longformer, ETC)", parameters=("radius", "global_tokens"),
+    cost=lambda p: "O(N·(2r+1+2G))",
+    describe=lambda p: (
+        f"A window of r = {p['radius']} on each side ({2 * p['radius'] + 1} keys), plus "
+        f"{_plural(p['global_tokens'], 'global token')} that {'sees' if p['global_tokens'] == 1 else 'see'} and "
+        f"{'is' if p['global_tokens'] == 1 else 'are'} seen by all."
+    ),
+    build=lambda n_q, n_k, p: PatternMask(
+        masks.global_local(n_q, list(range(min(p["global_tokens"], n_q))), p["radius"], p["radius"])
+    ),
+    allowed_pairs=lambda n, p: _window_pairs(n, p["radius"], p["radius"]) + 2.0 * min(p["global_tokens"], n) * n,
+    square_only=True,
+))
+_register(MaskPattern(
+    key="bigbird", label="BigBird (global + window + random)",
+    parameters=("block_size", "global_blocks", "window_blocks", "random_blocks", "seed"),
+    cost=lambda p: "O(N·(g+w+r)·b)",
+    describe=lambda p: (
+        f"Blocks of b = {p['block_size']} tokens: {p['global_blocks']} global, a window of {p['window_blocks']} "
+        f"blocks around the diagonal and {p['random_blocks']} random per block row (seed {p['seed']})."
+    ),
+    build=lambda n_q, n_k, p: (lambda b: PatternMask(b.mask, b.layout, b.kind, b.block_size))(_bigbird(n_q, p)),
+    allowed_pairs=lambda n, p: min(
+        float(n) * n,
+        float(n) * p["block_size"] * (p["global_blocks"] + p["window_blocks"] + p["random_blocks"])
+        + float(p["global_blocks"]) * p["block_size"] * n,
+    ),
+    rule=lambda n_q, n_k, p: masks.MaskSpec(n_q, n_k, block_layout=_bigbird(n_q, p).layout, block_size=p["block_size"]),
+    square_only=True,
+))
+_register(MaskPattern(
+    key="lsh", label="LSH buckets (Reformer, simplified)", parameters=("n_buckets", "n_rounds", "seed", "vectors"),
+    cost=lambda p: "O(N²/B) as built (Reformer's sorted chunks: O(N log N))",
+    describe=lambda p: (
+        f"Tokens attend to the tokens in their hash bucket ({p['n_buckets']} buckets) in any of "
+        f"{p['n_rounds']} rounds, but not to themselves unless nothing else is left. Reformer also sorts by bucket "
+        "and attends within fixed-size chunks; here every same-bucket pair is kept, so the density does not fall "
+        "with N."
+    ),
+    build=lambda n_q, n_k, p: PatternMask(masks.lsh(_lsh_vectors(n_q, p), p["n_buckets"], p["n_rounds"], p["seed"])),
+    allowed_pairs=lambda n, p: float(n) * n * (1 - (1 - 1 / p["n_buckets"]) ** p["n_rounds"]),
+    square_only=True,
+))
+
+
+def parameters_of(key: str, **params) -> dict:
+    """The full parameter set of pattern ``key``: defaults, overridden by ``params`` (unknown names refused)."""
+    pattern = PATTERNS.get(key)
+    if pattern is None:
+        raise ValueError(f"unknown mask pattern {key!r}; choose one of {list(PATTERNS)}")
+    unknown = set(params) - set(pattern.parameters)
+    if unknown:
+        raise ValueError(f"the {pattern.label} pattern has no parameter {', '.join(sorted(unknown))}")
+    chosen = {name: DEFAULTS[name] for name in pattern.parameters}
+    chosen.update(params)
+    return chosen
+
+
+def build(key: str, n_q: int, n_k: int | None = None, **params) -> PatternMask:
+    """Pattern ``key`` over ``n_q`` queries and ``n_k`` keys (default square)."""
+    n_k = n_q if n_k is None else n_k
+    chosen = parameters_of(key, **params)
+    pattern = PATTERNS[key]
+    if pattern.square_only and n_q != n_k:
+        raise ValueError(f"the {pattern.label} pattern needs as many queries as keys (self-attention)")
+    return pattern.build(n_q, n_k, chosen)
+
+
+def rule(key: str, n_q: int, n_k: int | None = None, **params) -> masks.MaskSpec:
+    """Pattern ``key`` as a :class:`~attnviz.masks.MaskSpec` for the flash kernels (which skip tiles by rule)."""
+    n_k = n_q if n_k is None else n_k
+    chosen = parameters_of(key, **params)
+    pattern = PATTERNS[key]
+    if pattern.rule is None:
+        raise ValueError(f"the flash kernels have no rule for the {pattern.label} pattern")
+    if pattern.square_only and n_q != n_k:
+        raise ValueError(f"the {pattern.label} pattern needs as many queries as keys (self-attention)")
+    return pattern.rule(n_q, n_k, chosen)
+
+
+def describe(key: str, **params) -> str:
+    return PATTERNS[key].describe(parameters_of(key, **params))
+
+
+def cost(key: str, **params) -> str:
+    return PATTERNS[key].cost(parameters_of(key, **params))
+
+
+def allowed_pairs(key: str, n: int, **params) -> float:
+    """About how many (query, key) pairs pattern ``key`` allows at length ``n`` (square), without building it."""
+    return PATTERNS[key].allowed_pairs(n, parameters_of(key, **params))
+
+
+def label(key: str) -> str:
+    return PATTERNS[key].label
