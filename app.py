@@ -1,19 +1,25 @@
 """attnviz: see how transformer attention works. Run with `streamlit run app.py`."""
 
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything works offline: never reach for a model hub
+from attnviz.runtime import configure_environment, optional_features
 
-from attnviz.runtime import configure_triton, optional_features  # noqa: E402
-
-configure_triton()  # before anything imports triton
+configure_environment()  # offline, and Triton's interpreter without a GPU: before transformers or triton load
 
 import streamlit as st  # noqa: E402
 
-from attnviz.ui import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, apply_presentation_mode, registered_models  # noqa: E402
+from attnviz.ui import (  # noqa: E402
+    DEFAULT_SENTENCE,
+    MAX_SENTENCE_CHARS,
+    apply_presentation_mode,
+    install_svg_downloads,
+    registered_models,
+)
 
-st.set_page_config(page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"), layout="wide")
+st.set_page_config(
+    page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
+    layout="wide",
+)
 
 pages = [
     st.Page("pages/explore_heads.py", title="Explore heads", icon=":material/search:", default=True),
@@ -52,7 +58,10 @@ with st.sidebar:
             if feature.available:
                 st.markdown(f":material/check: **{feature.package}** {feature.version or ''}: {feature.needed_for}.")
             else:
-                st.markdown(f":material/block: **{feature.package}** is not installed: {feature.needed_for} is unavailable.")
+                st.markdown(
+                    f":material/block: **{feature.package}** is not installed: {feature.needed_for} is unavailable."
+                )
 
 apply_presentation_mode(st.session_state.get("presentation_mode", False))
+install_svg_downloads()
 navigation.run()

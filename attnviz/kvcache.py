@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int4": 0.5}
+from attnviz.units import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class AttentionConfig:
     head_dim: int
     max_positions: int
     source: str = ""
+    sliding_window: int | None = None  # a rolling-buffer cache keeps only the last this-many tokens per layer
 
     @property
     def kind(self) -> str:
@@ -31,15 +33,35 @@ class AttentionConfig:
 PRESETS = {
     "Llama 2 70B": AttentionConfig("Llama 2 70B", 80, 8192, 64, 8, 128, 4096, "Touvron et al. 2023; config.json"),
     "Llama 3 8B": AttentionConfig("Llama 3 8B", 32, 4096, 32, 8, 128, 8192, "Meta Llama 3 config.json"),
-    "Mistral 7B": AttentionConfig("Mistral 7B", 32, 4096, 32, 8, 128, 32768, "Jiang et al. 2023; config.json"),
+    "Mistral 7B (v0.1)": AttentionConfig(
+        "Mistral 7B (v0.1)", 32, 4096, 32, 8, 128, 32768,
+        "Jiang et al. 2023; config.json: sliding_window 4096, so a rolling buffer caches at most 4,096 tokens", 4096,
+    ),
     "GPT-2 (124M)": AttentionConfig("GPT-2 (124M)", 12, 768, 12, 12, 64, 1024, "Radford et al. 2019; config.json"),
 }
 
 
+def cached_tokens(config: AttentionConfig, seq_len: int) -> int:
+    """How many tokens' K and V the cache holds per sequence: all of them, or the last ``sliding_window`` of them
+    (Mistral's rolling buffer: a key older than the window can never be attended to again, so it is overwritten)."""
+    return seq_len if config.sliding_window is None else min(seq_len, config.sliding_window)
+
+
 def kv_cache_bytes(config: AttentionConfig, seq_len: int, batch: int, dtype: str) -> dict[str, float]:
-    """K and V for every layer: 2 x layers x kv_heads x head_dim x seq x batch x bytes."""
-    per_layer = 2 * config.n_kv_heads * config.head_dim * seq_len * batch * DTYPE_BYTES[dtype]
-    return {"per_layer": per_layer, "total": per_layer * config.n_layers, "per_token": per_layer * config.n_layers / max(seq_len * batch, 1)}
+    """K and V for every layer: 2 x layers x kv_heads x head_dim x cached tokens x batch x bytes.
+
+    ``per_token`` is what one more cached token of one sequence costs (all layers); ``cached_tokens`` is the
+    number of tokens held per sequence (below ``seq_len`` for a sliding-window cache)."""
+    tokens = cached_tokens(config, seq_len)
+    per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
+    per_layer = per_token / config.n_layers * tokens * batch
+    return {"per_layer": per_layer, "total": per_layer * config.n_layers, "per_token": per_token,
+            "cached_tokens": tokens}
+
+
+def beyond_context(config: AttentionConfig, seq_len: int) -> bool:
+    """True when ``seq_len`` is longer than the model was trained to read (its cache there is hypothetical)."""
+    return seq_len > config.max_positions
 
 
 def attention_parameters(config: AttentionConfig, bias: bool = False) -> dict[str, int]:
@@ -62,11 +84,11 @@ def with_kv_heads(config: AttentionConfig, n_kv_heads: int) -> AttentionConfig:
     """The same model with another number of K/V heads (MHA: n_heads, MQA: 1)."""
     if n_kv_heads < 1 or config.n_heads % n_kv_heads:
         raise ValueError(f"n_kv_heads must divide n_heads ({config.n_heads}), got {n_kv_heads}")
-    return AttentionConfig(config.name, config.n_layers, config.d_model, config.n_heads, n_kv_heads, config.head_dim,
-                           config.max_positions, config.source)
+    return dataclasses.replace(config, n_kv_heads=n_kv_heads)
 
 
 def config_of_bundle(bundle) -> AttentionConfig:
     head_dim = bundle.d_model // bundle.n_heads if bundle.n_heads else 0
+    window = getattr(getattr(bundle.model, "config", None), "sliding_window", None)
     return AttentionConfig(bundle.name, bundle.n_layers, bundle.d_model, bundle.n_heads, bundle.n_kv_heads, head_dim,
-                           bundle.max_positions, "the current checkpoint")
+                           bundle.max_positions, "the current checkpoint", window if isinstance(window, int) else None)

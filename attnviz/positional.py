@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from attnviz.attention import masked_softmax
+
 # ---------------------------------------------------------------------------------------------------------------
 # Sinusoidal: PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(pos / base^(2i/d))
 
@@ -174,20 +176,8 @@ def random_pair(head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def toy_attention_with_and_without_rope(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0):
     """Weights of a toy head ``q, k [n, d]`` without positions and with RoPE (positions 0..n-1)."""
-    from attnviz.attention import masked_softmax
-
     scale = 1 / math.sqrt(q.shape[-1])
     positions = torch.arange(q.shape[0])
     plain = masked_softmax(q @ k.T * scale)
     rotated = masked_softmax(apply_rope(q, positions, base) @ apply_rope(k, positions, base).T * scale)
     return plain, rotated
-
-
-def alibi_on_real_head(record, layer: int, head: int, bias: torch.Tensor):
-    """A real head's weights, and the same scores plus an ALiBi bias ``[n_q, n_k]`` (the model's mask kept)."""
-    from attnviz.attention import masked_softmax
-    from attnviz.models.capture import head_scores
-
-    raw, allowed = head_scores(record, layer, head)
-    scores = raw * record.scales[layer]
-    return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)

@@ -56,7 +56,12 @@ def softmax_rows(d_k: int, n_keys: int, n_rows: int, seed: int, scaled: bool) ->
     return torch.softmax(scores, dim=-1)
 
 
-def softmax_statistics(d_values: list[int], n_keys: int = 64, n_rows: int = 64, seed: int = 0) -> list[dict]:
+QUERIES_PER_POINT = 64  # rows averaged for each point of the saturation curves
+
+
+def softmax_statistics(
+    d_values: list[int], n_keys: int = 64, n_rows: int = QUERIES_PER_POINT, seed: int = 0
+) -> list[dict]:
     """Entropy, max weight and Jacobian norm of the softmax, with and without scaling, for each d_k."""
     rows = []
     for d_k in d_values:
@@ -82,11 +87,23 @@ def stable_softmax(x: torch.Tensor) -> torch.Tensor:
     return exponentials / exponentials.sum(-1, keepdim=True)
 
 
+def exp_overflow_threshold(dtype: torch.dtype) -> float:
+    """The largest x whose e^x is finite in ``dtype``: log of its largest number (fp16 11.09, fp32 88.72)."""
+    return math.log(torch.finfo(dtype).max)
+
+
+WRONG_BY = 1e-2  # a softmax off by more than this from fp64 is wrong, even if finite
+
+
 def stability_table(logit_scales: list[float], dtypes: dict[str, torch.dtype], seed: int = 0) -> list[dict]:
-    """Naive vs max-subtracted softmax on logits of growing size, per dtype: finite? error vs fp64?"""
+    """Naive vs max-subtracted softmax on 8 logits of growing size, per dtype: finite? error vs fp64? right?
+
+    The logits are seeded random numbers stretched to ``[-scale, scale]``, so the largest is exactly ``scale``;
+    the "max logit" column reports the largest logit as it is in that dtype.
+    """
     generator = torch.Generator().manual_seed(int(seed))
     base = torch.randn(8, generator=generator, dtype=torch.float64)
-    base = base / base.abs().max()  # entries in [-1, 1], largest exactly 1
+    base = (base - base.min()) / (base.max() - base.min()) * 2 - 1  # in [-1, 1], the largest exactly 1
     rows = []
     for scale in logit_scales:
         logits = base * scale
@@ -96,28 +113,16 @@ def stability_table(logit_scales: list[float], dtypes: dict[str, torch.dtype], s
             for method, function in (("naive", naive_softmax), ("max-subtracted", stable_softmax)):
                 result = function(x).double()
                 finite = bool(torch.isfinite(result).all())
+                error = (result - reference).abs().max().item() if finite else float("nan")
                 rows.append(
                     {
-                        "max logit": scale,
+                        "max logit": float(x.max()),
                         "dtype": name,
                         "method": method,
                         "finite": finite,
-                        "max |error| vs fp64": (result - reference).abs().max().item() if finite else float("nan"),
-                        "output": "NaN/inf" if not finite else ", ".join(f"{v:.3g}" for v in result[:4].tolist()) + ", …",
+                        "max |error| vs fp64": error,
+                        "right": finite and error <= WRONG_BY,
+                        "output": ", ".join(f"{v:.3g}" for v in result[:4].tolist()) + ", …" if finite else "NaN/inf",
                     }
                 )
     return rows
-
-
-def real_head_scalings(record, layer: int, head: int, temperature: float) -> dict[str, torch.Tensor]:
-    """A real head's weights with the model's scaling, without it, and with the model's scaling over a temperature."""
-    from attnviz.attention import masked_softmax
-    from attnviz.models.capture import head_scores
-
-    raw, allowed = head_scores(record, layer, head)
-    scale = record.scales[layer]
-    return {
-        f"model (× {scale:.3g})": masked_softmax(raw * scale, allowed),
-        "no scaling": masked_softmax(raw, allowed),
-        f"model scale, T = {temperature:g}": masked_softmax(raw * scale / temperature, allowed),
-    }

@@ -152,6 +152,7 @@ class AttentionSteps:
     weights: torch.Tensor  # step 4: softmax, rows sum to 1 (0 for a row with no allowed key)
     output: torch.Tensor  # step 5: weights @ V, [n_q, d_v]
     mask: torch.Tensor | None  # bool, True = may attend
+    d_k: int  # the queries' and keys' dimension (the columns of Q): scaled dot product divides by its root
 
 
 def raw_scores(q: torch.Tensor, k: torch.Tensor, score_function: str, params: ScoreParameters) -> torch.Tensor:
@@ -195,4 +196,5 @@ def attention_steps(
         weights=weights,
         output=weights @ v,
         mask=mask,
+        d_k=q.shape[1],
     )

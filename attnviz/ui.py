@@ -1,8 +1,9 @@
-"""Helpers shared by the Streamlit pages: global state (model, sentence), caching, presentation mode.
-Only this module and the pages import streamlit."""
+"""Helpers shared by the Streamlit pages: page start, global state (model, sentence), caching, figures with
+their downloads, presentation mode. Only this module, ``streamlit_compat`` and the pages import streamlit."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -10,25 +11,14 @@ import streamlit as st
 
 from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
 from attnviz.models.safety import CheckpointRefused
-
-def _leave_legacy_page_discovery() -> None:
-    """Make a deep link to a page work on a freshly started server.
-
-    Streamlit starts in its legacy mode when a ``pages/`` folder sits beside the entry point, and stays there until
-    some run calls ``st.navigation``. If the very first request is for ``/masks``, that page would run alone,
-    without app.py's navigation and sidebar. Leaving the legacy mode and rerunning runs app.py, which then opens
-    the requested page.
-    """
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:  # a future Streamlit without this internal: nothing to fix
-        return
-    if getattr(PagesManager, "uses_pages_directory", False):
-        PagesManager.uses_pages_directory = False
-        st.rerun()
+from attnviz.streamlit_compat import leave_legacy_pages_mode
 
 
-_leave_legacy_page_discovery()
+def start_page(title: str) -> None:
+    """The first call of every page: its title, after making sure app.py's navigation runs around it."""
+    leave_legacy_pages_mode()
+    st.title(title)
+
 
 DEFAULT_SENTENCE = "The cat sat on the mat because it was tired."
 MAX_SENTENCE_CHARS = 5000
@@ -58,6 +48,21 @@ def current_sentence() -> str:
     return st.session_state.get("sentence", DEFAULT_SENTENCE)
 
 
+def download_name(title: str, fallback: str = "attnviz-figure") -> str:
+    """A file name from a figure title: markup and symbols dropped, words joined by dashes, at most 80 chars."""
+    text = re.sub(r"<[^>]+>", " ", title or "")
+    text = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
+    return (text[:80].rstrip("-") or fallback).lower()
+
+
+def figure_config(figure) -> dict:
+    """Plotly's toolbar config: no logo, PNG downloads at 2x named after the figure's title (the SVG button
+    that :func:`install_svg_downloads` adds reads the same name)."""
+    title = getattr(figure.layout.title, "text", None) or ""
+    return {"displaylogo": False,
+            "toImageButtonOptions": {"format": "png", "scale": 2, "filename": download_name(title)}}
+
+
 def show_figure(figure, caption: str, key: str | None = None, on_select=None) -> None:
     """A figure with its one-line caption saying what to notice; scaled up in presentation mode.
 
@@ -66,11 +71,78 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
     if scale != 1.0:
         figure.update_layout(font=dict(size=int(12 * scale)), title_font_size=int(17 * scale),
                              height=int((figure.layout.height or 400) * scale))
+    config = figure_config(figure)
     if on_select is None:
-        st.plotly_chart(figure, key=key, config={"displaylogo": False})
+        st.plotly_chart(figure, key=key, config=config)
     else:
-        st.plotly_chart(figure, key=key, config={"displaylogo": False}, on_select=on_select, selection_mode="points")
+        st.plotly_chart(figure, key=key, config=config, on_select=on_select, selection_mode="points")
     st.caption(caption)
+
+
+# Adds a "Download as SVG" button to every Plotly toolbar, in the browser: Plotly draws SVG itself, so nothing
+# is installed or sent to a server. Streamlit's bundled plotly.js is window.Plotly once a chart has loaded.
+# The script holds no markup: Streamlit's sanitiser (DOMPurify) drops a script whose text looks like tags.
+_SVG_DOWNLOADS = """
+<div id="attnviz-svg-downloads"></div>
+<style>div[data-testid="stElementContainer"]:has(#attnviz-svg-downloads) { display: none; }</style>
+<script>
+(function () {
+  if (window.__attnvizSvgDownloads) { return; }
+  window.__attnvizSvgDownloads = true;
+  var SVG_NS = 'http://www.w3.org/2000/svg';
+  function icon() {  // a down arrow over the letters SVG, drawn with DOM calls (no markup in this script)
+    var svg = document.createElementNS(SVG_NS, 'svg');
+    svg.setAttribute('viewBox', '0 0 24 24');
+    svg.setAttribute('width', '16');
+    svg.setAttribute('height', '16');
+    svg.setAttribute('class', 'icon');
+    var arrow = document.createElementNS(SVG_NS, 'path');
+    arrow.setAttribute('d', 'M11 2h2v9l3-3 1.4 1.4L12 14.8 6.6 9.4 8 8l3 3z');
+    arrow.setAttribute('fill', 'currentColor');
+    var label = document.createElementNS(SVG_NS, 'text');
+    label.setAttribute('x', '12');
+    label.setAttribute('y', '23');
+    label.setAttribute('font-size', '8');
+    label.setAttribute('text-anchor', 'middle');
+    label.setAttribute('fill', 'currentColor');
+    label.textContent = 'SVG';
+    svg.appendChild(arrow);
+    svg.appendChild(label);
+    return svg;
+  }
+  function addButton(plot) {
+    var bar = plot.querySelector('.modebar');
+    if (!bar || bar.querySelector('[data-attnviz-svg]')) { return; }
+    var group = document.createElement('div');
+    group.className = 'modebar-group';
+    var button = document.createElement('a');
+    button.className = 'modebar-btn';
+    button.setAttribute('rel', 'tooltip');
+    button.setAttribute('data-title', 'Download as SVG');
+    button.setAttribute('aria-label', 'Download as SVG');
+    button.setAttribute('data-attnviz-svg', '1');
+    button.appendChild(icon());
+    button.addEventListener('click', function () {
+      var options = (plot._context && plot._context.toImageButtonOptions) || {};
+      var layout = plot._fullLayout || {};
+      window.Plotly.downloadImage(plot, {format: 'svg', filename: options.filename || 'attnviz-figure',
+                                         width: layout.width, height: layout.height});
+    });
+    group.appendChild(button);
+    bar.insertBefore(group, bar.firstChild);
+  }
+  function addButtons() { document.querySelectorAll('.js-plotly-plot').forEach(addButton); }
+  new MutationObserver(addButtons).observe(document.body, {childList: true, subtree: true});
+  addButtons();
+})();
+</script>
+"""
+
+
+def install_svg_downloads() -> None:
+    """Once per run from app.py: every figure's toolbar gets an SVG download next to Plotly's PNG one."""
+    with st.sidebar:
+        st.html(_SVG_DOWNLOADS, unsafe_allow_javascript=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,7 +206,9 @@ def current_bundle() -> ModelBundle:
 
 
 @st.cache_resource(max_entries=4, show_spinner="Running the model and capturing its attention…")
-def cached_capture(folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None):
+def cached_capture(
+    folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None
+):
     """Captures are treated as read-only; keyed by the model's folder and name, the texts and the fallback."""
     from attnviz.models.capture import capture
 
@@ -150,7 +224,7 @@ def cached_replay_difference(folder: str, name: str, text: str, text_pair: str |
 
 @st.cache_resource(max_entries=8, show_spinner="Computing head statistics…")
 def cached_statistics(folder: str, name: str, text: str, text_pair: str | None, kind: str, _capture):
-    from attnviz.explore import statistics_table
+    from attnviz.pagelogic.explore_heads import statistics_table
 
     return statistics_table(_capture, kind)
 

@@ -7,234 +7,284 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from attnviz import flash_live
-from attnviz.patterns import human_bytes
-from attnviz.ui import show_figure
+from attnviz import measure
+from attnviz.flash import CONTENDERS
+from attnviz.flash.cases import measure_peak_memory
+from attnviz.pagelogic import flash as flash_page
+from attnviz.ui import show_figure, start_page
+from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
 from attnviz.viz.charts import line_chart
 from attnviz.viz.matrix import mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
+DEFAULT_CONTENDERS = ["naive", "tiled", "sdpa/flash", "sdpa/math", "triton"]
 
-st.title("Flash vs naive")
-st.caption(
-    "Naive attention writes all N x N scores to memory, then softmaxes them. Flash attention walks over key blocks "
-    "keeping only a running max, a running sum and a rescaled output per query: same answer, O(N) memory."
-)
 
-gpu = torch.cuda.is_available()
-columns = st.columns(6)
-n = columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n",
-                            bind="query-params")
-d = columns[1].select_slider("Head dim d", [16, 32, 64, 128], 64, key="flash_d")
-heads = columns[2].select_slider("Heads", [1, 2, 4, 8, 16], 4, key="flash_heads")
-kv_heads = columns[3].selectbox("K/V heads", [h for h in (1, 2, 4, 8, 16) if heads % h == 0 and h <= heads],
-                                index=None, placeholder=f"{heads} (MHA)", key="flash_kv_heads") or heads
-dtype = columns[4].selectbox("dtype", list(flash_live.DTYPES), key="flash_dtype")
-mask = columns[5].selectbox("Mask", ["full", "causal", "sliding window", "BigBird"], key="flash_mask",
-                            bind="query-params")
-columns = st.columns([4, 2, 2])
-names = columns[0].multiselect(
-    "Backends", list(flash_live.CONTENDERS), default=["naive", "tiled (PyTorch)", "SDPA flash", "SDPA math", "Triton"],
-    key="flash_backends",
-)
-window = block_size = 64
-if mask == "sliding window":
-    window = columns[1].select_slider("Window W", [16, 32, 64, 128, 256], 64, key="flash_window")
-if mask == "BigBird":
-    block_size = columns[1].select_slider("Block", [16, 32, 64, 128], 64, key="flash_bigbird_block")
-interpreter = False
-if not gpu:
-    interpreter = columns[2].toggle(
-        "Run the Triton interpreter (correctness only)", value=n <= 128, key="flash_interpreter",
-        help=f"No GPU here: Triton can run its kernel in a CPU interpreter, slowly, for N <= {flash_live.INTERPRETER_LIMIT}. "
-             "Its time is not shown: the interpreter is for checking correctness.",
-    )
-
-if mask == "BigBird" and n % block_size:
-    st.warning(f"BigBird blocks of {block_size} need N to be a multiple of {block_size}.")
-    st.stop()
-inputs = flash_live.make_inputs(n, d, heads, kv_heads, dtype, mask, window=window, block_size=block_size)
-
-with st.status(f"Running {len(names)} backends on N = {n} ({'GPU: ' + torch.cuda.get_device_name() if gpu else 'CPU'})…",
-               expanded=False) as status:
-    rows = flash_live.run_contenders(
-        inputs, names, allow_interpreter=interpreter,
-        progress=lambda index, name: status.update(label=f"Running {name} ({index + 1}/{len(names)})…"),
-    )
-    status.update(label=f"Ran {sum(r.ran is not None for r in rows)} of {len(rows)} backends on N = {n}", state="complete")
-
-naive_ms = next((r.median_ms for r in rows if r.name == "naive" and r.median_ms), None)
-table = pd.DataFrame(
-    {
-        "backend": [r.name for r in rows],
-        "ran as": [r.ran or "—" for r in rows],
-        "max |out − naive fp64|": [f"{r.max_abs_diff:.1e}" if r.max_abs_diff is not None else "—" for r in rows],
-        "median time": [f"{r.median_ms:.1f} ms" if r.median_ms else ("correctness only" if r.ran else "—") for r in rows],
-        "vs naive": [f"{naive_ms / r.median_ms:.1f}x faster" if naive_ms and r.median_ms and r.name != "naive" else "" for r in rows],
-        "why not": [r.reason or "" for r in rows],
+def controls(gpu: bool) -> dict:
+    columns = st.columns(6)
+    chosen = {
+        "n": columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n",
+                                      bind="query-params"),
+        "d": columns[1].select_slider("Head dim d", [16, 32, 64, 128], 64, key="flash_d"),
+        "heads": columns[2].select_slider("Heads", [1, 2, 4, 8, 16], 4, key="flash_heads"),
     }
-)
-memory_key = ("flash_memory", n, d, heads, kv_heads, dtype, mask, window, block_size)
-measured = st.session_state.get("flash_measured", {}).get(memory_key, {})
-if gpu:  # on a GPU every run measures the allocator's peak as it goes
-    measured = {r.name: r.peak_bytes for r in rows if r.peak_bytes is not None}
-if measured:
-    table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
-                                    else measured.get(r.name, "—") for r in rows])
-st.dataframe(table, hide_index=True)
-cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
-if not gpu and cpu_names and st.button(
-    "Measure peak memory (a fresh process per backend, a few seconds each)", key="flash_measure_memory"
-):
-    results = {}
-    with st.status("Measuring peak memory…") as status:
-        for index, name in enumerate(cpu_names):
-            status.update(label=f"Measuring {name} ({index + 1}/{len(cpu_names)}) in a fresh process…")
-            try:
-                results[name] = flash_live.measure_peak_memory(name, n=n, d=d, heads=heads, kv_heads=kv_heads,
-                                                               dtype=dtype, mask=mask, window=window, block_size=block_size)
-            except (flash_live.BackendUnavailable, OSError, ValueError) as problem:
-                results[name] = f"not measured: {problem}"
-        status.update(label="Peak memory measured", state="complete")
-    st.session_state.setdefault("flash_measured", {})[memory_key] = results
-    st.rerun()
-naive_bytes = flash_live.naive_score_bytes(n, heads, dtype)
-metrics = st.columns(3)
-metrics[0].metric(f"Naive holds at N = {n:,}", human_bytes(naive_bytes), help="scores + probabilities, batch 1")
-metrics[1].metric("Naive would hold at N = 131,072", human_bytes(flash_live.naive_score_bytes(131072, heads, dtype)))
-metrics[2].metric("A 64 x 64 flash tile holds", human_bytes(64 * 64 * 4 * heads * 2),
-                  help="one fp32 tile of scores and its exponentials, per head: the most flash ever keeps of the N x N matrix")
-st.caption(
-    "Differences are against naive attention in fp64 on the same inputs. Peak memory is the extra resident memory "
-    "of one call, measured in a fresh process per backend; `python -m attnviz.bench flash` measures it across N."
-)
+    chosen["kv_heads"] = columns[3].selectbox(
+        "K/V heads", [h for h in (1, 2, 4, 8, 16) if chosen["heads"] % h == 0 and h <= chosen["heads"]], index=None,
+        placeholder=f"{chosen['heads']} (MHA)", key="flash_kv_heads",
+    ) or chosen["heads"]
+    chosen["dtype"] = columns[4].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
+    chosen["mask"] = columns[5].selectbox("Mask", flash_page.FLASH_MASKS, format_func=flash_page.mask_label,
+                                          key="flash_mask", bind="query-params")
+    columns = st.columns([4, 2, 2])
+    chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
+                                             format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
+    chosen["window"] = chosen["block_size"] = 64
+    if chosen["mask"] == "sliding_causal":
+        chosen["window"] = columns[1].select_slider("Window W (keys)", [16, 32, 64, 128, 256], 64, key="flash_window")
+    if chosen["mask"] == "bigbird":
+        chosen["block_size"] = columns[1].select_slider("Block", [16, 32, 64, 128], 64, key="flash_bigbird_block")
+    chosen["interpreter"] = False
+    if not gpu:
+        chosen["interpreter"] = columns[2].toggle(
+            "Run the Triton interpreter (correctness only)", value=chosen["n"] <= 128, key="flash_interpreter",
+            help="No GPU here: Triton can run its kernel in a CPU interpreter, slowly, for N <= "
+                 f"{flash_page.INTERPRETER_LIMIT}. Its time is not shown: the interpreter is for checking correctness.",
+        )
+    return chosen
 
-st.subheader("The tiling")
-n_blocks = -(-n // 64)
-columns = st.columns(3)
-block_q = columns[0].select_slider("Query block", [16, 32, 64, 128], 64, key="flash_block_q")
-block_k = columns[1].select_slider("Key block", [16, 32, 64, 128], 64, key="flash_block_k")
-if mask == "BigBird":
-    block_q = block_k = block_size
-n_query_blocks = -(-n // block_q)
-trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1, min(n_query_blocks - 1, 2), key="flash_trace_block")
-output, trace = flash_live.tiling(inputs, block_q, block_k, trace_block)
-codes = torch.tensor([[flash_live.STATUS_CODES[s] for s in row] for row in trace.status])
-legend = {0: ("#ffffff", "skipped"), 1: ("#2f6db5", "computed"), 2: ("#ff9f1c", "computed + masked")}
-counts = trace.counts()
-left, right = st.columns([2, 3])
-with left:
-    show_figure(
-        mask_heatmap(codes, [f"q{i}" for i in range(trace.n_query_blocks)], [f"k{j}" for j in range(trace.n_key_blocks)],
-                     title=f"{trace.n_query_blocks} x {trace.n_key_blocks} tiles of {block_q} x {block_k}", legend=legend,
-                     height=420),
-        f"{counts['computed']} tiles computed as they are, {counts['masked']} with an element mask (the diagonal or "
-        f"window edge), {counts['skipped']} never touched: {counts['skipped'] / max(sum(counts.values()), 1):.0%} of the work skipped.",
-        key="flash_tiles",
+
+def results_section(case, chosen: dict, gpu: bool) -> None:
+    names = chosen["names"]
+    where = "GPU: " + torch.cuda.get_device_name() if gpu else "CPU"
+    with st.status(f"Running {len(names)} backends on N = {case.n} ({where})…", expanded=False) as status:
+        rows = flash_page.run_contenders(
+            case, names, allow_interpreter=chosen["interpreter"],
+            progress=lambda index, name: status.update(label=f"Running {name} ({index + 1}/{len(names)})…"),
+        )
+        status.update(label=f"Ran {sum(r.ran is not None for r in rows)} of {len(rows)} backends on N = {case.n}",
+                      state="complete")
+    naive_ms = next((r.median_ms for r in rows if r.name == "naive" and r.median_ms), None)
+    table = pd.DataFrame(
+        {
+            "backend": [r.label for r in rows],
+            "ran as": [r.ran or "—" for r in rows],
+            "max |out − naive fp64|": [f"{r.max_abs_diff:.1e}" if r.max_abs_diff is not None else "—" for r in rows],
+            "median time": [f"{r.median_ms:.1f} ms" if r.median_ms else ("correctness only" if r.ran else "—")
+                            for r in rows],
+            "vs naive": [speed_ratio(naive_ms, r.median_ms) if naive_ms and r.median_ms and r.name != "naive" else ""
+                         for r in rows],
+            "why not": [r.reason or "" for r in rows],
+        }
     )
-with right:
+    memory_key = ("flash_memory", case)
+    measured = st.session_state.get("flash_measured", {}).get(memory_key, {})
+    if gpu:  # on a GPU every run measures the allocator's peak as it goes
+        measured = {r.name: r.peak_bytes for r in rows if r.peak_bytes is not None}
+    if measured:
+        table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
+                                        else measured.get(r.name, "—") for r in rows])
+    st.dataframe(table, hide_index=True)
+    cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
+    if not gpu and cpu_names and st.button(
+        "Measure peak memory (a fresh process per backend, a few seconds each)", key="flash_measure_memory"
+    ):
+        results = {}
+        with st.status("Measuring peak memory…") as status:
+            for index, name in enumerate(cpu_names):
+                status.update(label=f"Measuring {CONTENDERS[name].label} ({index + 1}/{len(cpu_names)}) in a fresh "
+                                    "process…")
+                try:
+                    results[name] = measure_peak_memory(case, name, timeout=120)
+                except (measure.MeasurementUnavailable, OSError, ValueError) as problem:
+                    results[name] = f"not measured: {problem}"
+            status.update(label="Peak memory measured", state="complete")
+        st.session_state.setdefault("flash_measured", {})[memory_key] = results
+        st.rerun()
+
+
+def memory_metrics(case) -> None:
+    metrics = st.columns(3)
+    metrics[0].metric(f"Naive holds at N = {case.n:,}",
+                      human_bytes(flash_page.naive_score_bytes(case.n, case.heads, case.dtype)),
+                      help=f"scores + probabilities, {case.heads} heads, batch 1, {case.dtype}")
+    metrics[1].metric("Naive would hold at N = 131,072",
+                      human_bytes(flash_page.naive_score_bytes(131072, case.heads, case.dtype)),
+                      help=f"{case.heads} heads, batch 1, {case.dtype}")
+    metrics[2].metric("A 64 x 64 flash tile holds, per head", human_bytes(flash_page.flash_tile_bytes(64, 64)),
+                      help="one fp32 tile of scores and its exponentials: the most flash ever keeps of one head's "
+                           "N x N matrix, whatever N is")
+    st.caption(
+        "Differences are against naive attention in fp64 on the same inputs. Peak memory is the extra resident memory "
+        "of one call, measured in a fresh process per backend; `python -m attnviz.bench flash` measures it across N."
+    )
+
+
+def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None:
     steps = trace.steps
     if not steps:
         st.info("This query block attends to no key block under this mask.")
-    else:
-        step = st.slider("Step: key blocks consumed", 1, len(steps), len(steps), key="flash_step")
-        state = steps[step - 1]
-        final = output[0, 0, trace_block * block_q : (trace_block + 1) * block_q]
-        rows_shown = min(8, state.running_max.shape[0])
-        numbers = pd.DataFrame(
-            {
-                "query": [trace_block * block_q + i for i in range(rows_shown)],
-                "running max m": state.running_max[:rows_shown].tolist(),
-                "running sum ℓ": state.running_sum[:rows_shown].tolist(),
-                "output[0] so far": state.output[:rows_shown, 0].tolist(),
-                "output[0] final": final[:rows_shown, 0].tolist(),
-            }
-        )
-        st.markdown(
-            f"After key block **k{state.key_block}** ({state.status}): each row keeps m (largest score seen), ℓ "
-            "(sum of e^(s − m)) and the output so far; a new block with a larger max rescales ℓ and the output by "
-            "e^(m_old − m_new)."
-        )
-        st.dataframe(numbers.style.format(precision=4), hide_index=True)
-        gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
+        return
+    step = st.slider("Step: key blocks consumed", 1, len(steps), len(steps), key="flash_step")
+    state = steps[step - 1]
+    final = output[0, 0, trace_block * block_q : (trace_block + 1) * block_q]
+    rows_shown = min(8, state.running_max.shape[0])
+    numbers = pd.DataFrame(
+        {
+            "query": [trace_block * block_q + i for i in range(rows_shown)],
+            "running max m": state.running_max[:rows_shown].tolist(),
+            "running sum ℓ": state.running_sum[:rows_shown].tolist(),
+            "output[0] so far": state.output[:rows_shown, 0].tolist(),
+            "output[0] final": final[:rows_shown, 0].tolist(),
+        }
+    )
+    st.markdown(
+        f"After key block **k{state.key_block}** ({state.status}): each row keeps m (largest score seen), ℓ "
+        "(sum of e^(s − m)) and the output so far; a new block with a larger max rescales ℓ and the output by "
+        "e^(m_old − m_new)."
+    )
+    st.dataframe(numbers.style.format(precision=4), hide_index=True)
+    gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
+    show_figure(
+        line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
+                   title="The online softmax converging", x_title="key blocks consumed", y_title="difference",
+                   markers=True, log_y=True, height=280),
+        "Exactly the final answer once the last block is in: nothing was approximated, only reordered.",
+        key="flash_converge",
+    )
+    if state.scores is not None:
+        shown = state.scores[:16, :16]
         show_figure(
-            line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps}, title="The online softmax converging",
-                       x_title="key blocks consumed", y_title="difference", markers=True, log_y=True, height=280),
-            "Exactly the final answer once the last block is in: nothing was approximated, only reordered.",
-            key="flash_converge",
+            matrix_heatmap(shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
+                           [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
+                           title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}",
+                           kind="signed", show_values=False, height=360),
+            "Grey cells are masked (−∞) inside a diagonal or edge tile.",
+            key="flash_tile_scores",
         )
-        if state.scores is not None:
-            shown = state.scores[:16, :16]
-            show_figure(
-                matrix_heatmap(shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
-                               [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
-                               title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}", kind="signed",
-                               show_values=False, height=360),
-                "Grey cells are masked (−∞) inside a diagonal or edge tile.",
-                key="flash_tile_scores",
-            )
 
-st.subheader("Scaling with N")
-saved = sorted(SAVED_BENCHMARKS.glob("*.json")) if SAVED_BENCHMARKS.exists() else []
-source = st.radio("Data", ["saved benchmark", "upload a benchmark JSON", "live sweep (small N)"], horizontal=True,
-                  key="flash_scaling_source")
-report = None
-if source == "saved benchmark":
-    if saved:
-        chosen = st.selectbox("Benchmark", saved, format_func=lambda p: p.name, key="flash_saved")
-        report = json.loads(chosen.read_text())
-    else:
-        st.info("No saved benchmark in docs/bench/. Run `python -m attnviz.bench flash` and copy its JSON there.")
-elif source == "upload a benchmark JSON":
-    uploaded = st.file_uploader("JSON from python -m attnviz.bench flash", type=["json"], key="flash_upload")
-    if uploaded is not None:
-        try:
-            report = json.loads(uploaded.getvalue().decode("utf-8"))
-            if "results" not in report:
-                raise ValueError("no 'results'")
-        except (UnicodeDecodeError, ValueError) as problem:
-            st.error(f"That is not a benchmark JSON from attnviz ({problem}).")
-            report = None
-else:
-    if st.button("Run a sweep over N = 256 … 2048", key="flash_sweep"):
-        from attnviz.flash_bench import bench_cpu
 
-        with st.status("Sweeping…") as status:
-            report = bench_cpu([256, 512, 1024, 2048], heads=heads, d=d, repeats=3, memory=False,
-                               progress=lambda line: status.update(label=line.strip()))
-            status.update(label="Sweep done", state="complete")
-if report is not None and report.get("benchmark") == "flash-cpu":
-    results = report["results"]
-    lengths = [row["n"] for row in results]
-    names_in = list(results[0]["time_s"])
-    left, right = st.columns(2)
+def tiling_section(case, chosen: dict) -> None:
+    st.subheader("The tiling")
+    columns = st.columns(3)
+    block_q = columns[0].select_slider("Query block", [16, 32, 64, 128], 64, key="flash_block_q")
+    block_k = columns[1].select_slider("Key block", [16, 32, 64, 128], 64, key="flash_block_k")
+    if chosen["mask"] == "bigbird":
+        block_q = block_k = chosen["block_size"]  # block-sparse tiles are the layout's blocks
+    n_query_blocks = -(-case.n // block_q)
+    trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1, min(n_query_blocks - 1, 2),
+                                    key="flash_trace_block")
+    output, trace = flash_page.tiling(case, block_q, block_k, trace_block)
+    codes = torch.tensor([[flash_page.STATUS_CODES[s] for s in row] for row in trace.status])
+    legend = {0: ("#ffffff", "skipped"), 1: ("#2f6db5", "computed"), 2: ("#ff9f1c", "computed + masked")}
+    counts = trace.counts()
+    left, right = st.columns([2, 3])
     with left:
         show_figure(
-            line_chart(lengths, {name: [row["time_s"][name] * 1000 for row in results] for name in names_in},
-                       title="Time vs N", x_title="N", y_title="ms", log_x=True, log_y=True, markers=True),
-            "Every contender does O(N²) work; flash wins on memory traffic, not on arithmetic.",
-            key="flash_scaling_time",
+            mask_heatmap(codes, [f"q{i}" for i in range(trace.n_query_blocks)],
+                         [f"k{j}" for j in range(trace.n_key_blocks)],
+                         title=f"{trace.n_query_blocks} x {trace.n_key_blocks} tiles of {block_q} x {block_k}",
+                         legend=legend, height=420),
+            f"{counts['computed']} tiles computed as they are, {counts['masked']} with an element mask (the diagonal "
+            f"or window edge), {counts['skipped']} never touched: "
+            f"{counts['skipped'] / max(sum(counts.values()), 1):.0%} of the work skipped.",
+            key="flash_tiles",
         )
     with right:
-        if results[0].get("peak_bytes"):
+        stepper(trace, output, block_q, block_k, trace_block)
+
+
+def saved_or_uploaded_report(chosen: dict):
+    saved = sorted(SAVED_BENCHMARKS.glob("*.json")) if SAVED_BENCHMARKS.exists() else []
+    source = st.radio("Data", ["saved benchmark", "upload a benchmark JSON", "live sweep (small N)"], horizontal=True,
+                      key="flash_scaling_source")
+    if source == "saved benchmark":
+        if saved:
+            chosen_file = st.selectbox("Benchmark", saved, format_func=lambda p: p.name, key="flash_saved")
+            return json.loads(chosen_file.read_text())
+        st.info("No saved benchmark in docs/bench/. Run `python -m attnviz.bench flash` and copy its JSON there.")
+        return None
+    if source == "upload a benchmark JSON":
+        uploaded = st.file_uploader("JSON from python -m attnviz.bench flash", type=["json"], key="flash_upload")
+        if uploaded is None:
+            return None
+        try:
+            report = json.loads(uploaded.getvalue().decode("utf-8"))
+            if not isinstance(report, dict) or "results" not in report:
+                raise ValueError("no 'results'")
+            return report
+        except (UnicodeDecodeError, ValueError) as problem:
+            st.error(f"That is not a benchmark JSON from attnviz ({problem}).")
+            return None
+    if st.button("Run a sweep over N = 256 … 2048", key="flash_sweep"):
+        from attnviz.bench.flash_cpu import bench_cpu
+
+        with st.status("Sweeping…") as status:
+            report = bench_cpu([256, 512, 1024, 2048], heads=chosen["heads"], d=chosen["d"], repeats=3, memory=False,
+                               progress=lambda line: status.update(label=line.strip()))
+            status.update(label="Sweep done", state="complete")
+        return report
+    return None
+
+
+def scaling_section(chosen: dict) -> None:
+    st.subheader("Scaling with N")
+    report = saved_or_uploaded_report(chosen)
+    if report is not None and report.get("benchmark") == "flash-cpu":
+        results = report["results"]
+        lengths = [row["n"] for row in results]
+        names_in = list(results[0]["time_s"])
+        left, right = st.columns(2)
+        with left:
             show_figure(
-                line_chart(lengths, {name: [row["peak_bytes"][name] / 2**20 for row in results] for name in names_in},
-                           title="Peak extra memory vs N (fresh process per point)", x_title="N", y_title="MiB",
-                           log_x=True, log_y=True, markers=True),
-                "Naive grows as N² (the score matrix); tiled and SDPA flash grow as N (the output).",
-                key="flash_scaling_memory",
+                line_chart(lengths, {name: [row["time_s"][name] * 1000 for row in results] for name in names_in},
+                           title="Time vs N", x_title="N", y_title="ms", log_x=True, log_y=True, markers=True),
+                "Every contender does O(N²) work; flash wins on memory traffic, not on arithmetic.",
+                key="flash_scaling_time",
             )
-        else:
-            st.info("This sweep did not measure memory (that needs a fresh process per point: see the benchmark).")
-elif report is not None and report.get("benchmark") == "flash-gpu":
-    results = [row for row in report["results"] if row["mask"] == "causal" and row["d"] == 128] or report["results"]
-    lengths = sorted({row["n"] for row in results})
-    labels = sorted({label for row in results for label in row["forward_tflops"]})
-    show_figure(
-        line_chart(lengths, {label: [next((r["forward_tflops"].get(label) for r in results if r["n"] == n_), None) for n_ in lengths]
-                             for label in labels},
-                   title=f"Forward TFLOPS on {report.get('gpu', 'GPU')} ({results[0]['mask']}, d = {results[0]['d']})",
-                   x_title="N", y_title="TFLOPS", log_x=True, markers=True),
-        "Higher is better; the H100/H200 dense bf16 peak is 989 TFLOPS.",
-        key="flash_scaling_gpu",
+        with right:
+            if results[0].get("peak_bytes"):
+                show_figure(
+                    line_chart(lengths,
+                               {name: [row["peak_bytes"][name] / 2**20 for row in results] for name in names_in},
+                               title="Peak extra memory vs N (fresh process per point)", x_title="N", y_title="MiB",
+                               log_x=True, log_y=True, markers=True),
+                    "Naive grows as N² (the score matrix); tiled and SDPA flash grow as N (the output).",
+                    key="flash_scaling_memory",
+                )
+            else:
+                st.info("This sweep did not measure memory (that needs a fresh process per point: see the benchmark).")
+    elif report is not None and report.get("benchmark") == "flash-gpu":
+        results = [row for row in report["results"] if row["mask"] == "causal" and row["d"] == 128] or report["results"]
+        lengths = sorted({row["n"] for row in results})
+        labels = sorted({label for row in results for label in row["forward_tflops"]})
+        series = {label: [next((r["forward_tflops"].get(label) for r in results if r["n"] == n), None) for n in lengths]
+                  for label in labels}
+        show_figure(
+            line_chart(lengths, series, title=f"Forward TFLOPS on {report.get('gpu', 'GPU')} ({results[0]['mask']}, "
+                                              f"d = {results[0]['d']})", x_title="N", y_title="TFLOPS", log_x=True,
+                       markers=True),
+            f"Higher is better; the H100/H200 dense bf16 peak is {report.get('peak_tflops', 989):.0f} TFLOPS.",
+            key="flash_scaling_gpu",
+        )
+
+
+def main() -> None:
+    start_page("Flash vs naive")
+    st.caption(
+        "Naive attention writes all N x N scores to memory, then softmaxes them. Flash attention walks over key "
+        "blocks keeping only a running max, a running sum and a rescaled output per query: same answer, O(N) memory."
     )
+    gpu = torch.cuda.is_available()
+    chosen = controls(gpu)
+    if chosen["mask"] == "bigbird" and chosen["n"] % chosen["block_size"]:
+        st.warning(f"BigBird blocks of {chosen['block_size']} need N to be a multiple of {chosen['block_size']}.")
+        st.stop()
+    case = flash_page.page_case(chosen["n"], chosen["d"], chosen["heads"], chosen["kv_heads"], chosen["dtype"],
+                                chosen["mask"], window=chosen["window"], block_size=chosen["block_size"])
+    results_section(case, chosen, gpu)
+    memory_metrics(case)
+    tiling_section(case, chosen)
+    scaling_section(chosen)
+
+
+main()

@@ -59,7 +59,8 @@ def test_delimiter_first_and_punctuation_heads():
 
 
 def test_self_and_next_heads_and_layer_head_indices():
-    weights = torch.stack([torch.eye(N), torch.diag(torch.ones(N - 1), 1) + torch.diag(torch.tensor([0.0] * (N - 1) + [1.0]))])
+    next_token = torch.diag(torch.ones(N - 1), 1) + torch.diag(torch.tensor([0.0] * (N - 1) + [1.0]))
+    weights = torch.stack([torch.eye(N), next_token])
     stats = analysis.head_statistics(weights.reshape(2, 1, N, N), TOKENS, SPECIAL)
     assert [(s.layer, s.head, s.label) for s in stats] == [(0, 0, "self head"), (1, 0, "next-token head")]
 
@@ -90,4 +91,4 @@ def test_keep_tokens_with_and_without_renormalising():
 
 def test_punctuation_detection():
     assert analysis.is_punctuation(".") and analysis.is_punctuation("Ġ,") and analysis.is_punctuation("...")
-    assert not analysis.is_punctuation("cat") and not analysis.is_punctuation("[SEP]") and not analysis.is_punctuation("")
+    assert not any(analysis.is_punctuation(token) for token in ("cat", "[SEP]", ""))

@@ -213,7 +213,8 @@ def test_decoder_self_attention_is_causal():
     reference = nn.MultiheadAttention(16, 4, batch_first=True, bias=False).double()
     decoder.attention = MultiHeadAttention.from_torch(reference)
     normed = decoder.norm(x)
-    expected = x + reference(normed, normed, normed, attn_mask=nn.Transformer.generate_square_subsequent_mask(6).double())[0]
+    future = nn.Transformer.generate_square_subsequent_mask(6).double()
+    expected = x + reference(normed, normed, normed, attn_mask=future)[0]
     torch.testing.assert_close(decoder(x)[0], expected, atol=1e-6, rtol=0)
 
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import explore, masks
+from attnviz import masks
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_default_model
+from attnviz.pagelogic import explore_heads as explore
 from tests.apptest_helpers import plotly_array
 
 
@@ -31,12 +32,14 @@ def test_every_view_builds(pair, view):
 
 def test_head_view_is_the_captured_matrix(pair):
     figure, _ = explore.view_figure(pair, explore.ViewOptions(view="head", layer=3, head=7))
-    np.testing.assert_allclose(np.asarray(figure.data[0].z, dtype=float), pair.records["self"].weights[3, 7].numpy(), atol=1e-7)
+    expected = pair.records["self"].weights[3, 7].numpy()
+    np.testing.assert_allclose(np.asarray(figure.data[0].z, dtype=float), expected, atol=1e-7)
 
 
 def test_hiding_special_tokens_and_renormalising(pair):
     options = explore.ViewOptions(view="head", layer=0, head=0, hide_special=True, renormalise=True)
-    weights, q_labels, k_labels, _, _ = explore.filtered(pair.records["self"].weights[0, 0], pair, pair.records["self"], options)
+    record = pair.records["self"]
+    weights, q_labels, k_labels, _, _ = explore.filtered(record.weights[0, 0], pair, record, options)
     assert not any("[CLS]" in label or "[SEP]" in label for label in q_labels + k_labels)
     torch.testing.assert_close(weights.sum(-1), torch.ones(len(q_labels)))
     options.renormalise = False
@@ -86,7 +89,8 @@ def test_compare_lines_up_equal_length_texts(bert):
     figures, caption = explore.compare_figures(a, b, "self", 2, 3)
     assert len(figures) == 3 and "B − A" in figures[2].layout.title.text
     difference = np.asarray(figures[2].data[0].z, dtype=float)
-    np.testing.assert_allclose(difference, (b.records["self"].weights[2, 3] - a.records["self"].weights[2, 3]).numpy(), atol=1e-7)
+    expected = (b.records["self"].weights[2, 3] - a.records["self"].weights[2, 3]).numpy()
+    np.testing.assert_allclose(difference, expected, atol=1e-7)
     assert "2 · cat / dog" in figures[2].layout.yaxis.ticktext
     c = capture(bert, "A much longer sentence than the first one was.")
     figures, caption = explore.compare_figures(a, c, "self", 0, 0)
@@ -115,11 +119,17 @@ def test_what_if_without_scaling_sharpens(pair):
 
 
 def test_what_if_masks():
-    assert explore.what_if_mask("model's own", 4, 4) is None
-    assert explore.what_if_mask("sliding window", 6, 6, left=1).sum() == 11
-    assert explore.what_if_mask("BigBird", 8, 8, block_size=2).shape == (8, 8)
+    assert explore.what_if_mask(explore.MODEL_OWN_MASK, 4, 4) is None
+    assert explore.what_if_mask("sliding_window", 6, 6, left=1).sum() == 11
+    assert explore.what_if_mask("bigbird", 8, 8, block_size=2).shape == (8, 8)
     with pytest.raises(ValueError):
-        explore.what_if_mask("BigBird", 4, 6)
+        explore.what_if_mask("bigbird", 4, 6)
+    with pytest.raises(ValueError, match="unknown what-if mask"):
+        explore.what_if_mask("lsh", 6, 6)
+
+
+def test_every_view_has_one_builder():
+    assert set(explore.VIEW_BUILDERS) == set(explore.VIEWS)
 
 
 def test_exports(pair):

@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz import kvcache, masks, patterns, positional, scaling
+from attnviz import kvcache, mask_patterns, masks, positional, scaling
+from attnviz.pagelogic import masks as masks_page
+from attnviz.pagelogic.positional import alibi_on_real_head
+from attnviz.pagelogic.scaling import real_head_scalings
+from attnviz.units import human_bytes
 
 # --- positional -------------------------------------------------------------------------------------------------
 
@@ -111,17 +115,72 @@ def test_permutation_keeps_special_tokens_in_place():
 # --- patterns ---------------------------------------------------------------------------------------------------
 
 
+def scores_computed(key, n, **params):
+    return int(mask_patterns.build(key, n, **params).mask.sum())
+
+
 def test_pattern_densities_on_small_cases():
     n = 8
-    assert patterns.build_pattern("full", n).density == 1.0
-    assert patterns.build_pattern("causal", n).scores_computed == 36
-    assert patterns.build_pattern("sliding_causal", n, window=3).scores_computed == 1 + 2 + 3 * 6
-    assert patterns.build_pattern("sliding_bidirectional", n, window=3).scores_computed == 3 * n - 2
-    assert patterns.build_pattern("dilated", n, window=2, dilation=2).scores_computed == n + 2 * (n - 2)
-    # one global token on top of a 3-wide window: row 0 and column 0 become full
-    assert patterns.build_pattern("global_local", n, window=3, global_tokens=1).scores_computed == (3 * n - 2) + (n - 2) + (n - 2)
-    for key in patterns.PATTERNS:
-        assert patterns.build_pattern(key, n).mask.diagonal().all() or key == "dilated"
+    assert masks.density(mask_patterns.build("full", n).mask) == 1.0
+    assert scores_computed("causal", n) == 36
+    assert scores_computed("sliding_causal", n, window=3) == 1 + 2 + 3 * 6
+    assert scores_computed("sliding_bidirectional", n, radius=1) == 3 * n - 2
+    assert scores_computed("dilated", n, window=2, dilation=2) == n + 2 * (n - 2)
+    # one global token on top of a window of 1 on each side: row 0 and column 0 become full
+    assert scores_computed("global_local", n, radius=1, global_tokens=1) == (3 * n - 2) + (n - 2) + (n - 2)
+    for key in mask_patterns.PATTERNS:
+        if key != "lsh":  # Reformer forbids attending to yourself
+            assert mask_patterns.build(key, n).mask.diagonal().all(), key
+
+
+@pytest.mark.parametrize("key,params", [
+    ("sliding_causal", {"window": 4}), ("sliding_bidirectional", {"radius": 2}),
+    ("sliding_window", {"left": 3, "right": 1}),
+    ("dilated", {"window": 3, "dilation": 2}), ("dilated", {"window": 2, "dilation": 5}),
+    ("global_local", {"radius": 2, "global_tokens": 0}),
+])
+def test_each_description_states_the_keys_an_inner_query_sees(key, params):
+    """The caption's "N keys per query" is what the mask gives a query away from the edges, for any setting."""
+    n = 40
+    mask = mask_patterns.build(key, n, **params).mask
+    inner = int(masks.keys_per_query(mask)[n // 2])
+    described = mask_patterns.describe(key, **params)
+    assert f"{inner} keys per query" in described or f"({inner} keys)" in described, (described, inner)
+
+
+def test_dilated_window_is_2w_minus_1_keys_not_w():
+    mask = mask_patterns.build("dilated", 30, window=3, dilation=2).mask
+    assert masks.keys_per_query(mask)[15] == 5  # 2W - 1: W - 1 on each side and itself
+    described = mask_patterns.describe("dilated", window=3, dilation=2)
+    assert "5 keys per query" in described and "same cost" not in described
+    assert mask_patterns.cost("dilated", window=3, dilation=2) == "O(N·(2W−1))"
+
+
+def test_bidirectional_window_has_2r_plus_1_keys_for_every_r():
+    for radius in range(0, 5):
+        mask = mask_patterns.build("sliding_bidirectional", 20, radius=radius).mask
+        assert masks.keys_per_query(mask)[10] == 2 * radius + 1  # never W + 1 for an even W
+
+
+@pytest.mark.parametrize("key,params,per_layer", [
+    ("sliding_causal", {"window": 3}, 2), ("sliding_bidirectional", {"radius": 2}, 4),
+    ("sliding_bidirectional", {"radius": 1}, 2),
+])
+def test_receptive_field_rule_states_the_measured_growth(key, params, per_layer):
+    n, query = 60, 30
+    reach = masks_page.receptive_field_summary(mask_patterns.build(key, n, **params).mask, 4, query).sum(-1).tolist()
+    assert [b - a for a, b in zip(reach, reach[1:], strict=False)] == [per_layer] * 3
+    rule = masks_page.receptive_field_rule(key, **params)
+    side = per_layer if key == "sliding_causal" else per_layer // 2
+    assert f"= {side} " in rule and "W-1" not in rule, rule
+
+
+def test_lsh_is_described_as_built():
+    cost = mask_patterns.cost("lsh")
+    assert "O(N log N)" not in cost.split("(Reformer")[0]  # the mask as built is not N log N
+    n = 400
+    density = masks.density(mask_patterns.build("lsh", n, n_buckets=4, n_rounds=2).mask)
+    assert density == pytest.approx(1 - (1 - 1 / 4) ** 2, abs=0.08)  # constant density: O(N^2) as built
 
 
 def test_dilated_window_sees_every_other_token():
@@ -133,7 +192,7 @@ def test_dilated_window_sees_every_other_token():
 def test_receptive_field_of_stacked_windows():
     # A causal window of 2 (itself and the previous token) reaches one token further back per layer.
     reach = masks.receptive_field(masks.sliding_window(10, 1, 0), 4)
-    assert [int(reach[l, 9].sum()) for l in range(4)] == [2, 3, 4, 5]
+    assert [int(reach[layer, 9].sum()) for layer in range(4)] == [2, 3, 4, 5]
     # Global token 0: any token reaches any other in two layers.
     glob = masks.receptive_field(masks.global_local(10, [0], 0, 0), 2)
     assert not glob[0].all() and glob[1].all()
@@ -143,33 +202,60 @@ def test_lsh_mask_is_seeded_symmetric_and_groups_identical_vectors():
     vectors = torch.randn(12, 8, generator=torch.Generator().manual_seed(0))
     vectors[5] = vectors[2]
     mask = masks.lsh(vectors, 4, 2, seed=1)
-    assert torch.equal(mask, mask.T) and mask.diagonal().all()
+    assert torch.equal(mask, mask.T)
     assert mask[2, 5]
     assert torch.equal(mask, masks.lsh(vectors, 4, 2, seed=1))
     with pytest.raises(ValueError):
         masks.lsh(vectors, 3, 1)
 
 
-def test_allowed_pairs_estimate_matches_small_masks():
-    for key, params in (("full", {}), ("causal", {}), ("sliding_causal", {"window": 4})):
-        built = patterns.build_pattern(key, 64, **params)
-        assert patterns.allowed_pairs_estimate(key, 64, **params) == built.scores_computed
+def test_lsh_token_attends_to_itself_only_when_nothing_else_is_left():
+    vectors = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    mask = masks.lsh(vectors, 8, 1, seed=2)
+    others = (mask & ~torch.eye(64, dtype=torch.bool)).any(-1)
+    assert torch.equal(mask.diagonal(), ~others)  # self only for a token alone in its bucket
+    assert others.any() and not mask.diagonal().all()
+    assert mask.any(-1).all()  # nobody is left without a key
+
+
+def test_allowed_pairs_count_matches_built_masks():
+    exact = [("full", {}), ("causal", {}), ("sliding_causal", {"window": 4}), ("sliding_bidirectional", {"radius": 3}),
+             ("sliding_window", {"left": 5, "right": 2}), ("dilated", {"window": 3, "dilation": 4})]
+    for key, params in exact:
+        for n in (7, 64):
+            assert mask_patterns.allowed_pairs(key, n, **params) == scores_computed(key, n, **params), (key, n)
+    for key, params in (("global_local", {"radius": 2, "global_tokens": 2}), ("bigbird", {"block_size": 4})):
+        estimate, built = mask_patterns.allowed_pairs(key, 64, **params), scores_computed(key, 64, **params)
+        assert built <= estimate <= 1.25 * built, (key, estimate, built)  # an upper bound, said "≈" on the page
 
 
 def test_score_memory_at_128k_fp16():
-    table = patterns.score_memory_table("sliding_causal", [131072], "fp16", window=4096)
+    table = masks_page.score_memory_table("sliding_causal", [131072], "fp16", window=4096)
     assert table["dense bytes"].iloc[0] == 131072**2 * 2 == 32 * 1024**3
     assert table["dense N×N scores"].iloc[0] == "32 GiB"
     # A causal window of W keys stores about N x W scores: 131072 x 4096 x 2 bytes, less the first W rows' triangle.
-    assert table.iloc[0, 2] == patterns.human_bytes(2 * (131072 * 4096 - 4096 * 4095 / 2))
+    assert table.iloc[0, 2] == human_bytes(2 * (131072 * 4096 - 4096 * 4095 / 2))
+
+
+def test_registry_refuses_unknown_names_and_impossible_shapes():
+    with pytest.raises(ValueError, match="unknown mask pattern"):
+        mask_patterns.build("starfish", 8)
+    with pytest.raises(ValueError, match="no parameter"):
+        mask_patterns.build("causal", 8, window=3)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        mask_patterns.build("bigbird", 8, 12)
+    with pytest.raises(ValueError, match="no rule"):
+        mask_patterns.rule("lsh", 8)
+    assert mask_patterns.build("causal", 4, 6).mask.shape == (4, 6)
 
 
 def test_convention_demo_uses_pytorch_semantics():
     generator = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 6, 4, generator=generator, dtype=torch.float64)
-    demo = patterns.convention_demo(q, k)
+    demo = masks_page.convention_demo(q, k)
     right, additive, keep, inverted = demo.weights.values()
-    torch.testing.assert_close(right, F.scaled_dot_product_attention(q, k, torch.eye(6, dtype=torch.float64), is_causal=True))
+    expected = F.scaled_dot_product_attention(q, k, torch.eye(6, dtype=torch.float64), is_causal=True)
+    torch.testing.assert_close(right, expected)
     torch.testing.assert_close(additive, right)
     assert demo.future_weight["bool, True = may attend"] == 0
     assert demo.future_weight["float 1 = keep (added!)"] > 0.1  # the 0/1 float mask blocks nothing
@@ -208,7 +294,27 @@ def test_max_subtraction_is_exact_and_stable():
     table = scaling.stability_table([10, 100], {"fp16": torch.float16, "fp32": torch.float32})
     fp16_naive_100 = next(r for r in table if r["max logit"] == 100 and r["dtype"] == "fp16" and r["method"] == "naive")
     assert not fp16_naive_100["finite"]
-    assert all(r["finite"] for r in table if r["method"] == "max-subtracted")
+    assert all(r["finite"] and r["right"] for r in table if r["method"] == "max-subtracted")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_stability_table_reports_the_real_largest_logit_and_it_explains_overflow(seed):
+    dtypes = {"fp16": torch.float16, "fp32": torch.float32}
+    table = scaling.stability_table([5, 10, 11, 12, 50, 88, 89, 100], dtypes, seed)
+    for row in table:
+        threshold = scaling.exp_overflow_threshold(dtypes[row["dtype"]])
+        assert row["max logit"] == pytest.approx(float(torch.tensor(row["max logit"])), abs=0.05)
+        if row["method"] == "naive" and row["max logit"] > threshold:
+            assert not row["finite"]  # the page's threshold is the one the table shows
+        if row["method"] == "naive" and row["max logit"] < threshold - math.log(8):  # 8 logits cannot sum to overflow
+            assert row["finite"] and row["right"]
+    labelled_100 = [r["max logit"] for r in table if r["dtype"] == "fp32" and abs(r["max logit"] - 100) < 1]
+    assert labelled_100 and all(m == 100 for m in labelled_100)  # not 70.7
+
+
+def test_overflow_thresholds():
+    assert scaling.exp_overflow_threshold(torch.float16) == pytest.approx(11.09, abs=0.01)
+    assert scaling.exp_overflow_threshold(torch.float32) == pytest.approx(88.72, abs=0.01)
 
 
 # --- KV cache ---------------------------------------------------------------------------------------------------
@@ -224,6 +330,28 @@ def test_kv_cache_bytes_for_known_configs():
     assert kvcache.kv_cache_bytes(gpt2, 1024, 1, "fp32")["total"] == 2 * 12 * 12 * 64 * 1024 * 4
 
 
+def test_per_token_cost_does_not_grow_with_the_batch():
+    gpt2 = kvcache.PRESETS["GPT-2 (124M)"]
+    one, eight = (kvcache.kv_cache_bytes(gpt2, 1024, batch, "fp16") for batch in (1, 8))
+    assert one["per_token"] == eight["per_token"] == 2 * 12 * 12 * 64 * 2
+    assert eight["total"] == 8 * one["total"]
+
+
+def test_mistral_rolling_buffer_caps_the_cache_at_its_window():
+    mistral = kvcache.PRESETS["Mistral 7B (v0.1)"]
+    at_window = kvcache.kv_cache_bytes(mistral, 4096, 1, "fp16")
+    at_32k = kvcache.kv_cache_bytes(mistral, 32768, 1, "fp16")
+    assert at_32k["total"] == at_window["total"] == 2 * 32 * 8 * 128 * 4096 * 2
+    assert at_32k["cached_tokens"] == 4096
+    llama = kvcache.PRESETS["Llama 3 8B"]
+    assert kvcache.kv_cache_bytes(llama, 8192, 1, "fp16")["cached_tokens"] == 8192  # no window: every token
+
+
+def test_a_length_beyond_the_context_is_flagged():
+    gpt2 = kvcache.PRESETS["GPT-2 (124M)"]
+    assert kvcache.beyond_context(gpt2, 131072) and not kvcache.beyond_context(gpt2, 1024)
+
+
 def test_attention_parameters_match_our_module():
     from attnviz.attention import MultiHeadAttention
 
@@ -236,8 +364,8 @@ def test_attention_parameters_match_our_module():
 
 
 def test_cross_attention_example_aligns_related_words():
-    from attnviz.cross import cross_attention_example
     from attnviz.models.loading import load_default_model
+    from attnviz.pagelogic.heads_kv_cache import cross_attention_example
 
     result = cross_attention_example(load_default_model(), "the cat sat on the mat", "a kitten rested")
     weights = result["weights"]
@@ -253,17 +381,17 @@ def test_real_head_helpers_reproduce_the_model():
     record = capture(load_default_model(), "The cat sat on the mat.").records["self"]
     raw, allowed = head_scores(record, 2, 5)
     assert allowed.all() and raw.shape == (9, 9)
-    versions = scaling.real_head_scalings(record, 2, 5, temperature=1.0)
+    versions = real_head_scalings(record, 2, 5, temperature=1.0)
     model, unscaled, same = versions.values()
     torch.testing.assert_close(model.float(), record.weights[2, 5], atol=1e-5, rtol=0)
     torch.testing.assert_close(same, model)
     assert scaling.entropy(unscaled).mean() < scaling.entropy(model).mean()
-    before, with_zero_bias = positional.alibi_on_real_head(record, 2, 5, torch.zeros(9, 9, dtype=torch.float64))
+    before, with_zero_bias = alibi_on_real_head(record, 2, 5, torch.zeros(9, 9, dtype=torch.float64))
     torch.testing.assert_close(before, with_zero_bias)
-    _, with_alibi = positional.alibi_on_real_head(record, 2, 5, positional.alibi_bias(1, 9, causal=False)[0] * 8)
+    _, with_alibi = alibi_on_real_head(record, 2, 5, positional.alibi_bias(1, 9, causal=False)[0] * 8)
     distance = (torch.arange(9).unsqueeze(1) - torch.arange(9)).abs().double()
     assert (with_alibi * distance).sum(-1).mean() < (before * distance).sum(-1).mean()  # pulled toward neighbours
-    before_head, cut, after, lost = patterns.apply_to_head(record, 2, 5, masks.causal(9))
+    before_head, cut, after, lost = masks_page.apply_to_head(record, 2, 5, masks.causal(9))
     torch.testing.assert_close(cut, record.weights[2, 5] * masks.causal(9))
     assert lost == pytest.approx(float(1 - cut.sum(-1).mean()))
     torch.testing.assert_close(after.sum(-1), torch.ones(9))

@@ -94,10 +94,11 @@ def test_statistics_tab_and_what_if_tab():
     at.run()
     at.selectbox(key="whatif_mask").set_value("causal").run()
     assert not at.exception
-    after = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("After: causal"))
+    after = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("After: Causal (GPT)"))
     z = plotly_array(after["data"][0]["z"])
     assert np.all(np.triu(np.nan_to_num(z), k=1) == 0)
-    grid = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("All 12 heads of layer 0, before and after"))
+    title = "All 12 heads of layer 0, before and after"
+    grid = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith(title))
     assert grid["layout"]["yaxis"]["ticktext"] == ["before", "after"]
 
 

@@ -4,8 +4,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
-from attnviz import flash_bench, flash_live
+from attnviz import measure
+from attnviz.bench import flash_cpu, flash_gpu
+from attnviz.flash.cases import AttentionCase, measure_peak_memory
+from attnviz.pagelogic import flash as flash_page
+from attnviz.units import speed_ratio
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 
 
@@ -48,11 +53,11 @@ def test_tiling_figure_follows_the_mask():
 
 def test_bigbird_and_window_masks_on_the_page():
     at = open_page("pages/flash.py", flash_n=256)
-    at.selectbox(key="flash_mask").set_value("BigBird").run()
+    at.selectbox(key="flash_mask").set_value("bigbird").run()
     assert not at.exception
     table = results_table(at)
     assert all(float(x) < 1e-4 for x in table[table["ran as"] != "—"]["max |out − naive fp64|"])
-    at.selectbox(key="flash_mask").set_value("sliding window").run()
+    at.selectbox(key="flash_mask").set_value("sliding_causal").run()
     assert not at.exception and any("skipped" in c.value for c in at.caption)
 
 
@@ -62,26 +67,49 @@ def test_saved_benchmark_is_drawn():
 
 
 def test_flop_counts():
-    assert flash_bench.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
-    assert flash_bench.attention_flops(2, 3, 100, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 100 * 8
-    assert flash_bench.attention_flops(1, 1, 10, 2, backward=True) == 3.5 * 4 * 100 * 2
-    assert flash_bench.attention_flops(1, 1, 10, 2, density=0.25) == 0.25 * 4 * 100 * 2
-    cases = flash_bench.gpu_cases()
+    assert flash_cpu.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
+    assert flash_cpu.attention_flops(2, 3, 100, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 100 * 8
+    assert flash_cpu.attention_flops(1, 1, 10, 2, backward=True) == 3.5 * 4 * 100 * 2
+    assert flash_cpu.attention_flops(1, 1, 10, 2, density=0.25) == 0.25 * 4 * 100 * 2
+    cases = flash_gpu.gpu_cases()
     assert len(cases) == 2 * 5 * 4 and {c["mask"] for c in cases} == {"full", "causal", "window", "bigbird"}
 
 
-def test_naive_memory_at_128k():
-    assert flash_live.naive_score_bytes(131072, 1, "fp16") == 2 * 131072**2 * 2
+def test_naive_memory_at_128k_and_the_tile_per_head():
+    assert flash_page.naive_score_bytes(131072, 1, "fp16") == 2 * 131072**2 * 2
+    assert flash_page.naive_score_bytes(1024, 4, "fp32") == 2 * 4 * 1024**2 * 4  # every head counts
+    assert flash_page.flash_tile_bytes(64, 64) == 32 * 1024  # one head's tile: the page says "per head"
+
+
+def test_speed_ratios_read_as_people_say_them():
+    assert speed_ratio(10.0, 3.0) == "3.3x faster"
+    assert speed_ratio(3.0, 10.0) == "3.3x slower"  # never "0.3x faster"
+    assert speed_ratio(10.0, 10.2) == "as fast"
+    assert speed_ratio(1.0, 50.0) == "50x slower"
+
+
+def test_the_results_table_says_slower_when_a_backend_is_slower():
+    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/math", "tiled"])
+    table = results_table(at).set_index("backend")
+    naive_ms = float(table.loc["naive", "median time"].split()[0])
+    for name in ("SDPA math", "tiled (PyTorch)"):
+        ms = float(table.loc[name, "median time"].split()[0])
+        word = table.loc[name, "vs naive"]
+        assert not word.startswith("0.")
+        if "slower" in word:
+            assert ms >= 0.95 * naive_ms, (word, ms, naive_ms)
+        elif "faster" in word:
+            assert ms <= 1.05 * naive_ms, (word, ms, naive_ms)
 
 
 def test_cpu_benchmark_smoke(tmp_path):
-    from attnviz import bench
+    from attnviz.bench.__main__ import main
 
     out = tmp_path / "flash.json"
-    assert bench.main(["flash", "--lengths", "128", "256", "--heads", "2", "--repeats", "1", "--out", str(out)]) == 0
+    assert main(["flash", "--lengths", "128", "256", "--heads", "2", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     last = report["results"][-1]
-    assert set(last["time_s"]) == set(flash_bench.CPU_CONTENDERS)
+    assert set(last["time_s"]) == set(flash_cpu.CPU_CONTENDERS)
     assert last["peak_bytes"]["naive"] > last["peak_bytes"]["sdpa/flash"]  # measured in fresh processes
     assert max(last["max_abs_diff_vs_naive"].values()) < 1e-4
     assert "environment" in report
@@ -93,20 +121,31 @@ def test_gpu_benchmark_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match="CUDA"):
-        flash_bench.bench_gpu(quick=True)
+        flash_gpu.bench_gpu(quick=True)
 
 
 def test_peak_memory_is_measured_in_fresh_processes():
-    naive = flash_live.measure_peak_memory("naive", n=1024, d=32, heads=2, kv_heads=2, dtype="fp32", mask="full")
-    tiled = flash_live.measure_peak_memory("tiled (PyTorch)", n=1024, d=32, heads=2, kv_heads=2, dtype="fp32", mask="full")
+    case = AttentionCase(1024, d=32, heads=2)
+    naive = measure_peak_memory(case, "naive")
+    tiled = measure_peak_memory(case, "tiled")
     assert naive >= 2 * 1024 * 1024 * 4 * 2  # at least the scores and the probabilities of 2 heads
     assert tiled < naive / 2
-    with pytest.raises(flash_live.BackendUnavailable):
-        flash_live.measure_peak_memory("Triton", n=64, d=16, heads=1, kv_heads=1, dtype="fp32", mask="full")
+    with pytest.raises(measure.MeasurementUnavailable):
+        measure_peak_memory(AttentionCase(64, d=16, heads=1), "triton")
+
+
+def test_cases_are_seeded_and_round_trip_through_json():
+    case = AttentionCase(96, d=16, heads=4, kv_heads=2, mask="bigbird", mask_params=(("block_size", 16),), seed=3)
+    again = AttentionCase.from_json(case.to_json())
+    assert again == case
+    for first, second in zip(case.tensors(), again.tensors(), strict=True):
+        assert torch.equal(first, second)
+    assert case.tensors()[1].shape == (1, 2, 96, 16)
+    assert case.mask_spec().block_layout.shape == (6, 6)
 
 
 def test_page_measures_memory_on_request():
-    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "SDPA flash"])
+    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/flash"])
     at.button(key="flash_measure_memory").click().run()
     assert not at.exception, [e.value for e in at.exception]
     table = results_table(at).set_index("backend")
@@ -117,7 +156,7 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
     """The GPU run cannot happen here; this executes the same code on CPU tensors (Triton interpreter, tiny sizes)
     so that what runs on the GPU machine has run before, except CUDA's own timer and kernels."""
     times = iter(range(1, 10_000))
-    report = flash_bench.bench_gpu(device="cpu", timer=lambda function: (function(), float(next(times)))[1],
+    report = flash_gpu.bench_gpu(device="cpu", timer=lambda function: (function(), float(next(times)))[1],
                                    batch=1, heads=2, lengths=[128], head_dims=(64,), window=32, bigbird_block=32,
                                    progress=lambda line: None)
     assert [row["mask"] for row in report["results"]] == ["full", "causal", "window", "bigbird"]
@@ -125,6 +164,6 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
         assert "triton" in row["forward_ms"] and "triton" in row["forward_backward_ms"]
         assert row["max_abs_diff_vs_sdpa"] < 1e-4  # our kernel agrees with PyTorch's SDPA on the same mask
         assert "sdpa/cudnn" in row["errors"]  # no cuDNN on a CPU: reported, not fatal
-    lines = flash_bench.print_gpu(report)
+    lines = flash_gpu.print_gpu(report)
     assert any("TFLOPS" in line or "triton TF" in line for line in lines)
     assert any("causal / non-causal" in line for line in lines)

@@ -51,7 +51,7 @@ def test_causal_mask_zeroes_the_future_and_rows_still_sum_to_one():
 
 def test_sliding_window_limits_keys():
     at = open_page(PAGE)
-    at.selectbox(key="sbs_mask").set_value("sliding window").run()
+    at.selectbox(key="sbs_mask").set_value("sliding_window").run()
     at.slider(key="sbs_left").set_value(1).run()
     weights = weights_of(at)
     assert all(np.count_nonzero(row) <= 2 for row in weights)
@@ -99,6 +99,21 @@ def test_hand_typed_matrices_of_different_lengths():
     assert weights.shape == (2, 3)
     expected = np.exp(np.array([[1, 0, 1], [0, 1, 1]]) / np.sqrt(2))
     np.testing.assert_allclose(weights, expected / expected.sum(axis=1, keepdims=True), atol=1e-12)
+
+
+def test_typed_matrices_are_scaled_by_their_own_d_k_and_the_title_says_so():
+    at = open_page(PAGE)
+    at.radio(key="sbs_source").set_value("Type numbers by hand").run()
+    at.slider(key="sbs_d_k").set_value(8).run()  # the example starts with 8 columns...
+    at.text_area(key="sbs_text_Q").input("1 0 2\n0 1 1").run()  # ...but the typed Q and K have 3
+    at.text_area(key="sbs_text_K").input("1 0 0\n0 1 0\n1 1 1").run()
+    at.text_area(key="sbs_text_V").input("1\n2\n3").run()
+    assert not at.exception and not at.error
+    scaled = figure_titled(at, "Step 2")
+    assert scaled["layout"]["title"]["text"].startswith("Step 2 · Scaled scores (÷ √3 = ÷ 1.73)")
+    raw = plotly_array(figure_titled(at, "Step 1")["data"][0]["z"])
+    np.testing.assert_allclose(plotly_array(scaled["data"][0]["z"]), raw / np.sqrt(3), atol=1e-12)
+    assert "Columns of the example" in at.slider(key="sbs_d_k").label
 
 
 def test_empty_sentence_asks_for_words():

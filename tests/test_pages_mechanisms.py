@@ -31,6 +31,24 @@ def test_masks_page_patterns_and_metrics():
     assert set(np.unique(plotly_array(spec["data"][0]["z"]))) <= {0, 1, 2, 3}
     at.selectbox(key="masks_pattern").set_value("lsh").run()
     assert not at.exception and "LSH" in titles(at)[0]
+    assert at.metric[2].value.startswith("O(N²/B) as built")
+
+
+def test_masks_page_captions_match_the_numbers_it_shows():
+    at = open_page("pages/masks.py")
+    at.selectbox(key="masks_pattern").set_value("dilated").run()
+    at.slider(key="masks_window").set_value(3).run()
+    keys = at.metric[3].value  # "lo–hi" keys per query
+    assert keys.endswith("–5")
+    caption = next(c.value for c in at.caption if "spaced d = 2 apart" in c.value)
+    assert "5 keys per query" in caption and "same cost" not in caption
+    at.selectbox(key="masks_pattern").set_value("sliding_bidirectional").run()
+    at.slider(key="masks_radius").set_value(2).run()
+    assert at.metric[3].value.endswith("–5")
+    reach = plotly_array(figure_titled(at, "Receptive field")["data"][0]["z"]).sum(axis=1)
+    rule = next(c.value for c in at.caption if "Receptive" in c.value or "reach grows" in c.value)
+    assert "by r = 2 on each side" in rule and "W-1" not in rule
+    assert reach.tolist()[:2] == [3, 5]  # the last token: 1 + r, then 1 + 2r (nothing to its right)
 
 
 def test_masks_page_receptive_field_and_real_head():
@@ -99,7 +117,38 @@ def test_scaling_page_reacts():
     after = [a["text"] for a in figure_containing(at, "its real Q and K")["layout"]["annotations"]]
     assert before[:2] == after[:2] and before[2] != after[2]
     stability = [d.value for d in at.dataframe if "method" in d.value.columns][0]
-    assert not stability[(stability["method"] == "naive") & (stability["max logit"] == 1000)]["finite"].any()
+    assert not stability[(stability["method"] == "naive") & (stability["max logit"] == 100)]["finite"].any()
+
+
+def scaling_captions(at):
+    return [c.value for c in at.caption]
+
+
+def test_scaling_page_statements_hold_at_other_settings():
+    at = open_page("pages/scaling.py")
+    at.select_slider(key="scale_d").set_value(8).run()
+    at.select_slider(key="scale_samples").set_value(500).run()
+    captions = " ".join(scaling_captions(at))
+    assert "exactly" not in captions  # 500 samples do not give the variance exactly
+    variance = figure_titled(at, "Variance of q·k")
+    measured = plotly_array(variance["data"][0]["y"])
+    theory = plotly_array(variance["data"][1]["y"])
+    worst = np.max(np.abs(measured / theory - 1))
+    assert f"within {worst:.1%}" in captions
+    entropy = figure_titled(at, "entropy (nats)")
+    at_8 = plotly_array(entropy["data"][0]["y"])[3]  # d_k values 1, 2, 4, 8, ...
+    assert f"Scaled: {at_8:.2f} nats at d_k = 8" in captions
+    # The real head: "nearly one-hot" only when the largest weights say so.
+    real_caption = next(c for c in scaling_captions(at) if "without the 1/√d_k this head" in c)
+    largest = float(real_caption.split("averages ")[1].split(",")[0])
+    assert ("nearly one-hot" in real_caption) == (largest >= 0.9)
+
+
+def test_scaling_page_sorted_weights_share_one_axis():
+    at = open_page("pages/scaling.py")
+    ranges = [spec["layout"]["yaxis"]["range"] for spec in figures(at)
+              if spec["layout"]["title"]["text"].startswith("One query's weights")]
+    assert len(ranges) == 2 and ranges[0] == ranges[1]
 
 
 def test_heads_and_kv_cache_page_reacts():
@@ -108,6 +157,7 @@ def test_heads_and_kv_cache_page_reacts():
     assert table["KV cache, all layers"].tolist() == ["10 GiB", "1.25 GiB", "160 MiB"]  # Llama 2 70B, 4096 tok, fp16
     at.selectbox(key="kv_dtype").set_value("fp32").run()
     assert at.dataframe[0].value["KV cache, all layers"].tolist()[1] == "2.5 GiB"
+    assert "per cached token" in at.dataframe[0].value.columns
     at.selectbox(key="kv_preset").set_value("Current checkpoint: all-MiniLM-L6-v2 (bundled BERT)").run()
     assert not at.exception
     assert at.dataframe[0].value["K/V heads"].tolist() == [12, 4, 1]
@@ -115,3 +165,18 @@ def test_heads_and_kv_cache_page_reacts():
     assert plotly_array(cross["data"][0]["z"]).shape[1] == 11  # encoder tokens of the default sentence, no specials
     at.text_input(key="kv_target").input("dog").run()
     assert plotly_array(figure_containing(at, "1 decoder queries")["data"][0]["z"]).shape == (1, 11)
+
+
+def test_kv_cache_page_says_when_a_window_or_the_context_limits_the_cache():
+    at = open_page("pages/heads_kv_cache.py")
+    at.selectbox(key="kv_preset").set_value("Mistral 7B (v0.1)").run()
+    at.select_slider(key="kv_seq").set_value(32768).run()
+    assert any("only the last 4,096" in i.value for i in at.info)
+    assert at.dataframe[0].value["KV cache, all layers"].tolist()[1] == "512 MiB"  # 2 x 32 x 8 x 128 x 4096 x 2 B
+    at.selectbox(key="kv_preset").set_value("GPT-2 (124M)").run()
+    at.select_slider(key="kv_seq").set_value(131072).run()
+    assert any("reads at most 1,024 tokens" in w.value for w in at.warning)
+    at.select_slider(key="kv_seq").set_value(1024).run()
+    assert not any("reads at most" in w.value for w in at.warning)
+    at.number_input(key="kv_batch").set_value(4).run()
+    assert at.dataframe[0].value["per cached token"].tolist()[0] == "36 KiB"  # 2 x 12 x 12 x 64 x 2 B, any batch

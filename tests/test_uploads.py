@@ -70,7 +70,8 @@ def test_too_many_members_is_refused(tmp_path):
 
 def test_pickle_and_code_are_never_extracted(tmp_path):
     evil = pickle.dumps({"weights": 1})
-    data = zip_bytes({"config.json": b"{}", "pytorch_model.bin": evil, "modeling_evil.py": b"import os", "x.exe": b"MZ"})
+    data = zip_bytes({"config.json": b"{}", "pytorch_model.bin": evil, "modeling_evil.py": b"import os",
+                      "x.exe": b"MZ"})
     report = extract_zip(io.BytesIO(data), tmp_path / "out")
     assert report.files == ["config.json"]
     assert len(report.skipped) == 3 and any("pickle" in s for s in report.skipped)
@@ -187,9 +188,9 @@ def test_config_far_larger_than_its_weights_is_refused_before_allocating(tiny_gp
 
 
 def test_parameters_are_counted_from_headers(tiny_gpt2):
-    from attnviz.models.loading import parameters_in_files
-
     from safetensors.torch import load_file
+
+    from attnviz.models.loading import parameters_in_files
 
     expected = sum(t.numel() for t in load_file(str(tiny_gpt2 / "model.safetensors")).values())
     assert parameters_in_files(tiny_gpt2) == expected

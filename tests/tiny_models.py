@@ -33,7 +33,8 @@ def tiny_config(kind: str):
             decoder_start_token_id=0,
         )
     if kind == "distilbert":
-        return DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64)
+        return DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                max_position_embeddings=64)
     if kind == "roberta":
         return RobertaConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -1,46 +1,14 @@
-"""Benchmarks: ``python -m attnviz.bench explore``, ``python -m attnviz.bench flash [--gpu]``.
-
-Every contender is measured in the same run and reported as medians of repeats, with ratios; results are also
-written as JSON. Machines are shared and noisy: read the ratios, not single numbers.
-"""
+"""``python -m attnviz.bench explore``: the Explore heads page's computation on the default model, at 32 and 512
+tokens: the model run with capture, the replay check, head statistics, and every view built and serialised."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import sys
 import time
-from pathlib import Path
 
+from attnviz.measure import environment, median_seconds
 
-def median_seconds(function, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def environment() -> dict:
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# explore: the Explore heads page's computation on the default model
+TOKEN_COUNTS = (32, 512)
+NEW_SENTENCE_TARGET_S = 0.5  # a widget change must rerun its page well under half a second
 
 
 def sentence_of(n_tokens: int, tokenizer) -> str:
@@ -51,21 +19,21 @@ def sentence_of(n_tokens: int, tokenizer) -> str:
 
 
 def bench_explore(repeats: int) -> dict:
-    from attnviz import explore
     from attnviz.models.capture import capture, replay_difference
     from attnviz.models.loading import load_default_model
+    from attnviz.pagelogic import explore_heads as explore
 
     start = time.perf_counter()
     bundle = load_default_model()
     load_seconds = time.perf_counter() - start
     rows = []
-    for n_tokens in (32, 512):
+    for n_tokens in TOKEN_COUNTS:
         text = sentence_of(n_tokens, bundle.tokenizer)
         result = capture(bundle, text)
         assert len(result.tokens) == n_tokens, (len(result.tokens), n_tokens)
         record = result.records["self"]
 
-        def page_views():
+        def page_views(result=result):
             # What a rerun of the page does with a cached capture: build the figure and serialise it for the browser.
             sizes = {}
             for view in explore.VIEWS:
@@ -73,7 +41,7 @@ def bench_explore(repeats: int) -> dict:
                 sizes[view] = len(figure.to_json())
             return sizes
 
-        def new_sentence():
+        def new_sentence(text=text):
             # A new sentence: run the model, replay-check every head, build and serialise the head view.
             fresh = capture(bundle, text)
             replay_difference(fresh.records["self"])
@@ -84,9 +52,9 @@ def bench_explore(repeats: int) -> dict:
         rows.append(
             {
                 "tokens": n_tokens,
-                "capture_s": median_seconds(lambda: capture(bundle, text), repeats),
-                "replay_s": median_seconds(lambda: replay_difference(record), repeats),
-                "statistics_s": median_seconds(lambda: explore.statistics_table(result, "self"), repeats),
+                "capture_s": median_seconds(lambda text=text: capture(bundle, text), repeats),
+                "replay_s": median_seconds(lambda record=record: replay_difference(record), repeats),
+                "statistics_s": median_seconds(lambda result=result: explore.statistics_table(result, "self"), repeats),
                 "rerun_all_views_s": median_seconds(page_views, repeats),
                 "new_sentence_s": median_seconds(new_sentence, repeats),
                 "figure_bytes": sizes,
@@ -96,64 +64,21 @@ def bench_explore(repeats: int) -> dict:
             "environment": environment(), "results": rows}
 
 
-def print_explore(report: dict) -> None:
-    print(f"Explore heads on {report['model']} (model load {report['load_s']:.2f} s, medians of {report['repeats']})")
+def print_explore(report: dict) -> list[str]:
+    lines = [f"Explore heads on {report['model']} (model load {report['load_s']:.2f} s, "
+             f"medians of {report['repeats']})"]
     columns = ("capture_s", "replay_s", "statistics_s", "rerun_all_views_s", "new_sentence_s")
-    print(f"{'tokens':>6} {'capture':>10} {'replay':>10} {'stats':>10} {'5 views':>10} {'new text':>10}  figure sizes sent (KB)")
+    lines.append(f"{'tokens':>6} {'capture':>10} {'replay':>10} {'stats':>10} {'5 views':>10} {'new text':>10}  "
+                 "figure sizes sent (KB)")
     for row in report["results"]:
         sizes = ", ".join(f"{view} {size / 1024:.0f}" for view, size in row["figure_bytes"].items())
         times = " ".join(f"{row[c] * 1000:>8.1f}ms" for c in columns)
-        print(f"{row['tokens']:>6} {times}  {sizes}")
+        lines.append(f"{row['tokens']:>6} {times}  {sizes}")
     short, long = report["results"]
-    target = 0.5
-    verdict = "meets" if short["new_sentence_s"] < target else "misses"
-    print(
+    verdict = "meets" if short["new_sentence_s"] < NEW_SENTENCE_TARGET_S else "misses"
+    lines.append(
         f"32-token warm path (new sentence: model + replay + figure): {short['new_sentence_s']:.3f} s, {verdict} the "
-        f"{target} s target; 512 tokens take {long['new_sentence_s'] / short['new_sentence_s']:.1f}x as long."
+        f"{NEW_SENTENCE_TARGET_S} s target; 512 tokens take {long['new_sentence_s'] / short['new_sentence_s']:.1f}x "
+        "as long."
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnviz.bench", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    explore_parser = commands.add_parser("explore", help="the Explore heads page on the default model")
-    explore_parser.add_argument("--repeats", type=int, default=7)
-    explore_parser.add_argument("--out", type=Path, default=None)
-    flash_parser = commands.add_parser("flash", help="flash attention: naive, tiled, SDPA (CPU) or Triton (--gpu)")
-    flash_parser.add_argument("--gpu", action="store_true", help="Triton vs SDPA kernels on a CUDA GPU, bf16")
-    flash_parser.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
-    flash_parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    flash_parser.add_argument("--heads", type=int, default=8)
-    flash_parser.add_argument("--d", type=int, default=64)
-    flash_parser.add_argument("--causal", action="store_true")
-    flash_parser.add_argument("--repeats", type=int, default=3)
-    flash_parser.add_argument("--no-memory", action="store_true", help="skip the per-point memory subprocesses")
-    flash_parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-
-    if args.command == "explore":
-        report = bench_explore(args.repeats)
-        print_explore(report)
-    elif args.command == "flash":
-        from attnviz import flash_bench
-
-        if args.gpu:
-            report = flash_bench.bench_gpu(quick=args.quick)
-            lines = flash_bench.print_gpu(report)
-        else:
-            lengths = [512, 1024] if args.quick else args.lengths
-            report = flash_bench.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal,
-                                           repeats=args.repeats, memory=not args.no_memory)
-            lines = flash_bench.print_cpu(report)
-        report["environment"] = environment()
-        print("\n".join(lines))
-        args.out = args.out or Path("bench-results") / ("flash-gpu.json" if args.gpu else "flash-cpu.json")
-    args.out = args.out or Path("bench-results/explore.json")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"JSON written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return lines

@@ -170,6 +170,43 @@ def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens:
     return inputs, tokens, segments, special, total
 
 
+def _model_inputs(bundle: ModelBundle, text: str, text_pair: str | None, limit: int, fallback: str | None):
+    """Tokenize for the model: ``(inputs, tokens, segments, special, total, decoder_tokens)``. For an
+    encoder-decoder model the pair is the decoder's input (default: the text itself)."""
+    encoder_decoder = bundle.architecture == "encoder-decoder"
+    inputs, tokens, segments, special, total = _tokenize(
+        bundle, text, None if encoder_decoder else text_pair, limit, fallback
+    )
+    decoder_tokens = None
+    if encoder_decoder:
+        decoder_inputs, decoder_tokens, _, _, _ = _tokenize(bundle, text_pair or text, None, limit, fallback)
+        inputs["decoder_input_ids"] = decoder_inputs["input_ids"]
+        if "attention_mask" in decoder_inputs:
+            inputs["decoder_attention_mask"] = decoder_inputs["attention_mask"]
+    return inputs, tokens, segments, special, total, decoder_tokens
+
+
+def _record_of(kind: str, kind_calls: list[dict], query_tokens: list[str], key_tokens: list[str]) -> AttentionRecord:
+    """One attention kind's calls (one per layer, batch of one) stacked into a record."""
+    n_q, n_k = kind_calls[0]["weights"].shape[-2:]
+    biases = [c["position_bias"] for c in kind_calls]
+    if all(b is not None for b in biases):  # T5: [1 or batch, heads, n_q, n_k] per layer
+        bias = torch.stack([b[0].expand(-1, n_q, n_k) if b.shape[0] == 1 else b[0] for b in biases]).float()
+    else:
+        bias = None
+    return AttentionRecord(
+        kind=kind,
+        weights=torch.stack([c["weights"][0] for c in kind_calls]).float(),  # [layers, heads, n_q, n_k]
+        queries=torch.stack([c["query"][0] for c in kind_calls]).float(),  # [layers, heads, n_q, d_head]
+        keys=torch.stack([c["key"][0] for c in kind_calls]).float(),  # [layers, kv_heads, n_k, d_head]
+        allowed=torch.stack([_allowed_from_model_mask(c["mask"], n_q, n_k) for c in kind_calls]),
+        bias=bias,
+        scales=[float(c["scaling"]) if c["scaling"] is not None else c["query"].shape[-1] ** -0.5 for c in kind_calls],
+        query_tokens=query_tokens,
+        key_tokens=key_tokens,
+    )
+
+
 def capture(
     bundle: ModelBundle,
     text: str,
@@ -187,22 +224,18 @@ def capture(
         raise ValueError("the text is empty: type a sentence")
     limit = min(bundle.max_positions, max_tokens or bundle.max_positions)
     encoder_decoder = bundle.architecture == "encoder-decoder"
-    inputs, tokens, segments, special, total = _tokenize(
-        bundle, text, None if encoder_decoder else text_pair, limit, fallback_tokenizer
+    inputs, tokens, segments, special, total, decoder_tokens = _model_inputs(
+        bundle, text, text_pair, limit, fallback_tokenizer
     )
-    decoder_tokens = None
-    if encoder_decoder:
-        decoder_text = text_pair or text
-        decoder_inputs, decoder_tokens, _, _, _ = _tokenize(bundle, decoder_text, None, limit, fallback_tokenizer)
-        inputs["decoder_input_ids"] = decoder_inputs["input_ids"]
-        if "attention_mask" in decoder_inputs:
-            inputs["decoder_attention_mask"] = decoder_inputs["attention_mask"]
-
     calls: list[dict] = []
     with _CAPTURE_LOCK, torch.no_grad(), _observe_eager_attention(bundle.model, calls):
         outputs = bundle.model(**inputs, output_attentions=True)
     if not calls:
         raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
+    # Design pitfall: transformers returns no attentions with a non-eager implementation. Check we got them all.
+    returned = getattr(outputs, "attentions", None) or getattr(outputs, "encoder_attentions", None)
+    if returned is not None and len(returned) == 0:
+        raise RuntimeError("the model returned no attention weights; it must be loaded with eager attention")
 
     result = Capture(
         model_name=bundle.name,
@@ -221,27 +254,7 @@ def capture(
     for kind, kind_calls in by_kind.items():
         query_tokens = decoder_tokens if kind in ("decoder", "cross") else tokens
         key_tokens = decoder_tokens if kind == "decoder" else tokens
-        n_q, n_k = kind_calls[0]["weights"].shape[-2:]
-        biases = [c["position_bias"] for c in kind_calls]
-        result.records[kind] = AttentionRecord(
-            kind=kind,
-            weights=torch.stack([c["weights"][0] for c in kind_calls]).float(),
-            queries=torch.stack([c["query"][0] for c in kind_calls]).float(),
-            keys=torch.stack([c["key"][0] for c in kind_calls]).float(),
-            allowed=torch.stack([_allowed_from_model_mask(c["mask"], n_q, n_k) for c in kind_calls]),
-            bias=(
-                torch.stack([b[0].expand(-1, n_q, n_k) if b.shape[0] == 1 else b[0] for b in biases]).float()
-                if all(b is not None for b in biases)
-                else None
-            ),
-            scales=[float(c["scaling"]) if c["scaling"] is not None else c["query"].shape[-1] ** -0.5 for c in kind_calls],
-            query_tokens=query_tokens,
-            key_tokens=key_tokens,
-        )
-    # Design pitfall: transformers returns no attentions with a non-eager implementation. Check we got them all.
-    returned = getattr(outputs, "attentions", None) or getattr(outputs, "encoder_attentions", None)
-    if returned is not None and len(returned) == 0:
-        raise RuntimeError("the model returned no attention weights; it must be loaded with eager attention")
+        result.records[kind] = _record_of(kind, kind_calls, query_tokens, key_tokens)
     return result
 
 
@@ -300,7 +313,8 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     n = len(tokens)
     keep_ends = special[0] and special[-1]
     order = permutation_of_words(n, seed, keep_ends=keep_ends)
-    shuffled = {name: value[:, order] if value.dim() == 2 and value.shape[1] == n else value for name, value in inputs.items()}
+    shuffled = {name: value[:, order] if value.dim() == 2 and value.shape[1] == n else value
+                for name, value in inputs.items()}
     parameter = dict(bundle.model.named_parameters())[found[0]]
 
     def first_layer(model_inputs):

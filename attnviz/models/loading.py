@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 import zlib
 from dataclasses import dataclass
@@ -18,13 +17,12 @@ import torch
 
 from attnviz.models.safety import CheckpointRefused, check_weights, read_config
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
-MAX_MISSING_WEIGHT_SHARE = 0.2
+MAX_MISSING_WEIGHT_SHARE = 0.2  # more weight tensors missing than this: the weights are not for this architecture
 MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
 # Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")  # more missing than this: the weights are not for this architecture
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
+                   "sentencepiece.bpe.model")
 
 
 def default_model_dir() -> Path:
@@ -144,7 +142,7 @@ def _check_size_before_loading(config, folder: Path) -> None:
         with torch.device("meta"):  # shapes only, no memory
             skeleton = AutoModel.from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
-        raise CheckpointRefused(f"transformers cannot build this architecture: {str(problem).splitlines()[0][:200]}") from None
+        raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
     described = sum(p.numel() for p in skeleton.parameters())
     if described > MAX_PARAMETERS:
         raise CheckpointRefused(
@@ -158,25 +156,32 @@ def _check_size_before_loading(config, folder: Path) -> None:
         )
 
 
-def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
-    """Load a Hugging Face model folder safely. Raises :class:`CheckpointRefused` with a reason to show."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+def _read_checked_config(folder: Path):
+    """config.json, refused if unsafe, unknown to transformers or describing far more than its weights hold."""
+    from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointRefused(f"{folder} is not a folder on the server")
-    config_dict = read_config(folder)
-    model_type = config_dict["model_type"]
+    model_type = read_config(folder)["model_type"]
     if model_type not in CONFIG_MAPPING:
         raise CheckpointRefused(f"transformers does not know the architecture {model_type!r}")
     check_weights(folder)
-
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
-        raise CheckpointRefused(f"transformers cannot read this config.json: {str(problem).splitlines()[0][:200]}") from None
+        raise CheckpointRefused(f"transformers cannot read this config.json: {_first_line(problem)}") from None
     _check_size_before_loading(config, folder)
+    return config
+
+
+def _first_line(problem: Exception, limit: int = 200) -> str:
+    text = str(problem).strip()
+    return text.splitlines()[0][:limit] if text else type(problem).__name__
+
+
+def _load_weights(folder: Path, config) -> torch.nn.Module:
+    """The model in eager attention from safetensors only, refused if its weights do not fit its config."""
+    from transformers import AutoModel
+
     try:
         model, info = AutoModel.from_pretrained(
             folder,
@@ -187,19 +192,16 @@ def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
             trust_remote_code=False,
             output_loading_info=True,
         )
-    except CheckpointRefused:
-        raise
     except Exception as problem:  # noqa: BLE001 - transformers raises many types; all mean "cannot load this"
-        message = str(problem).strip().splitlines()[0][:300] if str(problem).strip() else type(problem).__name__
-        raise CheckpointRefused(f"transformers could not build this model from its config and weights: {message}") from None
-
-    n_parameters = sum(p.numel() for p in model.parameters())
+        raise CheckpointRefused(
+            f"transformers could not build this model from its config and weights: {_first_line(problem, 300)}"
+        ) from None
     expected = len(model.state_dict())
     missing = len(info.get("missing_keys", []))
     if expected and missing / expected > MAX_MISSING_WEIGHT_SHARE:
         raise CheckpointRefused(
             f"{missing} of {expected} weight tensors are missing from the safetensors file: the weights do not "
-            f"belong to a {model_type} model as config.json says (wrong architecture?)"
+            f"belong to a {config.model_type} model as config.json says (wrong architecture?)"
         )
     if info.get("mismatched_keys"):
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
@@ -208,41 +210,50 @@ def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
             f"attnviz cannot observe the attention of {type(model).__name__} (it does not use transformers' "
             "eager attention function); try an encoder, decoder or encoder-decoder text model"
         )
-    model.eval()
+    return model.eval()
 
-    tokenizer_note, tokenizer = None, None
+
+def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
+    """The folder's own tokenizer, or a marked stand-in when it has none: ``(tokenizer, note for the page)``."""
+    from transformers import AutoTokenizer
+
     if any((folder / name).is_file() for name in TOKENIZER_FILES):
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-            if len(tokenizer) == 0:
-                tokenizer = None
+            if len(tokenizer) > 0:
+                return tokenizer, None
         except Exception:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
-            tokenizer = None
-    if tokenizer is None:
-        tokenizer = FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1))
-        tokenizer_note = (
-            "This checkpoint has no tokenizer files, so words are split on whitespace and mapped to arbitrary ids. "
-            "The attention shows the model's mechanics, not what it learned about these words."
-        )
-
-    n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    max_positions = int(
-        getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512
+            pass
+    note = (
+        "This checkpoint has no tokenizer files, so words are split on whitespace and mapped to arbitrary ids. "
+        "The attention shows the model's mechanics, not what it learned about these words."
     )
+    return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
+
+
+def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
+    """Load a Hugging Face model folder safely. Raises :class:`CheckpointRefused` with a reason to show."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointRefused(f"{folder} is not a folder on the server")
+    config = _read_checked_config(folder)
+    model = _load_weights(folder, config)
+    tokenizer, tokenizer_note = _load_tokenizer(folder, config)
+    n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
     return ModelBundle(
         name=name or folder.name,
         folder=folder,
         model=model,
         tokenizer=tokenizer,
         tokenizer_note=tokenizer_note,
-        model_type=model_type,
+        model_type=config.model_type,
         architecture=_architecture_of(config),
         n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
         n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
         d_model=int(getattr(config, "hidden_size", 0) or 0),
-        max_positions=max_positions,
-        n_parameters=n_parameters,
+        max_positions=int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512),
+        n_parameters=sum(p.numel() for p in model.parameters()),
     )
 
 

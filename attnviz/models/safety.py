@@ -47,7 +47,9 @@ def _safe_member_path(name: str) -> PurePosixPath:
     return path
 
 
-def extract_zip(source, destination: Path, *, max_bytes: int = MAX_EXTRACTED_BYTES, max_members: int = MAX_MEMBERS) -> ExtractionReport:
+def extract_zip(
+    source, destination: Path, *, max_bytes: int = MAX_EXTRACTED_BYTES, max_members: int = MAX_MEMBERS
+) -> ExtractionReport:
     """Extract a checkpoint zip (path or file object) into ``destination``, member by member.
 
     Refuses absolute or climbing paths, symlinks, more than ``max_members`` members and more than ``max_bytes``
@@ -64,7 +66,9 @@ def extract_zip(source, destination: Path, *, max_bytes: int = MAX_EXTRACTED_BYT
     with archive:
         members = archive.infolist()
         if len(members) > max_members:
-            raise CheckpointRefused(f"the zip has {len(members)} entries; a checkpoint needs far fewer (limit {max_members})")
+            raise CheckpointRefused(
+                f"the zip has {len(members)} entries; a checkpoint needs far fewer (limit {max_members})"
+            )
         written = 0
         for info in members:
             path = _safe_member_path(info.filename)

@@ -5,6 +5,7 @@ The page only reads widgets, calls these, and draws the figures they return; the
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from attnviz import analysis, masks
+from attnviz import analysis, mask_patterns
 from attnviz.models.capture import AttentionRecord, Capture, replay
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid
@@ -74,8 +75,8 @@ def filtered(weights: torch.Tensor, capture: Capture, record: AttentionRecord, o
     query_positions, key_positions = positions(capture, record, options)
     renormalise = options.renormalise and (options.hide_special or options.block != "all")
     subset = analysis.keep_tokens(weights, query_positions, key_positions, renormalise)
-    query_labels = [f"{i} · {record.query_tokens[i]}" for i in query_positions]
-    key_labels = [f"{j} · {record.key_tokens[j]}" for j in key_positions]
+    query_labels = style.token_labels([record.query_tokens[i] for i in query_positions], query_positions)
+    key_labels = style.token_labels([record.key_tokens[j] for j in key_positions], key_positions)
     return subset, query_labels, key_labels, query_positions, key_positions
 
 
@@ -92,76 +93,98 @@ def filter_note(options: ViewOptions) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+def _head_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    weights, q_labels, k_labels, _, _ = filtered(record.weights[options.layer, options.head], capture, record, options)
+    figure = matrix_heatmap(
+        weights, q_labels, k_labels, title=f"Layer {options.layer}, head {options.head}: {kind_name}{note}",
+        height=_square_height(len(q_labels)),
+    )
+    return figure, "Each row is one query token's attention over the keys; hover a cell for the exact weight."
+
+
+def _grid_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    figure = head_grid(
+        record.weights, title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
+        highlight=(options.layer, options.head),
+    )
+    return figure, (
+        "Each thumbnail is one head (rows = queries, columns = keys), scaled to its own maximum so faint heads "
+        "show; the orange box is the selected head. Click a thumbnail to open that head."
+    )
+
+
+def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    weights, _, _, query_positions, key_positions = filtered(record.weights[options.layer], capture, record, options)
+    follow = [query_positions.index(q) for q in options.follow if q in query_positions]
+    cut = ""
+    if not follow and len(query_positions) > LINES_TOKEN_LIMIT:
+        follow = list(range(LINES_TOKEN_LIMIT))
+        cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
+    heads = options.line_heads if options.line_heads else [options.head]
+    plural = "s" if len(heads) > 1 else ""
+    figure = attention_lines(
+        weights,
+        [record.query_tokens[i] for i in query_positions],
+        [record.key_tokens[j] for j in key_positions],
+        heads,
+        title=f"Layer {options.layer}: {kind_name}, head{plural} {', '.join(map(str, heads))}{note}",
+        follow=follow or None,
+        query_ids=query_positions,
+    )
+    return figure, (
+        "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head. Click a query "
+        "token to follow it alone; click it again to see all." + cut
+    )
+
+
+def _average_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    averaged = analysis.average_heads(record.weights)[options.layer]
+    weights, q_labels, k_labels, _, _ = filtered(averaged, capture, record, options)
+    figure = matrix_heatmap(
+        weights, q_labels, k_labels, title=f"Layer {options.layer}: average of {record.n_heads} heads{note}",
+        height=_square_height(len(q_labels)),
+    )
+    return figure, "The mean over heads hides what single heads do: compare with the grid."
+
+
+def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    if options.kind == "cross" or record.weights.shape[-1] != record.weights.shape[-2]:
+        raise ValueError("rollout needs square self-attention; choose another attention kind")
+    rolled = analysis.attention_rollout(record.weights)[options.layer]
+    weights, q_labels, k_labels, _, _ = filtered(rolled, capture, record, options)
+    figure = matrix_heatmap(
+        weights, q_labels, k_labels, title=f"Attention rollout through layers 0..{options.layer}{note}",
+        height=_square_height(len(q_labels)),
+    )
+    return figure, (
+        "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
+        "residual identity, through the layers: how much each input token reaches each position."
+    )
+
+
+VIEW_BUILDERS = {"head": _head_view, "grid": _grid_view, "lines": _lines_view, "average": _average_view,
+                 "rollout": _rollout_view}
+
+
 def view_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]:
-    """The figure and its caption for the chosen view."""
+    """The figure and its caption for the chosen view (one of :data:`VIEWS`)."""
+    if options.view not in VIEW_BUILDERS:
+        raise ValueError(f"unknown view {options.view!r}; choose one of {list(VIEWS)}")
     record = capture.records[options.kind]
-    layer, head = options.layer, options.head
     kind_name = KIND_NAMES.get(options.kind, options.kind)
-    note = filter_note(options)
-    if options.view == "head":
-        weights, q_labels, k_labels, _, _ = filtered(record.weights[layer, head], capture, record, options)
-        figure = matrix_heatmap(
-            weights, q_labels, k_labels, title=f"Layer {layer}, head {head}: {kind_name}{note}",
-            height=_square_height(len(q_labels)),
-        )
-        return figure, "Each row is one query token's attention over the keys; hover a cell for the exact weight."
-    if options.view == "grid":
-        figure = head_grid(
-            record.weights, title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
-            highlight=(layer, head),
-        )
-        return figure, (
-            "Each thumbnail is one head (rows = queries, columns = keys), scaled to its own maximum so faint heads "
-            "show; the orange box is the selected head. Click a thumbnail to open that head."
-        )
-    if options.view == "lines":
-        weights, _, _, query_positions, key_positions = filtered(record.weights[layer], capture, record, options)
-        follow = [query_positions.index(q) for q in options.follow if q in query_positions]
-        cut = ""
-        if not follow and len(query_positions) > LINES_TOKEN_LIMIT:
-            follow = list(range(LINES_TOKEN_LIMIT))
-            cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
-        heads = options.line_heads if options.line_heads else [head]
-        figure = attention_lines(
-            weights,
-            [record.query_tokens[i] for i in query_positions],
-            [record.key_tokens[j] for j in key_positions],
-            heads,
-            title=f"Layer {layer}: {kind_name}, head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}{note}",
-            follow=follow or None,
-            query_ids=query_positions,
-        )
-        return figure, (
-            "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head. Click a query "
-            "token to follow it alone; click it again to see all." + cut
-        )
-    if options.view == "average":
-        weights, q_labels, k_labels, _, _ = filtered(
-            analysis.average_heads(record.weights)[layer], capture, record, options
-        )
-        figure = matrix_heatmap(
-            weights, q_labels, k_labels, title=f"Layer {layer}: average of {record.n_heads} heads{note}",
-            height=_square_height(len(q_labels)),
-        )
-        return figure, "The mean over heads hides what single heads do: compare with the grid."
-    if options.view == "rollout":
-        if options.kind == "cross" or record.weights.shape[-1] != record.weights.shape[-2]:
-            raise ValueError("rollout needs square self-attention; choose another attention kind")
-        rolled = analysis.attention_rollout(record.weights)[layer]
-        weights, q_labels, k_labels, _, _ = filtered(rolled, capture, record, options)
-        figure = matrix_heatmap(
-            weights, q_labels, k_labels, title=f"Attention rollout through layers 0..{layer}{note}",
-            height=_square_height(len(q_labels)),
-        )
-        return figure, (
-            "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
-            "residual identity, through the layers: how much each input token reaches each position."
-        )
-    raise ValueError(f"unknown view {options.view!r}")
+    return VIEW_BUILDERS[options.view](capture, record, options, kind_name, filter_note(options))
 
 
 def _square_height(n: int) -> int:
     return int(min(950, max(320, 120 + 24 * n)))
+
+
+# HeadStats field -> the table's column name
+STATISTICS_COLUMNS = {
+    "entropy": "entropy (nats)", "normalised_entropy": "normalised entropy", "mean_distance": "mean distance",
+    "self": "self", "previous": "previous token", "next": "next token", "first": "first token",
+    "separator": "separators", "punctuation": "punctuation",
+}
 
 
 def statistics_table(capture: Capture, kind: str) -> pd.DataFrame:
@@ -172,23 +195,8 @@ def statistics_table(capture: Capture, kind: str) -> pd.DataFrame:
     tokens = record.key_tokens
     special = capture.special if tokens is capture.tokens else [False] * len(tokens)
     rows = analysis.head_statistics(record.weights, tokens, special)
-    frame = pd.DataFrame(
-        {
-            "layer": [r.layer for r in rows],
-            "head": [r.head for r in rows],
-            "label": [r.label for r in rows],
-            "entropy (nats)": [r.entropy for r in rows],
-            "normalised entropy": [r.normalised_entropy for r in rows],
-            "mean distance": [r.mean_distance for r in rows],
-            "self": [r.self for r in rows],
-            "previous token": [r.previous for r in rows],
-            "next token": [r.next for r in rows],
-            "first token": [r.first for r in rows],
-            "separators": [r.separator for r in rows],
-            "punctuation": [r.punctuation for r in rows],
-        }
-    )
-    return frame
+    frame = pd.DataFrame([dataclasses.asdict(row) for row in rows]).rename(columns=STATISTICS_COLUMNS)
+    return frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
 
 
 def label_rules_text() -> str:
@@ -201,6 +209,10 @@ def label_rules_text() -> str:
 # Compare two sentences
 
 
+def _both(token_a: str, token_b: str) -> str:
+    return token_a if token_a == token_b else f"{token_a} / {token_b}"
+
+
 def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head: int) -> tuple[list[go.Figure], str]:
     """The same head on two texts, and their difference where the token lists line up."""
     figures = []
@@ -208,15 +220,16 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
         record = capture.records[kind]
         figures.append(
             matrix_heatmap(
-                record.weights[layer, head], style.token_labels(record.query_tokens), style.token_labels(record.key_tokens),
+                record.weights[layer, head], style.token_labels(record.query_tokens),
+                style.token_labels(record.key_tokens),
                 title=f"Text {name}: layer {layer}, head {head}", height=_square_height(len(record.query_tokens)),
             )
         )
     a, b = first.records[kind], second.records[kind]
     if a.weights.shape[-2:] == b.weights.shape[-2:]:
         difference = b.weights[layer, head] - a.weights[layer, head]
-        labels_q = [f"{i} · {x}" + ("" if x == y else f" / {y}") for i, (x, y) in enumerate(zip(a.query_tokens, b.query_tokens))]
-        labels_k = [f"{j} · {x}" + ("" if x == y else f" / {y}") for j, (x, y) in enumerate(zip(a.key_tokens, b.key_tokens))]
+        labels_q = style.token_labels([_both(x, y) for x, y in zip(a.query_tokens, b.query_tokens, strict=True)])
+        labels_k = style.token_labels([_both(x, y) for x, y in zip(a.key_tokens, b.key_tokens, strict=True)])
         figures.append(
             matrix_heatmap(
                 difference, labels_q, labels_k, title="Difference B − A (positions line up)", kind="signed",
@@ -234,29 +247,28 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
 # What-if: the model's real Q and K under another mask or without scaling
 
 
-WHAT_IF_MASKS = ("model's own", "full", "causal", "sliding window", "BigBird")
+MODEL_OWN_MASK = "model"  # the what-if keeps the model's own mask
+WHAT_IF_MASKS = (MODEL_OWN_MASK, "full", "causal", "sliding_window", "bigbird")  # keys of mask_patterns.PATTERNS
 
 
-def what_if_mask(kind: str, n_q: int, n_k: int, *, left: int = 2, right: int = 0, block_size: int = 2,
-                 global_blocks: int = 1, window_blocks: int = 3, random_blocks: int = 1, seed: int = 0):
+def what_if_mask_label(key: str) -> str:
+    return "the model's own" if key == MODEL_OWN_MASK else mask_patterns.label(key)
+
+
+def what_if_mask(key: str, n_q: int, n_k: int, **params) -> torch.Tensor | None:
     """The replacement mask ``[n_q, n_k]`` (bool, True = may attend), or None for the model's own."""
-    if kind == "model's own":
+    if key == MODEL_OWN_MASK:
         return None
-    if kind == "full":
-        return masks.full(n_q, n_k)
-    if kind == "causal":
-        return masks.causal(n_q, n_k)
-    if kind == "sliding window":
-        return masks.sliding_window(n_q, left, right, n_k=n_k)
-    if kind == "BigBird":
-        if n_q != n_k:
-            raise ValueError("BigBird needs square self-attention")
-        return masks.bigbird(n_q, block_size, global_blocks, window_blocks, random_blocks, seed).mask
-    raise ValueError(f"unknown mask {kind!r}")
+    if key not in WHAT_IF_MASKS:
+        raise ValueError(f"unknown what-if mask {key!r}; choose one of {WHAT_IF_MASKS}")
+    return mask_patterns.build(key, n_q, n_k, **params).mask
 
 
-def what_if(record: AttentionRecord, layer: int, mask: torch.Tensor | None, *, unscaled: bool, temperature: float = 1.0):
-    """Heads of ``layer`` before (the model) and after (our replay with another mask / scale). ``[heads, n_q, n_k]``."""
+def what_if(
+    record: AttentionRecord, layer: int, mask: torch.Tensor | None, *, unscaled: bool, temperature: float = 1.0
+):
+    """Heads of ``layer`` before (the model) and after (our replay with another mask / scale), each
+    ``[heads, n_q, n_k]``. ``mask`` is bool (True = may attend), or None for the model's own."""
     scale = None
     base = record.scales[layer]
     if unscaled or temperature != 1.0:
@@ -343,7 +355,7 @@ def bertviz_html(capture: Capture, kind: str, which: str) -> str:
     from bertviz import head_view, model_view
 
     record = capture.records[kind]
-    attention = tuple(record.weights[layer].unsqueeze(0) for layer in range(record.n_layers))  # [1, heads, n, n] per layer
+    attention = tuple(record.weights[layer].unsqueeze(0) for layer in range(record.n_layers))  # [1, heads, n, n] each
     tokens = [_inert_token(t) for t in record.key_tokens]
     if record.query_tokens != record.key_tokens:
         raise ValueError("bertviz shows self-attention; choose encoder or decoder attention")

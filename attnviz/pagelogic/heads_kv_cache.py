@@ -1,11 +1,15 @@
-"""A small encoder-decoder example: queries from one text, keys and values from another of a different length."""
+"""The "Heads and KV cache" page: MHA / GQA / MQA variants of a configuration and their caches, and a small
+encoder-decoder example (queries from one text, keys and values from another of a different length)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import torch
 
+from attnviz import kvcache
 from attnviz.attention import CrossAttention
 from attnviz.models.loading import FallbackTokenizer
+from attnviz.units import human_bytes
 
 
 def token_embeddings(bundle, text: str, limit: int = 32) -> tuple[list[str], torch.Tensor]:
@@ -49,3 +53,39 @@ def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, 
     with torch.no_grad():
         _, weights = layer(normalise(queries).unsqueeze(0), normalise(memory).unsqueeze(0))
     return {"source_tokens": source_tokens, "target_tokens": target_tokens, "weights": weights[0]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MHA, GQA and MQA variants of one configuration
+
+
+def variants_of(config: kvcache.AttentionConfig) -> dict[str, int]:
+    """MHA, this model's GQA (or a middle one) and MQA: name -> number of K/V heads."""
+    if config.n_kv_heads not in (1, config.n_heads):
+        return {"MHA": config.n_heads, f"GQA ({config.n_kv_heads} K/V)": config.n_kv_heads, "MQA": 1}
+    middle = [d for d in range(2, config.n_heads) if config.n_heads % d == 0]
+    if middle:
+        chosen = middle[len(middle) // 2]
+        return {"MHA": config.n_heads, f"GQA ({chosen} K/V)": chosen, "MQA": 1}
+    return {"MHA": config.n_heads, "MQA": 1} if config.n_heads > 1 else {"MHA": 1}
+
+
+def cache_table(config: kvcache.AttentionConfig, seq_len: int, batch: int, dtype: str) -> pd.DataFrame:
+    """One row per variant: K/V heads, cache per layer and in all, per token of one sequence, parameters."""
+    rows = []
+    for name, kv_heads in variants_of(config).items():
+        variant = kvcache.with_kv_heads(config, kv_heads)
+        cache = kvcache.kv_cache_bytes(variant, seq_len, batch, dtype)
+        parameters = kvcache.attention_parameters(variant)
+        rows.append(
+            {
+                "variant": name + (" ← this model" if kv_heads == config.n_kv_heads else ""),
+                "K/V heads": kv_heads,
+                "KV cache per layer": human_bytes(cache["per_layer"]),
+                "KV cache, all layers": human_bytes(cache["total"]),
+                "per cached token": human_bytes(cache["per_token"]),
+                "attention parameters per layer": f"{parameters['per layer'] / 1e6:.3g}M",
+                "total bytes": cache["total"],
+            }
+        )
+    return pd.DataFrame(rows)

@@ -49,8 +49,9 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
             ticktext=[f"H{h}" for h in range(heads)], side="top", showgrid=False, zeroline=False,
         ),
         yaxis=dict(
-            tickmode="array", tickvals=[l * (size_q + gap) + size_q / 2 - 0.5 for l in range(layers)],
-            ticktext=row_names or [f"L{l}" for l in range(layers)], autorange="reversed", showgrid=False, zeroline=False,
+            tickmode="array", tickvals=[layer * (size_q + gap) + size_q / 2 - 0.5 for layer in range(layers)],
+            ticktext=row_names or [f"L{layer}" for layer in range(layers)], autorange="reversed", showgrid=False,
+            zeroline=False,
         ),
         plot_bgcolor="white",
         margin=dict(l=10, r=10, t=70, b=10),
@@ -64,11 +65,11 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
     figure.add_trace(
         go.Scatter(
             x=[h * (size_k + gap) + (size_k - 1) / 2 for _, h in centres],
-            y=[l * (size_q + gap) + (size_q - 1) / 2 for l, _ in centres],
+            y=[layer * (size_q + gap) + (size_q - 1) / 2 for layer, _ in centres],
             mode="markers", marker=dict(size=max(8, 220 // max(heads, layers)), color="rgba(0,0,0,0)", symbol="square"),
-            customdata=[[l, h] for l, h in centres],
-            hovertext=[f"{row_names[l] if row_names else f'layer {l}'}, head {h}" + ("<br>click to open" if clickable else "")
-                       for l, h in centres],
+            customdata=[[layer, head] for layer, head in centres],
+            hovertext=[f"{row_names[layer] if row_names else f'layer {layer}'}, head {head}"
+                       + ("<br>click to open" if clickable else "") for layer, head in centres],
             hoverinfo="text",
             showlegend=False,
         )
@@ -106,7 +107,7 @@ def attention_lines(
     figure = go.Figure()
     queries = list(range(n_q)) if not follow else [q for q in follow if 0 <= q < n_q]
     buckets = [(0.0, 0.1, 1.0, 0.25), (0.1, 0.3, 2.5, 0.45), (0.3, 0.6, 4.5, 0.65), (0.6, 1.01, 7.0, 0.85)]
-    for colour_index, head in enumerate(heads):
+    for head in heads:
         head_weights = weights[head][queries]  # [len(queries), n_k]
         values, flat = head_weights.flatten().sort(descending=True)
         keep = values >= min_weight
@@ -138,14 +139,14 @@ def attention_lines(
             x=[-0.02] * n_q, y=list(range(n_q)), mode="text+markers", text=labels_q, textposition="middle left",
             marker=dict(size=12, color="rgba(0,0,0,0)"),
             customdata=[[position] for position in (query_ids or list(range(n_q)))],
-            hovertext=[f"query {l}: click to follow" for l in labels_q], hoverinfo="text", showlegend=False,
+            hovertext=[f"query {label}: click to follow" for label in labels_q], hoverinfo="text", showlegend=False,
             textfont=dict(color=["#d62728" if i in highlighted else "#1b1f24" for i in range(n_q)]),
         )
     )
     figure.add_trace(
         go.Scatter(
             x=[1.02] * n_k, y=list(range(n_k)), mode="text", text=labels_k, textposition="middle right",
-            hovertext=[f"key {l}" for l in labels_k], hoverinfo="text", showlegend=False,
+            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False,
         )
     )
     figure.update_layout(
@@ -179,7 +180,8 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
     figure.add_trace(
         go.Scatter(
             x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", text=[f"Q{h}" for h in range(n_heads)],
-            textposition="top center", marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
+            textposition="top center",
+            marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
             hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(mapping)], hoverinfo="text",
             showlegend=False,
         )
@@ -187,8 +189,9 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
     figure.add_trace(
         go.Scatter(
             x=kv_x, y=[0] * n_kv_heads, mode="markers+text", text=[f"KV{g}" for g in range(n_kv_heads)],
-            textposition="bottom center", marker=dict(size=18, symbol="square",
-                                                      color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in range(n_kv_heads)]),
+            textposition="bottom center",
+            marker=dict(size=18, symbol="square",
+                        color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in range(n_kv_heads)]),
             hovertext=[f"K/V head {g}: {mapping.count(g)} query heads" for g in range(n_kv_heads)], hoverinfo="text",
             showlegend=False,
         )

@@ -55,10 +55,12 @@ def matrix_heatmap(
     text = [[style.format_number(v) for v in row] for row in matrix.tolist()] if show_values else None
     if detailed:
         hover = [  # per cell: row label, column label, the exact value
-            [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)] for j, v in enumerate(row)]
+            [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)]
+             for j, v in enumerate(row)]
             for i, row in enumerate(matrix.tolist())
         ]
-        hovertemplate = f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>value %{{customdata[2]}}<extra></extra>"
+        hovertemplate = (f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>"
+                         "value %{customdata[2]}<extra></extra>")
     else:
         hover = None
         finite = finite.astype(np.float32)  # sent as a compact binary array
@@ -105,12 +107,14 @@ def matrix_heatmap(
 
 
 MASK_COLOURS = {0: ("#ffffff", "blocked"), 1: ("#2f6db5", "may attend")}
-BLOCK_COLOURS = {0: ("#ffffff", "blocked"), 1: ("#d62728", "global"), 2: ("#2f6db5", "window"), 3: ("#ff9f1c", "random")}
+BLOCK_COLOURS = {
+    0: ("#ffffff", "blocked"), 1: ("#d62728", "global"), 2: ("#2f6db5", "window"), 3: ("#ff9f1c", "random"),
+}
 
 
 def mask_heatmap(
-    categories, row_labels: list[str], col_labels: list[str], *, title: str, legend: dict[int, tuple[str, str]] | None = None,
-    height: int | None = None,
+    categories, row_labels: list[str], col_labels: list[str], *, title: str,
+    legend: dict[int, tuple[str, str]] | None = None, height: int | None = None,
 ) -> go.Figure:
     """A mask drawn with discrete colours: ``categories [n_q, n_k]`` ints (0 = blocked, 1 = may attend, or BigBird's
     kinds with ``legend=BLOCK_COLOURS``)."""
@@ -128,7 +132,7 @@ def mask_heatmap(
             z=values, x=list(range(values.shape[1])), y=list(range(values.shape[0])),
             zmin=-0.5, zmax=top + 0.5, colorscale=colorscale, customdata=names,
             hovertemplate="query %{y} → key %{x}: %{customdata}<extra></extra>",
-            colorbar=dict(tickvals=levels, ticktext=[legend[l][1] for l in levels], thickness=14),
+            colorbar=dict(tickvals=levels, ticktext=[legend[level][1] for level in levels], thickness=14),
             xgap=1 if values.size <= DETAIL_LIMIT else 0, ygap=1 if values.size <= DETAIL_LIMIT else 0,
         )
     )
@@ -166,7 +170,7 @@ def heatmap_row(
     bound = None
     if kind == "signed":  # one scale for all panels, so they can be compared
         finite = [np.abs(np.asarray(m, dtype=np.float64)) for m in matrices]
-        bound = max(float(np.nanmax(np.where(np.isfinite(f), f, np.nan))) if np.isfinite(f).any() else 0.0 for f in finite) or 1.0
+        bound = max(float(np.max(f[np.isfinite(f)])) if np.isfinite(f).any() else 0.0 for f in finite) or 1.0
     for index, values in enumerate(matrices):
         single = matrix_heatmap(values, row_labels, col_labels, title="", kind=kind, show_values=show_values)
         trace = single.data[0]

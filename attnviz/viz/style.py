@@ -23,13 +23,16 @@ def format_number(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def token_labels(tokens: list[str], max_chars: int = 14) -> list[str]:
-    """``"3 · token"`` labels: the position index keeps repeated tokens apart and readable."""
-    labels = []
-    for i, token in enumerate(tokens):
-        shown = token if len(token) <= max_chars else token[: max_chars - 1] + "…"
-        labels.append(f"{i} · {shown}")
-    return labels
+def token_label(position: int, token: str, max_chars: int = 14) -> str:
+    """``"3 · token"``: the position index keeps repeated tokens apart; long tokens end in an ellipsis."""
+    shown = token if len(token) <= max_chars else token[: max_chars - 1] + "…"
+    return f"{position} · {shown}"
+
+
+def token_labels(tokens: list[str], positions: list[int] | None = None, max_chars: int = 14) -> list[str]:
+    """Labels for ``tokens`` at ``positions`` (default 0, 1, 2, ...): see :func:`token_label`."""
+    positions = range(len(tokens)) if positions is None else positions
+    return [token_label(position, token, max_chars) for position, token in zip(positions, tokens, strict=True)]
 
 
 def thinned_ticks(labels: list[str], max_ticks: int = 64) -> tuple[list[int], list[str]]:

@@ -1,5 +1,6 @@
 """A real `streamlit run app.py` and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -47,12 +48,13 @@ def _require_browser() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def app_url():
+@contextlib.contextmanager
+def streamlit_server(extra_env: dict | None = None):
+    """A fresh `streamlit run app.py` on a free port; yields its URL once /_stcore/health answers."""
     _require_browser()
     port = _free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
     server = subprocess.Popen(
         [
             sys.executable, "-m", "streamlit", "run", "app.py",
@@ -80,14 +82,22 @@ def app_url():
         pytest.fail("streamlit did not become healthy in 90 s:\n" + Path(log.name).read_text()[-3000:])
     if server.poll() is not None:
         pytest.fail("streamlit exited:\n" + Path(log.name).read_text()[-3000:])
-    yield url
-    server.terminate()
     try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
-    os.unlink(log.name)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+        os.unlink(log.name)
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    with streamlit_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

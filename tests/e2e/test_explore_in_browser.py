@@ -14,7 +14,8 @@ def no_exception(page):
 
 @pytest.mark.parametrize(
     "view,expected",
-    [("Head", "Layer 1, head 2: self-attention"), ("Grid", "All 6 x 12 heads"), ("Lines", "Layer 1: self-attention, head 2")],
+    [("Head", "Layer 1, head 2: self-attention"), ("Grid", "All 6 x 12 heads"),
+     ("Lines", "Layer 1: self-attention, head 2")],
 )
 def test_explore_views_render(page, app_url, screenshot_dir, view, expected):
     page.goto(f"{app_url}/?layer=1&head=2&view={view}")

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import wait_until_idle
+from tests.e2e.conftest import streamlit_server, wait_until_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def test_step_by_step_reacts_to_the_mask_in_the_browser(page, app_url, screensho
     page.get_by_text("Step 4 · Weights").first.wait_for(timeout=30_000)  # Plotly draws after the script ends
     assert page.get_by_text("−∞").count() == 0
     page.get_by_label("Mask").click()  # the selectbox
-    page.get_by_role("option", name="causal").click()
+    page.get_by_role("option", name="Causal (GPT)").click()
     wait_until_idle(page)
     page.get_by_text("Each query sees between 1 and 8").wait_for(timeout=30_000)
     page.locator("text=−∞").first.wait_for(timeout=30_000)  # masked scores drawn in the figure
@@ -48,7 +48,7 @@ def test_step_by_step_reacts_to_the_mask_in_the_browser(page, app_url, screensho
 
 def test_a_link_reopens_a_page_in_its_state(page, app_url):
     """Speakers share links: the URL carries the page's main choices."""
-    page.goto(app_url + "/step_by_step?sbs_mask=causal&sbs_d_k=3")
+    page.goto(app_url + "/step_by_step?sbs_mask=Causal%20(GPT)&sbs_d_k=3")  # a selectbox keeps its shown label
     wait_until_idle(page)
     page.get_by_text("Each query sees between 1 and 8").wait_for(timeout=30_000)
     page.get_by_text("Step 2 · Scaled scores (÷ √3").first.wait_for(timeout=30_000)
@@ -58,3 +58,17 @@ def test_a_link_reopens_a_page_in_its_state(page, app_url):
     wait_until_idle(page)
     page.get_by_text("BigBird (global + window + random) over your").first.wait_for(timeout=30_000)
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_a_first_visit_to_a_deep_link_on_a_fresh_server_gets_the_navigation(browser):
+    """The very first request of a new server is for /masks: the page must come with app.py's sidebar."""
+    with streamlit_server() as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1800})
+        page = context.new_page()
+        page.goto(url + "/masks")
+        wait_until_idle(page)
+        page.locator("h1", has_text="Masks").wait_for(timeout=60_000)
+        assert page.locator('[data-testid="stSidebarNav"] a').count() == 8
+        assert page.get_by_label("Model", exact=True).count() == 1  # the global sidebar of app.py
+        assert page.locator('[data-testid="stException"]').count() == 0
+        context.close()

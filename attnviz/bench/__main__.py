@@ -1,0 +1,62 @@
+"""The command line: ``python -m attnviz.bench explore``, ``python -m attnviz.bench flash [--gpu]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnviz.runtime import configure_environment
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_environment()
+    parser = argparse.ArgumentParser(prog="python -m attnviz.bench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    explore_parser = commands.add_parser("explore", help="the Explore heads page on the default model")
+    explore_parser.add_argument("--repeats", type=int, default=7)
+    explore_parser.add_argument("--out", type=Path, default=Path("bench-results/explore.json"))
+    flash_parser = commands.add_parser("flash", help="flash attention: naive, tiled, SDPA (CPU) or Triton (--gpu)")
+    flash_parser.add_argument("--gpu", action="store_true", help="Triton vs SDPA kernels on a CUDA GPU, bf16")
+    flash_parser.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
+    flash_parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    flash_parser.add_argument("--heads", type=int, default=8)
+    flash_parser.add_argument("--d", type=int, default=64)
+    flash_parser.add_argument("--causal", action="store_true")
+    flash_parser.add_argument("--repeats", type=int, default=3)
+    flash_parser.add_argument("--no-memory", action="store_true", help="skip the per-point memory subprocesses")
+    flash_parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    from attnviz.measure import environment
+
+    if args.command == "explore":
+        from attnviz.bench import explore
+
+        report = explore.bench_explore(args.repeats)
+        lines = explore.print_explore(report)
+    elif args.gpu:
+        from attnviz.bench import flash_gpu
+
+        report = flash_gpu.bench_gpu(quick=args.quick)
+        lines = flash_gpu.print_gpu(report)
+        args.out = args.out or Path("bench-results/flash-gpu.json")
+    else:
+        from attnviz.bench import flash_cpu
+
+        lengths = [512, 1024] if args.quick else args.lengths
+        report = flash_cpu.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal, repeats=args.repeats,
+                                     memory=not args.no_memory)
+        lines = flash_cpu.print_cpu(report)
+        args.out = args.out or Path("bench-results/flash-cpu.json")
+    report["environment"] = environment()
+    print("\n".join(lines))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"JSON written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The Positional encodings page's work beyond the core: ALiBi's bias on a checkpoint's own scores, and the
+numbers behind what the page says about a learned table, ALiBi's slopes and the toy RoPE head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnviz import positional
+from attnviz.attention import masked_softmax
+from attnviz.models.capture import AttentionRecord, head_scores
+
+
+def alibi_on_real_head(record: AttentionRecord, layer: int, head: int, bias: torch.Tensor):
+    """A real head's weights, and the same scores plus an ALiBi bias ``[n_q, n_k]`` (the model's mask kept)."""
+    raw, allowed = head_scores(record, layer, head)
+    scores = raw * record.scales[layer]
+    return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)
+
+
+def learned_table_facts(table: torch.Tensor, shown: int) -> dict[str, float]:
+    """What the learned tab claims, measured on ``table [positions, d_model]``'s first ``shown`` positions: the
+    mean cosine similarity of neighbours and of positions far apart, and how much the similarity-by-distance
+    curves from position 0 and from ``shown // 2`` disagree (0 for a purely relative table such as sinusoidal)."""
+    part = table[:shown]
+    similarity = positional.cosine_similarity_matrix(part)
+    far = max(2, shown // 4)
+    length = shown // 2
+    first, second = (positional.cosine_by_distance(table, origin)[:length] for origin in (0, shown // 2))
+    return {
+        "near": float(similarity.diagonal(1).mean()),
+        "far": float(torch.cat([similarity.diagonal(k) for k in range(far, shown)]).mean()),
+        "far_from": far,
+        "curves_gap": float((first - second).abs().max()),
+    }
+
+
+def alibi_slopes_caption(n_heads: int) -> str:
+    """How the paper's slopes are made for this many heads, with the numbers."""
+    slopes = positional.alibi_slopes(n_heads).tolist()
+    shown = ", ".join(f"1/{1 / s:.3g}" for s in slopes[:3]) + (f", …, 1/{1 / slopes[-1]:.3g}" if n_heads > 3 else "")
+    if math.log2(n_heads).is_integer():
+        rule = f"a geometric sequence starting at 2^(−8/{n_heads}) with that ratio"
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        rule = (f"not a power of two: the {closest} slopes of {closest} heads, then every other slope of "
+                f"{2 * closest} heads")
+    return f"For {n_heads} heads, {rule}: {shown}. Steep heads look locally, flat ones far."
+
+
+def repeated_words(tokens: list[str]) -> list[str]:
+    """Words that occur more than once (ignoring case), which share Q and K in the toy head."""
+    seen, repeated = set(), []
+    for token in tokens:
+        lowered = token.lower()
+        if lowered in seen and lowered not in repeated:
+            repeated.append(lowered)
+        seen.add(lowered)
+    return repeated
