@@ -19,6 +19,7 @@ class AttentionConfig:
     max_positions: int
     source: str = ""
     sliding_window: int | None = None  # a rolling-buffer cache keeps only the last this-many tokens per layer
+    architecture: str = "decoder"  # "encoder" (keeps no cache), "decoder" or "encoder-decoder" (the decoder's)
 
     @property
     def kind(self) -> str:
@@ -87,8 +88,32 @@ def with_kv_heads(config: AttentionConfig, n_kv_heads: int) -> AttentionConfig:
     return dataclasses.replace(config, n_kv_heads=n_kv_heads)
 
 
+def _head_dim(config, d_model: int, n_heads: int) -> int:
+    """The per-head size the model really uses: ``head_dim`` or T5's ``d_kv`` where the config sets one (Qwen3,
+    Gemma, T5 differ from d_model / heads), else d_model / heads."""
+    for name in ("head_dim", "d_kv"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return d_model // n_heads if n_heads else 0
+
+
 def config_of_bundle(bundle) -> AttentionConfig:
-    head_dim = bundle.d_model // bundle.n_heads if bundle.n_heads else 0
-    window = getattr(getattr(bundle.model, "config", None), "sliding_window", None)
-    return AttentionConfig(bundle.name, bundle.n_layers, bundle.d_model, bundle.n_heads, bundle.n_kv_heads, head_dim,
-                           bundle.max_positions, "the current checkpoint", window if isinstance(window, int) else None)
+    """The loaded checkpoint's cache-relevant shape. For an encoder-decoder it is the decoder's (the decoder is
+    what caches); an encoder keeps no cache, which ``architecture`` says."""
+    config = getattr(bundle.model, "config", None)
+    n_layers, n_heads, n_kv_heads = bundle.n_layers, bundle.n_heads, bundle.n_kv_heads
+    if bundle.architecture == "encoder-decoder" and config is not None:
+        n_layers = int(getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
+                       or n_layers)
+        n_heads = int(getattr(config, "decoder_attention_heads", None) or n_heads)
+        n_kv_heads = n_heads if bundle.n_kv_heads == bundle.n_heads else n_kv_heads
+    window = getattr(config, "sliding_window", None)
+    return AttentionConfig(bundle.name, n_layers, bundle.d_model, n_heads, n_kv_heads,
+                           _head_dim(config, bundle.d_model, n_heads), bundle.max_positions, "the current checkpoint",
+                           window if isinstance(window, int) else None, bundle.architecture)
+
+
+def cross_attention_cache_bytes(config: AttentionConfig, encoder_tokens: int, batch: int, dtype: str) -> float:
+    """An encoder-decoder's decoder also keeps the cross-attention K and V of every encoder token, per layer."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * encoder_tokens * batch * DTYPE_BYTES[dtype]

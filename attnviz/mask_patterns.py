@@ -169,7 +169,8 @@ _register(MaskPattern(
     cost=lambda p: "O(N·(g+w+r)·b)",
     describe=lambda p: (
         f"Blocks of b = {p['block_size']} tokens: {p['global_blocks']} global, a window of {p['window_blocks']} "
-        f"blocks around the diagonal and {p['random_blocks']} random per block row (seed {p['seed']})."
+        f"blocks around the diagonal and up to {p['random_blocks']} random per non-global block row, among the blocks "
+        f"it does not already see (seed {p['seed']})."
     ),
     build=lambda n_q, n_k, p: (lambda b: PatternMask(b.mask, b.layout, b.kind, b.block_size))(_bigbird(n_q, p)),
     allowed_pairs=lambda n, p: min(
@@ -182,12 +183,12 @@ _register(MaskPattern(
 ))
 _register(MaskPattern(
     key="lsh", label="LSH buckets (Reformer, simplified)", parameters=("n_buckets", "n_rounds", "seed", "vectors"),
-    cost=lambda p: "O(N²/B) as built (Reformer's sorted chunks: O(N log N))",
+    cost=lambda p: "O(N²·(1−(1−1/B)^R))",
     describe=lambda p: (
         f"Tokens attend to the tokens in their hash bucket ({p['n_buckets']} buckets) in any of "
         f"{p['n_rounds']} rounds, but not to themselves unless nothing else is left. Reformer also sorts by bucket "
-        "and attends within fixed-size chunks; here every same-bucket pair is kept, so the density does not fall "
-        "with N."
+        "and attends within fixed-size chunks (O(N log N)); here every same-bucket pair is kept, so the density "
+        "does not fall with N."
     ),
     build=lambda n_q, n_k, p: PatternMask(masks.lsh(_lsh_vectors(n_q, p), p["n_buckets"], p["n_rounds"], p["seed"])),
     allowed_pairs=lambda n, p: float(n) * n * (1 - (1 - 1 / p["n_buckets"]) ** p["n_rounds"]),

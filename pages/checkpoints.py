@@ -53,7 +53,7 @@ def add_forms() -> None:
     with zip_tab:
         st.caption(
             "A zip of a model folder as `save_pretrained` writes it: config.json, *.safetensors, tokenizer files. "
-            f"Up to {safety.MAX_UPLOAD_BYTES // 1024**2} MB."
+            f"Up to {safety.MAX_UPLOAD_BYTES // 1024**2} MiB."
         )
         upload = st.file_uploader("Model zip", type=["zip"], key="ckpt_zip")
         if upload is not None and st.button("Load this zip", key="ckpt_zip_load", type="primary"):

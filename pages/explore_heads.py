@@ -50,10 +50,10 @@ def open_head(layer: int, head: int) -> None:
 def replay_check(folder: str, name: str, text: str, text_pair: str, kind: str, record) -> None:
     difference = cached_replay_difference(folder, name, text, text_pair or None, kind, record)
     verdict = ":material/check_circle:" if difference < 1e-5 else ":material/warning:"
-    shown = "exactly 0" if difference == 0 else f"{difference:.2e}"
+    shown = "by **exactly 0**" if difference == 0 else f"by at most **{difference:.2e}**"
     st.markdown(
         f"{verdict} **Replay check:** recomputing all {record.n_layers * record.n_heads} heads from the model's own Q "
-        f"and K with attnviz's from-scratch attention differs from the model's weights by at most **{shown}**."
+        f"and K with attnviz's from-scratch attention differs from the model's weights {shown}."
     )
 
 
@@ -100,8 +100,7 @@ def view_tab(capture, record, options: explore.ViewOptions) -> None:
         show_figure(
             head_sharing(record.n_heads, record.n_kv_heads,
                          title=f"{record.n_heads} query heads share {record.n_kv_heads} K/V heads"),
-            "Grouped-query attention: heads of one colour read the same keys and values, so their patterns are "
-            "related.",
+            "Grouped-query attention: heads of one colour read the same keys and values (their queries differ).",
             key="explore_sharing",
         )
 
@@ -182,6 +181,7 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
     except ValueError as problem:
         st.warning(str(problem))
         return
+    effect = explore.what_if_effect(record, layer, before, after, new_mask)
     labels_q, labels_k = style.token_labels(record.query_tokens), style.token_labels(record.key_tokens)
     left, right = st.columns(2)
     with left:
@@ -195,14 +195,14 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
                 + (f", T = {temperature:g}" if temperature != 1 else ""))
         show_figure(
             matrix_heatmap(after[head], labels_q, labels_k, title=f"After: {rule}", show_values=len(labels_k) <= 10),
-            "Masked keys lose their weight and the rest is renormalised; without scaling the softmax sharpens.",
+            explore.what_if_caption(effect, unscaled, temperature),
             key="whatif_after",
         )
-    change = (after - before).abs().amax().item()
     show_figure(
         head_grid([before, after], title=f"All {record.n_heads} heads of layer {layer}, before and after",
                   row_names=["before", "after"], highlight=(0, head), clickable=False),
-        f"Every head of the layer under the same rule; the largest change of any weight is {change:.3g}.",
+        f"Every head of the layer under the same rule; the largest change of any weight is "
+        f"{effect.largest_change:.3g}.",
         key="whatif_all_heads",
     )
 

@@ -110,12 +110,17 @@ def memory_metrics(case) -> None:
     metrics[1].metric("Naive would hold at N = 131,072",
                       human_bytes(flash_page.naive_score_bytes(131072, case.heads, case.dtype)),
                       help=f"{case.heads} heads, batch 1, {case.dtype}")
+    tiled = CONTENDERS["tiled"].options
+    tiled_bytes = flash_page.flash_tile_bytes(tiled["block_q"], tiled["block_k"]) * case.heads
     metrics[2].metric("A 64 x 64 flash tile holds, per head", human_bytes(flash_page.flash_tile_bytes(64, 64)),
-                      help="one fp32 tile of scores and its exponentials: the most flash ever keeps of one head's "
-                           "N x N matrix, whatever N is")
+                      help="one fp32 tile of scores and its exponentials, whatever N is. The 'tiled (PyTorch)' "
+                           f"backend in the table uses {tiled['block_q']} x {tiled['block_k']} tiles for all "
+                           f"{case.heads} heads at once: {human_bytes(tiled_bytes)}")
+    where = ("measured by CUDA's allocator in this process, around one call" if case.device == "cuda" else
+             "measured in a fresh process per backend")
     st.caption(
-        "Differences are against naive attention in fp64 on the same inputs. Peak memory is the extra resident memory "
-        "of one call, measured in a fresh process per backend; `python -m attnviz.bench flash` measures it across N."
+        f"Differences are against naive attention in fp64 on the same inputs. Peak memory is the extra memory of one "
+        f"call, {where}; `python -m attnviz.bench flash` measures it across N."
     )
 
 
@@ -263,7 +268,8 @@ def scaling_section(chosen: dict) -> None:
             line_chart(lengths, series, title=f"Forward TFLOPS on {report.get('gpu', 'GPU')} ({results[0]['mask']}, "
                                               f"d = {results[0]['d']})", x_title="N", y_title="TFLOPS", log_x=True,
                        markers=True),
-            f"Higher is better; the H100/H200 dense bf16 peak is {report.get('peak_tflops', 989):.0f} TFLOPS.",
+            f"Higher is better; the report takes {report.get('peak_tflops', 989):.0f} TFLOPS as the GPU's dense bf16 "
+            "peak (H100/H200 SXM).",
             key="flash_scaling_gpu",
         )
 

@@ -5,7 +5,7 @@ import streamlit as st
 from attnviz import kvcache
 from attnviz.pagelogic.heads_kv_cache import cache_table, cross_attention_example, variants_of
 from attnviz.ui import current_bundle, current_sentence, show_figure, start_page
-from attnviz.units import DTYPE_BYTES
+from attnviz.units import DTYPE_BYTES, human_bytes
 from attnviz.viz.charts import bar_chart
 from attnviz.viz.heads import head_sharing
 from attnviz.viz.matrix import heatmap_row
@@ -28,6 +28,18 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
         f"{config.n_kv_heads} K/V heads, head dim {config.head_dim} → {config.kind}; reads up to "
         f"{config.max_positions:,} tokens. Source: {config.source}."
     )
+    if config.architecture == "encoder":
+        st.info(
+            f"{config.name} is an encoder: it reads its whole input at once and generates nothing, so it keeps no KV "
+            "cache. The numbers below are what a decoder of the same shape would cache.", icon=":material/info:",
+        )
+    if config.architecture == "encoder-decoder":
+        cross = kvcache.cross_attention_cache_bytes(config, seq_len, batch, dtype)
+        st.info(
+            f"{config.name}'s cache is its decoder's ({config.n_layers} layers). The decoder also keeps the "
+            f"cross-attention K and V of the encoder's tokens: {human_bytes(cross)} more for {seq_len:,} encoder "
+            "tokens.", icon=":material/info:",
+        )
     if kvcache.beyond_context(config, seq_len):
         st.warning(
             f"{config.name} reads at most {config.max_positions:,} tokens: a {seq_len:,}-token cache is what the "
@@ -47,8 +59,9 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
         st.caption(
             f"MQA caches {ratio:.0f}x less than MHA. Formula: 2 (K and V) × layers × K/V heads × head dim × cached "
             f"tokens × batch × bytes = 2 × {config.n_layers} × {config.n_kv_heads} × {config.head_dim} × {tokens:,} × "
-            f"{batch} × {DTYPE_BYTES[dtype]:g} for this model. 'Per cached token' is one sequence's cost of one more "
-            "token."
+            f"{batch} × {DTYPE_BYTES[dtype]:g} for this model. 'Per cached token' is what each token held costs one "
+            "sequence" + (" (once the rolling buffer is full, a new token overwrites the oldest and costs nothing "
+                          "more)." if tokens < seq_len else ".")
         )
     with right:
         show_figure(
@@ -67,10 +80,9 @@ def sharing_section(config: kvcache.AttentionConfig) -> None:
     variants = variants_of(config)
     drawn_heads = min(config.n_heads, 8)
     for column, (name, kv_heads) in zip(st.columns(3), variants.items(), strict=False):
-        shown_kv = max(1, kv_heads * drawn_heads // config.n_heads)
         with column:
             show_figure(
-                head_sharing(drawn_heads, shown_kv, title=name),
+                head_sharing(config.n_heads, kv_heads, title=name, max_heads=drawn_heads),
                 f"{config.n_heads} query heads, {kv_heads} K/V head{'s' if kv_heads > 1 else ''}"
                 + (f" (first {drawn_heads} drawn)" if drawn_heads < config.n_heads else "") + ".",
                 key=f"kv_sharing_{name}",
@@ -100,7 +112,7 @@ def cross_attention_section(bundle) -> None:
         heatmap_row([weights[h] for h in shown], [f"head {h}" for h in shown], target_labels, source_labels,
                     title=f"{len(target_labels)} decoder queries attend over {len(source_labels)} encoder keys",
                     show_values=len(source_labels) * len(target_labels) <= 120),
-        "The weights are not square: one row per decoder token, one column per encoder token. With identity "
+        "The weights need not be square: one row per decoder token, one column per encoder token. With identity "
         "projections and the model's own embeddings, related words find each other (kitten → cat).",
         key="kv_cross",
     )

@@ -68,7 +68,8 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
         show_figure(
             mask_heatmap(
                 reach.long(), [f"after {layer + 1} layer{'s' if layer else ''}" for layer in range(n_layers)], labels,
-                title=f"Receptive field of {labels[query]}", height=140 + 30 * n_layers,
+                title=f"Receptive field of {labels[query]}", height=140 + 30 * n_layers, x_title="input token",
+                y_title="stacked layers", legend={0: ("#ffffff", "cannot reach it"), 1: ("#2f6db5", "reaches it")},
             ),
             "Blue: tokens whose information can reach this position through the stacked layers (with residuals). "
             + masks_page.receptive_field_rule(key, **params),
@@ -88,8 +89,9 @@ def real_head_section(bundle, record, mask, name: str, labels: list[str]) -> tup
             [before, cut, after], ["Before: the model's head", "Masked, not renormalised", "Masked and renormalised"],
             labels, labels, title=f"{bundle.name}, layer {layer}, head {head}, under the {name} mask",
         ),
-        f"Without renormalising, rows sum to less than 1 (this head loses {lost:.1%} of its attention on average); a "
-        "softmax over the allowed keys only makes the kept weights fill each row again.",
+        f"The pattern is applied on top of the model's own mask. Without renormalising, rows sum to less than 1 (this "
+        f"head loses {lost:.1%} of its attention on average); a softmax over the keys both allow makes the kept "
+        "weights fill each row again.",
         key="masks_real",
     )
     return layer, head

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import positional, stepwise
-from attnviz.models.capture import word_order_experiment
+from attnviz.models.capture import is_causal, word_order_experiment
 from attnviz.pagelogic.positional import alibi_on_real_head, alibi_slopes_caption, learned_table_facts, repeated_words
 from attnviz.ui import capture_current, current_bundle, current_sentence, show_figure, start_page
 from attnviz.viz import style
@@ -20,7 +20,7 @@ def sinusoidal_tab() -> None:
     columns = st.columns(3)
     d_model = columns[0].select_slider("d_model", [16, 32, 64, 128, 256, 512], 128, key="pos_sin_d")
     n_positions = columns[1].slider("Positions", 16, 512, 100, key="pos_sin_n")
-    shift = columns[2].slider("Shift k", 1, 50, 5, key="pos_sin_k")
+    shift = columns[2].slider("Shift k", 1, min(50, n_positions - 1), min(5, n_positions - 1), key="pos_sin_k")
     table = positional.sinusoidal(n_positions, d_model)
     show_figure(
         matrix_heatmap(
@@ -210,12 +210,12 @@ def rope_tab() -> None:
     )
 
 
-def extrapolation_figure(bundle, slope: float):
+def extrapolation_figure(bundle):
     training = bundle.max_positions
     distances = np.arange(0, 2 * training)
     sinus = positional.cosine_by_distance(positional.sinusoidal(2 * training, 64)).numpy()
     series = {
-        f"ALiBi bias, m = {slope:.3g} (scaled to [−1, 0])": (-distances / distances.max()).tolist(),
+        "ALiBi bias −m·k (any m: scaled to [−1, 0])": (-distances / distances.max()).tolist(),
         "sinusoidal: cos(PE(0), PE(k))": sinus.tolist(),
     }
     found = positional.learned_position_table(bundle.model)
@@ -244,7 +244,7 @@ def alibi_tab() -> None:
             alibi_slopes_caption(n_heads),
             key="pos_alibi_slopes",
         )
-    causal = bundle.architecture != "encoder"
+    causal = is_causal(record, layer)  # the attention shown: a decoder's causal, an encoder's both ways
     bias = positional.alibi_bias(n_heads, record.weights.shape[-1], causal=causal)
     labels = style.token_labels(record.key_tokens)
     with right:
@@ -264,7 +264,7 @@ def alibi_tab() -> None:
         key="pos_alibi_real",
     )
     show_figure(
-        extrapolation_figure(bundle, slopes[alibi_head].item()),
+        extrapolation_figure(bundle),
         "Past the training length a learned table simply ends (no vector exists), sinusoidal vectors exist but "
         "were never seen in training, and ALiBi's penalty just keeps growing: why ALiBi extrapolated best in Press "
         "et al. (2022).",

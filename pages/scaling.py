@@ -7,7 +7,7 @@ import streamlit as st
 import torch
 
 from attnviz import scaling
-from attnviz.pagelogic.scaling import real_head_scalings
+from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.ui import capture_current, current_sentence, show_figure, start_page
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, histogram, line_chart
@@ -54,6 +54,18 @@ def variance_section() -> int:
     return seed
 
 
+def first_d_k(statistics: list[dict], stat: str | None, holds) -> str:
+    """The smallest d_k where ``holds(row[stat])`` (or, with no stat, where the unscaled Jacobian falls below the
+    scaled one and stays there), as text."""
+    for index, row in enumerate(statistics):
+        rest = statistics[index:]
+        if stat is None and all(r["jacobian_unscaled"] < r["jacobian_scaled"] for r in rest):
+            return f"{row['d_k']:,}"
+        if stat is not None and all(holds(r[stat]) for r in rest):
+            return f"{row['d_k']:,}"
+    return "beyond the largest d_k shown"
+
+
 def saturation_section(seed: int) -> None:
     st.subheader("2 · Softmax saturates without scaling, and its gradient vanishes")
     columns = st.columns(2)
@@ -62,15 +74,25 @@ def saturation_section(seed: int) -> None:
     statistics = scaling.softmax_statistics(scaling.D_K_VALUES, n_keys=n_keys, seed=seed)
     at = next(r for r in statistics if r["d_k"] == d_k)
     largest = statistics[-1]
+    if at["max_weight_unscaled"] > 0.5:
+        one_key = ": without scaling one key takes most of the weight."
+    else:
+        since = first_d_k(statistics, "max_weight_unscaled", lambda value: value > 0.5)
+        one_key = f"; without scaling it grows with d_k (one key takes most of the weight from about d_k = {since})."
+    if at["jacobian_unscaled"] < at["jacobian_scaled"]:
+        gradient = ": a saturated softmax passes little gradient to Q and K."
+    else:
+        gradient = (". At this d_k the unscaled softmax is not yet saturated and its gradient is no smaller; it falls "
+                    f"below the scaled one from d_k = {first_d_k(statistics, None, None)}.")
     captions = {
         "entropy": (f"Scaled: {at['entropy_scaled']:.2f} nats at d_k = {d_k} (the most there can be is log {n_keys} = "
                     f"{math.log(n_keys):.2f}); unscaled: {at['entropy_unscaled']:.2f}, and "
                     f"{largest['entropy_unscaled']:.2f} at d_k = {largest['d_k']}."),
         "max_weight": (f"At d_k = {d_k} the largest weight averages {at['max_weight_unscaled']:.2f} without scaling "
-                       f"and {at['max_weight_scaled']:.2f} with it: without scaling one key takes most of the weight."),
+                       f"and {at['max_weight_scaled']:.2f} with it" + one_key),
         "jacobian": (f"Without scaling the Jacobian's norm averages {at['jacobian_unscaled']:.3f} at d_k = {d_k} and "
-                     f"{largest['jacobian_unscaled']:.3f} at {largest['d_k']} (scaled: about "
-                     f"{at['jacobian_scaled']:.2f}): a saturated softmax passes little gradient to Q and K."),
+                     f"{largest['jacobian_unscaled']:.3f} at {largest['d_k']} (scaled: {at['jacobian_scaled']:.3f})"
+                     + gradient),
     }
     xs = [r["d_k"] for r in statistics]
     for column, (stat, label) in zip(st.columns(3), (("entropy", "entropy (nats)"), ("max_weight", "largest weight"),
@@ -112,15 +134,21 @@ def real_head_section() -> None:
     versions = real_head_scalings(record, layer, head, temperature)
     labels = style.token_labels(record.key_tokens)
     entropies = {name: scaling.entropy(w).mean().item() for name, w in versions.items()}
-    largest = {name: w.amax(-1).mean().item() for name, w in versions.items()}
+    allowed = record.allowed[layer]
+    largest = {name: mean_largest_weight(w, allowed) for name, w in versions.items()}
     model_name, unscaled_name = list(versions)[:2]
-    sharpness = ("turns nearly one-hot" if largest[unscaled_name] >= 0.9 else "sharpens")
+    if abs(record.scales[layer] - 1.0) < 1e-12:
+        verdict = ("this model applies no 1/√d_k (T5 folds it into its weights), so the first two panels are the "
+                   "same")
+    else:
+        sharpness = "turns nearly one-hot" if largest[unscaled_name] >= 0.9 else "sharpens"
+        verdict = (f"without the 1/√d_k this head {sharpness} (its largest weight averages "
+                   f"{largest[unscaled_name]:.2f} over rows that see two keys or more, against "
+                   f"{largest[model_name]:.2f} with the model's scaling)")
     show_figure(
         heatmap_row(list(versions.values()), [f"{name}<br>entropy {entropies[name]:.2f}" for name in versions], labels,
                     labels, title=f"{bundle.name}, layer {layer}, head {head}: its real Q and K with three scalings"),
-        f"d_k = {record.queries.shape[-1]}: without the 1/√d_k this head {sharpness} (its largest weight per row "
-        f"averages {largest[unscaled_name]:.2f}, against {largest[model_name]:.2f} with the model's scaling); "
-        "T > 1 flattens it, T < 1 sharpens it.",
+        f"d_k = {record.queries.shape[-1]}: {verdict}; T > 1 flattens it, T < 1 sharpens it.",
         key="scale_real",
     )
 
@@ -148,8 +176,8 @@ def stability_section(seed: int) -> None:
     st.caption(
         f"The naive form is wrong (not finite, or off by more than {scaling.WRONG_BY:g}) in "
         f"{int((~naive['right']).sum())} of {len(naive)} cases; the max-subtracted form in "
-        f"{int((~stable['right']).sum())} of {len(stable)}. Every attention kernel, flash attention included, keeps a "
-        "running max for this reason."
+        f"{int((~stable['right']).sum())} of {len(stable)}. Every attention kernel subtracts the row's max for this "
+        "reason; flash attention, which sees a row one block at a time, keeps a running max."
     )
 
 

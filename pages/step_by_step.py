@@ -15,8 +15,15 @@ STEP_MASKS = ("full", "causal", "sliding_window")  # keys of attnviz.mask_patter
 STEP_1_CAPTIONS = {
     "scaled_dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
     "dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
-    "general": "Q·W·Kᵀ with a seeded W: a learned bilinear match between queries and keys.",
-    "additive": "vᵀ·tanh(W_q·q + W_k·k): a small network scores each pair; tanh keeps scores bounded.",
+    "general": "Q·W·Kᵀ with a seeded random W standing in for a learned one: a bilinear match of queries and keys.",
+    "additive": "vᵀ·tanh(W_q·q + W_k·k): a small network (seeded random weights here) scores each pair; tanh keeps "
+                "the scores bounded.",
+}
+FORMULAS = {  # the formula of the chosen score function, above the page
+    "scaled_dot": r"\mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}} + \mathrm{mask}\right) V",
+    "dot": r"\mathrm{softmax}\!\left(Q K^\top + \mathrm{mask}\right) V",
+    "general": r"\mathrm{softmax}\!\left(Q W K^\top + \mathrm{mask}\right) V",
+    "additive": r"\mathrm{softmax}\!\left(v^\top \tanh(W_q q_i + W_k k_j) + \mathrm{mask}\right) V",
 }
 
 
@@ -107,8 +114,11 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
     with right:
         if steps.score_function == "scaled_dot":
             title = f"Step 2 · Scaled scores (÷ √{d_k} = ÷ {math.sqrt(d_k):.3g})"
-            caption = ("Dividing by √d_k keeps the scores' spread near 1 whatever d_k is, so the softmax does not "
-                       "saturate.")
+            caption = (f"Dividing by √d_k keeps the scores' spread near 1 whatever d_k is when Q and K have "
+                       f"unit-variance entries (here the scores' standard deviation goes from "
+                       f"{steps.scores.std().item():.3g} to {steps.scaled_scores.std().item():.3g}), so the softmax "
+                       "does not saturate." if steps.scores.numel() > 1 else
+                       "Dividing by √d_k keeps the scores' spread near 1 whatever d_k is.")
         else:
             title = "Step 2 · Scaled scores (no scaling for this score function)"
             caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."
@@ -125,10 +135,12 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         )
     with right:
         row_sums = steps.weights.sum(dim=-1).tolist()
+        empty = steps.mask is not None and not bool(steps.mask.any(-1).all())
         show_figure(
             matrix_heatmap(steps.weights, query_labels, key_labels, title="Step 4 · Weights = softmax of each row"),
             "Each row is a probability distribution over keys; row sums: "
-            + ", ".join(format_number(s) for s in row_sums) + ".",
+            + ", ".join(format_number(s) for s in row_sums) + "."
+            + (" A row with no allowed key is set to 0 here (a plain softmax would give NaN)." if empty else ""),
             key="sbs_fig_weights",
         )
     value_labels = [f"d{j + 1}" for j in range(v.shape[1])]
@@ -146,13 +158,13 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
 
 def main() -> None:
     start_page("Attention step by step")
-    st.latex(r"\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}} + "
-             r"\mathrm{mask}\right) V")
+    formula = st.empty()  # filled once the score function is chosen
     st.caption(
         "Every number below is computed live from the Q, K and V tables. Edit a cell, change the mask or the score "
         "function, and watch each step change."
     )
     chosen = controls()
+    formula.latex(r"\mathrm{Attention}(Q, K, V) = " + FORMULAS[chosen["score_function"]])
     try:
         if chosen["source"] == "From the sentence":
             q, k, v, query_labels, key_labels = qkv_from_the_sentence(chosen["d_k"], chosen["seed"])

@@ -176,8 +176,8 @@ def test_receptive_field_rule_states_the_measured_growth(key, params, per_layer)
 
 
 def test_lsh_is_described_as_built():
-    cost = mask_patterns.cost("lsh")
-    assert "O(N log N)" not in cost.split("(Reformer")[0]  # the mask as built is not N log N
+    assert "log" not in mask_patterns.cost("lsh")  # the mask as built is not N log N
+    assert "O(N log N)" in mask_patterns.describe("lsh")  # Reformer's own cost is named as Reformer's
     n = 400
     density = masks.density(mask_patterns.build("lsh", n, n_buckets=4, n_rounds=2).mask)
     assert density == pytest.approx(1 - (1 - 1 / 4) ** 2, abs=0.08)  # constant density: O(N^2) as built

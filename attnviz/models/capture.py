@@ -258,12 +258,14 @@ def capture(
     return result
 
 
-def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: float | list[float] | None = None):
+def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: float | list[float] | None = None,
+           temperature: float = 1.0):
     """Recompute every head of ``record`` from its captured Q and K with ``attnviz.attention``.
 
     By default it uses the model's own mask, position bias and scale, so the result should equal
-    ``record.weights``. ``mask`` (bool ``[n_q, n_k]``, True = may attend) replaces the model's mask and
-    ``scale`` its scaling: that is the what-if. Returns weights ``[layers, heads, n_q, n_k]``.
+    ``record.weights``. ``mask`` (bool ``[n_q, n_k]``, True = may attend) replaces the model's mask, ``scale`` its
+    scaling, and ``temperature`` divides every logit (the scaled scores and the bias): that is the what-if.
+    Returns weights ``[layers, heads, n_q, n_k]``.
     """
     n_rep = record.n_heads // record.n_kv_heads
     keys = repeat_kv(record.keys, n_rep)  # [layers, heads, n_k, d_head]
@@ -271,10 +273,10 @@ def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: 
     scales = record.scales if scale is None else ([scale] * record.n_layers if not isinstance(scale, list) else scale)
     layers = []
     for layer in range(record.n_layers):
-        bias = None if record.bias is None else record.bias[layer]
+        bias = None if record.bias is None else record.bias[layer] / temperature
         layer_mask = allowed[layer] if allowed.dim() == 4 else allowed
         _, weights = scaled_dot_product_attention(
-            record.queries[layer], keys[layer], keys[layer], layer_mask, bias=bias, scale=scales[layer]
+            record.queries[layer], keys[layer], keys[layer], layer_mask, bias=bias, scale=scales[layer] / temperature
         )
         layers.append(weights)
     return torch.stack(layers)
@@ -286,6 +288,17 @@ def head_scores(record: AttentionRecord, layer: int, head: int) -> tuple[torch.T
     q = record.queries[layer, head].double()  # [n_q, d_head]
     k = record.keys[layer, head * record.n_kv_heads // record.n_heads].double()  # [n_k, d_head]
     return q @ k.T, record.allowed[layer]
+
+
+def head_bias(record: AttentionRecord, layer: int, head: int) -> torch.Tensor | float:
+    """The additive score bias the model applies to this head (T5's relative position bias), fp64, or 0."""
+    return 0.0 if record.bias is None else record.bias[layer, head].double()
+
+
+def is_causal(record: AttentionRecord, layer: int = 0) -> bool:
+    """Whether the model's own mask for this attention is causal (no query sees a later key)."""
+    n_q, n_k = record.allowed.shape[-2:]
+    return n_q > 1 and not (record.allowed[layer] & ~masks.causal(n_q, n_k)).any().item()
 
 
 def replay_difference(record: AttentionRecord) -> float:

@@ -267,14 +267,56 @@ def what_if_mask(key: str, n_q: int, n_k: int, **params) -> torch.Tensor | None:
 def what_if(
     record: AttentionRecord, layer: int, mask: torch.Tensor | None, *, unscaled: bool, temperature: float = 1.0
 ):
-    """Heads of ``layer`` before (the model) and after (our replay with another mask / scale), each
+    """Heads of ``layer`` before (the model) and after (our replay with another mask / scale / temperature), each
     ``[heads, n_q, n_k]``. ``mask`` is bool (True = may attend), or None for the model's own."""
-    scale = None
-    base = record.scales[layer]
-    if unscaled or temperature != 1.0:
-        scale = (1.0 if unscaled else base) / temperature
-    after = replay(_single_layer(record, layer), mask=mask, scale=scale)[0]
+    after = replay(_single_layer(record, layer), mask=mask, scale=1.0 if unscaled else None,
+                   temperature=temperature)[0]
     return record.weights[layer], after
+
+
+@dataclass
+class WhatIfEffect:
+    """What a what-if did to one layer, in numbers for its caption."""
+
+    largest_change: float  # max |after - before| over every head and cell
+    gained_on_blocked: float  # mean share of each row the rule moved onto keys the model's own mask blocked
+    lost_to_rule: float  # mean share of each row the model had on keys the rule blocks
+    scale_is_one: bool  # the model applies no 1/sqrt(d_k) here (T5): removing it changes nothing
+
+
+def what_if_effect(record: AttentionRecord, layer: int, before: torch.Tensor, after: torch.Tensor,
+                   mask: torch.Tensor | None) -> WhatIfEffect:
+    blocked_by_model = ~record.allowed[layer]  # [n_q, n_k]
+    blocked_by_rule = torch.zeros_like(blocked_by_model) if mask is None else ~mask
+    return WhatIfEffect(
+        largest_change=(after - before).abs().amax().item(),
+        gained_on_blocked=float((after * blocked_by_model).sum(-1).mean()),
+        lost_to_rule=float((before * blocked_by_rule).sum(-1).mean()),
+        scale_is_one=abs(record.scales[layer] - 1.0) < 1e-12,
+    )
+
+
+def what_if_caption(effect: WhatIfEffect, unscaled: bool, temperature: float = 1.0) -> str:
+    """The after-panel's caption: what moved, in the numbers of this layer (never a claim the numbers deny)."""
+    parts = []
+    if effect.lost_to_rule > 0:
+        parts.append(f"keys your rule blocks lose their weight ({effect.lost_to_rule:.1%} of each row on average) and "
+                     "the rest is renormalised")
+    if effect.gained_on_blocked > 0:
+        parts.append(f"keys the model's own mask blocked (the future, in a decoder) now take "
+                     f"{effect.gained_on_blocked:.1%} of each row: this is not something the model ever did")
+    if unscaled and effect.scale_is_one:
+        parts.append("this model applies no 1/√d_k here (T5 folds it into its weights), so removing it changes "
+                     "nothing")
+    elif unscaled:
+        parts.append("without the 1/√d_k the logits grow and the softmax sharpens")
+    if temperature != 1.0:
+        parts.append(f"T = {temperature:g} divides every logit, so the softmax "
+                     + ("flattens" if temperature > 1 else "sharpens"))
+    if not parts:
+        return "The same rule as the model's: nothing moves."
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
 
 
 def _single_layer(record: AttentionRecord, layer: int) -> AttentionRecord:

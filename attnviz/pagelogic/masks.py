@@ -35,8 +35,11 @@ def receptive_field_rule(key: str, **params) -> str:
     if key == "sliding_bidirectional":
         return f"The reach grows by r = {p['radius']} on each side per layer."
     if key == "dilated":
-        return (f"The reach grows by (W − 1)·d = {(p['window'] - 1) * p['dilation']} on each side per layer; the gaps "
-                "between dilated keys fill in from the second layer when d divides the offsets.")
+        if p["dilation"] == 1:
+            return f"The reach grows by W − 1 = {p['window'] - 1} on each side per layer (d = 1: a plain window)."
+        return (f"The reach grows by (W − 1)·d = {(p['window'] - 1) * p['dilation']} on each side per layer, but only "
+                f"tokens at a multiple of d = {p['dilation']} from it are ever reached: the gaps fill only when layers "
+                "use different dilations (Longformer varies d across heads and layers).")
     if key == "global_local":
         grows = f"The window grows by r = {p['radius']} on each side per layer"
         return grows + (", and global tokens connect everything in two layers." if p["global_tokens"] else ".")
@@ -69,9 +72,13 @@ def score_memory_table(key: str, lengths: list[int], dtype: str, heads: int = 1,
 
 def apply_to_head(record: AttentionRecord, layer: int, head: int, mask: torch.Tensor):
     """A real head before, masked without renormalising (rows lose weight), and replayed under the mask
-    (renormalised), each ``[n_q, n_k]``; plus the mean share of attention the head loses."""
-    before, after = what_if(record, layer, mask, unscaled=False)
-    cut = record.weights[layer, head] * mask
+    (renormalised), each ``[n_q, n_k]``; plus the mean share of attention the head loses.
+
+    The pattern is applied on top of the model's own mask (``mask & record.allowed``): a decoder's causal mask
+    stays, so no key the model never saw gains weight."""
+    combined = mask & record.allowed[layer]  # [n_q, n_k], True = may attend under both
+    before, after = what_if(record, layer, combined, unscaled=False)
+    cut = record.weights[layer, head] * combined
     return before[head], cut, after[head], float(1 - cut.sum(-1).mean())
 
 

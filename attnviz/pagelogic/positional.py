@@ -9,13 +9,14 @@ import torch
 
 from attnviz import positional
 from attnviz.attention import masked_softmax
-from attnviz.models.capture import AttentionRecord, head_scores
+from attnviz.models.capture import AttentionRecord, head_bias, head_scores
 
 
 def alibi_on_real_head(record: AttentionRecord, layer: int, head: int, bias: torch.Tensor):
-    """A real head's weights, and the same scores plus an ALiBi bias ``[n_q, n_k]`` (the model's mask kept)."""
+    """A real head's weights (its own scale, mask and any position bias, as the model computes them), and the
+    same scores plus an ALiBi bias ``[n_q, n_k]``."""
     raw, allowed = head_scores(record, layer, head)
-    scores = raw * record.scales[layer]
+    scores = raw * record.scales[layer] + head_bias(record, layer, head)
     return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)
 
 

@@ -162,14 +162,20 @@ def attention_lines(
     return figure
 
 
-def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
-    """Which query heads read which K/V head (MHA: one each; GQA: groups; MQA: all share one)."""
+def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | None = None) -> go.Figure:
+    """Which query heads read which K/V head (MHA: one each; GQA: groups; MQA: all share one).
+
+    ``max_heads`` draws only the first query heads, with their real K/V heads (and only those K/V heads)."""
     from attnviz.attention import kv_head_of_query_head
 
-    mapping = kv_head_of_query_head(n_heads, n_kv_heads)
+    full_mapping = kv_head_of_query_head(n_heads, n_kv_heads)
+    shown = min(n_heads, max_heads or n_heads)
+    mapping = full_mapping[:shown]
+    groups = sorted(set(mapping))  # the K/V heads the drawn query heads read
     figure = go.Figure()
-    span = max(n_heads - 1, 1)
-    kv_x = [(g + 0.5) * n_heads / n_kv_heads - 0.5 for g in range(n_kv_heads)]
+    span = max(shown - 1, 1)
+    # Each K/V head sits under the middle of the query heads it serves among those drawn.
+    kv_x = {g: sum(h for h, m in enumerate(mapping) if m == g) / mapping.count(g) for g in groups}
     for head, group in enumerate(mapping):
         figure.add_trace(
             go.Scatter(
@@ -179,7 +185,7 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
         )
     figure.add_trace(
         go.Scatter(
-            x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text", text=[f"Q{h}" for h in range(n_heads)],
+            x=list(range(shown)), y=[1] * shown, mode="markers+text", text=[f"Q{h}" for h in range(shown)],
             textposition="top center",
             marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
             hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(mapping)], hoverinfo="text",
@@ -188,11 +194,10 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str) -> go.Figure:
     )
     figure.add_trace(
         go.Scatter(
-            x=kv_x, y=[0] * n_kv_heads, mode="markers+text", text=[f"KV{g}" for g in range(n_kv_heads)],
+            x=[kv_x[g] for g in groups], y=[0] * len(groups), mode="markers+text", text=[f"KV{g}" for g in groups],
             textposition="bottom center",
-            marker=dict(size=18, symbol="square",
-                        color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in range(n_kv_heads)]),
-            hovertext=[f"K/V head {g}: {mapping.count(g)} query heads" for g in range(n_kv_heads)], hoverinfo="text",
+            marker=dict(size=18, symbol="square", color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in groups]),
+            hovertext=[f"K/V head {g}: {full_mapping.count(g)} query heads" for g in groups], hoverinfo="text",
             showlegend=False,
         )
     )

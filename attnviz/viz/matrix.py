@@ -114,7 +114,8 @@ BLOCK_COLOURS = {
 
 def mask_heatmap(
     categories, row_labels: list[str], col_labels: list[str], *, title: str,
-    legend: dict[int, tuple[str, str]] | None = None, height: int | None = None,
+    legend: dict[int, tuple[str, str]] | None = None, height: int | None = None, x_title: str = "key",
+    y_title: str = "query",
 ) -> go.Figure:
     """A mask drawn with discrete colours: ``categories [n_q, n_k]`` ints (0 = blocked, 1 = may attend, or BigBird's
     kinds with ``legend=BLOCK_COLOURS``)."""
@@ -131,7 +132,7 @@ def mask_heatmap(
         go.Heatmap(
             z=values, x=list(range(values.shape[1])), y=list(range(values.shape[0])),
             zmin=-0.5, zmax=top + 0.5, colorscale=colorscale, customdata=names,
-            hovertemplate="query %{y} → key %{x}: %{customdata}<extra></extra>",
+            hovertemplate=f"{y_title} %{{y}} → {x_title} %{{x}}: %{{customdata}}<extra></extra>",
             colorbar=dict(tickvals=levels, ticktext=[legend[level][1] for level in levels], thickness=14),
             xgap=1 if values.size <= DETAIL_LIMIT else 0, ygap=1 if values.size <= DETAIL_LIMIT else 0,
         )
@@ -142,8 +143,8 @@ def mask_heatmap(
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
         font=dict(family=style.FONT_FAMILY),
-        xaxis=dict(title="key", tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45),
-        yaxis=dict(title="query", tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
+        xaxis=dict(title=x_title, tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45),
+        yaxis=dict(title=y_title, tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
         plot_bgcolor="#eeeeee",
         margin=dict(l=10, r=10, t=50, b=10),
         height=height,
