@@ -31,7 +31,7 @@ def test_bundled_model_is_the_real_six_by_twelve_bert(bert):
     assert bert.model_type == "bert" and bert.architecture == "encoder"
     assert (bert.n_layers, bert.n_heads, bert.d_model) == (6, 12, 384)
     assert not bert.uses_fallback_tokenizer
-    assert bert.model.config._attn_implementation == "eager"
+    assert bert.model.config._attn_implementation == "attnviz"  # the fast path, recorded
 
 
 def test_capture_shapes_and_tokens(bert):
@@ -47,13 +47,37 @@ def test_capture_shapes_and_tokens(bert):
     assert record.scales[0] == pytest.approx(32**-0.5)
 
 
-def test_capture_matches_transformers_output_attentions(bert):
-    result = capture(bert, "Attention is all you need.")
-    inputs = bert.tokenizer("Attention is all you need.", return_tensors="pt")
+def eager_attentions(folder, bundle, text, text_pair=None):
+    """transformers' own weights (eager attention, output_attentions=True) for the same inputs, by kind."""
+    from transformers import AutoModel
+
+    from attnviz.models.capture import _model_inputs
+
+    reference = AutoModel.from_pretrained(folder, attn_implementation="eager", local_files_only=True).eval()
+    inputs, *_ = _model_inputs(bundle, text, text_pair, bundle.max_positions, None)
     with torch.no_grad():
-        reference = bert.model(**inputs, output_attentions=True).attentions
-    assert len(reference) == 6
-    torch.testing.assert_close(result.records["self"].weights, torch.cat(reference), atol=0, rtol=0)
+        out = reference(**inputs, output_attentions=True)
+    if bundle.architecture == "encoder-decoder":
+        found = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
+    else:
+        found = {"self": out.attentions}
+    return {kind: torch.cat(weights) for kind, weights in found.items()}  # [layers, heads, n_q, n_k]
+
+
+def test_capture_matches_transformers_output_attentions(bert):
+    text = "Attention is all you need."
+    result = capture(bert, text)
+    reference = eager_attentions(bert.folder, bert, text)["self"]
+    assert reference.shape[0] == 6
+    torch.testing.assert_close(result.records["self"].weights, reference, atol=1e-5, rtol=0)
+
+
+def test_nothing_holds_all_weights_until_asked(bert):
+    record = capture(bert, "A short sentence.").records["self"]
+    assert "weights" not in vars(record)  # replayed on demand, not captured
+    one = record.head_weights(2, 5, 1, 4)
+    assert one.shape == (3, record.n_k)
+    torch.testing.assert_close(one, record.weights[2, 5, 1:4])
 
 
 def test_replay_parity_on_the_bundled_model(bert):
@@ -74,10 +98,13 @@ def test_replay_parity_on_the_bundled_model(bert):
 )
 def test_replay_parity_on_tiny_checkpoints(tiny_dir, kind, expected_kinds):
     bundle = load_model_dir(tiny_dir(kind))
-    result = capture(bundle, "The quick brown fox jumps over the lazy dog.", "A dog sleeps.")
+    text, pair = "The quick brown fox jumps over the lazy dog.", "A dog sleeps."
+    result = capture(bundle, text, pair)
     assert sorted(result.kinds) == sorted(expected_kinds)
+    reference = eager_attentions(tiny_dir(kind), bundle, text, pair)
     for record in result.records.values():
-        assert replay_difference(record) < 1e-5, record.kind
+        assert replay_difference(record) < 1e-5, record.kind  # attnviz's weights @ V = the model's SDPA output
+        torch.testing.assert_close(record.weights, reference[record.kind], atol=1e-5, rtol=0, msg=record.kind)
         torch.testing.assert_close(record.weights.sum(-1), torch.ones(record.weights.shape[:-1]), atol=1e-5, rtol=0)
 
 
@@ -102,16 +129,12 @@ def test_encoder_decoder_cross_attention_shapes(tiny_dir):
 
 
 def test_t5_position_bias_is_part_of_the_replay(tiny_dir):
-    record = capture(load_model_dir(tiny_dir("t5")), "relative position bias matters here").records["encoder"]
-    assert record.bias is not None
-    without_bias = replay(_without_bias(record))
-    assert (without_bias - record.weights).abs().max() > 1e-4  # the bias changes the weights: replay must use it
-
-
-def _without_bias(record):
     from dataclasses import replace
 
-    return replace(record, bias=None)
+    record = capture(load_model_dir(tiny_dir("t5")), "relative position bias matters here").records["encoder"]
+    assert record.bias is not None
+    without_bias = replay(replace(record, biases=[None] * record.n_layers))
+    assert (without_bias - record.weights).abs().max() > 1e-4  # the bias changes the weights: replay must use it
 
 
 def test_long_input_is_truncated_with_a_notice(tiny_dir):

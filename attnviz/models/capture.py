@@ -1,53 +1,203 @@
-"""Run a model on a text and capture, for every attention call, the queries, keys, mask, scale and weights.
+"""Run a model on a text and capture what every attention call received: queries, keys, values, the model's
+mask, scaling and score modifiers, and the output the model's own kernel produced.
 
-Capture works by wrapping the module-level ``eager_attention_forward`` that transformers' attention modules call
-(BERT, RoBERTa, DistilBERT, GPT-2, Llama, BART, T5, ...). The wrapper records exactly what the model's own
-attention received and returned, so :func:`replay` can recompute every head with ``attnviz.attention`` and
-prove the two agree.
+The model runs on its fast path (see :mod:`attnviz.models.attention_hook`); nothing holds the
+``[layers, heads, N, N]`` weights. They are materialised on demand, per layer, head and query range, by exact
+replay through :func:`attnviz.attention.scaled_dot_product_attention` in fp32, so a 8,192-token text costs
+the queries, keys and values it keeps, not 36 GB.
+
+What the replay applies, as recorded from each call:
+
+* **scaling**: the ``scaling`` the module passed (1/sqrt(d) when it passed none; 1 for T5, whose weights fold it);
+* **mask**: transformers' SDPA mask for the call (padding, causal, sliding window), stored as a rule
+  (:class:`~attnviz.masks.MaskSpec`: causal or full, with a window) when it is one, else as a dense boolean
+  ``[n_q, n_k]`` shared by the layers that use it. A None mask (transformers' shortcut for plain causal or full) is
+  rebuilt from the module's ``is_causal``;
+* **position bias** (T5's relative attention bias): the ``position_bias`` tensor, added to the scaled scores
+  (one tensor shared by every layer that reuses it);
+* **logit soft-capping** (Gemma 2): ``softcap * tanh(scores / softcap)`` before the mask;
+* **attention sinks** (gpt-oss): the sink logit joins every row's softmax and is dropped after it, so rows sum
+  to less than 1;
+* ALiBi is not among them: the models that use it (BLOOM, Falcon) do not route through transformers' attention
+  interface, and the loader says so.
+
+The replay check recomputes every layer's attention output (weights @ V, with the weights the page shows) and
+compares it with the output the model's kernel produced.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import inspect
-import sys
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from attnviz import masks
-from attnviz.attention import repeat_kv, scaled_dot_product_attention
+from attnviz.attention import masked_softmax, repeat_kv
+from attnviz.models.attention_hook import AttentionCall, recording
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
-_CAPTURE_LOCK = threading.RLock()  # module globals (and, for experiments, weights) are patched: one run at a time
+DENSE_LIMIT = 1024  # tokens: up to this, all layers' weights may be materialised at once ([layers, heads, N, N])
+REPLAY_BLOCK = 512  # query rows replayed at a time: [heads, 512, N] floats per step
+
+
+class TooLongForDense(ValueError):
+    """All of a long input's weights at once would not fit; use per-head or pooled views instead."""
+
+
+@dataclass(frozen=True)
+class LayerMask:
+    """The model's mask of one attention call: a rule when it is one, else a dense ``[n_q, n_k]`` bool."""
+
+    rule: masks.MaskSpec | None
+    dense: torch.Tensor | None = None
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """``[end - start, n_k]`` bool, True = may attend."""
+        if self.dense is not None:
+            return self.dense[start:end]
+        return self.rule.tile(start, end, 0, self.rule.n_k)
+
+    @property
+    def is_causal(self) -> bool:
+        return self.rule is not None and self.rule.causal
+
+
+def _rule_of(call: AttentionCall, n_q: int, n_k: int, cache: dict) -> LayerMask:
+    """The mask of ``call`` as a rule where possible (cached by the mask tensor's identity: layers share masks)."""
+    if call.mask is None:
+        return LayerMask(masks.MaskSpec(n_q, n_k, causal=call.is_causal and n_q > 1))
+    key = id(call.mask)
+    if key in cache:
+        return cache[key]
+    dense = call.mask[..., :n_k].expand(n_q, n_k)
+    candidates = [masks.MaskSpec(n_q, n_k), masks.MaskSpec(n_q, n_k, causal=True)]
+    if call.sliding_window:
+        candidates.append(masks.MaskSpec(n_q, n_k, causal=True, window=(call.sliding_window - 1, 0)))
+    found = next((LayerMask(rule) for rule in candidates if torch.equal(rule.dense(), dense)), None)
+    cache[key] = found or LayerMask(None, dense.clone())
+    return cache[key]
 
 
 @dataclass
 class AttentionRecord:
-    """One attention kind ("self", "encoder", "decoder" or "cross") over all its layers, batch of one."""
+    """One attention kind ("self", "encoder", "decoder" or "cross") over all its layers, batch of one.
+
+    Tensors stay in the model's dtype; weights are replayed in fp32 on demand (:meth:`head_weights`,
+    :meth:`layer_weights`); ``weights`` materialises all of them, for inputs of at most :data:`DENSE_LIMIT`."""
 
     kind: str
-    weights: torch.Tensor  # [layers, heads, n_q, n_k], the model's own softmax output
     queries: torch.Tensor  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
     keys: torch.Tensor  # [layers, kv_heads, n_k, d_head]
-    allowed: torch.Tensor  # [layers, n_q, n_k] bool, True = may attend (from the model's own mask)
-    bias: torch.Tensor | None  # [layers, heads, n_q, n_k] additive position bias (T5), else None
+    values: torch.Tensor  # [layers, kv_heads, n_k, d_v]
+    outputs: torch.Tensor  # [layers, n_q, heads, d_v]: what the model's own kernel computed
+    layer_masks: list[LayerMask]
     scales: list[float]  # per layer
     query_tokens: list[str]
     key_tokens: list[str]
+    biases: list[torch.Tensor | None] = field(default_factory=list)  # per layer [heads, n_q, n_k] (T5)
+    softcaps: list[float | None] = field(default_factory=list)
+    sinks: list[torch.Tensor | None] = field(default_factory=list)  # per layer [heads]
 
     @property
     def n_layers(self) -> int:
-        return self.weights.shape[0]
+        return self.queries.shape[0]
 
     @property
     def n_heads(self) -> int:
-        return self.weights.shape[1]
+        return self.queries.shape[1]
 
     @property
     def n_kv_heads(self) -> int:
         return self.keys.shape[1]
+
+    @property
+    def n_q(self) -> int:
+        return self.queries.shape[2]
+
+    @property
+    def n_k(self) -> int:
+        return self.keys.shape[2]
+
+    def kv_head(self, head: int) -> int:
+        """The K/V head a query head reads (grouped-query attention: consecutive groups)."""
+        return head * self.n_kv_heads // self.n_heads
+
+    def mask_rows(self, layer: int, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The model's mask for query rows ``start:end`` of ``layer``: ``[rows, n_k]`` bool, True = may attend."""
+        return self.layer_masks[layer].rows(start, self.n_q if end is None else end)
+
+    def bias_rows(self, layer: int, start: int = 0, end: int | None = None) -> torch.Tensor | None:
+        bias = self.biases[layer] if self.biases else None
+        return None if bias is None else bias[:, start:end].float()  # [heads, rows, n_k]
+
+    def scores(self, layer: int, start: int = 0, end: int | None = None, *, heads: list[int] | None = None,
+               scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """The logits the softmax sees for query rows ``start:end``: ``[heads, rows, n_k]`` fp32, before masking.
+        ``scale`` replaces the model's scaling and ``temperature`` divides every logit (the what-if)."""
+        heads = list(range(self.n_heads)) if heads is None else heads
+        q = self.queries[layer, heads, start:end].float()  # [h, rows, d]
+        k = self.keys[layer, [self.kv_head(h) for h in heads]].float()  # [h, n_k, d]
+        logits = q @ k.transpose(-2, -1) * (self.scales[layer] if scale is None else scale)
+        softcap = self.softcaps[layer] if self.softcaps else None
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        bias = self.bias_rows(layer, start, end)
+        if bias is not None:
+            logits = logits + bias[heads]
+        return logits / temperature
+
+    def layer_weights(self, layer: int, start: int = 0, end: int | None = None, *, heads: list[int] | None = None,
+                      mask: torch.Tensor | None = None, scale: float | None = None,
+                      temperature: float = 1.0) -> torch.Tensor:
+        """Attention weights of ``heads`` (default all) for query rows ``start:end``: ``[heads, rows, n_k]`` fp32.
+
+        ``mask`` (bool ``[rows, n_k]`` or ``[n_q, n_k]``, True = may attend) replaces the model's mask."""
+        end = self.n_q if end is None else end
+        allowed = self.mask_rows(layer, start, end) if mask is None else (
+            mask[start:end] if mask.shape[0] == self.n_q and end - start != self.n_q else mask)
+        logits = self.scores(layer, start, end, heads=heads, scale=scale, temperature=temperature)
+        sinks = self.sinks[layer] if self.sinks else None
+        if sinks is None:
+            return masked_softmax(logits, allowed)
+        heads = list(range(self.n_heads)) if heads is None else heads
+        column = sinks[heads].float().view(-1, 1, 1).expand(-1, logits.shape[1], 1)  # [h, rows, 1]
+        with_sink = torch.cat([logits.masked_fill(~allowed, float("-inf")), column], dim=-1)
+        return torch.softmax(with_sink, dim=-1)[..., :-1]
+
+    def head_weights(self, layer: int, head: int, start: int = 0, end: int | None = None, **options) -> torch.Tensor:
+        """One head's weights for query rows ``start:end``: ``[rows, n_k]`` fp32."""
+        return self.layer_weights(layer, start, end, heads=[head], **options)[0]
+
+    def check_dense(self) -> None:
+        if max(self.n_q, self.n_k) > DENSE_LIMIT:
+            raise TooLongForDense(
+                f"{max(self.n_q, self.n_k):,} tokens: this view needs every head's {self.n_q:,} x {self.n_k:,} weights "
+                f"at once, which attnviz computes up to {DENSE_LIMIT:,} tokens; use the head view (pooled, with zoom)"
+            )
+
+    @functools.cached_property
+    def weights(self) -> torch.Tensor:
+        """All weights ``[layers, heads, n_q, n_k]`` fp32, replayed once and kept (inputs up to DENSE_LIMIT)."""
+        self.check_dense()
+        return torch.stack([self.layer_weights(layer) for layer in range(self.n_layers)])
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        """The model's masks ``[layers, n_q, n_k]`` bool (short inputs)."""
+        self.check_dense()
+        return torch.stack([self.mask_rows(layer) for layer in range(self.n_layers)])
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The position bias ``[layers, heads, n_q, n_k]`` (T5), or None (short inputs)."""
+        if not self.biases or all(b is None for b in self.biases):
+            return None
+        self.check_dense()
+        return torch.stack([b.float() for b in self.biases])
 
 
 @dataclass
@@ -75,58 +225,6 @@ def _attention_kind(module_name: str, encoder_decoder: bool) -> str:
     if "encoder_attn" in lowered or "encdecattention" in lowered or "crossattention" in lowered:
         return "cross"
     return "encoder" if lowered.startswith("encoder") or ".encoder." in lowered else "decoder"
-
-
-@contextmanager
-def _observe_eager_attention(model: torch.nn.Module, calls: list):
-    """Wrap every ``eager_attention_forward`` the model's modules use; append one record per call to ``calls``."""
-    names = {id(module): name for name, module in model.named_modules()}
-    sources = {
-        sys.modules[type(m).__module__]
-        for m in model.modules()
-        if hasattr(sys.modules.get(type(m).__module__), "eager_attention_forward")
-    }
-    originals = {source: source.eager_attention_forward for source in sources}
-
-    def make_wrapper(original):
-        signature = inspect.signature(original)
-
-        def observed(module, *args, **kwargs):
-            output, weights = original(module, *args, **kwargs)
-            bound = signature.bind(module, *args, **kwargs)
-            arguments = bound.arguments
-            extra = arguments.get("kwargs", {})
-            calls.append(
-                {
-                    "name": names.get(id(module), ""),
-                    "query": arguments["query"].detach(),
-                    "key": arguments["key"].detach(),
-                    "mask": arguments.get("attention_mask"),
-                    "scaling": arguments.get("scaling", None),
-                    "position_bias": arguments.get("position_bias", extra.get("position_bias")),
-                    "weights": weights.detach(),
-                }
-            )
-            return output, weights
-
-        return observed
-
-    try:
-        for source, original in originals.items():
-            source.eager_attention_forward = make_wrapper(original)
-        yield
-    finally:
-        for source, original in originals.items():
-            source.eager_attention_forward = original
-
-
-def _allowed_from_model_mask(mask, n_q: int, n_k: int) -> torch.Tensor:
-    """The model's mask (additive float, boolean or None) -> ``[n_q, n_k]`` bool, True = may attend."""
-    if mask is None:
-        return torch.ones(n_q, n_k, dtype=torch.bool)
-    mask = mask[..., :n_k]
-    allowed = mask if mask.dtype == torch.bool else masks.from_additive(mask)
-    return allowed.reshape(-1, *allowed.shape[-2:])[0].expand(n_q, n_k).clone()  # batch of one, same for all heads
 
 
 def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens: int, fallback: str | None = None):
@@ -186,24 +284,24 @@ def _model_inputs(bundle: ModelBundle, text: str, text_pair: str | None, limit: 
     return inputs, tokens, segments, special, total, decoder_tokens
 
 
-def _record_of(kind: str, kind_calls: list[dict], query_tokens: list[str], key_tokens: list[str]) -> AttentionRecord:
-    """One attention kind's calls (one per layer, batch of one) stacked into a record."""
-    n_q, n_k = kind_calls[0]["weights"].shape[-2:]
-    biases = [c["position_bias"] for c in kind_calls]
-    if all(b is not None for b in biases):  # T5: [1 or batch, heads, n_q, n_k] per layer
-        bias = torch.stack([b[0].expand(-1, n_q, n_k) if b.shape[0] == 1 else b[0] for b in biases]).float()
-    else:
-        bias = None
+def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
+               key_tokens: list[str]) -> AttentionRecord:
+    """One attention kind's calls (one per layer) stacked into a record."""
+    n_q, n_k = calls[0].query.shape[-2], calls[0].key.shape[-2]
+    rule_cache: dict = {}
     return AttentionRecord(
         kind=kind,
-        weights=torch.stack([c["weights"][0] for c in kind_calls]).float(),  # [layers, heads, n_q, n_k]
-        queries=torch.stack([c["query"][0] for c in kind_calls]).float(),  # [layers, heads, n_q, d_head]
-        keys=torch.stack([c["key"][0] for c in kind_calls]).float(),  # [layers, kv_heads, n_k, d_head]
-        allowed=torch.stack([_allowed_from_model_mask(c["mask"], n_q, n_k) for c in kind_calls]),
-        bias=bias,
-        scales=[float(c["scaling"]) if c["scaling"] is not None else c["query"].shape[-1] ** -0.5 for c in kind_calls],
+        queries=torch.stack([c.query for c in calls]),  # [layers, heads, n_q, d_head]
+        keys=torch.stack([c.key for c in calls]),  # [layers, kv_heads, n_k, d_head]
+        values=torch.stack([c.value for c in calls]),  # [layers, kv_heads, n_k, d_v]
+        outputs=torch.stack([c.output for c in calls]),  # [layers, n_q, heads, d_v]
+        layer_masks=[_rule_of(c, n_q, n_k, rule_cache) for c in calls],
+        scales=[c.scaling for c in calls],
         query_tokens=query_tokens,
         key_tokens=key_tokens,
+        biases=[None if c.position_bias is None else c.position_bias.expand(-1, n_q, n_k) for c in calls],
+        softcaps=[c.softcap for c in calls],
+        sinks=[c.sinks for c in calls],
     )
 
 
@@ -227,15 +325,12 @@ def capture(
     inputs, tokens, segments, special, total, decoder_tokens = _model_inputs(
         bundle, text, text_pair, limit, fallback_tokenizer
     )
-    calls: list[dict] = []
-    with _CAPTURE_LOCK, torch.no_grad(), _observe_eager_attention(bundle.model, calls):
-        outputs = bundle.model(**inputs, output_attentions=True)
-    if not calls:
+    device = _device_of(bundle.model)
+    inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
+    with torch.no_grad(), recording(bundle.model) as recorder:
+        bundle.model(**inputs)
+    if not recorder.calls:
         raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
-    # Design pitfall: transformers returns no attentions with a non-eager implementation. Check we got them all.
-    returned = getattr(outputs, "attentions", None) or getattr(outputs, "encoder_attentions", None)
-    if returned is not None and len(returned) == 0:
-        raise RuntimeError("the model returned no attention weights; it must be loaded with eager attention")
 
     result = Capture(
         model_name=bundle.name,
@@ -248,9 +343,9 @@ def capture(
         n_tokens_before_truncation=total,
         decoder_tokens=decoder_tokens,
     )
-    by_kind: dict[str, list[dict]] = {}
-    for call in calls:
-        by_kind.setdefault(_attention_kind(call["name"], encoder_decoder), []).append(call)
+    by_kind: dict[str, list[AttentionCall]] = {}
+    for call in recorder.calls:
+        by_kind.setdefault(_attention_kind(call.module_name, encoder_decoder), []).append(_to_cpu(call))
     for kind, kind_calls in by_kind.items():
         query_tokens = decoder_tokens if kind in ("decoder", "cross") else tokens
         key_tokens = decoder_tokens if kind == "decoder" else tokens
@@ -258,60 +353,109 @@ def capture(
     return result
 
 
-def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: float | list[float] | None = None,
-           temperature: float = 1.0):
-    """Recompute every head of ``record`` from its captured Q and K with ``attnviz.attention``.
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's inputs go: its embeddings' device (the first parameter's for a model split across devices)."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        return next(model.parameters()).device
 
-    By default it uses the model's own mask, position bias and scale, so the result should equal
-    ``record.weights``. ``mask`` (bool ``[n_q, n_k]``, True = may attend) replaces the model's mask, ``scale`` its
-    scaling, and ``temperature`` divides every logit (the scaled scores and the bias): that is the what-if.
-    Returns weights ``[layers, heads, n_q, n_k]``.
-    """
-    n_rep = record.n_heads // record.n_kv_heads
-    keys = repeat_kv(record.keys, n_rep)  # [layers, heads, n_k, d_head]
-    allowed = record.allowed.unsqueeze(1) if mask is None else mask  # [layers, 1, n_q, n_k] or [n_q, n_k]
-    scales = record.scales if scale is None else ([scale] * record.n_layers if not isinstance(scale, list) else scale)
-    layers = []
-    for layer in range(record.n_layers):
-        bias = None if record.bias is None else record.bias[layer] / temperature
-        layer_mask = allowed[layer] if allowed.dim() == 4 else allowed
-        _, weights = scaled_dot_product_attention(
-            record.queries[layer], keys[layer], keys[layer], layer_mask, bias=bias, scale=scales[layer] / temperature
-        )
-        layers.append(weights)
-    return torch.stack(layers)
+
+def _to_cpu(call: AttentionCall) -> AttentionCall:
+    """Recorded tensors live on the CPU, where replay runs (a no-op on a CPU machine)."""
+    if call.query.device.type == "cpu":
+        return call
+    moved = {name: getattr(call, name).cpu() if isinstance(getattr(call, name), torch.Tensor) else getattr(call, name)
+             for name in AttentionCall.__dataclass_fields__}
+    return AttentionCall(**moved)
+
+
+def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: float | None = None,
+           temperature: float = 1.0) -> torch.Tensor:
+    """Every head of ``record`` recomputed with ``mask`` (bool ``[n_q, n_k]``, True = may attend) in place of the
+    model's, ``scale`` in place of its scaling and every logit divided by ``temperature``: the what-if. Returns
+    ``[layers, heads, n_q, n_k]`` (short inputs)."""
+    record.check_dense()
+    return torch.stack([record.layer_weights(layer, mask=mask, scale=scale, temperature=temperature)
+                        for layer in range(record.n_layers)])
 
 
 def head_scores(record: AttentionRecord, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's raw q.k scores (unscaled, fp64) ``[n_q, n_k]`` and the model's mask ``[n_q, n_k]`` (True = may
     attend). With GQA the head reads its group's K/V head."""
     q = record.queries[layer, head].double()  # [n_q, d_head]
-    k = record.keys[layer, head * record.n_kv_heads // record.n_heads].double()  # [n_k, d_head]
-    return q @ k.T, record.allowed[layer]
+    k = record.keys[layer, record.kv_head(head)].double()  # [n_k, d_head]
+    return q @ k.T, record.mask_rows(layer)
 
 
 def head_bias(record: AttentionRecord, layer: int, head: int) -> torch.Tensor | float:
     """The additive score bias the model applies to this head (T5's relative position bias), fp64, or 0."""
-    return 0.0 if record.bias is None else record.bias[layer, head].double()
+    bias = record.biases[layer] if record.biases else None
+    return 0.0 if bias is None else bias[head].double()
 
 
 def is_causal(record: AttentionRecord, layer: int = 0) -> bool:
     """Whether the model's own mask for this attention is causal (no query sees a later key)."""
-    n_q, n_k = record.allowed.shape[-2:]
-    return n_q > 1 and not (record.allowed[layer] & ~masks.causal(n_q, n_k)).any().item()
+    layer_mask = record.layer_masks[layer]
+    if layer_mask.rule is not None:
+        return layer_mask.is_causal
+    return record.n_q > 1 and not (layer_mask.dense & ~masks.causal(record.n_q, record.n_k)).any().item()
 
 
-def replay_difference(record: AttentionRecord) -> float:
-    """Max |replayed - model| over all layers and heads: the proof that our attention is the model's."""
-    return (replay(record) - record.weights).abs().max().item()
+def layer_output_difference(record: AttentionRecord, layer: int, block: int = REPLAY_BLOCK) -> float:
+    """Max |attnviz's output - the model's| for one layer: weights @ V, query block by query block."""
+    values = repeat_kv(record.values[layer].float().unsqueeze(0), record.n_heads // record.n_kv_heads)[0]
+    worst = 0.0
+    for start in range(0, record.n_q, block):
+        end = min(record.n_q, start + block)
+        ours = record.layer_weights(layer, start, end) @ values  # [heads, rows, d_v]
+        model = record.outputs[layer, start:end].float().transpose(0, 1)  # [heads, rows, d_v]
+        worst = max(worst, (ours - model).abs().max().item())
+    return worst
+
+
+def replay_difference(record: AttentionRecord, progress=None) -> float:
+    """Max |attnviz's attention output - the model's| over every layer: the weights attnviz shows, times V, are
+    what the model's own kernel computed. ``progress(layer, n_layers)`` is called before each layer."""
+    worst = 0.0
+    for layer in range(record.n_layers):
+        if progress:
+            progress(layer, record.n_layers)
+        worst = max(worst, layer_output_difference(record, layer))
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Word order: the same model with its position embeddings silenced, for this thread only
+
+_SILENCED: contextvars.ContextVar[frozenset] = contextvars.ContextVar("attnviz_silenced", default=frozenset())
+
+
+def _silence_hook(module, inputs, output):
+    return torch.zeros_like(output) if id(module) in _SILENCED.get() else output
+
+
+@contextlib.contextmanager
+def _positions_silenced(module: torch.nn.Module):
+    """Inside the block (this thread only), ``module`` (a position-embedding table) outputs zeros. The model's
+    weights are never changed, so other sessions running the same model at the same time are unaffected."""
+    if not getattr(module, "_attnviz_silence_hook", False):
+        module.register_forward_hook(_silence_hook)
+        module._attnviz_silence_hook = True
+    token = _SILENCED.set(_SILENCED.get() | {id(module)})
+    try:
+        yield
+    finally:
+        _SILENCED.reset(token)
 
 
 def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remove_positions: bool = True) -> dict:
     """Shuffle the words of ``text`` and compare first-layer self-attention before and after.
 
-    With the model's learned position embeddings zeroed (``remove_positions``), self-attention is permutation
-    equivariant: the shuffled sentence's weights are exactly the original's with rows and columns permuted.
-    Returns the original and un-permuted weights ``[heads, n, n]``, the permutation and the max difference.
+    With the model's learned position embeddings silenced (``remove_positions``: they output zeros in this
+    thread, the weights untouched), self-attention is permutation equivariant: the shuffled sentence's weights
+    are exactly the original's with rows and columns permuted. Returns the original and un-permuted weights
+    ``[heads, n, n]``, the permutation and the max difference.
     """
     from attnviz.positional import learned_position_table, permutation_of_words
 
@@ -328,25 +472,20 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     order = permutation_of_words(n, seed, keep_ends=keep_ends)
     shuffled = {name: value[:, order] if value.dim() == 2 and value.shape[1] == n else value
                 for name, value in inputs.items()}
-    parameter = dict(bundle.model.named_parameters())[found[0]]
+    module_name = found[0].rsplit(".", 1)[0]  # "embeddings.position_embeddings.weight" -> its module
+    table = dict(bundle.model.named_modules())[module_name]
 
-    def first_layer(model_inputs):
-        calls: list[dict] = []
-        with torch.no_grad(), _observe_eager_attention(bundle.model, calls):
-            bundle.model(**model_inputs, output_attentions=True)
-        return calls[0]["weights"][0].float()  # [heads, n, n]
+    def first_layer(model_inputs) -> torch.Tensor:
+        with torch.no_grad(), recording(bundle.model) as recorder:
+            bundle.model(**model_inputs)
+        call = _to_cpu(recorder.calls[0])
+        record = _record_of("self", [call], tokens, tokens)
+        return record.layer_weights(0)  # [heads, n, n]
 
-    with _CAPTURE_LOCK:
-        saved = parameter.detach().clone()
-        try:
-            if remove_positions:
-                with torch.no_grad():
-                    parameter.zero_()
-            original = first_layer(inputs)
-            permuted = first_layer(shuffled)
-        finally:
-            with torch.no_grad():
-                parameter.copy_(saved)
+    silenced = _positions_silenced(table) if remove_positions else contextlib.nullcontext()
+    with silenced:
+        original = first_layer(inputs)
+        permuted = first_layer(shuffled)
     # Row i of the shuffled run is token order[i]: undo that on rows and columns.
     inverse = torch.argsort(torch.tensor(order))
     unpermuted = permuted[:, inverse][:, :, inverse]

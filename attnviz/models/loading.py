@@ -1,7 +1,8 @@
 """Find and load checkpoints: the bundled default BERT, uploads, and folders on the server's disk.
 
-Every model is loaded with ``attn_implementation="eager"`` (the only implementation that returns attention
-weights), from local files only, from safetensors only, and with ``trust_remote_code=False``.
+Every model is loaded with ``attn_implementation="attnviz"`` (its fast path, recorded: see
+:mod:`attnviz.models.attention_hook`), in the dtype its weights are stored in unless fp32 is asked for, from
+local files only, from safetensors only, and with ``trust_remote_code=False``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from attnviz.models.attention_hook import ATTENTION_NAME
 from attnviz.models.safety import CheckpointRefused, check_weights, read_config
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
@@ -106,12 +108,15 @@ DECODER_TYPES = {
 
 
 def _capturable(model: torch.nn.Module) -> bool:
-    """True when the model's attention goes through a module-level ``eager_attention_forward`` we can observe."""
+    """True when the model's attention goes through transformers' attention interface, which attnviz records."""
     for module in model.modules():
         source = sys.modules.get(type(module).__module__)
-        if source is not None and hasattr(source, "eager_attention_forward"):
+        if source is not None and hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
             return True
     return False
+
+
+DTYPES = {"stored": "auto", "fp32": torch.float32}  # what the Checkpoints page offers
 
 
 def parameters_in_files(folder: Path) -> int:
@@ -178,15 +183,16 @@ def _first_line(problem: Exception, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(problem).__name__
 
 
-def _load_weights(folder: Path, config) -> torch.nn.Module:
-    """The model in eager attention from safetensors only, refused if its weights do not fit its config."""
+def _load_weights(folder: Path, config, dtype: str = "stored") -> torch.nn.Module:
+    """The model on attnviz's recorded fast path, from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
     try:
         model, info = AutoModel.from_pretrained(
             folder,
             config=config,
-            attn_implementation="eager",
+            attn_implementation=ATTENTION_NAME,
+            dtype=DTYPES[dtype],
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=False,
@@ -207,8 +213,9 @@ def _load_weights(folder: Path, config) -> torch.nn.Module:
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
     if not _capturable(model):
         raise CheckpointRefused(
-            f"attnviz cannot observe the attention of {type(model).__name__} (it does not use transformers' "
-            "eager attention function); try an encoder, decoder or encoder-decoder text model"
+            f"attnviz cannot observe the attention of {type(model).__name__} (a {config.model_type} model does not "
+            "route its attention through transformers' attention interface); try an encoder, decoder or "
+            "encoder-decoder text model"
         )
     return model.eval()
 
@@ -231,13 +238,14 @@ def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
     return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
 
 
-def load_model_dir(folder: str | Path, name: str | None = None) -> ModelBundle:
-    """Load a Hugging Face model folder safely. Raises :class:`CheckpointRefused` with a reason to show."""
+def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored") -> ModelBundle:
+    """Load a Hugging Face model folder safely, in its stored dtype or in fp32 (``dtype`` one of
+    :data:`DTYPES`). Raises :class:`CheckpointRefused` with a reason to show."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointRefused(f"{folder} is not a folder on the server")
     config = _read_checked_config(folder)
-    model = _load_weights(folder, config)
+    model = _load_weights(folder, config, dtype)
     tokenizer, tokenizer_note = _load_tokenizer(folder, config)
     n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
     return ModelBundle(

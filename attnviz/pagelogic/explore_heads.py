@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz import analysis, mask_patterns
-from attnviz.models.capture import AttentionRecord, Capture, replay
+from attnviz.models.capture import AttentionRecord, Capture
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid
 from attnviz.viz.matrix import matrix_heatmap
@@ -269,8 +269,8 @@ def what_if(
 ):
     """Heads of ``layer`` before (the model) and after (our replay with another mask / scale / temperature), each
     ``[heads, n_q, n_k]``. ``mask`` is bool (True = may attend), or None for the model's own."""
-    after = replay(_single_layer(record, layer), mask=mask, scale=1.0 if unscaled else None,
-                   temperature=temperature)[0]
+    record.check_dense()
+    after = record.layer_weights(layer, mask=mask, scale=1.0 if unscaled else None, temperature=temperature)
     return record.weights[layer], after
 
 
@@ -317,20 +317,6 @@ def what_if_caption(effect: WhatIfEffect, unscaled: bool, temperature: float = 1
         return "The same rule as the model's: nothing moves."
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + "."
-
-
-def _single_layer(record: AttentionRecord, layer: int) -> AttentionRecord:
-    return AttentionRecord(
-        kind=record.kind,
-        weights=record.weights[layer : layer + 1],
-        queries=record.queries[layer : layer + 1],
-        keys=record.keys[layer : layer + 1],
-        allowed=record.allowed[layer : layer + 1],
-        bias=None if record.bias is None else record.bias[layer : layer + 1],
-        scales=record.scales[layer : layer + 1],
-        query_tokens=record.query_tokens,
-        key_tokens=record.key_tokens,
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""The attention function attnviz registers with transformers, and the recorder it writes to.
+
+Every loaded model is switched to ``attn_implementation="attnviz"`` (transformers' ``AttentionInterface``, set per
+model instance: no module globals are patched). The function computes each attention call with the model's fast
+path (PyTorch SDPA; transformers' eager function for the few modifiers SDPA cannot do) and, while a
+:func:`recording` block is active in the calling thread (a ``contextvars`` variable, so sessions on a server
+never see each other's calls and never wait for each other), keeps what attention received and returned.
+
+The mask comes through transformers' SDPA mask builder (``AttentionMaskInterface``), which passes None when the
+mask is plain causal or full (SDPA's ``is_causal`` then does the work): the recorder stores the module's causality
+with it, and :mod:`attnviz.models.capture` rebuilds the mask from both.
+
+Imports only torch and transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "attnviz"
+# Keyword arguments SDPA cannot apply; a call that has one runs through the model's own eager function.
+EAGER_ONLY = ("softcap", "s_aux")
+
+
+@dataclass
+class AttentionCall:
+    """One attention call as the model made it (batch of one): tensors in the model's dtype, not copied."""
+
+    module_name: str
+    query: torch.Tensor  # [heads, n_q, d] (after RoPE, if any)
+    key: torch.Tensor  # [kv_heads, n_k, d]
+    value: torch.Tensor  # [kv_heads, n_k, d_v]
+    output: torch.Tensor  # [n_q, heads, d_v]: what the model's kernel returned, before the output projection
+    mask: torch.Tensor | None  # the model's mask for this call: bool [n_q, n_k] (True = may attend), or None
+    is_causal: bool  # with mask None: the mask is causal (True) or full (False)
+    scaling: float
+    position_bias: torch.Tensor | None = None  # T5: [heads, n_q, n_k], added to the scaled scores
+    softcap: float | None = None  # Gemma 2: scores = softcap * tanh(scores / softcap)
+    sinks: torch.Tensor | None = None  # gpt-oss: [heads] logits of a sink column in every row's softmax
+    sliding_window: int | None = None
+
+
+@dataclass
+class Recorder:
+    calls: list[AttentionCall] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)  # id(module) -> its name in the model
+
+
+_RECORDER: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("attnviz_recorder", default=None)
+
+
+@contextlib.contextmanager
+def recording(model: torch.nn.Module):
+    """Record every attention call ``model`` makes in this thread until the block ends; yields the recorder."""
+    recorder = Recorder(names={id(module): name for name, module in model.named_modules()})
+    token = _RECORDER.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDER.reset(token)
+
+
+def _batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask of batch item 0 as ``[n_q, n_k]`` bool (True = may attend); transformers' additive float masks
+    (0 / large negative) are converted."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.reshape(-1, *attention_mask.shape[-2:])[0]
+    return mask if mask.dtype == torch.bool else mask > -1e4
+
+
+def _additive_mask(attention_mask: torch.Tensor | None, is_causal: bool, query: torch.Tensor,
+                   key: torch.Tensor) -> torch.Tensor | None:
+    """What transformers' eager functions expect: an additive float mask (0 / the dtype's minimum). SDPA's mask
+    builder gives a bool mask, or None for plain causal (SDPA's is_causal), which eager would not apply."""
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    if attention_mask is None:
+        if not (is_causal and n_q > 1):
+            return None
+        key_pos = torch.arange(n_k, device=query.device)
+        attention_mask = (key_pos[None, :] <= torch.arange(n_q, device=query.device)[:, None] + (n_k - n_q))[None, None]
+    if attention_mask.dtype != torch.bool:
+        return attention_mask
+    additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+    return additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+
+
+def _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    """The model's own computation: SDPA, or the model's eager function for what SDPA cannot do."""
+    if any(kwargs.get(name) is not None for name in EAGER_ONLY):
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        is_causal = kwargs.get("is_causal")
+        is_causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
+        additive = _additive_mask(attention_mask, is_causal, query, key)
+        return eager(module, query, key, value, additive, scaling=scaling, dropout=dropout, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                  **kwargs)
+
+
+def attnviz_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers calls this for every attention of a model loaded with ``attn_implementation="attnviz"``."""
+    output, _ = _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        bias = kwargs.get("position_bias")
+        sinks = kwargs.get("s_aux")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        is_causal = kwargs.get("is_causal")
+        recorder.calls.append(AttentionCall(
+            module_name=recorder.names.get(id(module), ""),
+            query=query[0].detach(), key=key[0].detach(), value=value[0].detach(), output=output[0].detach(),
+            mask=_batch_zero_mask(attention_mask),
+            is_causal=bool(getattr(module, "is_causal", False) if is_causal is None else is_causal),
+            scaling=float(scale),
+            position_bias=None if bias is None else bias.reshape(-1, *bias.shape[-3:])[0].detach(),
+            softcap=kwargs.get("softcap"),
+            sinks=None if sinks is None else sinks.detach(),
+            sliding_window=kwargs.get("sliding_window"),
+        ))
+    return output, None  # no weights: attnviz materialises them on demand, by replay
+
+
+AttentionInterface.register(ATTENTION_NAME, attnviz_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # bool masks, None for plain causal or full
