@@ -65,37 +65,128 @@ class HeadStats:
     label: str
 
 
+STATISTICS = ("entropy", "normalised_entropy", "mean_distance", "self", "previous", "next", "first", "separator",
+              "punctuation")
+
+
+class StatisticsAccumulator:
+    """The statistics of :class:`HeadStats` for the heads of one layer, accumulated one block of query rows at a
+    time, so a long input never needs a head's whole ``N x N`` matrix: every statistic is a mean over rows.
+
+    ``add(start, weights)`` takes the rows ``start .. start + rows`` of every head, ``[heads, rows, n_k]``.
+    """
+
+    def __init__(self, n_heads: int, tokens: list[str], special: list[bool]):
+        n_k = len(tokens)
+        self.n_heads, self.n_k = n_heads, n_k
+        self.separators = torch.tensor([special[j] and j != 0 for j in range(n_k)])
+        self.punctuation = torch.tensor([is_punctuation(t) for t in tokens])
+        self.sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STATISTICS}
+        self.counts = {name: 0 for name in STATISTICS}
+
+    def add(self, start: int, weights: torch.Tensor) -> None:
+        weights = weights.double()  # [heads, rows, n_k]
+        rows = weights.shape[1]
+        positions = torch.arange(start, start + rows)
+        entropy = row_entropy(weights)  # [heads, rows]
+        keys_seen = (weights > 0).sum(-1)
+        normalised = torch.where(keys_seen > 1, entropy / keys_seen.clamp_min(2).double().log(),
+                                 torch.zeros_like(entropy))
+        distance = (positions.unsqueeze(1) - torch.arange(self.n_k).unsqueeze(0)).abs().double()  # [rows, n_k]
+        block = {
+            "entropy": entropy.sum(-1),
+            "normalised_entropy": normalised.sum(-1),
+            "mean_distance": (weights * distance).sum((-2, -1)),
+            "first": weights[..., 0].sum(-1),
+            "separator": weights[..., self.separators].sum((-2, -1)),
+            "punctuation": weights[..., self.punctuation].sum((-2, -1)),
+        }
+        for name, value in block.items():
+            self.sums[name] += value
+            self.counts[name] += rows
+        for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
+            keys = positions + offset
+            inside = (keys >= 0) & (keys < self.n_k)  # rows that have such a key
+            if inside.any():
+                rows_in = inside.nonzero().flatten()
+                self.sums[name] += weights[:, rows_in, keys[rows_in]].sum(-1)
+                self.counts[name] += int(inside.sum())
+
+    def result(self, layer: int) -> list[HeadStats]:
+        means = {name: self.sums[name] / max(self.counts[name], 1) for name in STATISTICS}
+        stats = []
+        for head in range(self.n_heads):
+            values = {name: float(means[name][head]) for name in STATISTICS}
+            stats.append(HeadStats(layer=layer, head=head, label=label_head(values), **values))
+        return stats
+
+
 def head_statistics(weights: torch.Tensor, tokens: list[str], special: list[bool]) -> list[HeadStats]:
     """Statistics and a label for every head of square self-attention ``weights [layers, heads, n, n]``."""
     layers, heads, n_q, n_k = weights.shape
     if n_q != n_k or len(tokens) != n_k:
         raise ValueError(f"head_statistics needs square self-attention over the tokens, got {tuple(weights.shape)}")
-    weights = weights.double()
-    entropy = row_entropy(weights)  # [layers, heads, n]
-    keys_seen = (weights > 0).sum(-1).clamp_min(1).double()
-    max_entropy = torch.where(keys_seen > 1, keys_seen.log(), torch.ones_like(keys_seen))
-    normalised = torch.where(keys_seen > 1, entropy / max_entropy, torch.zeros_like(entropy)).mean(-1)
-    separator_ids = [j for j in range(n_k) if special[j] and j != 0]
-    punctuation_ids = [j for j, t in enumerate(tokens) if is_punctuation(t)]
-    stats = {
-        "entropy": entropy.mean(-1),
-        "normalised_entropy": normalised,
-        "mean_distance": mean_attended_distance(weights),
-        "self": _diagonal_share(weights, 0),
-        "previous": _diagonal_share(weights, -1),
-        "next": _diagonal_share(weights, 1),
-        "first": weights[..., 0].mean(-1),
-        "separator": weights[..., separator_ids].sum(-1).mean(-1) if separator_ids else torch.zeros(layers, heads),
-        "punctuation": (
-            weights[..., punctuation_ids].sum(-1).mean(-1) if punctuation_ids else torch.zeros(layers, heads)
-        ),
-    }
     result = []
     for layer in range(layers):
-        for head in range(heads):
-            values = {name: float(tensor[layer, head]) for name, tensor in stats.items()}
-            result.append(HeadStats(layer=layer, head=head, label=label_head(values), **values))
+        accumulator = StatisticsAccumulator(heads, tokens, special)
+        accumulator.add(0, weights[layer])
+        result += accumulator.result(layer)
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pooling: a long input's N x N weights drawn as a fixed number of cells
+
+
+POOLINGS = ("max", "mean")
+
+
+def bins(n: int, size: int) -> torch.Tensor:
+    """The cell each of ``n`` positions falls in when drawn as ``min(n, size)`` cells: ``[n]`` ints, even runs."""
+    cells = min(n, size)
+    return torch.arange(n) * cells // n
+
+
+def bin_edges(n: int, size: int) -> list[tuple[int, int]]:
+    """``(first, last)`` position of each cell of :func:`bins`."""
+    cell_of = bins(n, size).tolist()
+    edges: dict[int, list[int]] = {}
+    for position, cell in enumerate(cell_of):
+        edges.setdefault(cell, [position, position])[1] = position
+    return [tuple(edges[cell]) for cell in sorted(edges)]
+
+
+class Pooler:
+    """Pools ``[..., rows, cols]`` blocks into ``[..., n_row_cells, n_col_cells]`` by max or mean, streamed by
+    rows: ``add(values, row_cells)`` with each row's cell, ``result()`` at the end."""
+
+    def __init__(self, leading: tuple[int, ...], n_row_cells: int, col_cells: torch.Tensor, how: str):
+        if how not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {how!r}")
+        self.how, self.col_cells = how, col_cells
+        self.n_col_cells = int(col_cells.max()) + 1 if len(col_cells) else 0
+        shape = (*leading, n_row_cells, self.n_col_cells)
+        fill = float("-inf") if how == "max" else 0.0
+        self.values = torch.full(shape, fill, dtype=torch.float32)
+        self.counts = torch.zeros(n_row_cells, self.n_col_cells, dtype=torch.float32)
+        self.col_sizes = torch.bincount(col_cells, minlength=self.n_col_cells).float()
+
+    def add(self, values: torch.Tensor, row_cells: torch.Tensor) -> None:
+        values = values.float()  # [..., rows, cols]
+        index = self.col_cells.expand(*values.shape[:-1], -1)
+        reduced = torch.full((*values.shape[:-1], self.n_col_cells), float("-inf") if self.how == "max" else 0.0)
+        reduced.scatter_reduce_(-1, index, values, reduce="amax" if self.how == "max" else "sum")  # [..., rows, cc]
+        for row, cell in enumerate(row_cells.tolist()):
+            if self.how == "max":
+                self.values[..., cell, :] = torch.maximum(self.values[..., cell, :], reduced[..., row, :])
+            else:
+                self.values[..., cell, :] += reduced[..., row, :]
+                self.counts[cell] += self.col_sizes
+
+    def result(self) -> torch.Tensor:
+        if self.how == "max":
+            return self.values
+        return self.values / self.counts.clamp_min(1)
 
 
 def label_head(values: dict) -> str:

@@ -207,30 +207,37 @@ def current_bundle() -> ModelBundle:
 
 @st.cache_resource(max_entries=4, show_spinner="Running the model and capturing its attention…")
 def cached_capture(
-    folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None
+    folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None,
+    max_tokens: int | None = None,
 ):
-    """Captures are treated as read-only; keyed by the model's folder and name, the texts and the fallback."""
+    """Captures are treated as read-only; keyed by the model's folder and name, the texts, the fallback and the
+    token limit."""
     from attnviz.models.capture import capture
 
-    return capture(_bundle, text, text_pair, fallback_tokenizer=fallback)
+    return capture(_bundle, text, text_pair, fallback_tokenizer=fallback, max_tokens=max_tokens)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def cached_replay_difference(folder: str, name: str, text: str, text_pair: str | None, kind: str, _record) -> float:
+def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None) -> float:
+    """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
     from attnviz.models.capture import replay_difference
 
-    return replay_difference(_record)
+    return replay_difference(_record, progress=_progress)
 
 
-@st.cache_resource(max_entries=8, show_spinner="Computing head statistics…")
-def cached_statistics(folder: str, name: str, text: str, text_pair: str | None, kind: str, _capture):
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_statistics(capture_key: tuple, kind: str, _capture, _progress=None):
     from attnviz.pagelogic.explore_heads import statistics_table
 
-    return statistics_table(_capture, kind)
+    return statistics_table(_capture, kind, progress=_progress)
 
 
-def capture_current(text: str, text_pair: str | None = None):
-    """Capture the sidebar model on ``text``; an error in the page (not a traceback) if that fails."""
+MECHANISM_TOKENS = 96  # the mechanism pages draw N x N masks and heads: they read the first this-many tokens
+
+
+def capture_current(text: str, text_pair: str | None = None, max_tokens: int | None = None):
+    """Capture the sidebar model on ``text`` (its first ``max_tokens`` tokens, if given, with a notice when that
+    cuts it); an error in the page (not a traceback) if that fails."""
     bundle = current_bundle()
     name = current_model_name()
     if not text.strip():
@@ -238,7 +245,12 @@ def capture_current(text: str, text_pair: str | None = None):
         st.stop()
     fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
     try:
-        return bundle, cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback)
+        result = cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback,
+                                max_tokens)
     except (ValueError, RuntimeError) as problem:
         st.error(f"The model could not run on this text: {problem}")
         st.stop()
+    if max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
+        st.info(f"This page reads the first {len(result.tokens)} of the text's {result.n_tokens_before_truncation:,} "
+                "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
+    return bundle, result

@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from attnviz import analysis
 from attnviz.pagelogic import explore_heads as explore
 from attnviz.ui import (
     cached_replay_difference,
@@ -18,7 +19,11 @@ from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
 from attnviz.viz.matrix import matrix_heatmap
 
+AUTOMATIC_REPLAY_CELLS = 64 * 2048 * 2048  # above this (heads x N x N), the replay check waits for a click
 REPLAY_TOLERANCE = 1e-4  # fp32 rounding of a different order of sums; a wrong mask or scale is off by far more
+TEXT_SOURCES = ["the sidebar's sentence", "a long text", "Python's documentation"]
+SAMPLE_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+MAX_LONG_TEXT_BYTES = 2_000_000
 TABS = ["View", "Head statistics", "Compare two sentences", "What-if", "bertviz (online)", "Export"]
 
 
@@ -48,8 +53,23 @@ def open_head(layer: int, head: int) -> None:
     st.session_state["explore_tab"] = "View"
 
 
-def replay_check(folder: str, name: str, text: str, text_pair: str, kind: str, record) -> None:
-    difference = cached_replay_difference(folder, name, text, text_pair or None, kind, record)
+def replay_check(capture_key: tuple, kind: str, record) -> None:
+    cells = record.n_layers * record.n_heads * record.n_q * record.n_k
+    asked = st.session_state.get("explore_replay_asked") == (capture_key, kind)
+    if cells > AUTOMATIC_REPLAY_CELLS and not asked:
+        st.button(
+            f"Run the replay check ({record.n_layers} layers x {record.n_heads} heads x {record.n_q:,} tokens)",
+            key="explore_replay_button", on_click=lambda: st.session_state.update(
+                explore_replay_asked=(capture_key, kind)),
+            help="Recomputes every head with attnviz's attention and compares weights @ V with the model's output.",
+        )
+        return
+    with st.status("Replay check: recomputing every layer with attnviz's attention…", expanded=False) as status:
+        difference = cached_replay_difference(
+            capture_key, kind, record,
+            _progress=lambda layer, n: status.update(label=f"Replay check: layer {layer + 1} of {n}…"),
+        )
+        status.update(label="Replay check done", state="complete")
     verdict = ":material/check_circle:" if difference < REPLAY_TOLERANCE else ":material/warning:"
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
     st.markdown(
@@ -86,18 +106,47 @@ def view_options(capture, record, kind: str, text_pair: str, architecture: str) 
     if view == "lines":
         line_heads = st.multiselect("Heads to draw", list(range(record.n_heads)), default=[int(head)],
                                     key="explore_line_heads", help="One colour per head.")
-    return explore.ViewOptions(kind=kind, layer=int(layer), head=int(head), view=view, hide_special=hide_special,
-                               renormalise=renormalise, block=block, follow=follow, line_heads=line_heads)
+    options = explore.ViewOptions(kind=kind, layer=int(layer), head=int(head), view=view, hide_special=hide_special,
+                                  renormalise=renormalise, block=block, follow=follow, line_heads=line_heads)
+    if view in ("head", "average"):
+        long = max(record.n_q, record.n_k) > explore.POOL_LIMIT
+        scale_columns = st.columns([3, 2, 2, 2, 2] if long else [3, 8])
+        options.scale = scale_columns[0].selectbox(
+            "Colour", list(explore.SCALES), format_func=explore.SCALES.get, key="explore_scale",
+            help="At long lengths most weights are tiny: scale each row to its maximum, or use a log scale, to see "
+                 "structure. The title says which is on.",
+        )
+        if long:
+            options.pooling = scale_columns[1].radio(
+                "Pool cells by", list(analysis.POOLINGS), horizontal=True, key="explore_pooling",
+                help=f"More than {explore.POOL_LIMIT} tokens a side: each cell shows the max (peaks stay visible) "
+                     "or the mean of a block of weights.",
+            )
+            options.zoom_size = scale_columns[2].select_slider("Zoom window", explore.ZOOM_SIZES, 128,
+                                                               key="explore_zoom_size")
+            options.zoom_query = int(scale_columns[3].number_input(
+                "Zoom: first query", 0, max(0, record.n_q - 1), 0, step=options.zoom_size, key="explore_zoom_query"))
+            options.zoom_key = int(scale_columns[4].number_input(
+                "Zoom: first key", 0, max(0, record.n_k - 1), 0, step=options.zoom_size, key="explore_zoom_key"))
+    return options
 
 
 def view_tab(capture, record, options: explore.ViewOptions) -> None:
     try:
+        if options.view == "grid" and "thumbnails" not in record.memo:
+            with st.status("Pooling every head into thumbnails…") as status:
+                explore.grid_thumbnails(record, progress=lambda layer, n: status.update(
+                    label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
+                status.update(label="Thumbnails ready", state="complete")
         figure, caption = explore.view_figure(capture, options)
     except ValueError as problem:
         st.warning(str(problem))
     else:
         show_figure(figure, caption, key="explore_main_figure",
                     on_select=on_figure_click if options.view in ("grid", "lines") else None)
+        if options.view in ("head", "average") and max(record.n_q, record.n_k) > explore.POOL_LIMIT:
+            zoom, zoom_caption = explore.zoom_figure(capture, options)
+            show_figure(zoom, zoom_caption, key="explore_zoom_figure")
     if record.n_kv_heads != record.n_heads:
         show_figure(
             head_sharing(record.n_heads, record.n_kv_heads,
@@ -107,9 +156,12 @@ def view_tab(capture, record, options: explore.ViewOptions) -> None:
         )
 
 
-def statistics_tab(capture, folder: str, name: str, text: str, text_pair: str, kind: str) -> None:
+def statistics_tab(capture, capture_key: tuple, kind: str) -> None:
     try:
-        table = cached_statistics(folder, name, text, text_pair or None, kind, capture)
+        with st.status("Computing head statistics…", expanded=False) as status:
+            table = cached_statistics(capture_key, kind, capture, _progress=lambda layer, n: status.update(
+                label=f"Computing head statistics: layer {layer + 1} of {n}…"))
+            status.update(label="Head statistics ready", state="complete")
     except ValueError as problem:
         st.info(str(problem))
         return
@@ -254,6 +306,33 @@ def export_tab(capture, record, options: explore.ViewOptions) -> None:
     st.caption("Link to this view: copy the address bar; it holds the model, sentence, layer, head and view.")
 
 
+def text_source(bundle) -> tuple[str, int | None]:
+    """The text to explore: the sidebar's sentence, a long text pasted or uploaded, or Python's documentation
+    (which ships with Python: a long text offline). Returns the text and a token limit (None: the model's)."""
+    source = st.segmented_control(
+        "Text", TEXT_SOURCES, default=TEXT_SOURCES[0], key="explore_source", required=True, bind="query-params",
+        help="Long texts: attnviz replays attention on demand, pools large heatmaps and zooms into any window.",
+    )
+    if source == TEXT_SOURCES[1]:
+        uploaded = st.file_uploader("A .txt file (UTF-8), or paste below", type=["txt"], key="explore_long_file")
+        if uploaded is not None:
+            data = uploaded.getvalue()
+            if len(data) > MAX_LONG_TEXT_BYTES:
+                st.error(f"That file is {len(data) / 1e6:.1f} MB; paste or upload at most "
+                         f"{MAX_LONG_TEXT_BYTES // 10**6} MB of text.")
+                st.stop()
+            return data.decode("utf-8", errors="replace"), None
+        pasted = st.text_area("Long text", key="explore_long_text", height=160, max_chars=MAX_LONG_TEXT_BYTES,
+                              placeholder="Paste a long text: an article, a chapter, code…")
+        return pasted or current_sentence(), None
+    if source == TEXT_SOURCES[2]:
+        lengths = [n for n in SAMPLE_LENGTHS if n <= bundle.max_positions] or [bundle.max_positions]
+        tokens = st.select_slider("Tokens", lengths, min(1024, lengths[-1]), key="explore_sample_tokens",
+                                  bind="query-params", help="The first tokens of Python's own documentation.")
+        return explore.sample_text(), int(tokens)
+    return current_sentence(), None
+
+
 def main() -> None:
     start_page("Explore heads")
     bundle = current_bundle()
@@ -263,18 +342,19 @@ def main() -> None:
             "Stand-in tokenizer (this checkpoint has none)", ["whitespace", "bytes"], horizontal=True,
             key="fallback_tokenizer", help="Whitespace: one token per word. Bytes: one token per UTF-8 byte.",
         )
-    text = current_sentence()
+    text, max_tokens = text_source(bundle)
     if bundle.architecture == "encoder-decoder":
         pair_label = "Decoder input (empty: the sentence itself)"
         pair_help = "What the decoder reads; its queries attend to the encoder's keys."
     else:
         pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
     text_pair = st.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help)
-    bundle, capture = capture_current(text, text_pair)
+    bundle, capture = capture_current(text, text_pair, max_tokens)
     name = current_model_name()
     folder = registered_models()[name]
+    capture_key = (folder, name, text, text_pair or None, max_tokens)
     st.caption(f"**{name}** · {bundle.describe()}")
-    if capture.truncated:
+    if capture.truncated and max_tokens is None:
         st.warning(
             f"The text has {capture.n_tokens_before_truncation} tokens; this model reads at most "
             f"{bundle.max_positions}. Showing the first {len(capture.tokens)}.",
@@ -285,14 +365,14 @@ def main() -> None:
         kind = st.segmented_control("Attention", capture.kinds, default=capture.kinds[0],
                                     format_func=explore.KIND_NAMES.get, key="explore_kind", required=True)
     record = capture.records[kind]
-    replay_check(folder, name, text, text_pair, kind, record)
+    replay_check(capture_key, kind, record)
     options = view_options(capture, record, kind, text_pair, bundle.architecture)
 
     tabs = dict(zip(TABS, st.tabs(TABS, key="explore_tab", on_change="rerun", bind="query-params"), strict=True))
     with tabs["View"]:
         view_tab(capture, record, options)
     bodies = {
-        "Head statistics": lambda: statistics_tab(capture, folder, name, text, text_pair, kind),
+        "Head statistics": lambda: statistics_tab(capture, capture_key, kind),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options),
         "What-if": lambda: what_if_tab(record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),

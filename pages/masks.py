@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
-from attnviz.ui import capture_current, current_sentence, show_figure, start_page
+from attnviz.ui import MECHANISM_TOKENS, capture_current, current_sentence, show_figure, start_page
 from attnviz.units import DTYPE_BYTES
 from attnviz.viz import style
 from attnviz.viz.matrix import BLOCK_COLOURS, heatmap_row, mask_heatmap
@@ -157,7 +157,7 @@ def main() -> None:
         "A mask decides which keys each query may see. Sparse patterns trade reach for cost: compare them on your "
         "sentence, then apply one to a real head."
     )
-    bundle, capture = capture_current(current_sentence())
+    bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     labels = style.token_labels(record.key_tokens)
     n = len(labels)

@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz import positional, stepwise
 from attnviz.models.capture import is_causal, word_order_experiment
 from attnviz.pagelogic.positional import alibi_on_real_head, alibi_slopes_caption, learned_table_facts, repeated_words
-from attnviz.ui import capture_current, current_bundle, current_sentence, show_figure, start_page
+from attnviz.ui import MECHANISM_TOKENS, capture_current, current_bundle, current_sentence, show_figure, start_page
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.matrix import heatmap_row, matrix_heatmap
@@ -228,7 +228,7 @@ def extrapolation_figure(bundle):
 
 def alibi_tab() -> None:
     """ALiBi: the slopes, the bias, the bias on a real head's scores, and behaviour past the training length."""
-    bundle, capture = capture_current(current_sentence())
+    bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     columns = st.columns(4)
     n_heads = columns[0].slider("Heads", 1, 32, 8, key="pos_alibi_heads")

@@ -15,8 +15,21 @@ def test_weights_use_the_shared_zero_to_one_scale_and_show_minus_infinity():
     trace = figure.data[0]
     assert (trace.zmin, trace.zmax) == (0.0, 1.0) and trace.colorscale == figure.data[0].colorscale
     assert trace.text[0][1] == "−∞" and np.isnan(trace.z[0][1])
-    assert trace.customdata[0][1][2] == "−∞" and trace.customdata[1][1][2] == repr(0.75)  # exact value on hover
-    assert list(figure.layout.xaxis.tickvals) == [0, 1] and figure.layout.yaxis.autorange == "reversed"
+    assert list(trace.x) == ["0 · a", "1 · b"] and list(trace.y) == ["0 · a", "1 · b"]  # hover names both tokens
+    assert "%{z:.3g}" in trace.hovertemplate and "query %{y}" in trace.hovertemplate  # 3 significant digits
+    assert list(figure.layout.xaxis.tickvals) == ["0 · a", "1 · b"] and figure.layout.yaxis.autorange == "reversed"
+
+
+def test_repeated_labels_fall_back_to_positions():
+    figure = matrix_heatmap(np.eye(2), ["a", "a"], ["k0", "k1"], title="t")
+    assert list(figure.data[0].y) == [0, 1]  # Plotly would merge two "a" categories
+
+
+def test_log_and_row_colour_scales():
+    log = matrix_heatmap(np.log10(np.array([[1e-3, 1.0]])), ["q"], ["k0", "k1"], title="t", colour="log")
+    assert log.data[0].zmin == -3.0 and log.data[0].zmax == 0.0 and "log10 weight" in log.data[0].hovertemplate
+    row = matrix_heatmap(np.array([[0.5, 1.0]]), ["q"], ["k0", "k1"], title="t", colour="row")
+    assert "weight / row max" in row.data[0].hovertemplate
 
 
 def test_signed_values_are_centred_and_robust_bound_ignores_outliers():
@@ -33,6 +46,7 @@ def test_large_matrices_drop_per_cell_text_and_thin_ticks():
     figure = matrix_heatmap(np.random.rand(512, 512), labels, labels, title="t")
     assert figure.data[0].text is None and figure.data[0].customdata is None
     assert len(figure.layout.xaxis.tickvals) <= 48
+    assert len(figure.to_json()) < 2_000_000  # a 512 x 512 head stays under 2 MB, hover labels included
     assert style.token_labels(["a", "a"]) == ["0 · a", "1 · a"]  # repeated tokens kept apart
     assert style.format_number(0.000123456) == "0.000123" and style.format_number(float("-inf")) == "−∞"
 

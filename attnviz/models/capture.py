@@ -101,6 +101,7 @@ class AttentionRecord:
     biases: list[torch.Tensor | None] = field(default_factory=list)  # per layer [heads, n_q, n_k] (T5)
     softcaps: list[float | None] = field(default_factory=list)
     sinks: list[torch.Tensor | None] = field(default_factory=list)  # per layer [heads]
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # derived views, computed once
 
     @property
     def n_layers(self) -> int:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz import analysis, mask_patterns
-from attnviz.models.capture import AttentionRecord, Capture
+from attnviz.models.capture import REPLAY_BLOCK, AttentionRecord, Capture
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid
 from attnviz.viz.matrix import matrix_heatmap
@@ -36,6 +36,14 @@ KIND_NAMES = {
     "cross": "cross-attention (decoder → encoder)",
 }
 LINES_TOKEN_LIMIT = 128  # above this, the lines view draws only the followed tokens (or the first 128 rows)
+POOL_LIMIT = 256  # cells a side drawn as they are; longer inputs are pooled to this many cells, with a zoom
+ZOOM_SIZES = (32, 64, 128, 256)
+SCALES = {  # colour scales of a weights heatmap: how the title says it
+    "fixed": "weights on 0–1",
+    "row": "each row scaled to its maximum",
+    "log": "log10 of the weights",
+}
+THUMBNAIL = 24  # cells a side of a grid thumbnail
 
 
 @dataclass
@@ -49,11 +57,16 @@ class ViewOptions:
     block: str = "all"
     follow: list[int] = field(default_factory=list)
     line_heads: list[int] | None = None
+    pooling: str = "max"  # for inputs longer than POOL_LIMIT: max or mean of each cell's weights
+    scale: str = "fixed"  # a key of SCALES
+    zoom_query: int = 0  # the zoom window's first query and key, counted among the kept tokens
+    zoom_key: int = 0
+    zoom_size: int = 128
 
 
 def positions(capture: Capture, record: AttentionRecord, options: ViewOptions) -> tuple[list[int], list[int]]:
     """Query and key positions kept by the special-token and A/B filters."""
-    n_q, n_k = record.weights.shape[-2:]
+    n_q, n_k = record.n_q, record.n_k
     query_positions, key_positions = list(range(n_q)), list(range(n_k))
     same_tokens = record.query_tokens is capture.tokens and record.key_tokens is capture.tokens
     if options.block != "all" and same_tokens:
@@ -93,43 +106,214 @@ def filter_note(options: ViewOptions) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+@dataclass
+class Matrix:
+    """What a weights heatmap draws: values (already on the colour scale), labels, and how it was made."""
+
+    values: torch.Tensor  # [rows, cols]
+    row_labels: list[str]
+    col_labels: list[str]
+    pooled_from: tuple[int, int] | None = None  # (kept queries, kept keys) when cells are pooled
+    window: tuple[int, int, int, int] | None = None  # zoom: first kept query, first kept key, rows, cols
+
+
+def _on_scale(weights: torch.Tensor, scale: str) -> torch.Tensor:
+    """Row scaling happens before pooling (each query's own structure), log after (see _finish)."""
+    if scale == "row":
+        return weights / weights.amax(-1, keepdim=True).clamp_min(1e-30)
+    return weights
+
+
+def _finish(values: torch.Tensor, scale: str) -> torch.Tensor:
+    return torch.log10(values.clamp_min(1e-12)) if scale == "log" else values
+
+
+def _stream_rows(record: AttentionRecord, layer: int, heads: list[int], query_positions: list[int],
+                 key_positions: list[int], renormalise: bool, scale: str, block: int = REPLAY_BLOCK):
+    """Yield ``(ranks, weights)``: the kept query rows block by block, ``[len(heads), rows, len(keys)]``, with
+    each row's rank among the kept queries; filtered, renormalised and row-scaled as the view asks."""
+    keep_rows = torch.zeros(record.n_q, dtype=torch.bool)
+    keep_rows[query_positions] = True
+    rank = torch.cumsum(keep_rows.long(), 0) - 1
+    keys = torch.tensor(key_positions)
+    for start in range(0, record.n_q, block):
+        end = min(record.n_q, start + block)
+        rows = keep_rows[start:end].nonzero().flatten()
+        if len(rows) == 0:
+            continue
+        weights = record.layer_weights(layer, start, end, heads=heads)[:, rows][:, :, keys]  # [h, kept rows, keys]
+        if renormalise:
+            totals = weights.sum(-1, keepdim=True)
+            weights = torch.where(totals > 0, weights / totals.clamp_min(1e-30), weights)
+        yield rank[start:end][rows], _on_scale(weights, scale)
+
+
+def head_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions, heads: list[int]) -> Matrix:
+    """The head view's matrix (mean over ``heads``): exact up to POOL_LIMIT kept tokens a side, else pooled by
+    ``options.pooling`` to POOL_LIMIT cells. Never holds more than one block of rows of the ``N x N`` weights."""
+    query_positions, key_positions = positions(capture, record, options)
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    n_rows, n_cols = len(query_positions), len(key_positions)
+    pooled = n_rows > POOL_LIMIT or n_cols > POOL_LIMIT
+    row_cells, col_cells = analysis.bins(n_rows, POOL_LIMIT), analysis.bins(n_cols, POOL_LIMIT)
+    pooler = analysis.Pooler((), int(row_cells[-1]) + 1, col_cells, options.pooling if pooled else "mean")
+    for ranks, weights in _stream_rows(record, options.layer, heads, query_positions, key_positions, renormalise,
+                                       options.scale):
+        pooler.add(weights.mean(0), row_cells[ranks])  # the mean over heads (one head: itself)
+    values = _finish(pooler.result(), options.scale)
+    if not pooled:
+        return Matrix(values, _labels(record.query_tokens, query_positions), _labels(record.key_tokens, key_positions))
+    return Matrix(values, _range_labels(record.query_tokens, query_positions, n_rows),
+                  _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols))
+
+
+def zoom_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions, heads: list[int]) -> Matrix:
+    """A window of ``options.zoom_size`` kept queries x keys at full resolution, exact values."""
+    query_positions, key_positions = positions(capture, record, options)
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    q0 = max(0, min(options.zoom_query, len(query_positions) - 1))
+    k0 = max(0, min(options.zoom_key, len(key_positions) - 1))
+    rows = query_positions[q0 : q0 + options.zoom_size]
+    all_keys = key_positions
+    cols = slice(k0, k0 + options.zoom_size)
+    parts = []
+    for _, weights in _stream_rows(record, options.layer, heads, rows, all_keys, renormalise, options.scale):
+        parts.append(weights.mean(0)[:, cols])
+    values = _finish(torch.cat(parts), options.scale)
+    window_keys = all_keys[cols]
+    return Matrix(values, _labels(record.query_tokens, rows), _labels(record.key_tokens, window_keys),
+                  window=(q0, k0, len(rows), len(window_keys)))
+
+
+def _labels(tokens: list[str], kept: list[int]) -> list[str]:
+    return style.token_labels([tokens[i] for i in kept], kept)
+
+
+def _range_labels(tokens: list[str], kept: list[int], n: int) -> list[str]:
+    """One label per pooled cell: the positions it covers and its first token."""
+    labels = []
+    for first, last in analysis.bin_edges(n, POOL_LIMIT):
+        start, end = kept[first], kept[last]
+        single = end == start
+        labels.append(style.token_label(start, tokens[start]) if single else f"{start}–{end} · {tokens[start][:10]}")
+    return labels
+
+
+def matrix_title(base: str, matrix: Matrix, options: ViewOptions) -> str:
+    parts = [base]
+    if matrix.pooled_from:
+        rows, cols = matrix.pooled_from
+        parts.append(f"{rows:,} x {cols:,} pooled to {len(matrix.row_labels)} x {len(matrix.col_labels)} cells by "
+                     f"{options.pooling}")
+    if matrix.window:
+        q0, k0, n_rows, n_cols = matrix.window
+        parts.append(f"zoom: {n_rows} queries from #{q0}, {n_cols} keys from #{k0}")
+    if options.scale != "fixed":
+        parts.append(f"colour: {SCALES[options.scale]}")
+    return parts[0] + ("<br><sup>" + "; ".join(parts[1:]) + "</sup>" if len(parts) > 1 else "")
+
+
+def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None = None) -> go.Figure:
+    return matrix_heatmap(matrix.values, matrix.row_labels, matrix.col_labels, title=title, colour=scale,
+                          height=height or _square_height(len(matrix.row_labels)),
+                          show_values=matrix.pooled_from is None)
+
+
+def _mark_zoom(figure: go.Figure, matrix: Matrix, options: ViewOptions) -> None:
+    """Outline, on a pooled heatmap, the cells the zoom window covers."""
+    rows, cols = matrix.pooled_from
+    row_cells, col_cells = analysis.bins(rows, POOL_LIMIT), analysis.bins(cols, POOL_LIMIT)
+    q0, k0 = min(options.zoom_query, rows - 1), min(options.zoom_key, cols - 1)
+    q1, k1 = min(rows, q0 + options.zoom_size) - 1, min(cols, k0 + options.zoom_size) - 1
+    figure.add_shape(type="rect", xref="x", yref="y", x0=int(col_cells[k0]) - 0.5, x1=int(col_cells[k1]) + 0.5,
+                     y0=int(row_cells[q0]) - 0.5, y1=int(row_cells[q1]) + 0.5, line=dict(color="#ff7f0e", width=2))
+
+
+def _views_heads(record: AttentionRecord, options: ViewOptions) -> tuple[list[int], str]:
+    if options.view == "average":
+        return list(range(record.n_heads)), f"Layer {options.layer}: average of {record.n_heads} heads"
+    return [options.head], f"Layer {options.layer}, head {options.head}"
+
+
+def zoom_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]:
+    """The zoom window of the head (or average) view at full resolution: every cell exact on hover."""
+    record = capture.records[options.kind]
+    heads, name = _views_heads(record, options)
+    matrix = zoom_matrix(capture, record, options, heads)
+    figure = weights_heatmap(matrix, matrix_title(f"{name}, zoomed", matrix, options), options.scale)
+    return figure, ("The orange box on the pooled view, cell by cell: hover for each query, key and weight. Move it "
+                    "with the zoom inputs.")
+
+
 def _head_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
-    weights, q_labels, k_labels, _, _ = filtered(record.weights[options.layer, options.head], capture, record, options)
-    figure = matrix_heatmap(
-        weights, q_labels, k_labels, title=f"Layer {options.layer}, head {options.head}: {kind_name}{note}",
-        height=_square_height(len(q_labels)),
-    )
-    return figure, "Each row is one query token's attention over the keys; hover a cell for the exact weight."
+    matrix = head_matrix(capture, record, options, [options.head])
+    base = f"Layer {options.layer}, head {options.head}: {kind_name}{note}"
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
+    if matrix.pooled_from:
+        _mark_zoom(figure, matrix, options)
+    caption = "Each row is one query token's attention over the keys; hover a cell for its query, key and weight."
+    if matrix.pooled_from:
+        caption += (f" Each cell is the {options.pooling} of a block of weights: zoom below for exact values of "
+                    "any window.")
+    return figure, caption
+
+
+def grid_thumbnails(record: AttentionRecord, progress=None) -> torch.Tensor:
+    """Every head pooled to THUMBNAIL x THUMBNAIL cells by mean, ``[layers, heads, t_q, t_k]``, streamed by blocks
+    of rows (every head of a long input is computed once; kept with the record)."""
+    if "thumbnails" in record.memo:
+        return record.memo["thumbnails"]
+    row_cells, col_cells = analysis.bins(record.n_q, THUMBNAIL), analysis.bins(record.n_k, THUMBNAIL)
+    layers = []
+    for layer in range(record.n_layers):
+        if progress:
+            progress(layer, record.n_layers)
+        pooler = analysis.Pooler((record.n_heads,), int(row_cells[-1]) + 1, col_cells, "mean")
+        for start in range(0, record.n_q, REPLAY_BLOCK):
+            end = min(record.n_q, start + REPLAY_BLOCK)
+            pooler.add(record.layer_weights(layer, start, end), row_cells[start:end])
+        layers.append(pooler.result())
+    record.memo["thumbnails"] = torch.stack(layers)
+    return record.memo["thumbnails"]
 
 
 def _grid_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
     figure = head_grid(
-        record.weights, title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
-        highlight=(options.layer, options.head),
+        grid_thumbnails(record), title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
+        highlight=(options.layer, options.head), thumbnail=THUMBNAIL,
     )
     return figure, (
-        "Each thumbnail is one head (rows = queries, columns = keys), scaled to its own maximum so faint heads "
-        "show; the orange box is the selected head. Click a thumbnail to open that head."
+        "Each thumbnail is one head (rows = queries, columns = keys), pooled by mean and scaled to its own maximum "
+        "so faint heads show; the orange box is the selected head. Click a thumbnail to open that head."
     )
 
 
 def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
-    weights, _, _, query_positions, key_positions = filtered(record.weights[options.layer], capture, record, options)
-    follow = [query_positions.index(q) for q in options.follow if q in query_positions]
+    query_positions, key_positions = positions(capture, record, options)
+    followed = [q for q in options.follow if q in query_positions]
     cut = ""
-    if not follow and len(query_positions) > LINES_TOKEN_LIMIT:
-        follow = list(range(LINES_TOKEN_LIMIT))
+    if len(query_positions) <= LINES_TOKEN_LIMIT:
+        drawn = query_positions  # every query listed; lines for the followed ones (or all)
+    elif followed:
+        drawn = followed
+    else:
+        drawn = query_positions[:LINES_TOKEN_LIMIT]
         cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
     heads = options.line_heads if options.line_heads else [options.head]
+    # Only the drawn rows are computed, for the heads drawn: [heads, drawn, kept keys]
+    weights = torch.cat([w for _, w in _stream_rows(record, options.layer, heads, drawn, key_positions,
+                                                    renormalise, "fixed")], dim=1)
     plural = "s" if len(heads) > 1 else ""
     figure = attention_lines(
         weights,
-        [record.query_tokens[i] for i in query_positions],
+        [record.query_tokens[i] for i in drawn],
         [record.key_tokens[j] for j in key_positions],
-        heads,
+        list(range(len(heads))),
         title=f"Layer {options.layer}: {kind_name}, head{plural} {', '.join(map(str, heads))}{note}",
-        follow=follow or None,
-        query_ids=query_positions,
+        follow=[drawn.index(q) for q in followed] or None,
+        query_ids=drawn,
+        head_names=heads,
     )
     return figure, (
         "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head. Click a query "
@@ -138,18 +322,18 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
 
 
 def _average_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
-    averaged = analysis.average_heads(record.weights)[options.layer]
-    weights, q_labels, k_labels, _, _ = filtered(averaged, capture, record, options)
-    figure = matrix_heatmap(
-        weights, q_labels, k_labels, title=f"Layer {options.layer}: average of {record.n_heads} heads{note}",
-        height=_square_height(len(q_labels)),
-    )
+    matrix = head_matrix(capture, record, options, list(range(record.n_heads)))
+    base = f"Layer {options.layer}: average of {record.n_heads} heads{note}"
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
+    if matrix.pooled_from:
+        _mark_zoom(figure, matrix, options)
     return figure, "The mean over heads hides what single heads do: compare with the grid."
 
 
 def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
-    if options.kind == "cross" or record.weights.shape[-1] != record.weights.shape[-2]:
+    if options.kind == "cross" or record.n_q != record.n_k:
         raise ValueError("rollout needs square self-attention; choose another attention kind")
+    record.check_dense()  # rollout multiplies whole N x N matrices through the layers
     rolled = analysis.attention_rollout(record.weights)[options.layer]
     weights, q_labels, k_labels, _, _ = filtered(rolled, capture, record, options)
     figure = matrix_heatmap(
@@ -187,14 +371,22 @@ STATISTICS_COLUMNS = {
 }
 
 
-def statistics_table(capture: Capture, kind: str) -> pd.DataFrame:
-    """One row per head: entropy, distance, shares and label (self-attention only)."""
+def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame:
+    """One row per head: entropy, distance, shares and label (self-attention only). Computed block by block of
+    query rows, so a long input never holds a head's whole N x N matrix; ``progress(layer, n_layers)``."""
     record = capture.records[kind]
-    if record.weights.shape[-1] != record.weights.shape[-2]:
+    if record.n_q != record.n_k:
         raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
     tokens = record.key_tokens
     special = capture.special if tokens is capture.tokens else [False] * len(tokens)
-    rows = analysis.head_statistics(record.weights, tokens, special)
+    rows = []
+    for layer in range(record.n_layers):
+        if progress:
+            progress(layer, record.n_layers)
+        accumulator = analysis.StatisticsAccumulator(record.n_heads, tokens, special)
+        for start in range(0, record.n_q, REPLAY_BLOCK):
+            accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + REPLAY_BLOCK)))
+        rows += accumulator.result(layer)
     frame = pd.DataFrame([dataclasses.asdict(row) for row in rows]).rename(columns=STATISTICS_COLUMNS)
     return frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
 
@@ -215,6 +407,8 @@ def _both(token_a: str, token_b: str) -> str:
 
 def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head: int) -> tuple[list[go.Figure], str]:
     """The same head on two texts, and their difference where the token lists line up."""
+    first.records[kind].check_dense()
+    second.records[kind].check_dense()
     figures = []
     for name, capture in (("A", first), ("B", second)):
         record = capture.records[kind]
@@ -389,3 +583,22 @@ def bertviz_html(capture: Capture, kind: str, which: str) -> str:
         raise ValueError("bertviz shows self-attention; choose encoder or decoder attention")
     view = head_view if which == "head view" else model_view
     return view(attention, tokens, html_action="return").data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Long texts that ship with Python, for trying long inputs offline
+
+
+SAMPLE_TOPICS = ("if", "while", "for", "try", "with", "function", "class", "assignment", "import", "exceptions",
+                 "execmodel", "naming", "types", "datamodel", "specialnames", "numbers", "sequence-types",
+                 "typesseq", "typesmapping", "formatstrings")
+
+
+def sample_text() -> str:
+    """English prose from Python's own documentation (``pydoc_data.topics``, shipped with every Python): about
+    120,000 words, enough for any length a model reads."""
+    from pydoc_data.topics import topics
+
+    chosen = [topics[name] for name in SAMPLE_TOPICS if name in topics]
+    rest = [text for name, text in sorted(topics.items()) if name not in SAMPLE_TOPICS]
+    return "\n\n".join(chosen + rest)

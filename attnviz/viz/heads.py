@@ -95,13 +95,15 @@ def attention_lines(
     min_weight: float = 0.02,
     max_lines_per_head: int = 2000,
     query_ids: list[int] | None = None,
+    head_names: list[int] | None = None,
 ) -> go.Figure:
     """bertviz-style lines: queries on the left, keys on the right, line width and opacity = weight.
 
     ``weights [heads_total, n_q, n_k]`` of one layer; ``heads`` picks which heads to draw (one colour each);
     ``follow`` keeps only those query positions. Lines below ``min_weight`` are dropped, and at most the
     ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive. ``query_ids`` (the
-    queries' positions in the full text) are attached to the query labels, so a click can name the token.
+    queries' positions in the full text) are attached to the query labels, so a click can name the token;
+    ``head_names`` are the heads' numbers in the model when ``weights`` holds only the drawn heads.
     """
     n_q, n_k = weights.shape[-2:]
     figure = go.Figure()
@@ -112,7 +114,8 @@ def attention_lines(
         values, flat = head_weights.flatten().sort(descending=True)
         keep = values >= min_weight
         values, flat = values[keep][:max_lines_per_head], flat[keep][:max_lines_per_head]
-        colour = HEAD_COLOURS[head % len(HEAD_COLOURS)]
+        name = head if head_names is None else head_names[head]
+        colour = HEAD_COLOURS[name % len(HEAD_COLOURS)]
         for low, high, width, opacity in buckets:
             in_bucket = (values >= low) & (values < high)
             if not in_bucket.any():
@@ -125,12 +128,12 @@ def attention_lines(
             figure.add_trace(
                 go.Scatter(
                     x=xs, y=ys, mode="lines", line=dict(color=colour, width=width), opacity=opacity,
-                    hoverinfo="skip", showlegend=False, legendgroup=f"h{head}",
+                    hoverinfo="skip", showlegend=False, legendgroup=f"h{name}",
                 )
             )
         figure.add_trace(  # legend entry per head
-            go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=4), name=f"head {head}",
-                       legendgroup=f"h{head}")
+            go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=4), name=f"head {name}",
+                       legendgroup=f"h{name}")
         )
     labels_q, labels_k = style.token_labels(query_tokens), style.token_labels(key_tokens)
     highlighted = set(queries) if follow else set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import plotly.graph_objects as go
 
@@ -27,15 +25,16 @@ def matrix_heatmap(
     height: int | None = None,
     robust: bool = False,
     max_x_ticks: int = 48,
+    colour: str = "fixed",
 ) -> go.Figure:
-    """A heatmap of ``values [rows, cols]`` with integer axes labelled by ``row_labels`` / ``col_labels``.
-
-    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|, so a few outliers do not
-    wash out everything else (hover still shows exact values).
+    """A heatmap of ``values [rows, cols]`` labelled by ``row_labels`` / ``col_labels``.
 
     ``kind``: ``"weights"`` uses the shared 0..1 scale; ``"signed"`` a diverging scale centred on 0; ``"plain"``
-    a sequential scale. -inf cells (masked) are drawn grey and written "−∞". Text shows 3 significant digits;
-    hover shows the exact value.
+    a sequential scale. For weights, ``colour`` says what ``values`` are: ``"fixed"`` the weights (0..1),
+    ``"row"`` each row divided by its maximum (0..1), ``"log"`` log10 of the weights (ticks read as powers of 10).
+    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|. -inf cells (masked) are
+    drawn grey. Numbers are written in the cells of small matrices; the hover names the row's and the column's
+    label and the value to 3 significant digits, at any size (labels cost one string per row and column).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -49,46 +48,48 @@ def matrix_heatmap(
         )
 
     finite = np.where(np.isfinite(matrix), matrix, np.nan)  # -inf cells are left blank, drawn grey below
-    # Per-cell labels are what make small matrices readable; for large ones (512 tokens) they would be megabytes.
-    detailed = n_rows * n_cols <= DETAIL_LIMIT
     show_values = show_values and n_rows * n_cols <= TEXT_LIMIT
     text = [[style.format_number(v) for v in row] for row in matrix.tolist()] if show_values else None
-    if detailed:
-        hover = [  # per cell: row label, column label, the exact value
-            [[row_labels[i], col_labels[j], repr(v) if math.isfinite(v) else style.format_number(v)]
-             for j, v in enumerate(row)]
-            for i, row in enumerate(matrix.tolist())
-        ]
-        hovertemplate = (f"{y_title} %{{customdata[0]}}<br>{x_title} %{{customdata[1]}}<br>"
-                         "value %{customdata[2]}<extra></extra>")
-    else:
-        hover = None
+    # Categorical axes carry the labels, so the hover can name both tokens without a string per cell; labels that
+    # repeat would be merged by Plotly, so those fall back to positions.
+    unique = len(set(row_labels)) == n_rows and len(set(col_labels)) == n_cols
+    x_values = list(col_labels) if unique else list(range(n_cols))
+    y_values = list(row_labels) if unique else list(range(n_rows))
+    value_name = {"row": "weight / row max", "log": "log10 weight"}.get(colour, "value")
+    value_name = value_name if kind == "weights" else "value"
+    hovertemplate = f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>{value_name} %{{z:.3g}}<extra></extra>"
+    detailed = n_rows * n_cols <= DETAIL_LIMIT
+    if not detailed:
         finite = finite.astype(np.float32)  # sent as a compact binary array
-        hovertemplate = f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>value %{{z:.6g}}<extra></extra>"
 
-    colour: dict = {}
-    if kind == "weights":
-        colour = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
+    colour_settings: dict = {}
+    if kind == "weights" and colour == "log":
+        low = float(np.nanmin(finite)) if np.isfinite(finite).any() else -6.0
+        low = max(min(np.floor(low), -1.0), -12.0)
+        ticks = list(range(int(low), 1))
+        colour_settings = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=low, zmax=0.0,
+                               colorbar=dict(tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks]))
+    elif kind == "weights":
+        colour_settings = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
     elif kind == "signed":
         magnitudes = np.abs(finite[np.isfinite(finite)])
         bound = float(np.percentile(magnitudes, 99) if robust else magnitudes.max()) if magnitudes.size else 1.0
         bound = bound or 1.0
-        colour = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
+        colour_settings = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
     else:
-        colour = dict(colorscale=style.PLAIN_COLORSCALE)
+        colour_settings = dict(colorscale=style.PLAIN_COLORSCALE)
 
     heatmap = go.Heatmap(
         z=finite,
-        x=list(range(n_cols)),
-        y=list(range(n_rows)),
+        x=x_values,
+        y=y_values,
         text=text,
         texttemplate="%{text}" if show_values else None,
-        customdata=hover,
         hovertemplate=hovertemplate,
         hoverongaps=True,
         xgap=1 if detailed else 0,  # cell borders would hide the cells of a 512 x 512 matrix
         ygap=1 if detailed else 0,
-        **colour,
+        **colour_settings,
     )
     figure = go.Figure(heatmap)
     height = height or int(min(900, max(260, 60 + 38 * n_rows)))
@@ -97,8 +98,10 @@ def matrix_heatmap(
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
         font=dict(family=style.FONT_FAMILY),
-        xaxis=dict(title=x_title, tickmode="array", tickvals=x_ticks, ticktext=x_text, tickangle=-45, side="bottom"),
-        yaxis=dict(title=y_title, tickmode="array", tickvals=y_ticks, ticktext=y_text, autorange="reversed"),
+        xaxis=dict(title=x_title, tickmode="array", tickvals=[x_values[i] for i in x_ticks], ticktext=x_text,
+                   tickangle=-45, side="bottom", type="category" if unique else "linear"),
+        yaxis=dict(title=y_title, tickmode="array", tickvals=[y_values[i] for i in y_ticks], ticktext=y_text,
+                   autorange="reversed", type="category" if unique else "linear"),
         plot_bgcolor=style.BLOCKED_COLOR,
         margin=dict(l=10, r=10, t=50, b=10),
         height=height,
