@@ -176,12 +176,12 @@ class Pooler:
         index = self.col_cells.expand(*values.shape[:-1], -1)
         reduced = torch.full((*values.shape[:-1], self.n_col_cells), float("-inf") if self.how == "max" else 0.0)
         reduced.scatter_reduce_(-1, index, values, reduce="amax" if self.how == "max" else "sum")  # [..., rows, cc]
-        for row, cell in enumerate(row_cells.tolist()):
-            if self.how == "max":
-                self.values[..., cell, :] = torch.maximum(self.values[..., cell, :], reduced[..., row, :])
-            else:
-                self.values[..., cell, :] += reduced[..., row, :]
-                self.counts[cell] += self.col_sizes
+        rows = row_cells.view(*([1] * (reduced.dim() - 2)), -1, 1).expand_as(reduced)  # each row's cell
+        if self.how == "max":
+            self.values.scatter_reduce_(-2, rows, reduced, reduce="amax")
+        else:
+            self.values.scatter_add_(-2, rows, reduced)
+            self.counts.index_add_(0, row_cells, self.col_sizes.expand(len(row_cells), -1).contiguous())
 
     def result(self) -> torch.Tensor:
         if self.how == "max":

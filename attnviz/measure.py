@@ -62,8 +62,9 @@ def _status_kib(field: str) -> int:
     raise MeasurementUnavailable(f"{field} not in /proc/self/status")
 
 
-def print_peak_of(call: Callable[[], object]) -> None:
-    """In a fresh process: run ``call`` twice and print, as JSON, the extra peak resident memory of the second.
+def print_peak_of(call: Callable[[], object], extra: Callable[[object], dict] | None = None) -> None:
+    """In a fresh process: run ``call`` twice and print, as JSON, the extra peak resident memory and the wall
+    time of the second (and ``extra(result)``, e.g. sizes of what it returned).
 
     The first run is a warm-up (thread pools, packing buffers do not count). The kernel's high-water mark (VmHWM)
     is reset just before the second (``echo 5 > /proc/self/clear_refs``), so imports and inputs do not count
@@ -71,19 +72,29 @@ def print_peak_of(call: Callable[[], object]) -> None:
     """
     import gc
 
-    call()
+    result = call()
+    del result
     gc.collect()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset VmHWM to the current RSS
     before = _status_kib("VmRSS")
-    call()
+    start = time.perf_counter()
+    result = call()
+    seconds = time.perf_counter() - start
     after = _status_kib("VmHWM")
-    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024}))
+    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024, "seconds": seconds,
+                      **(extra(result) if extra else {})}))
 
 
 def peak_in_fresh_process(module: str, function: str, spec: str, timeout: float = 600) -> int:
     """Run ``module.function(spec)`` in a fresh Python process (which calls :func:`print_peak_of`) and return
     the peak bytes it prints."""
+    return int(run_in_fresh_process(module, function, spec, timeout)["peak_bytes"])
+
+
+def run_in_fresh_process(module: str, function: str, spec: str, timeout: float = 600) -> dict:
+    """Run ``module.function(spec)`` in a fresh Python process (which calls :func:`print_peak_of`) and return
+    everything it prints: peak bytes, seconds and any extra numbers."""
     if not Path("/proc/self/clear_refs").exists():
         raise MeasurementUnavailable("peak memory is measured through Linux's /proc; not available on this system")
     root = str(Path(__file__).resolve().parents[1])
@@ -98,4 +109,4 @@ def peak_in_fresh_process(module: str, function: str, spec: str, timeout: float 
     if result.returncode != 0:
         last_line = (result.stderr.strip().splitlines() or ["the measuring process failed"])[-1][:200]
         raise MeasurementUnavailable(last_line)
-    return int(json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"])
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -3,6 +3,7 @@ their downloads, presentation mode. Only this module, ``streamlit_compat`` and t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from pathlib import Path
@@ -12,6 +13,15 @@ import streamlit as st
 from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
 from attnviz.models.safety import CheckpointRefused
 from attnviz.streamlit_compat import leave_legacy_pages_mode
+
+
+@contextlib.contextmanager
+def transient_status(label: str):
+    """A progress box for slow work that disappears once the work is done (the result says what happened)."""
+    placeholder = st.empty()
+    with placeholder.status(label, expanded=False) as status:
+        yield status
+    placeholder.empty()
 
 
 def start_page(title: str) -> None:
@@ -155,7 +165,12 @@ def registered_models() -> dict[str, str]:
     return st.session_state["models"]
 
 
-def register_model(name: str, folder: Path, *, owned: bool) -> str:
+def model_dtype(name: str) -> str:
+    """The dtype a registered model was loaded in: "stored" (as its weights are saved) or "fp32"."""
+    return st.session_state.get("model_dtypes", {}).get(name, "stored")
+
+
+def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored") -> str:
     """Add a loaded model folder under a unique name; ``owned`` folders (uploads) are deleted on removal."""
     models = registered_models()
     if sum(1 for n in models if n != DEFAULT_MODEL_NAME) >= MAX_UPLOADED_MODELS:
@@ -164,6 +179,7 @@ def register_model(name: str, folder: Path, *, owned: bool) -> str:
     while unique in models:
         unique, number = f"{name} ({number})", number + 1
     models[unique] = str(folder)
+    st.session_state.setdefault("model_dtypes", {})[unique] = dtype
     st.session_state.setdefault("owned_folders", set())
     if owned:
         st.session_state["owned_folders"].add(str(folder))
@@ -177,7 +193,7 @@ def remove_model(name: str) -> None:
     folder = models.pop(name)
     if folder in st.session_state.get("owned_folders", set()):
         st.session_state["owned_folders"].discard(folder)
-        load_bundle.clear(folder, name)
+        load_bundle.clear(folder, name, model_dtype(name))
         parent = Path(folder).parent
         shutil.rmtree(parent if parent.name.startswith("attnviz-upload-") else folder, ignore_errors=True)
     if name in (st.session_state.get("model"), st.session_state.get("pending_model")):
@@ -186,8 +202,8 @@ def remove_model(name: str) -> None:
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the model (first time only)…")
-def load_bundle(folder: str, name: str) -> ModelBundle:
-    return load_model_dir(folder, name=name)
+def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
+    return load_model_dir(folder, name=name, dtype=dtype)
 
 
 def current_model_name() -> str:
@@ -199,7 +215,7 @@ def current_bundle() -> ModelBundle:
     """The sidebar's model, loaded (cached). Shows an error and stops the page if it cannot be loaded."""
     name = current_model_name()
     try:
-        return load_bundle(registered_models()[name], name)
+        return load_bundle(registered_models()[name], name, model_dtype(name))
     except CheckpointRefused as problem:
         st.error(f"Could not load {name}: {problem}.")
         st.stop()
@@ -251,6 +267,6 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
         st.error(f"The model could not run on this text: {problem}")
         st.stop()
     if max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
-        st.info(f"This page reads the first {len(result.tokens)} of the text's {result.n_tokens_before_truncation:,} "
+        st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
                 "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
     return bundle, result

@@ -5,30 +5,48 @@ import shutil
 
 import streamlit as st
 
-from attnviz.models import safety
-from attnviz.models.loading import DEFAULT_MODEL_NAME
+from attnviz.models import safety, support
+from attnviz.models.capture import DENSE_LIMIT
+from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
 from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
-from attnviz.ui import load_bundle, register_model, registered_models, remove_model, start_page
+from attnviz.ui import load_bundle, model_dtype, register_model, registered_models, remove_model, start_page
 
+DTYPE_CHOICES = {"stored": "as stored (bf16 and fp16 stay half precision)", "fp32": "in fp32"}
 INTRO = (
-    "Add a Hugging Face model to inspect its heads: **encoders** (BERT, RoBERTa, DistilBERT), **decoders** (GPT-2, "
-    "Llama with grouped-query attention) and **encoder-decoders** (BART, T5). Only `*.safetensors` weights are read; "
-    "pickle files (`.bin`, `.pt`, `.pkl`) are never loaded and code in a checkpoint is never run."
+    "Add a Hugging Face model to inspect its heads. Only `*.safetensors` weights are read (sharded ones too); pickle "
+    "files (`.bin`, `.pt`, `.pkl`) are never loaded and code in a checkpoint is never run."
 )
+
+
+def limits() -> None:
+    st.markdown(
+        "**Tested model types** (each loaded from a tiny checkpoint and checked against transformers' own attention "
+        f"weights): {support.supported_markdown()}. Other types that route attention through transformers' "
+        f"attention interface usually work; {', '.join(f'`{t}`' for t in support.NOT_SUPPORTED)} do not and are "
+        "refused with the reason."
+    )
+    st.caption(
+        f"Limits: uploads up to {safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB; models up to "
+        f"{MAX_PARAMETERS / 1e9:g}B parameters, in their stored dtype unless you ask for fp32; on a GPU the model runs "
+        "there; weights larger than the free memory are offloaded to disk layer by layer (slow, but they load). Any "
+        "text length the model reads: heatmaps above 256 tokens a side are pooled with a zoom, and the views that "
+        f"need every head's weights at once (rollout, compare, what-if) work up to {DENSE_LIMIT:,} tokens."
+    )
 
 
 def add_model(prepare, *args) -> None:
     """Prepare a folder, load it (which validates it), register it; show a message either way."""
     folder, owned, notes = None, False, []
+    dtype = st.session_state.get("ckpt_dtype", "stored")
     try:
         folder, owned, notes = prepare(*args)
         name = folder.name or "uploaded model"
         if str(folder) in registered_models().values():
             raise safety.CheckpointRefused("this folder is already loaded")
-        bundle = load_bundle(str(folder), name)
-        registered = register_model(name, folder, owned=owned)
+        bundle = load_bundle(str(folder), name, dtype)
+        registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name
-            load_bundle.clear(str(folder), name)
+            load_bundle.clear(str(folder), name, dtype)
     except safety.CheckpointRefused as problem:
         if folder is not None and owned:
             shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary workspace of this upload
@@ -49,17 +67,23 @@ def messages() -> None:
 
 def add_forms() -> None:
     """Three ways to add a model: a zip, safetensors + config, or a folder on the server."""
+    st.radio(
+        "Load the weights", list(DTYPE_CHOICES), format_func=DTYPE_CHOICES.get, horizontal=True, key="ckpt_dtype",
+        help="A bf16 checkpoint kept in bf16 needs half the memory of fp32; replay always computes in fp32.",
+    )
     zip_tab, files_tab, folder_tab = st.tabs(["Upload a zip", "Upload safetensors + config", "Folder on this server"])
     with zip_tab:
         st.caption(
-            "A zip of a model folder as `save_pretrained` writes it: config.json, *.safetensors, tokenizer files. "
-            f"Up to {safety.MAX_UPLOAD_BYTES // 1024**2} MiB."
+            "A zip of a model folder as `save_pretrained` writes it: config.json, *.safetensors (sharded ones with "
+            f"their index), tokenizer files. Up to {safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB; while it is read the "
+            "upload is held in the server's memory, so a 2 GiB zip needs 2 GiB of RAM besides the model."
         )
         upload = st.file_uploader("Model zip", type=["zip"], key="ckpt_zip")
         if upload is not None and st.button("Load this zip", key="ckpt_zip_load", type="primary"):
-            add_model(prepare_zip, upload.getvalue(), upload.name)
+            add_model(prepare_zip, upload, upload.name)
     with files_tab:
-        st.caption("A single `.safetensors` file with its `config.json` (add tokenizer files too, if you have them).")
+        st.caption("The `.safetensors` file (or all the shards of a sharded checkpoint, with "
+                   "`model.safetensors.index.json`) and `config.json`; add tokenizer files too, if you have them.")
         files = st.file_uploader(
             "Files", type=["safetensors", "json", "txt", "model"], accept_multiple_files=True, key="ckpt_files"
         )
@@ -84,7 +108,7 @@ def loaded_models() -> None:
     for name, folder in list(registered_models().items()):
         columns = st.columns([5, 1])
         try:
-            description = load_bundle(folder, name).describe()
+            description = load_bundle(folder, name, model_dtype(name)).describe()
         except safety.CheckpointRefused as problem:
             description = f"cannot be loaded: {problem}"
         current = " · **current**" if st.session_state.get("model", DEFAULT_MODEL_NAME) == name else ""
@@ -97,6 +121,7 @@ def loaded_models() -> None:
 def main() -> None:
     start_page("Checkpoints")
     st.markdown(INTRO)
+    limits()
     messages()
     add_forms()
     loaded_models()

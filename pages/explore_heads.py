@@ -14,6 +14,7 @@ from attnviz.ui import (
     registered_models,
     show_figure,
     start_page,
+    transient_status,
 )
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
@@ -64,12 +65,11 @@ def replay_check(capture_key: tuple, kind: str, record) -> None:
             help="Recomputes every head with attnviz's attention and compares weights @ V with the model's output.",
         )
         return
-    with st.status("Replay check: recomputing every layer with attnviz's attention…", expanded=False) as status:
+    with transient_status("Replay check: recomputing every layer with attnviz's attention…") as status:
         difference = cached_replay_difference(
             capture_key, kind, record,
             _progress=lambda layer, n: status.update(label=f"Replay check: layer {layer + 1} of {n}…"),
         )
-        status.update(label="Replay check done", state="complete")
     verdict = ":material/check_circle:" if difference < REPLAY_TOLERANCE else ":material/warning:"
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
     st.markdown(
@@ -134,10 +134,9 @@ def view_options(capture, record, kind: str, text_pair: str, architecture: str) 
 def view_tab(capture, record, options: explore.ViewOptions) -> None:
     try:
         if options.view == "grid" and "thumbnails" not in record.memo:
-            with st.status("Pooling every head into thumbnails…") as status:
+            with transient_status("Pooling every head into thumbnails…") as status:
                 explore.grid_thumbnails(record, progress=lambda layer, n: status.update(
                     label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
-                status.update(label="Thumbnails ready", state="complete")
         figure, caption = explore.view_figure(capture, options)
     except ValueError as problem:
         st.warning(str(problem))
@@ -158,10 +157,9 @@ def view_tab(capture, record, options: explore.ViewOptions) -> None:
 
 def statistics_tab(capture, capture_key: tuple, kind: str) -> None:
     try:
-        with st.status("Computing head statistics…", expanded=False) as status:
+        with transient_status("Computing head statistics…") as status:
             table = cached_statistics(capture_key, kind, capture, _progress=lambda layer, n: status.update(
                 label=f"Computing head statistics: layer {layer + 1} of {n}…"))
-            status.update(label="Head statistics ready", state="complete")
     except ValueError as problem:
         st.info(str(problem))
         return
@@ -356,7 +354,7 @@ def main() -> None:
     st.caption(f"**{name}** · {bundle.describe()}")
     if capture.truncated and max_tokens is None:
         st.warning(
-            f"The text has {capture.n_tokens_before_truncation} tokens; this model reads at most "
+            f"The text has {capture.length_of_text} tokens; this model reads at most "
             f"{bundle.max_positions}. Showing the first {len(capture.tokens)}.",
             icon=":material/content_cut:",
         )

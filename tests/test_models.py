@@ -92,6 +92,7 @@ def test_replay_parity_on_the_bundled_model(bert):
         ("distilbert", ["self"]),
         ("roberta", ["self"]),
         ("llama", ["self"]),
+        ("bert", ["self"]),
         ("bart", ["encoder", "decoder", "cross"]),
         ("t5", ["encoder", "decoder", "cross"]),
     ],
@@ -140,7 +141,8 @@ def test_t5_position_bias_is_part_of_the_replay(tiny_dir):
 def test_long_input_is_truncated_with_a_notice(tiny_dir):
     bundle = load_model_dir(tiny_dir("bert"))  # 64 positions
     result = capture(bundle, " ".join(["word"] * 100))
-    assert result.truncated and result.n_tokens_before_truncation > 64
+    assert result.truncated and abs(result.n_tokens_before_truncation) > 64
+    assert result.length_of_text.startswith("more than")  # the text was read only as far as needed
     assert len(result.tokens) == 64
 
 
@@ -178,3 +180,20 @@ def test_weights_of_another_architecture_are_refused(tiny_dir, tmp_path):
     shutil.copy(bert_weights, folder / "model.safetensors")  # config says gpt2, weights are BERT's
     with pytest.raises(CheckpointRefused, match="wrong architecture|do not fit|missing"):
         load_model_dir(folder)
+
+
+def test_every_type_the_app_calls_tested_is_tested_and_listed_in_the_readme():
+    """attnviz.models.support is the one list: these tests and test_capture_modifiers load each type, and the
+    README shows the same line as the Checkpoints page."""
+    from pathlib import Path
+
+    from attnviz.models import support
+    from tests.test_capture_modifiers import _config
+
+    tested_here = {"gpt2", "distilbert", "roberta", "llama", "bert", "bart", "t5"}
+    tested_with_modifiers = {"mistral", "gemma2", "gpt_oss"}
+    for kind in tested_with_modifiers:
+        assert _config(kind).model_type == kind
+    assert set(support.TESTED_MODEL_TYPES) == tested_here | tested_with_modifiers
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert support.supported_markdown() in readme

@@ -1,4 +1,4 @@
-"""The command line: ``python -m attnviz.bench explore``, ``python -m attnviz.bench flash [--gpu]``."""
+"""The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     flash_parser.add_argument("--repeats", type=int, default=3)
     flash_parser.add_argument("--no-memory", action="store_true", help="skip the per-point memory subprocesses")
     flash_parser.add_argument("--out", type=Path, default=None)
+    long_parser = commands.add_parser("long", help="long inputs on a Llama-shaped checkpoint: forward, capture, figure")
+    long_parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    long_parser.add_argument("--out", type=Path, default=Path("bench-results/long.json"))
     args = parser.parse_args(argv)
 
     from attnviz.measure import environment
@@ -36,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
 
         report = explore.bench_explore(args.repeats)
         lines = explore.print_explore(report)
+    elif args.command == "long":
+        from attnviz.bench import long
+
+        report = long.bench_long(args.lengths or long.LENGTHS)
+        lines = long.print_long(report)
     elif args.gpu:
         from attnviz.bench import flash_gpu
 

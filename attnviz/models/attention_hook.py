@@ -6,6 +6,8 @@ path (PyTorch SDPA; transformers' eager function for the few modifiers SDPA cann
 :func:`recording` block is active in the calling thread (a ``contextvars`` variable, so sessions on a server
 never see each other's calls and never wait for each other), keeps what attention received and returned.
 
+Nothing the kernel returns is kept: the replay check runs the same kernel again on the recorded tensors.
+
 The mask comes through transformers' SDPA mask builder (``AttentionMaskInterface``), which passes None when the
 mask is plain causal or full (SDPA's ``is_causal`` then does the work): the recorder stores the module's causality
 with it, and :mod:`attnviz.models.capture` rebuilds the mask from both.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +41,7 @@ class AttentionCall:
     query: torch.Tensor  # [heads, n_q, d] (after RoPE, if any)
     key: torch.Tensor  # [kv_heads, n_k, d]
     value: torch.Tensor  # [kv_heads, n_k, d_v]
-    output: torch.Tensor  # [n_q, heads, d_v]: what the model's kernel returned, before the output projection
+    kernel: "KernelCall"  # how to run the model's own kernel again on these tensors (for the replay check)
     mask: torch.Tensor | None  # the model's mask for this call: bool [n_q, n_k] (True = may attend), or None
     is_causal: bool  # with mask None: the mask is causal (True) or full (False)
     scaling: float
@@ -46,6 +49,27 @@ class AttentionCall:
     softcap: float | None = None  # Gemma 2: scores = softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None  # gpt-oss: [heads] logits of a sink column in every row's softmax
     sliding_window: int | None = None
+
+
+@dataclass
+class KernelCall:
+    """Everything but Q, K, V that the model passed to its attention kernel, to run it again exactly: the module
+    (weakly: a capture must not keep a removed model alive), the mask as given, the scaling and the keywords."""
+
+    module: weakref.ref
+    attention_mask: torch.Tensor | None
+    scaling: float | None
+    kwargs: dict
+
+    def output(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """The model's kernel on ``query [heads, n_q, d]``, ``key``, ``value`` (batch of one): ``[n_q, heads, d_v]``."""
+        module = self.module()
+        if module is None:
+            raise RuntimeError("the model this capture came from is no longer loaded")
+        device = self.attention_mask.device if self.attention_mask is not None else query.device
+        output, _ = _fast_path(module, query[None].to(device), key[None].to(device), value[None].to(device),
+                               self.attention_mask, self.scaling, 0.0, **self.kwargs)
+        return output[0]
 
 
 @dataclass
@@ -116,7 +140,8 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
         is_causal = kwargs.get("is_causal")
         recorder.calls.append(AttentionCall(
             module_name=recorder.names.get(id(module), ""),
-            query=query[0].detach(), key=key[0].detach(), value=value[0].detach(), output=output[0].detach(),
+            query=query[0].detach(), key=key[0].detach(), value=value[0].detach(),
+            kernel=KernelCall(weakref.ref(module), attention_mask, scaling, dict(kwargs)),
             mask=_batch_zero_mask(attention_mask),
             is_causal=bool(getattr(module, "is_causal", False) if is_causal is None else is_causal),
             scaling=float(scale),

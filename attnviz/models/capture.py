@@ -22,7 +22,9 @@ What the replay applies, as recorded from each call:
   interface, and the loader says so.
 
 The replay check recomputes every layer's attention output (weights @ V, with the weights the page shows) and
-compares it with the output the model's kernel produced.
+compares it with the output of the model's own kernel, run again exactly as the model called it (the same
+function, arguments and tensors: deterministic, so the same output the forward produced) rather than kept, so
+a capture holds Q, K and V only.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from attnviz.attention import masked_softmax, repeat_kv
 from attnviz.models.attention_hook import AttentionCall, recording
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
+CHARS_PER_TOKEN = 6  # characters of a long text read at first per token wanted (English: about 4; see _tokenize)
 DENSE_LIMIT = 1024  # tokens: up to this, all layers' weights may be materialised at once ([layers, heads, N, N])
 REPLAY_BLOCK = 512  # query rows replayed at a time: [heads, 512, N] floats per step
 
@@ -93,7 +96,7 @@ class AttentionRecord:
     queries: torch.Tensor  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
     keys: torch.Tensor  # [layers, kv_heads, n_k, d_head]
     values: torch.Tensor  # [layers, kv_heads, n_k, d_v]
-    outputs: torch.Tensor  # [layers, n_q, heads, d_v]: what the model's own kernel computed
+    kernels: list  # per layer: the model's own kernel call (attention_hook.KernelCall), for the replay check
     layer_masks: list[LayerMask]
     scales: list[float]  # per layer
     query_tokens: list[str]
@@ -211,12 +214,18 @@ class Capture:
     special: list[bool]  # [CLS], [SEP], <s>, padding, ...
     records: dict[str, AttentionRecord] = field(default_factory=dict)
     truncated: bool = False
-    n_tokens_before_truncation: int = 0
+    n_tokens_before_truncation: int = 0  # negative when only a lower bound is known (a very long text)
     decoder_tokens: list[str] | None = None
 
     @property
     def kinds(self) -> list[str]:
         return list(self.records)
+
+    @property
+    def length_of_text(self) -> str:
+        """How many tokens the whole text has, as the pages say it: '1,234', or 'more than 8,192'."""
+        total = self.n_tokens_before_truncation
+        return f"{total:,}" if total >= 0 else f"more than {-total:,}"
 
 
 def _attention_kind(module_name: str, encoder_decoder: bool) -> str:
@@ -242,10 +251,20 @@ def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens:
         ids, tokens, segments = ids[:max_tokens], tokens[:max_tokens], segments[:max_tokens]
         inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         return inputs, tokens, segments, [False] * len(tokens), total
-    full = tokenizer(text, text_pair, truncation=False, add_special_tokens=True)
-    total = len(full["input_ids"])
-    encoded = tokenizer(
-        text, text_pair, truncation=True, max_length=max_tokens, return_tensors="pt", return_token_type_ids=None
+    # A long text is read as a prefix that holds more than max_tokens tokens (grown until it does), so a 400 KB
+    # document is not tokenized whole to read its first 512 tokens.
+    budget = max_tokens * CHARS_PER_TOKEN
+    while True:
+        cut = len(text) > budget or (text_pair is not None and len(text_pair) > budget)
+        prefix, prefix_pair = text[:budget], None if text_pair is None else text_pair[:budget]
+        full = tokenizer(prefix, prefix_pair, truncation=False, return_tensors="pt", return_token_type_ids=None)
+        if not cut or full["input_ids"].shape[1] > max_tokens:
+            break
+        budget *= 2
+    total = full["input_ids"].shape[1]
+    total = -total if cut else total  # negative: at least this many
+    encoded = full if abs(total) <= max_tokens else tokenizer(
+        prefix, prefix_pair, truncation=True, max_length=max_tokens, return_tensors="pt", return_token_type_ids=None
     )
     ids = encoded["input_ids"][0].tolist()
     tokens = tokenizer.convert_ids_to_tokens(ids)
@@ -285,18 +304,30 @@ def _model_inputs(bundle: ModelBundle, text: str, text_pair: str | None, limit: 
     return inputs, tokens, segments, special, total, decoder_tokens
 
 
+def _stacked(calls: list[AttentionCall], name: str) -> torch.Tensor:
+    """``[layers, ...]`` from one tensor per call, releasing each call's tensor as it is copied, so the peak is the
+    stack plus one layer, not twice the stack."""
+    first = getattr(calls[0], name)
+    stacked = torch.empty((len(calls), *first.shape), dtype=first.dtype, device=first.device)
+    for layer, call in enumerate(calls):
+        stacked[layer].copy_(getattr(call, name))
+        setattr(call, name, None)
+    return stacked
+
+
 def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
                key_tokens: list[str]) -> AttentionRecord:
     """One attention kind's calls (one per layer) stacked into a record."""
     n_q, n_k = calls[0].query.shape[-2], calls[0].key.shape[-2]
     rule_cache: dict = {}
+    layer_masks = [_rule_of(c, n_q, n_k, rule_cache) for c in calls]
     return AttentionRecord(
         kind=kind,
-        queries=torch.stack([c.query for c in calls]),  # [layers, heads, n_q, d_head]
-        keys=torch.stack([c.key for c in calls]),  # [layers, kv_heads, n_k, d_head]
-        values=torch.stack([c.value for c in calls]),  # [layers, kv_heads, n_k, d_v]
-        outputs=torch.stack([c.output for c in calls]),  # [layers, n_q, heads, d_v]
-        layer_masks=[_rule_of(c, n_q, n_k, rule_cache) for c in calls],
+        queries=_stacked(calls, "query"),  # [layers, heads, n_q, d_head]
+        keys=_stacked(calls, "key"),  # [layers, kv_heads, n_k, d_head]
+        values=_stacked(calls, "value"),  # [layers, kv_heads, n_k, d_v]
+        kernels=[c.kernel for c in calls],
+        layer_masks=layer_masks,
         scales=[c.scaling for c in calls],
         query_tokens=query_tokens,
         key_tokens=key_tokens,
@@ -340,7 +371,7 @@ def capture(
         tokens=tokens,
         segments=segments,
         special=special,
-        truncated=total > len(tokens),
+        truncated=abs(total) > len(tokens),
         n_tokens_before_truncation=total,
         decoder_tokens=decoder_tokens,
     )
@@ -357,13 +388,15 @@ def capture(
 def _device_of(model: torch.nn.Module) -> torch.device:
     """Where the model's inputs go: its embeddings' device (the first parameter's for a model split across devices)."""
     try:
-        return model.get_input_embeddings().weight.device
+        device = model.get_input_embeddings().weight.device
     except (AttributeError, NotImplementedError):
-        return next(model.parameters()).device
+        device = next(model.parameters()).device
+    return torch.device("cpu") if device.type == "meta" else device  # offloaded: accelerate moves what it needs
 
 
 def _to_cpu(call: AttentionCall) -> AttentionCall:
-    """Recorded tensors live on the CPU, where replay runs (a no-op on a CPU machine)."""
+    """Recorded tensors live on the CPU, where replay runs (a no-op on a CPU machine); the kernel call stays
+    where the model is."""
     if call.query.device.type == "cpu":
         return call
     moved = {name: getattr(call, name).cpu() if isinstance(getattr(call, name), torch.Tensor) else getattr(call, name)
@@ -404,14 +437,16 @@ def is_causal(record: AttentionRecord, layer: int = 0) -> bool:
 
 
 def layer_output_difference(record: AttentionRecord, layer: int, block: int = REPLAY_BLOCK) -> float:
-    """Max |attnviz's output - the model's| for one layer: weights @ V, query block by query block."""
+    """Max |attnviz's output - the model's| for one layer: attnviz's weights @ V, query block by query block,
+    against the model's own kernel run again, exactly as the model called it, on the recorded Q, K and V."""
+    model = record.kernels[layer].output(record.queries[layer], record.keys[layer], record.values[layer])
+    model = model.float().cpu().transpose(0, 1)  # [heads, n_q, d_v]
     values = repeat_kv(record.values[layer].float().unsqueeze(0), record.n_heads // record.n_kv_heads)[0]
     worst = 0.0
     for start in range(0, record.n_q, block):
         end = min(record.n_q, start + block)
         ours = record.layer_weights(layer, start, end) @ values  # [heads, rows, d_v]
-        model = record.outputs[layer, start:end].float().transpose(0, 1)  # [heads, rows, d_v]
-        worst = max(worst, (ours - model).abs().max().item())
+        worst = max(worst, (ours - model[:, start:end]).abs().max().item())
     return worst
 
 

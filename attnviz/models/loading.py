@@ -80,6 +80,8 @@ class ModelBundle:
     d_model: int
     max_positions: int
     n_parameters: int
+    dtype: str = "float32"  # the weights' dtype as loaded
+    placement: str = "CPU"  # where the weights are: "CPU", "GPU (name)", or with "disk offload"
 
     @property
     def uses_fallback_tokenizer(self) -> bool:
@@ -89,7 +91,8 @@ class ModelBundle:
         kv = f", {self.n_kv_heads} K/V heads" if self.n_kv_heads != self.n_heads else ""
         return (
             f"{self.model_type} {self.architecture}: {self.n_layers} layers x {self.n_heads} heads{kv}, "
-            f"d_model {self.d_model}, {self.n_parameters / 1e6:.1f}M parameters, up to {self.max_positions} tokens"
+            f"d_model {self.d_model}, {self.n_parameters / 1e6:.1f}M parameters ({self.dtype}, {self.placement}), "
+            f"up to {self.max_positions:,} tokens"
         )
 
 
@@ -117,6 +120,44 @@ def _capturable(model: torch.nn.Module) -> bool:
 
 
 DTYPES = {"stored": "auto", "fp32": torch.float32}  # what the Checkpoints page offers
+MEMORY_SHARE = 0.6  # weights larger than this share of the free memory are offloaded (accelerate), not swapped
+
+
+def weights_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in Path(folder).glob("*.safetensors"))
+
+
+def placement(folder: Path, *, max_memory: dict | None = None, offload_folder: str | None = None) -> dict:
+    """Where from_pretrained puts the weights (accelerate's engine, the one transformers uses for models that
+    outgrow a device): the GPU when there is one (then the CPU, then the disk); on a CPU-only machine, weights
+    that do not fit in MEMORY_SHARE of the free memory are offloaded to disk layer by layer. ``max_memory``
+    (e.g. ``{"cpu": "2GB"}``) overrides the budget."""
+    import tempfile
+
+    if max_memory is None and not torch.cuda.is_available():
+        import psutil
+
+        free = psutil.virtual_memory().available
+        if weights_bytes(folder) <= MEMORY_SHARE * free:
+            return {}  # fits: plain loading, on the CPU
+        max_memory = {"cpu": int(MEMORY_SHARE * free)}
+    offload = offload_folder or tempfile.mkdtemp(prefix="attnviz-offload-")
+    return {"device_map": "auto", "max_memory": max_memory, "offload_folder": offload}
+
+
+def _placement_text(model: torch.nn.Module) -> str:
+    devices = set(str(device) for device in (getattr(model, "hf_device_map", None) or {}).values())
+    if not devices:
+        device = next(model.parameters()).device
+        return f"GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU"
+    names = []
+    if any(d.isdigit() or d.startswith("cuda") for d in devices):
+        names.append("GPU")
+    if "cpu" in devices:
+        names.append("CPU")
+    if "disk" in devices:
+        names.append("disk offload")
+    return " + ".join(names)
 
 
 def parameters_in_files(folder: Path) -> int:
@@ -183,7 +224,7 @@ def _first_line(problem: Exception, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(problem).__name__
 
 
-def _load_weights(folder: Path, config, dtype: str = "stored") -> torch.nn.Module:
+def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | None = None) -> torch.nn.Module:
     """The model on attnviz's recorded fast path, from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
@@ -193,6 +234,7 @@ def _load_weights(folder: Path, config, dtype: str = "stored") -> torch.nn.Modul
             config=config,
             attn_implementation=ATTENTION_NAME,
             dtype=DTYPES[dtype],
+            **(where or {}),
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=False,
@@ -238,14 +280,19 @@ def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
     return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
 
 
-def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored") -> ModelBundle:
-    """Load a Hugging Face model folder safely, in its stored dtype or in fp32 (``dtype`` one of
-    :data:`DTYPES`). Raises :class:`CheckpointRefused` with a reason to show."""
+def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored",
+                   max_memory: dict | None = None, offload_folder: str | None = None) -> ModelBundle:
+    """Load a Hugging Face model folder safely (sharded safetensors too), in its stored dtype or in fp32
+    (``dtype`` one of :data:`DTYPES`), placed by :func:`placement`. Raises :class:`CheckpointRefused` with a
+    reason to show."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointRefused(f"{folder} is not a folder on the server")
+    if dtype not in DTYPES:
+        raise CheckpointRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     config = _read_checked_config(folder)
-    model = _load_weights(folder, config, dtype)
+    model = _load_weights(folder, config, dtype, placement(folder, max_memory=max_memory,
+                                                           offload_folder=offload_folder))
     tokenizer, tokenizer_note = _load_tokenizer(folder, config)
     n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
     return ModelBundle(
@@ -262,6 +309,8 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         d_model=int(getattr(config, "hidden_size", 0) or 0),
         max_positions=int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512),
         n_parameters=sum(p.numel() for p in model.parameters()),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        placement=_placement_text(model),
     )
 
 

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import json
 import stat
+import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-MAX_UPLOAD_BYTES = 500 * 1024**2  # matches server.maxUploadSize in .streamlit/config.toml
-MAX_EXTRACTED_BYTES = 2 * 1024**3
+STREAMLIT_CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
+
+
+def _configured_upload_bytes() -> int:
+    """The upload limit, set in one place: ``server.maxUploadSize`` of .streamlit/config.toml (Streamlit's
+    megabytes are MiB). Streamlit refuses larger uploads itself; attnviz checks the same number."""
+    with open(STREAMLIT_CONFIG, "rb") as config:
+        return int(tomllib.load(config)["server"]["maxUploadSize"]) * 1024**2
+
+
+MAX_UPLOAD_BYTES = _configured_upload_bytes()
+MAX_EXTRACTED_BYTES = 2 * MAX_UPLOAD_BYTES  # safetensors hardly compress: a zip unpacks to about its own size
 MAX_MEMBERS = 200
 MAX_CONFIG_BYTES = 1024**2
 

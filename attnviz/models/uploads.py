@@ -48,11 +48,16 @@ def _model_name(filename: str) -> str:
     return SAFE_NAME.sub("-", stem).strip("-._")[:60] or "uploaded-model"
 
 
-def prepare_zip(data: bytes, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:
-    _check_size(len(data), "the zip")
+def prepare_zip(data, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:
+    """A zip of a model folder: ``data`` as bytes or a binary file object (an upload, read in place: a 2 GB
+    upload is not copied once more in memory)."""
+    source = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    source.seek(0, io.SEEK_END)
+    _check_size(source.tell(), "the zip")
+    source.seek(0)
     workspace = _workspace()
     try:
-        report = extract_zip(io.BytesIO(data), workspace / "extracted")
+        report = extract_zip(source, workspace / "extracted")
         found = find_model_folder(report.root)
         folder = workspace / _model_name(filename)
         found.rename(folder)
