@@ -62,27 +62,33 @@ def _status_kib(field: str) -> int:
     raise MeasurementUnavailable(f"{field} not in /proc/self/status")
 
 
-def print_peak_of(call: Callable[[], object], extra: Callable[[object], dict] | None = None) -> None:
-    """In a fresh process: run ``call`` twice and print, as JSON, the extra peak resident memory and the wall
-    time of the second (and ``extra(result)``, e.g. sizes of what it returned).
+def print_peak_of(call: Callable[[], object], extra: Callable[[object], dict] | None = None, repeats: int = 1) -> None:
+    """In a fresh process: run ``call`` once to warm up, then ``repeats`` times, and print as JSON the largest
+    extra peak resident memory of those runs, their median wall time (and ``extra(result)``, e.g. sizes of what
+    the call returned).
 
-    The first run is a warm-up (thread pools, packing buffers do not count). The kernel's high-water mark (VmHWM)
-    is reset just before the second (``echo 5 > /proc/self/clear_refs``), so imports and inputs do not count
-    either: peak = VmHWM after the run - VmRSS before it.
+    The warm-up keeps one-time costs (thread pools, packing buffers) out. The kernel's high-water mark (VmHWM) is
+    reset before each measured run (``echo 5 > /proc/self/clear_refs``), so imports and inputs do not count
+    either: peak = VmHWM after the run - VmRSS before it. A small call can fit in memory the process already
+    holds and read 0; the largest of several runs is reported.
     """
     import gc
 
     result = call()
     del result
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset VmHWM to the current RSS
-    before = _status_kib("VmRSS")
-    start = time.perf_counter()
-    result = call()
-    seconds = time.perf_counter() - start
-    after = _status_kib("VmHWM")
-    print(json.dumps({"peak_bytes": max(after - before, 0) * 1024, "seconds": seconds,
+    peaks, times = [], []
+    for _ in range(max(1, repeats)):
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset VmHWM to the current RSS
+        before = _status_kib("VmRSS")
+        start = time.perf_counter()
+        result = call()
+        times.append(time.perf_counter() - start)
+        peaks.append(max(_status_kib("VmHWM") - before, 0) * 1024)
+        if len(peaks) < repeats:
+            del result
+    print(json.dumps({"peak_bytes": max(peaks), "seconds": statistics.median(times),
                       **(extra(result) if extra else {})}))
 
 

@@ -1,5 +1,7 @@
 """Explore heads: what every head of a real pretrained model attends to, for any sentence."""
 
+import dataclasses
+
 import streamlit as st
 
 from attnviz import analysis
@@ -278,7 +280,8 @@ def bertviz_tab(capture, kind: str) -> None:
 
 
 def export_tab(capture, record, options: explore.ViewOptions) -> None:
-    st.markdown("Download what you see: the figure as a self-contained HTML file, and the numbers with their tokens.")
+    st.markdown("Download what you see: the figure as a self-contained HTML file, the numbers of the head view as "
+                "shown (after filters, pooling and colour scale), and every captured tensor.")
     columns = st.columns(4)
     layer, head, view = options.layer, options.head, options.view
     try:
@@ -291,17 +294,19 @@ def export_tab(capture, record, options: explore.ViewOptions) -> None:
         columns[0].caption("No figure to export with these filters.")
     columns[1].download_button(
         "All tensors (.npz)", lambda: explore.capture_npz(capture), "attnviz_capture.npz", "application/octet-stream",
-        key="export_npz",
+        key="export_npz", help="Q, K and V of every layer (and every head's weights up to 1,024 tokens).",
     )
+    table_options = options if view in ("head", "average") else dataclasses.replace(options, view="head")
     columns[2].download_button(
-        "This head (CSV)", lambda: explore.head_csv(record, layer, head), f"attnviz_L{layer}H{head}.csv", "text/csv",
-        key="export_csv",
+        "This head as shown (CSV)", lambda: explore.matrix_csv(explore.shown_matrix(capture, table_options)),
+        f"attnviz_L{layer}H{head}.csv", "text/csv", key="export_csv",
     )
     columns[3].download_button(
-        "This head (JSON)", lambda: explore.capture_json(capture, options.kind, layer, head),
+        "This head as shown (JSON)",
+        lambda: explore.matrix_json(capture, table_options, explore.shown_matrix(capture, table_options)),
         f"attnviz_L{layer}H{head}.json", "application/json", key="export_json",
     )
-    st.caption("Link to this view: copy the address bar; it holds the model, sentence, layer, head and view.")
+    st.caption("Link to this view: copy the address bar; it holds the model, the sentence, layer, head and view.")
 
 
 def text_source(bundle) -> tuple[str, int | None]:

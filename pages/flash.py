@@ -199,7 +199,7 @@ def tiling_section(case, chosen: dict) -> None:
 
 
 def saved_or_uploaded_report(chosen: dict):
-    saved = sorted(SAVED_BENCHMARKS.glob("*.json")) if SAVED_BENCHMARKS.exists() else []
+    saved = sorted(SAVED_BENCHMARKS.glob("flash-*.json")) if SAVED_BENCHMARKS.exists() else []
     source = st.radio("Data", ["saved benchmark", "upload a benchmark JSON", "live sweep (small N)"], horizontal=True,
                       key="flash_scaling_source")
     if source == "saved benchmark":

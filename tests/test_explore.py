@@ -136,14 +136,24 @@ def test_exports(pair):
     data = np.load(io.BytesIO(explore.capture_npz(pair)))
     assert data["self_weights"].shape == (6, 12, 14, 14)
     assert list(data["tokens"]) == pair.tokens
-    payload = json.loads(explore.capture_json(pair, "self", 1, 2))
-    assert payload["query_tokens"] == pair.tokens and len(payload["weights"]) == 14
-    csv = explore.head_csv(pair.records["self"], 1, 2)
+    shown = explore.shown_matrix(pair, explore.ViewOptions(layer=1, head=2))
+    payload = json.loads(explore.matrix_json(pair, explore.ViewOptions(layer=1, head=2), shown))
+    assert payload["query_labels"][0] == "0 · [CLS]" and len(payload["values"]) == 14
+    torch.testing.assert_close(torch.tensor(payload["values"]), pair.records["self"].weights[1, 2])
+    csv = explore.matrix_csv(shown)
     assert csv.splitlines()[0].startswith(",0 · [CLS]")
     figure, _ = explore.view_figure(pair, explore.ViewOptions())
     html = explore.figure_html(figure)
     assert "<script src=" not in html.replace('<script src="data:', "")  # nothing from a CDN: it opens offline
     assert "Plotly" in html and len(html) > 1_000_000
+
+
+def test_exports_are_what_is_shown_after_filters(pair):
+    options = explore.ViewOptions(layer=0, head=3, hide_special=True)
+    shown = explore.shown_matrix(pair, options)
+    payload = json.loads(explore.matrix_json(pair, options, shown))
+    assert "[CLS]" not in " ".join(payload["query_labels"]) and payload["filters"].startswith("special tokens hidden")
+    np.testing.assert_allclose(np.array(payload["values"]).sum(-1), 1.0, atol=1e-6)  # renormalised, as shown
 
 
 def test_bertviz_html_and_injection_is_inert(bert):

@@ -3,8 +3,9 @@ mask, scaling and score modifiers, and the output the model's own kernel produce
 
 The model runs on its fast path (see :mod:`attnviz.models.attention_hook`); nothing holds the
 ``[layers, heads, N, N]`` weights. They are materialised on demand, per layer, head and query range, by exact
-replay through :func:`attnviz.attention.scaled_dot_product_attention` in fp32, so a 8,192-token text costs
-the queries, keys and values it keeps, not 36 GB.
+replay in fp32 (the scores as the model formed them, then :func:`attnviz.attention.masked_softmax`), so an
+8,192-token text costs the queries, keys and values it keeps, not 36 GB. Only views that need every head at once
+(rollout, compare, what-if, the .npz export) materialise all of them, and only up to ``DENSE_LIMIT`` tokens.
 
 What the replay applies, as recorded from each call:
 
@@ -51,6 +52,44 @@ class TooLongForDense(ValueError):
     """All of a long input's weights at once would not fit; use per-head or pooled views instead."""
 
 
+class LayerStack:
+    """One tensor per layer, indexed like the stacked ``[layers, ...]`` tensor without copying them into one (a
+    copy would hold every layer twice at the end of a capture). ``stack[layer, ...]`` indexes one layer's tensor."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((len(self.tensors), *self.tensors[0].shape))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensors[0].dtype
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __getitem__(self, index):
+        layer, rest = (index[0], index[1:]) if isinstance(index, tuple) else (index, ())
+        if isinstance(layer, int):
+            return self.tensors[layer][rest] if rest else self.tensors[layer]
+        return torch.stack([t[rest] if rest else t for t in self.tensors[layer]])
+
+    def stacked(self) -> torch.Tensor:
+        """All layers in one tensor (a copy), e.g. for an export."""
+        return torch.stack(self.tensors)
+
+    def float(self) -> torch.Tensor:
+        return self.stacked().float()
+
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.tensors)
+
+    def element_size(self) -> int:
+        return self.tensors[0].element_size()
+
+
 @dataclass(frozen=True)
 class LayerMask:
     """The model's mask of one attention call: a rule when it is one, else a dense ``[n_q, n_k]`` bool."""
@@ -93,9 +132,9 @@ class AttentionRecord:
     :meth:`layer_weights`); ``weights`` materialises all of them, for inputs of at most :data:`DENSE_LIMIT`."""
 
     kind: str
-    queries: torch.Tensor  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
-    keys: torch.Tensor  # [layers, kv_heads, n_k, d_head]
-    values: torch.Tensor  # [layers, kv_heads, n_k, d_v]
+    queries: LayerStack  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
+    keys: LayerStack  # [layers, kv_heads, n_k, d_head]
+    values: LayerStack  # [layers, kv_heads, n_k, d_v]
     kernels: list  # per layer: the model's own kernel call (attention_hook.KernelCall), for the replay check
     layer_masks: list[LayerMask]
     scales: list[float]  # per layer
@@ -304,17 +343,6 @@ def _model_inputs(bundle: ModelBundle, text: str, text_pair: str | None, limit: 
     return inputs, tokens, segments, special, total, decoder_tokens
 
 
-def _stacked(calls: list[AttentionCall], name: str) -> torch.Tensor:
-    """``[layers, ...]`` from one tensor per call, releasing each call's tensor as it is copied, so the peak is the
-    stack plus one layer, not twice the stack."""
-    first = getattr(calls[0], name)
-    stacked = torch.empty((len(calls), *first.shape), dtype=first.dtype, device=first.device)
-    for layer, call in enumerate(calls):
-        stacked[layer].copy_(getattr(call, name))
-        setattr(call, name, None)
-    return stacked
-
-
 def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
                key_tokens: list[str]) -> AttentionRecord:
     """One attention kind's calls (one per layer) stacked into a record."""
@@ -323,9 +351,9 @@ def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
     layer_masks = [_rule_of(c, n_q, n_k, rule_cache) for c in calls]
     return AttentionRecord(
         kind=kind,
-        queries=_stacked(calls, "query"),  # [layers, heads, n_q, d_head]
-        keys=_stacked(calls, "key"),  # [layers, kv_heads, n_k, d_head]
-        values=_stacked(calls, "value"),  # [layers, kv_heads, n_k, d_v]
+        queries=LayerStack([c.query for c in calls]),  # [layers, heads, n_q, d_head]
+        keys=LayerStack([c.key for c in calls]),  # [layers, kv_heads, n_k, d_head]
+        values=LayerStack([c.value for c in calls]),  # [layers, kv_heads, n_k, d_v]
         kernels=[c.kernel for c in calls],
         layer_masks=layer_masks,
         scales=[c.scaling for c in calls],
@@ -511,7 +539,10 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     module_name = found[0].rsplit(".", 1)[0]  # "embeddings.position_embeddings.weight" -> its module
     table = dict(bundle.model.named_modules())[module_name]
 
+    device = _device_of(bundle.model)
+
     def first_layer(model_inputs) -> torch.Tensor:
+        model_inputs = {name: value.to(device) for name, value in model_inputs.items()}
         with torch.no_grad(), recording(bundle.model) as recorder:
             bundle.model(**model_inputs)
         call = _to_cpu(recorder.calls[0])

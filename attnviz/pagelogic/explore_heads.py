@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz import analysis, mask_patterns
-from attnviz.models.capture import REPLAY_BLOCK, AttentionRecord, Capture
+from attnviz.models.capture import DENSE_LIMIT, REPLAY_BLOCK, AttentionRecord, Capture
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid
 from attnviz.viz.matrix import matrix_heatmap
@@ -523,12 +523,14 @@ def figure_html(figure: go.Figure) -> str:
 
 
 def capture_npz(capture: Capture) -> bytes:
-    """All captured tensors as .npz: ``{kind}_weights``, ``{kind}_queries``, ``{kind}_keys``, and the tokens."""
+    """All captured tensors as .npz, fp32: ``{kind}_queries``, ``{kind}_keys``, ``{kind}_values`` and the tokens,
+    and ``{kind}_weights`` (every layer and head) for inputs of at most DENSE_LIMIT tokens."""
     arrays = {"tokens": np.array(capture.tokens, dtype=object).astype(str)}
     for kind, record in capture.records.items():
-        arrays[f"{kind}_weights"] = record.weights.numpy()
-        arrays[f"{kind}_queries"] = record.queries.numpy()
-        arrays[f"{kind}_keys"] = record.keys.numpy()
+        if max(record.n_q, record.n_k) <= DENSE_LIMIT:
+            arrays[f"{kind}_weights"] = record.weights.numpy()
+        for name in ("queries", "keys", "values"):
+            arrays[f"{kind}_{name}"] = getattr(record, name).float().numpy()
         arrays[f"{kind}_query_tokens"] = np.array(record.query_tokens).astype(str)
         arrays[f"{kind}_key_tokens"] = np.array(record.key_tokens).astype(str)
     buffer = io.BytesIO()
@@ -536,30 +538,37 @@ def capture_npz(capture: Capture) -> bytes:
     return buffer.getvalue()
 
 
-def head_csv(record: AttentionRecord, layer: int, head: int) -> str:
-    frame = pd.DataFrame(
-        record.weights[layer, head].numpy(),
-        index=style.token_labels(record.query_tokens),
-        columns=style.token_labels(record.key_tokens),
-    )
-    return frame.to_csv()
+def matrix_csv(matrix: Matrix) -> str:
+    """What a heatmap shows, as CSV: the rows and columns labelled as on screen (pooled cells by their ranges)."""
+    return pd.DataFrame(matrix.values.numpy(), index=matrix.row_labels, columns=matrix.col_labels).to_csv()
 
 
-def capture_json(capture: Capture, kind: str, layer: int, head: int) -> str:
-    record = capture.records[kind]
+def matrix_json(capture: Capture, options: ViewOptions, matrix: Matrix) -> str:
     return json.dumps(
         {
             "model": capture.model_name,
             "text": capture.text,
             "text_pair": capture.text_pair,
-            "kind": kind,
-            "layer": layer,
-            "head": head,
-            "query_tokens": record.query_tokens,
-            "key_tokens": record.key_tokens,
-            "weights": record.weights[layer, head].tolist(),
+            "kind": options.kind,
+            "layer": options.layer,
+            "head": options.head if options.view != "average" else "average",
+            "filters": filter_note(options).strip(" ()") or "none",
+            "colour": SCALES[options.scale],
+            "pooled_from": matrix.pooled_from,
+            "pooling": options.pooling if matrix.pooled_from else None,
+            "zoom_window": matrix.window,
+            "query_labels": matrix.row_labels,
+            "key_labels": matrix.col_labels,
+            "values": matrix.values.tolist(),
         }
     )
+
+
+def shown_matrix(capture: Capture, options: ViewOptions, zoomed: bool = False) -> Matrix:
+    """The matrix the head (or average) view shows with these options, or its zoom window."""
+    record = capture.records[options.kind]
+    heads, _ = _views_heads(record, options)
+    return (zoom_matrix if zoomed else head_matrix)(capture, record, options, heads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
