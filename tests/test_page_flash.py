@@ -167,3 +167,14 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
     lines = flash_gpu.print_gpu(report)
     assert any("TFLOPS" in line or "triton TF" in line for line in lines)
     assert any("causal / non-causal" in line for line in lines)
+
+
+def test_other_widgets_do_not_re_measure_and_measure_again_does():
+    at = open_page("pages/flash.py", flash_n=512)
+    first = results_table(at)["median time"].tolist()
+    at.select_slider(key="flash_block_q").set_value(32).run()  # the tiling's own slider
+    assert results_table(at)["median time"].tolist() == first  # the same measurement, not a new one
+    assert len(at.session_state["flash_results"]) == 1
+    at.button(key="flash_again").click().run()
+    assert not at.exception
+    assert len(at.session_state["flash_results"]) == 1  # measured again for the same settings, not added
