@@ -165,6 +165,14 @@ def registered_models() -> dict[str, str]:
     return st.session_state["models"]
 
 
+def upload_limit_bytes() -> int:
+    """The upload limit in force: attnviz's (read from .streamlit/config.toml) or Streamlit's own, if smaller
+    (Streamlit reads that file only when the server starts in the repository's folder)."""
+    from attnviz.models.safety import MAX_UPLOAD_BYTES
+
+    return min(MAX_UPLOAD_BYTES, int(st.get_option("server.maxUploadSize")) * 1024**2)
+
+
 def model_dtype(name: str) -> str:
     """The dtype a registered model was loaded in: "stored" (as its weights are saved) or "fp32"."""
     return st.session_state.get("model_dtypes", {}).get(name, "stored")
@@ -224,21 +232,21 @@ def current_bundle() -> ModelBundle:
 @st.cache_resource(max_entries=4, show_spinner="Running the model and capturing its attention…")
 def cached_capture(
     folder: str, name: str, text: str, text_pair: str | None, _bundle: ModelBundle, fallback: str | None = None,
-    max_tokens: int | None = None,
+    max_tokens: int | None = None, dtype: str = "stored",
 ):
-    """Captures are treated as read-only; keyed by the model's folder and name, the texts, the fallback and the
-    token limit."""
+    """Captures are treated as read-only; keyed by the model (folder, name, dtype), the texts, the fallback
+    tokenizer and the token limit."""
     from attnviz.models.capture import capture
 
     return capture(_bundle, text, text_pair, fallback_tokenizer=fallback, max_tokens=max_tokens)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None) -> float:
+def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None, _model=None) -> float:
     """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
     from attnviz.models.capture import replay_difference
 
-    return replay_difference(_record, progress=_progress)
+    return replay_difference(_record, progress=_progress, model=_model)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -251,9 +259,10 @@ def cached_statistics(capture_key: tuple, kind: str, _capture, _progress=None):
 MECHANISM_TOKENS = 96  # the mechanism pages draw N x N masks and heads: they read the first this-many tokens
 
 
-def capture_current(text: str, text_pair: str | None = None, max_tokens: int | None = None):
+def capture_current(text: str, text_pair: str | None = None, max_tokens: int | None = None, *,
+                    notice: bool = True):
     """Capture the sidebar model on ``text`` (its first ``max_tokens`` tokens, if given, with a notice when that
-    cuts it); an error in the page (not a traceback) if that fails."""
+    cuts it, unless ``notice`` is off); an error in the page (not a traceback) if that fails."""
     bundle = current_bundle()
     name = current_model_name()
     if not text.strip():
@@ -262,11 +271,11 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
     fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
     try:
         result = cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback,
-                                max_tokens)
-    except (ValueError, RuntimeError) as problem:
+                                max_tokens, model_dtype(name))
+    except (ValueError, RuntimeError, IndexError) as problem:
         st.error(f"The model could not run on this text: {problem}")
         st.stop()
-    if max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
+    if notice and max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
         st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
                 "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
     return bundle, result

@@ -9,7 +9,15 @@ from attnviz.models import safety, support
 from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
 from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
-from attnviz.ui import load_bundle, model_dtype, register_model, registered_models, remove_model, start_page
+from attnviz.ui import (
+    load_bundle,
+    model_dtype,
+    register_model,
+    registered_models,
+    remove_model,
+    start_page,
+    upload_limit_bytes,
+)
 
 DTYPE_CHOICES = {"stored": "as stored (bf16 and fp16 stay half precision)", "fp32": "in fp32"}
 INTRO = (
@@ -19,6 +27,13 @@ INTRO = (
 
 
 def limits() -> None:
+    if upload_limit_bytes() < safety.MAX_UPLOAD_BYTES:
+        st.warning(
+            f"Uploads are limited to {upload_limit_bytes() / 1024**2:.0f} MiB: this server was started outside the "
+            "repository's folder, so Streamlit did not read its .streamlit/config.toml (which allows "
+            f"{safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB). Start it with `streamlit run app.py` from that folder.",
+            icon=":material/upload_file:",
+        )
     st.markdown(
         "**Tested model types** (each loaded from a tiny checkpoint and checked against transformers' own attention "
         f"weights): {support.supported_markdown()}. Other types that route attention through transformers' "
@@ -26,7 +41,7 @@ def limits() -> None:
         "refused with the reason."
     )
     st.caption(
-        f"Limits: uploads up to {safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB; models up to "
+        f"Limits: uploads up to {upload_limit_bytes() / 1024**3:.3g} GiB; models up to "
         f"{MAX_PARAMETERS / 1e9:g}B parameters, in their stored dtype unless you ask for fp32; on a GPU the model runs "
         "there; weights larger than the free memory are offloaded to disk layer by layer (slow, but they load). Any "
         "text length the model reads: heatmaps above 256 tokens a side are pooled with a zoom, and the views that "
@@ -75,7 +90,7 @@ def add_forms() -> None:
     with zip_tab:
         st.caption(
             "A zip of a model folder as `save_pretrained` writes it: config.json, *.safetensors (sharded ones with "
-            f"their index), tokenizer files. Up to {safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB; while it is read the "
+            f"their index), tokenizer files. Up to {upload_limit_bytes() / 1024**3:.3g} GiB; while it is read the "
             "upload is held in the server's memory, so a 2 GiB zip needs 2 GiB of RAM besides the model."
         )
         upload = st.file_uploader("Model zip", type=["zip"], key="ckpt_zip")
@@ -88,7 +103,7 @@ def add_forms() -> None:
             "Files", type=["safetensors", "json", "txt", "model"], accept_multiple_files=True, key="ckpt_files"
         )
         if files and st.button("Load these files", key="ckpt_files_load", type="primary"):
-            add_model(prepare_single_files, [(f.name, f.getvalue()) for f in files])
+            add_model(prepare_single_files, [(f.name, f) for f in files])
     with folder_tab:
         if os.environ.get("ATTNVIZ_SERVER_FOLDERS", "1") == "0":
             st.info("Loading folders from the server's disk is switched off on this deployment "

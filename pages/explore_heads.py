@@ -5,6 +5,7 @@ import dataclasses
 import streamlit as st
 
 from attnviz import analysis
+from attnviz.models.capture import TooLongForDense, replay_tolerance
 from attnviz.pagelogic import explore_heads as explore
 from attnviz.ui import (
     cached_replay_difference,
@@ -13,6 +14,7 @@ from attnviz.ui import (
     current_bundle,
     current_model_name,
     current_sentence,
+    model_dtype,
     registered_models,
     show_figure,
     start_page,
@@ -20,10 +22,8 @@ from attnviz.ui import (
 )
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
-from attnviz.viz.matrix import matrix_heatmap
 
 AUTOMATIC_REPLAY_CELLS = 64 * 2048 * 2048  # above this (heads x N x N), the replay check waits for a click
-REPLAY_TOLERANCE = 1e-4  # fp32 rounding of a different order of sums; a wrong mask or scale is off by far more
 TEXT_SOURCES = ["the sidebar's sentence", "a long text", "Python's documentation"]
 SAMPLE_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 MAX_LONG_TEXT_BYTES = 2_000_000
@@ -56,7 +56,7 @@ def open_head(layer: int, head: int) -> None:
     st.session_state["explore_tab"] = "View"
 
 
-def replay_check(capture_key: tuple, kind: str, record) -> None:
+def replay_check(capture_key: tuple, kind: str, record, model) -> None:
     cells = record.n_layers * record.n_heads * record.n_q * record.n_k
     asked = st.session_state.get("explore_replay_asked") == (capture_key, kind)
     if cells > AUTOMATIC_REPLAY_CELLS and not asked:
@@ -70,14 +70,16 @@ def replay_check(capture_key: tuple, kind: str, record) -> None:
     with transient_status("Replay check: recomputing every layer with attnviz's attention…") as status:
         difference = cached_replay_difference(
             capture_key, kind, record,
-            _progress=lambda layer, n: status.update(label=f"Replay check: layer {layer + 1} of {n}…"),
+            _progress=lambda layer, n: status.update(label=f"Replay check: layer {layer + 1} of {n}…"), _model=model,
         )
-    verdict = ":material/check_circle:" if difference < REPLAY_TOLERANCE else ":material/warning:"
+    tolerance = replay_tolerance(record)
+    verdict = ":material/check_circle:" if difference <= tolerance else ":material/warning:"
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
     st.markdown(
         f"{verdict} **Replay check:** the weights shown here, computed by attnviz's from-scratch attention from "
         f"the model's own Q and K, times its V, reproduce the attention output of the model's kernel in all "
-        f"{record.n_layers} layers x {record.n_heads} heads {shown}."
+        f"{record.n_layers} layers x {record.n_heads} heads {shown} (rounding allows {tolerance:.1e} in "
+        f"{str(record.values.dtype).removeprefix('torch.')})."
     )
 
 
@@ -184,15 +186,32 @@ def statistics_tab(capture, capture_key: tuple, kind: str) -> None:
         show_figure(figure, caption, key="explore_stats_figure")
 
 
-def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions) -> None:
+def needs_every_head(record) -> bool:
+    """The tabs that need every head's weights at once say so on a long input, rather than fail."""
+    if record.dense_ok:
+        return False
+    try:
+        record.check_dense()
+    except TooLongForDense as problem:
+        st.info(f"{problem}.", icon=":material/straighten:")
+    return True
+
+
+def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions, max_tokens: int | None) -> None:
+    if needs_every_head(capture.records[options.kind]):
+        return
     other_text = st.text_input(
-        "Second text to compare", value=text.replace("cat", "dog", 1) if "cat" in text else text,
+        "Second text to compare", value=text.replace("cat", "dog", 1) if "cat" in text else text[:2000],
         key="explore_compare_text", max_chars=2000,
     )
     if not other_text.strip():
         return
-    _, other = capture_current(other_text, text_pair)
-    figures, caption = explore.compare_figures(capture, other, options.kind, options.layer, options.head)
+    _, other = capture_current(other_text, text_pair, max_tokens, notice=False)
+    try:
+        figures, caption = explore.compare_figures(capture, other, options.kind, options.layer, options.head)
+    except TooLongForDense as problem:
+        st.info(f"{problem}.")
+        return
     for index, (column, figure) in enumerate(zip(st.columns(2), figures[:2], strict=True)):
         with column:
             show_figure(figure, "The same head on each text.", key=f"explore_compare_{index}")
@@ -217,6 +236,8 @@ def what_if_parameters(mask_key: str, columns, n_k: int) -> dict:
 
 
 def what_if_tab(record, options: explore.ViewOptions) -> None:
+    if needs_every_head(record):
+        return
     st.markdown(
         "Re-run this layer's **real** queries and keys through attnviz's attention with another mask or scale. "
         "Before = the model; after = the same Q and K under your rule."
@@ -226,7 +247,7 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
                                     key="whatif_mask")
     unscaled = columns[1].toggle("Remove the 1/√d_k scaling", key="whatif_unscaled")
     temperature = columns[1].slider("Temperature", 0.1, 5.0, 1.0, 0.1, key="whatif_temperature")
-    n_q, n_k = record.weights.shape[-2:]
+    n_q, n_k = record.n_q, record.n_k
     params = what_if_parameters(mask_key, columns, n_k)
     layer, head = options.layer, options.head
     try:
@@ -236,19 +257,20 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
         st.warning(str(problem))
         return
     effect = explore.what_if_effect(record, layer, before, after, new_mask)
-    labels_q, labels_k = style.token_labels(record.query_tokens), style.token_labels(record.key_tokens)
     left, right = st.columns(2)
     with left:
+        matrix = explore.dense_matrix(before[head], record.query_tokens, record.key_tokens, how="max")
         show_figure(
-            matrix_heatmap(before[head], labels_q, labels_k, title=f"Before: layer {layer}, head {head} (the model)",
-                           show_values=len(labels_k) <= 10),
+            explore.weights_heatmap(matrix, explore._pooled_title(f"Before: layer {layer}, head {head} (the model)",
+                                                                  matrix), "fixed"),
             "The model's own weights.", key="whatif_before",
         )
     with right:
         rule = (explore.what_if_mask_label(mask_key) + (", no √d_k scaling" if unscaled else "")
                 + (f", T = {temperature:g}" if temperature != 1 else ""))
+        matrix = explore.dense_matrix(after[head], record.query_tokens, record.key_tokens, how="max")
         show_figure(
-            matrix_heatmap(after[head], labels_q, labels_k, title=f"After: {rule}", show_values=len(labels_k) <= 10),
+            explore.weights_heatmap(matrix, explore._pooled_title(f"After: {rule}", matrix), "fixed"),
             explore.what_if_caption(effect, unscaled, temperature),
             key="whatif_after",
         )
@@ -352,10 +374,11 @@ def main() -> None:
     else:
         pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
     text_pair = st.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help)
-    bundle, capture = capture_current(text, text_pair, max_tokens)
+    bundle, capture = capture_current(text, text_pair, max_tokens, notice=False)
     name = current_model_name()
     folder = registered_models()[name]
-    capture_key = (folder, name, text, text_pair or None, max_tokens)
+    fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
+    capture_key = (folder, name, model_dtype(name), text, text_pair or None, max_tokens, fallback)
     st.caption(f"**{name}** · {bundle.describe()}")
     if capture.truncated and max_tokens is None:
         st.warning(
@@ -368,7 +391,7 @@ def main() -> None:
         kind = st.segmented_control("Attention", capture.kinds, default=capture.kinds[0],
                                     format_func=explore.KIND_NAMES.get, key="explore_kind", required=True)
     record = capture.records[kind]
-    replay_check(capture_key, kind, record)
+    replay_check(capture_key, kind, record, bundle.model)
     options = view_options(capture, record, kind, text_pair, bundle.architecture)
 
     tabs = dict(zip(TABS, st.tabs(TABS, key="explore_tab", on_change="rerun", bind="query-params"), strict=True))
@@ -376,16 +399,15 @@ def main() -> None:
         view_tab(capture, record, options)
     bodies = {
         "Head statistics": lambda: statistics_tab(capture, capture_key, kind),
-        "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options),
+        "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
         "What-if": lambda: what_if_tab(record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),
+        "Export": lambda: export_tab(capture, record, options),
     }
     for title, body in bodies.items():
         if tabs[title].open:  # only the open tab computes
             with tabs[title]:
                 body()
-    with tabs["Export"]:
-        export_tab(capture, record, options)
 
 
 main()

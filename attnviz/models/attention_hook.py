@@ -57,19 +57,27 @@ class KernelCall:
     (weakly: a capture must not keep a removed model alive), the mask as given, the scaling and the keywords."""
 
     module: weakref.ref
+    module_name: str  # to find the same module in a reloaded copy of the model
     attention_mask: torch.Tensor | None
     scaling: float | None
     kwargs: dict
+    device: torch.device  # where the model ran this call: the kernel runs there again
+    rebuild_mask: object = None  # a callable giving the mask again when it was a rule (not kept: it is N x N)
 
-    def output(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """The model's kernel on ``query [heads, n_q, d]``, ``key``, ``value`` (batch of one): ``[n_q, heads, d_v]``."""
+    def output(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               model: torch.nn.Module | None = None) -> torch.Tensor:
+        """The model's kernel on ``query [heads, n_q, d]``, ``key``, ``value`` (batch of one), on the device the
+        model ran it on: ``[n_q, heads, d_v]`` on the CPU. ``model``: the loaded model to find the module in, if
+        the copy the capture came from has been unloaded since."""
         module = self.module()
+        if module is None and model is not None:
+            module = dict(model.named_modules()).get(self.module_name)
         if module is None:
             raise RuntimeError("the model this capture came from is no longer loaded")
-        device = self.attention_mask.device if self.attention_mask is not None else query.device
-        output, _ = _fast_path(module, query[None].to(device), key[None].to(device), value[None].to(device),
-                               self.attention_mask, self.scaling, 0.0, **self.kwargs)
-        return output[0]
+        mask = self.attention_mask if self.rebuild_mask is None else self.rebuild_mask().to(self.device)
+        output, _ = _fast_path(module, query[None].to(self.device), key[None].to(self.device),
+                               value[None].to(self.device), mask, self.scaling, 0.0, **self.kwargs)
+        return output[0].cpu()
 
 
 @dataclass
@@ -141,7 +149,8 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
         recorder.calls.append(AttentionCall(
             module_name=recorder.names.get(id(module), ""),
             query=query[0].detach(), key=key[0].detach(), value=value[0].detach(),
-            kernel=KernelCall(weakref.ref(module), attention_mask, scaling, dict(kwargs)),
+            kernel=KernelCall(weakref.ref(module), recorder.names.get(id(module), ""), attention_mask, scaling,
+                              dict(kwargs), query.device),
             mask=_batch_zero_mask(attention_mask),
             is_causal=bool(getattr(module, "is_causal", False) if is_causal is None else is_causal),
             scaling=float(scale),

@@ -44,8 +44,10 @@ from attnviz.models.attention_hook import AttentionCall, recording
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
 CHARS_PER_TOKEN = 6  # characters of a long text read at first per token wanted (English: about 4; see _tokenize)
-DENSE_LIMIT = 1024  # tokens: up to this, all layers' weights may be materialised at once ([layers, heads, N, N])
-REPLAY_BLOCK = 512  # query rows replayed at a time: [heads, 512, N] floats per step
+DENSE_LIMIT = 1024  # tokens: up to this (and DENSE_CELLS), all weights may be materialised at once
+DENSE_CELLS = 80_000_000  # layers x heads x n_q x n_k: 320 MB of fp32 (6 x 12 heads x 1,054 tokens)
+BLOCK_CELLS = 16_000_000  # a replayed block of rows: heads x rows x n_k floats (64 MB), whatever the model
+REPLAY_BLOCK = 512  # at most this many query rows a block
 
 
 class TooLongForDense(ValueError):
@@ -109,10 +111,11 @@ class LayerMask:
 
 
 def _rule_of(call: AttentionCall, n_q: int, n_k: int, cache: dict) -> LayerMask:
-    """The mask of ``call`` as a rule where possible (cached by the mask tensor's identity: layers share masks)."""
+    """The mask of ``call`` as a rule where possible, cached by the model's mask tensor (transformers passes the
+    same one to every layer of a kind), so a dense mask is checked and kept once, not per layer."""
     if call.mask is None:
         return LayerMask(masks.MaskSpec(n_q, n_k, causal=call.is_causal and n_q > 1))
-    key = id(call.mask)
+    key = (id(call.kernel.attention_mask), call.sliding_window)
     if key in cache:
         return cache[key]
     dense = call.mask[..., :n_k].expand(n_q, n_k)
@@ -215,11 +218,23 @@ class AttentionRecord:
         """One head's weights for query rows ``start:end``: ``[rows, n_k]`` fp32."""
         return self.layer_weights(layer, start, end, heads=[head], **options)[0]
 
+    def block_rows(self) -> int:
+        """Query rows per replayed block: BLOCK_CELLS floats for all heads, at most REPLAY_BLOCK rows."""
+        return max(16, min(REPLAY_BLOCK, BLOCK_CELLS // max(1, self.n_heads * self.n_k)))
+
+    @property
+    def dense_ok(self) -> bool:
+        """Whether every head's weights at once are small enough to materialise."""
+        cells = self.n_layers * self.n_heads * self.n_q * self.n_k
+        return max(self.n_q, self.n_k) <= DENSE_LIMIT and cells <= DENSE_CELLS
+
     def check_dense(self) -> None:
-        if max(self.n_q, self.n_k) > DENSE_LIMIT:
+        if not self.dense_ok:
             raise TooLongForDense(
-                f"{max(self.n_q, self.n_k):,} tokens: this view needs every head's {self.n_q:,} x {self.n_k:,} weights "
-                f"at once, which attnviz computes up to {DENSE_LIMIT:,} tokens; use the head view (pooled, with zoom)"
+                f"{max(self.n_q, self.n_k):,} tokens x {self.n_layers} layers x {self.n_heads} heads: this view needs "
+                f"every head's {self.n_q:,} x {self.n_k:,} weights at once, which attnviz computes up to "
+                f"{DENSE_LIMIT:,} tokens (and 320 MB of weights); use the head view (pooled, with zoom) or head "
+                "statistics"
             )
 
     @functools.cached_property
@@ -255,6 +270,15 @@ class Capture:
     truncated: bool = False
     n_tokens_before_truncation: int = 0  # negative when only a lower bound is known (a very long text)
     decoder_tokens: list[str] | None = None
+    decoder_special: list[bool] | None = None
+
+    def special_of(self, tokens: list[str]) -> list[bool]:
+        """Which of ``tokens`` (the encoder's or the decoder's list) are special tokens."""
+        if tokens is self.decoder_tokens and self.decoder_special is not None:
+            return self.decoder_special
+        if tokens is self.tokens:
+            return self.special
+        return [False] * len(tokens)
 
     @property
     def kinds(self) -> list[str]:
@@ -328,19 +352,20 @@ def _tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens:
 
 
 def _model_inputs(bundle: ModelBundle, text: str, text_pair: str | None, limit: int, fallback: str | None):
-    """Tokenize for the model: ``(inputs, tokens, segments, special, total, decoder_tokens)``. For an
-    encoder-decoder model the pair is the decoder's input (default: the text itself)."""
+    """Tokenize for the model: ``(inputs, tokens, segments, special, total, decoder_tokens, decoder_special)``.
+    For an encoder-decoder model the pair is the decoder's input (default: the text itself)."""
     encoder_decoder = bundle.architecture == "encoder-decoder"
     inputs, tokens, segments, special, total = _tokenize(
         bundle, text, None if encoder_decoder else text_pair, limit, fallback
     )
-    decoder_tokens = None
+    decoder_tokens = decoder_special = None
     if encoder_decoder:
-        decoder_inputs, decoder_tokens, _, _, _ = _tokenize(bundle, text_pair or text, None, limit, fallback)
+        decoder_inputs, decoder_tokens, _, decoder_special, _ = _tokenize(bundle, text_pair or text, None, limit,
+                                                                          fallback)
         inputs["decoder_input_ids"] = decoder_inputs["input_ids"]
         if "attention_mask" in decoder_inputs:
             inputs["decoder_attention_mask"] = decoder_inputs["attention_mask"]
-    return inputs, tokens, segments, special, total, decoder_tokens
+    return inputs, tokens, segments, special, total, decoder_tokens, decoder_special
 
 
 def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
@@ -349,6 +374,13 @@ def _record_of(kind: str, calls: list[AttentionCall], query_tokens: list[str],
     n_q, n_k = calls[0].query.shape[-2], calls[0].key.shape[-2]
     rule_cache: dict = {}
     layer_masks = [_rule_of(c, n_q, n_k, rule_cache) for c in calls]
+    for call, layer_mask in zip(calls, layer_masks, strict=True):
+        if layer_mask.rule is not None and call.kernel.attention_mask is not None:
+            # An N x N mask that is a rule is not kept: the replay check builds it again when it runs.
+            rule = layer_mask.rule
+            call.kernel.attention_mask = None
+            call.kernel.rebuild_mask = lambda rule=rule: rule.dense()[None, None]
+    del rule_cache
     return AttentionRecord(
         kind=kind,
         queries=LayerStack([c.query for c in calls]),  # [layers, heads, n_q, d_head]
@@ -382,7 +414,7 @@ def capture(
         raise ValueError("the text is empty: type a sentence")
     limit = min(bundle.max_positions, max_tokens or bundle.max_positions)
     encoder_decoder = bundle.architecture == "encoder-decoder"
-    inputs, tokens, segments, special, total, decoder_tokens = _model_inputs(
+    inputs, tokens, segments, special, total, decoder_tokens, decoder_special = _model_inputs(
         bundle, text, text_pair, limit, fallback_tokenizer
     )
     device = _device_of(bundle.model)
@@ -402,6 +434,7 @@ def capture(
         truncated=abs(total) > len(tokens),
         n_tokens_before_truncation=total,
         decoder_tokens=decoder_tokens,
+        decoder_special=decoder_special,
     )
     by_kind: dict[str, list[AttentionCall]] = {}
     for call in recorder.calls:
@@ -464,28 +497,38 @@ def is_causal(record: AttentionRecord, layer: int = 0) -> bool:
     return record.n_q > 1 and not (layer_mask.dense & ~masks.causal(record.n_q, record.n_k)).any().item()
 
 
-def layer_output_difference(record: AttentionRecord, layer: int, block: int = REPLAY_BLOCK) -> float:
+def layer_output_difference(record: AttentionRecord, layer: int, block: int | None = None,
+                            model: torch.nn.Module | None = None) -> float:
     """Max |attnviz's output - the model's| for one layer: attnviz's weights @ V, query block by query block,
     against the model's own kernel run again, exactly as the model called it, on the recorded Q, K and V."""
-    model = record.kernels[layer].output(record.queries[layer], record.keys[layer], record.values[layer])
-    model = model.float().cpu().transpose(0, 1)  # [heads, n_q, d_v]
+    kernel = record.kernels[layer].output(record.queries[layer], record.keys[layer], record.values[layer], model)
+    kernel = kernel.float().transpose(0, 1)  # [heads, n_q, d_v]
     values = repeat_kv(record.values[layer].float().unsqueeze(0), record.n_heads // record.n_kv_heads)[0]
+    block = block or record.block_rows()
     worst = 0.0
     for start in range(0, record.n_q, block):
         end = min(record.n_q, start + block)
         ours = record.layer_weights(layer, start, end) @ values  # [heads, rows, d_v]
-        worst = max(worst, (ours - model[:, start:end]).abs().max().item())
+        worst = max(worst, (ours - kernel[:, start:end]).abs().max().item())
     return worst
 
 
-def replay_difference(record: AttentionRecord, progress=None) -> float:
+def replay_tolerance(record: AttentionRecord) -> float:
+    """What the replay check accepts: 16 units of rounding of the model's dtype, times the largest value of V.
+    fp32: about 2e-6 x max|V| (a 5% error in a scale, or a wrong mask, is far above it); bf16: 0.125 x max|V|."""
+    largest = max(float(record.values[layer].abs().max()) for layer in range(record.n_layers))
+    return 16 * torch.finfo(record.values.dtype).eps * max(largest, 1e-6)
+
+
+def replay_difference(record: AttentionRecord, progress=None, model: torch.nn.Module | None = None) -> float:
     """Max |attnviz's attention output - the model's| over every layer: the weights attnviz shows, times V, are
-    what the model's own kernel computed. ``progress(layer, n_layers)`` is called before each layer."""
+    what the model's own kernel computed. ``progress(layer, n_layers)`` is called before each layer; ``model``
+    is the loaded model, should the copy the capture came from have been unloaded."""
     worst = 0.0
     for layer in range(record.n_layers):
         if progress:
             progress(layer, record.n_layers)
-        worst = max(worst, layer_output_difference(record, layer))
+        worst = max(worst, layer_output_difference(record, layer, model=model))
     return worst
 
 

@@ -189,6 +189,12 @@ def _check_size_before_loading(config, folder: Path) -> None:
             skeleton = AutoModel.from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
+    if not _capturable(skeleton):
+        raise CheckpointRefused(
+            f"attnviz cannot observe the attention of {type(skeleton).__name__}: {config.model_type} models do not "
+            "route attention through transformers' attention interface (BLOOM and Falcon add ALiBi inside their "
+            "own attention code), so their queries and keys cannot be recorded"
+        )
     described = sum(p.numel() for p in skeleton.parameters())
     if described > MAX_PARAMETERS:
         raise CheckpointRefused(
@@ -307,11 +313,25 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
         d_model=int(getattr(config, "hidden_size", 0) or 0),
-        max_positions=int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512),
+        max_positions=_max_positions(config),
         n_parameters=sum(p.numel() for p in model.parameters()),
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         placement=_placement_text(model),
     )
+
+
+# Types whose position ids start after the padding index (fairseq's convention): positions padding_idx + 1 on.
+OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "roberta-prelayernorm",
+                         "xmod", "ibert", "markuplm"}
+
+
+def _max_positions(config) -> int:
+    """How many tokens the model reads. RoBERTa-like models spend ``pad_token_id + 1`` rows of their position
+    table before the first token (roberta-base: 514 rows, 512 tokens)."""
+    rows = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
+    if config.model_type in OFFSET_POSITION_TYPES:
+        rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    return rows
 
 
 def load_default_model() -> ModelBundle:

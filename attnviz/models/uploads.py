@@ -68,15 +68,26 @@ def prepare_zip(data, filename: str = "model.zip") -> tuple[Path, bool, list[str
     return folder, True, notes
 
 
-def prepare_single_files(files: list[tuple[str, bytes]]) -> tuple[Path, bool, list[str]]:
-    """A ``.safetensors`` file with its ``config.json`` (and optional tokenizer files), uploaded together."""
+def _size_of(data) -> int:
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    data.seek(0, io.SEEK_END)
+    size = data.tell()
+    data.seek(0)
+    return size
+
+
+def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, list[str]]:
+    """``.safetensors`` files (one, or the shards with their index) with ``config.json`` (and optional tokenizer
+    files), uploaded together; each file as bytes or a binary file object, copied to disk without a second copy
+    in memory."""
     names = [Path(name).name for name, _ in files]
     if "config.json" not in names:
         raise CheckpointRefused("config.json is missing: upload it together with the .safetensors file")
     weights = [n for n in names if n.lower().endswith(".safetensors")]
     if not weights:
         raise CheckpointRefused("no .safetensors file among the uploaded files")
-    _check_size(sum(len(data) for _, data in files), "the upload")
+    _check_size(sum(_size_of(data) for _, data in files), "the upload")
     workspace = _workspace()
     folder = workspace / _model_name(weights[0])
     folder.mkdir()
@@ -88,7 +99,11 @@ def prepare_single_files(files: list[tuple[str, bytes]]) -> tuple[Path, bool, li
             notes.append(f"Skipped {base}: not a file type a checkpoint needs (pickles and code are never loaded).")
             continue
         target = folder / ("model.safetensors" if suffix == ".safetensors" and len(weights) == 1 else base)
-        target.write_bytes(data)
+        with open(target, "wb") as out:
+            if isinstance(data, (bytes, bytearray)):
+                out.write(data)
+            else:
+                shutil.copyfileobj(data, out, length=1024 * 1024)
     return folder, True, notes
 
 

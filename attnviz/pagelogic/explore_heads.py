@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz import analysis, mask_patterns
-from attnviz.models.capture import DENSE_LIMIT, REPLAY_BLOCK, AttentionRecord, Capture
+from attnviz.models.capture import AttentionRecord, Capture
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid
 from attnviz.viz.matrix import matrix_heatmap
@@ -74,10 +74,9 @@ def positions(capture: Capture, record: AttentionRecord, options: ViewOptions) -
         query_positions = analysis.segment_indices(capture.segments, source)
         key_positions = analysis.segment_indices(capture.segments, target)
     if options.hide_special:
-        if record.query_tokens is capture.tokens:
-            query_positions = [i for i in query_positions if not capture.special[i]]
-        if record.key_tokens is capture.tokens:
-            key_positions = [j for j in key_positions if not capture.special[j]]
+        query_special, key_special = capture.special_of(record.query_tokens), capture.special_of(record.key_tokens)
+        query_positions = [i for i in query_positions if not query_special[i]]
+        key_positions = [j for j in key_positions if not key_special[j]]
     if not query_positions or not key_positions:
         raise ValueError("the filters leave no tokens: show special tokens, or choose another A/B block")
     return query_positions, key_positions
@@ -114,7 +113,8 @@ class Matrix:
     row_labels: list[str]
     col_labels: list[str]
     pooled_from: tuple[int, int] | None = None  # (kept queries, kept keys) when cells are pooled
-    window: tuple[int, int, int, int] | None = None  # zoom: first kept query, first kept key, rows, cols
+    window: tuple[int, int, int, int] | None = None  # zoom: first query position, first key position, rows, cols
+    empty: bool = False  # no kept query gives any weight to a kept key (e.g. A -> B in a causal model)
 
 
 def _on_scale(weights: torch.Tensor, scale: str) -> torch.Tensor:
@@ -125,17 +125,22 @@ def _on_scale(weights: torch.Tensor, scale: str) -> torch.Tensor:
 
 
 def _finish(values: torch.Tensor, scale: str) -> torch.Tensor:
-    return torch.log10(values.clamp_min(1e-12)) if scale == "log" else values
+    """On the log scale a zero weight (a masked key) has no logarithm: it is left out (drawn grey), so the colour
+    range spans the weights that exist."""
+    if scale != "log":
+        return values
+    return torch.where(values > 0, torch.log10(values.clamp_min(1e-30)), torch.full_like(values, float("nan")))
 
 
 def _stream_rows(record: AttentionRecord, layer: int, heads: list[int], query_positions: list[int],
-                 key_positions: list[int], renormalise: bool, scale: str, block: int = REPLAY_BLOCK):
+                 key_positions: list[int], renormalise: bool, scale: str, block: int | None = None):
     """Yield ``(ranks, weights)``: the kept query rows block by block, ``[len(heads), rows, len(keys)]``, with
     each row's rank among the kept queries; filtered, renormalised and row-scaled as the view asks."""
     keep_rows = torch.zeros(record.n_q, dtype=torch.bool)
     keep_rows[query_positions] = True
     rank = torch.cumsum(keep_rows.long(), 0) - 1
     keys = torch.tensor(key_positions)
+    block = block or record.block_rows()
     for start in range(0, record.n_q, block):
         end = min(record.n_q, start + block)
         rows = keep_rows[start:end].nonzero().flatten()
@@ -157,32 +162,60 @@ def head_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
     pooled = n_rows > POOL_LIMIT or n_cols > POOL_LIMIT
     row_cells, col_cells = analysis.bins(n_rows, POOL_LIMIT), analysis.bins(n_cols, POOL_LIMIT)
     pooler = analysis.Pooler((), int(row_cells[-1]) + 1, col_cells, options.pooling if pooled else "mean")
+    total = 0.0
     for ranks, weights in _stream_rows(record, options.layer, heads, query_positions, key_positions, renormalise,
                                        options.scale):
         pooler.add(weights.mean(0), row_cells[ranks])  # the mean over heads (one head: itself)
+        total += float(weights.sum())
     values = _finish(pooler.result(), options.scale)
     if not pooled:
-        return Matrix(values, _labels(record.query_tokens, query_positions), _labels(record.key_tokens, key_positions))
+        return Matrix(values, _labels(record.query_tokens, query_positions), _labels(record.key_tokens, key_positions),
+                      empty=total == 0)
     return Matrix(values, _range_labels(record.query_tokens, query_positions, n_rows),
-                  _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols))
+                  _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols),
+                  empty=total == 0)
+
+
+def _window(kept: list[int], start_position: int, size: int) -> tuple[int, int]:
+    """The zoom window among the kept tokens, ``(first rank, end rank)``: it starts at the first kept token at or
+    after ``start_position`` and is shifted back near the end, so it always holds ``size`` tokens (or all)."""
+    first = next((rank for rank, position in enumerate(kept) if position >= start_position), len(kept) - 1)
+    first = max(0, min(first, len(kept) - size))
+    return first, min(len(kept), first + size)
 
 
 def zoom_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions, heads: list[int]) -> Matrix:
-    """A window of ``options.zoom_size`` kept queries x keys at full resolution, exact values."""
+    """A window of ``options.zoom_size`` kept queries x keys from token positions ``zoom_query`` and
+    ``zoom_key`` (shifted back at the end), at full resolution: exact values."""
     query_positions, key_positions = positions(capture, record, options)
     renormalise = options.renormalise and (options.hide_special or options.block != "all")
-    q0 = max(0, min(options.zoom_query, len(query_positions) - 1))
-    k0 = max(0, min(options.zoom_key, len(key_positions) - 1))
-    rows = query_positions[q0 : q0 + options.zoom_size]
-    all_keys = key_positions
-    cols = slice(k0, k0 + options.zoom_size)
+    q0, q1 = _window(query_positions, options.zoom_query, options.zoom_size)
+    k0, k1 = _window(key_positions, options.zoom_key, options.zoom_size)
+    rows = query_positions[q0:q1]
     parts = []
-    for _, weights in _stream_rows(record, options.layer, heads, rows, all_keys, renormalise, options.scale):
-        parts.append(weights.mean(0)[:, cols])
+    for _, weights in _stream_rows(record, options.layer, heads, rows, key_positions, renormalise, options.scale):
+        parts.append(weights.mean(0)[:, k0:k1])
     values = _finish(torch.cat(parts), options.scale)
-    window_keys = all_keys[cols]
+    window_keys = key_positions[k0:k1]
     return Matrix(values, _labels(record.query_tokens, rows), _labels(record.key_tokens, window_keys),
-                  window=(q0, k0, len(rows), len(window_keys)))
+                  window=(rows[0], window_keys[0], len(rows), len(window_keys)))
+
+
+def dense_matrix(values: torch.Tensor, query_tokens: list[str], key_tokens: list[str],
+                 query_positions: list[int] | None = None, key_positions: list[int] | None = None,
+                 how: str = "mean") -> Matrix:
+    """A matrix already in memory (rollout, what-if, compare), drawn like the head view: as it is up to POOL_LIMIT
+    a side, else pooled (signed values by mean, so + and - do not cancel into the max)."""
+    query_positions = list(range(values.shape[0])) if query_positions is None else query_positions
+    key_positions = list(range(values.shape[1])) if key_positions is None else key_positions
+    n_rows, n_cols = values.shape
+    if n_rows <= POOL_LIMIT and n_cols <= POOL_LIMIT:
+        return Matrix(values, _labels(query_tokens, query_positions), _labels(key_tokens, key_positions))
+    row_cells, col_cells = analysis.bins(n_rows, POOL_LIMIT), analysis.bins(n_cols, POOL_LIMIT)
+    pooler = analysis.Pooler((), int(row_cells[-1]) + 1, col_cells, how)
+    pooler.add(values.float(), row_cells)
+    return Matrix(pooler.result(), _range_labels(query_tokens, query_positions, n_rows),
+                  _range_labels(key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols))
 
 
 def _labels(tokens: list[str], kept: list[int]) -> list[str]:
@@ -199,6 +232,13 @@ def _range_labels(tokens: list[str], kept: list[int], n: int) -> list[str]:
     return labels
 
 
+def _pooled_title(base: str, matrix: Matrix, how: str = "max") -> str:
+    if not matrix.pooled_from:
+        return base
+    rows, cols = matrix.pooled_from
+    return f"{base}<br><sup>{rows:,} x {cols:,} pooled to {len(matrix.row_labels)} x {len(matrix.col_labels)}</sup>"
+
+
 def matrix_title(base: str, matrix: Matrix, options: ViewOptions) -> str:
     parts = [base]
     if matrix.pooled_from:
@@ -207,7 +247,7 @@ def matrix_title(base: str, matrix: Matrix, options: ViewOptions) -> str:
                      f"{options.pooling}")
     if matrix.window:
         q0, k0, n_rows, n_cols = matrix.window
-        parts.append(f"zoom: {n_rows} queries from #{q0}, {n_cols} keys from #{k0}")
+        parts.append(f"zoom: {n_rows} queries from position {q0}, {n_cols} keys from position {k0}")
     if options.scale != "fixed":
         parts.append(f"colour: {SCALES[options.scale]}")
     return parts[0] + ("<br><sup>" + "; ".join(parts[1:]) + "</sup>" if len(parts) > 1 else "")
@@ -219,14 +259,17 @@ def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None =
                           show_values=matrix.pooled_from is None)
 
 
-def _mark_zoom(figure: go.Figure, matrix: Matrix, options: ViewOptions) -> None:
+def _mark_zoom(figure: go.Figure, capture: Capture, record: AttentionRecord, matrix: Matrix,
+               options: ViewOptions) -> None:
     """Outline, on a pooled heatmap, the cells the zoom window covers."""
     rows, cols = matrix.pooled_from
+    query_positions, key_positions = positions(capture, record, options)
     row_cells, col_cells = analysis.bins(rows, POOL_LIMIT), analysis.bins(cols, POOL_LIMIT)
-    q0, k0 = min(options.zoom_query, rows - 1), min(options.zoom_key, cols - 1)
-    q1, k1 = min(rows, q0 + options.zoom_size) - 1, min(cols, k0 + options.zoom_size) - 1
-    figure.add_shape(type="rect", xref="x", yref="y", x0=int(col_cells[k0]) - 0.5, x1=int(col_cells[k1]) + 0.5,
-                     y0=int(row_cells[q0]) - 0.5, y1=int(row_cells[q1]) + 0.5, line=dict(color="#ff7f0e", width=2))
+    q0, q1 = _window(query_positions, options.zoom_query, options.zoom_size)
+    k0, k1 = _window(key_positions, options.zoom_key, options.zoom_size)
+    figure.add_shape(type="rect", xref="x", yref="y", x0=int(col_cells[k0]) - 0.5, x1=int(col_cells[k1 - 1]) + 0.5,
+                     y0=int(row_cells[q0]) - 0.5, y1=int(row_cells[q1 - 1]) + 0.5,
+                     line=dict(color="#ff7f0e", width=2))
 
 
 def _views_heads(record: AttentionRecord, options: ViewOptions) -> tuple[list[int], str]:
@@ -250,8 +293,11 @@ def _head_view(capture: Capture, record: AttentionRecord, options: ViewOptions, 
     base = f"Layer {options.layer}, head {options.head}: {kind_name}{note}"
     figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
     if matrix.pooled_from:
-        _mark_zoom(figure, matrix, options)
+        _mark_zoom(figure, capture, record, matrix, options)
     caption = "Each row is one query token's attention over the keys; hover a cell for its query, key and weight."
+    if matrix.empty:
+        caption = ("Every weight here is 0: these queries give no attention to these keys (in a causal model, "
+                   "sentence A comes first and cannot see sentence B), so there is nothing to renormalise.")
     if matrix.pooled_from:
         caption += (f" Each cell is the {options.pooling} of a block of weights: zoom below for exact values of "
                     "any window.")
@@ -269,8 +315,9 @@ def grid_thumbnails(record: AttentionRecord, progress=None) -> torch.Tensor:
         if progress:
             progress(layer, record.n_layers)
         pooler = analysis.Pooler((record.n_heads,), int(row_cells[-1]) + 1, col_cells, "mean")
-        for start in range(0, record.n_q, REPLAY_BLOCK):
-            end = min(record.n_q, start + REPLAY_BLOCK)
+        block = record.block_rows()
+        for start in range(0, record.n_q, block):
+            end = min(record.n_q, start + block)
             pooler.add(record.layer_weights(layer, start, end), row_cells[start:end])
         layers.append(pooler.result())
     record.memo["thumbnails"] = torch.stack(layers)
@@ -295,7 +342,7 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
     if len(query_positions) <= LINES_TOKEN_LIMIT:
         drawn = query_positions  # every query listed; lines for the followed ones (or all)
     elif followed:
-        drawn = followed
+        drawn = followed[:LINES_TOKEN_LIMIT]
     else:
         drawn = query_positions[:LINES_TOKEN_LIMIT]
         cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
@@ -326,7 +373,7 @@ def _average_view(capture: Capture, record: AttentionRecord, options: ViewOption
     base = f"Layer {options.layer}: average of {record.n_heads} heads{note}"
     figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
     if matrix.pooled_from:
-        _mark_zoom(figure, matrix, options)
+        _mark_zoom(figure, capture, record, matrix, options)
     return figure, "The mean over heads hides what single heads do: compare with the grid."
 
 
@@ -335,11 +382,13 @@ def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOption
         raise ValueError("rollout needs square self-attention; choose another attention kind")
     record.check_dense()  # rollout multiplies whole N x N matrices through the layers
     rolled = analysis.attention_rollout(record.weights)[options.layer]
-    weights, q_labels, k_labels, _, _ = filtered(rolled, capture, record, options)
-    figure = matrix_heatmap(
-        weights, q_labels, k_labels, title=f"Attention rollout through layers 0..{options.layer}{note}",
-        height=_square_height(len(q_labels)),
-    )
+    weights, _, _, query_positions, key_positions = filtered(rolled, capture, record, options)
+    matrix = dense_matrix(weights, record.query_tokens, record.key_tokens, query_positions, key_positions,
+                          options.pooling)
+    matrix = Matrix(_finish(_on_scale(matrix.values, options.scale), options.scale), matrix.row_labels,
+                    matrix.col_labels, matrix.pooled_from)
+    base = f"Attention rollout through layers 0..{options.layer}{note}"
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
     return figure, (
         "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
         "residual identity, through the layers: how much each input token reaches each position."
@@ -378,14 +427,15 @@ def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame
     if record.n_q != record.n_k:
         raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
     tokens = record.key_tokens
-    special = capture.special if tokens is capture.tokens else [False] * len(tokens)
+    special = capture.special_of(tokens)
     rows = []
     for layer in range(record.n_layers):
         if progress:
             progress(layer, record.n_layers)
         accumulator = analysis.StatisticsAccumulator(record.n_heads, tokens, special)
-        for start in range(0, record.n_q, REPLAY_BLOCK):
-            accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + REPLAY_BLOCK)))
+        block = record.block_rows()
+        for start in range(0, record.n_q, block):
+            accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + block)))
         rows += accumulator.result(layer)
     frame = pd.DataFrame([dataclasses.asdict(row) for row in rows]).rename(columns=STATISTICS_COLUMNS)
     return frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
@@ -412,22 +462,20 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
     figures = []
     for name, capture in (("A", first), ("B", second)):
         record = capture.records[kind]
-        figures.append(
-            matrix_heatmap(
-                record.weights[layer, head], style.token_labels(record.query_tokens),
-                style.token_labels(record.key_tokens),
-                title=f"Text {name}: layer {layer}, head {head}", height=_square_height(len(record.query_tokens)),
-            )
-        )
+        matrix = dense_matrix(record.head_weights(layer, head), record.query_tokens, record.key_tokens, how="max")
+        figures.append(weights_heatmap(matrix, _pooled_title(f"Text {name}: layer {layer}, head {head}", matrix),
+                                       "fixed"))
     a, b = first.records[kind], second.records[kind]
-    if a.weights.shape[-2:] == b.weights.shape[-2:]:
-        difference = b.weights[layer, head] - a.weights[layer, head]
-        labels_q = style.token_labels([_both(x, y) for x, y in zip(a.query_tokens, b.query_tokens, strict=True)])
-        labels_k = style.token_labels([_both(x, y) for x, y in zip(a.key_tokens, b.key_tokens, strict=True)])
+    if (a.n_q, a.n_k) == (b.n_q, b.n_k):
+        difference = b.head_weights(layer, head) - a.head_weights(layer, head)
+        both_q = [_both(x, y) for x, y in zip(a.query_tokens, b.query_tokens, strict=True)]
+        both_k = [_both(x, y) for x, y in zip(a.key_tokens, b.key_tokens, strict=True)]
+        matrix = dense_matrix(difference, both_q, both_k, how="mean")
         figures.append(
             matrix_heatmap(
-                difference, labels_q, labels_k, title="Difference B − A (positions line up)", kind="signed",
-                height=_square_height(len(labels_q)),
+                matrix.values, matrix.row_labels, matrix.col_labels, kind="signed",
+                title=_pooled_title("Difference B − A (positions line up)", matrix),
+                height=_square_height(len(matrix.row_labels)), show_values=matrix.pooled_from is None,
             )
         )
         return figures, "Red: B attends more than A; blue: less. Tokens that differ are shown as 'A / B'."
@@ -527,7 +575,7 @@ def capture_npz(capture: Capture) -> bytes:
     and ``{kind}_weights`` (every layer and head) for inputs of at most DENSE_LIMIT tokens."""
     arrays = {"tokens": np.array(capture.tokens, dtype=object).astype(str)}
     for kind, record in capture.records.items():
-        if max(record.n_q, record.n_k) <= DENSE_LIMIT:
+        if record.dense_ok:
             arrays[f"{kind}_weights"] = record.weights.numpy()
         for name in ("queries", "keys", "values"):
             arrays[f"{kind}_{name}"] = getattr(record, name).float().numpy()
