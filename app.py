@@ -14,6 +14,7 @@ from attnviz.ui import (  # noqa: E402
     apply_presentation_mode,
     install_svg_downloads,
     registered_models,
+    start_janitor,
 )
 
 st.set_page_config(
@@ -32,6 +33,7 @@ pages = [
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)
+start_janitor()  # uploads are deleted soon after their session ends
 
 pending = st.session_state.pop("pending_model", None)  # set by the Checkpoints page (upload or removal)
 if pending in registered_models():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import weakref
 from pathlib import Path
 
 import streamlit as st
@@ -178,6 +179,57 @@ def model_dtype(name: str) -> str:
     return st.session_state.get("model_dtypes", {}).get(name, "stored")
 
 
+def _remove_folders(folders: set[str]) -> None:
+    for folder in list(folders):
+        parent = Path(folder).parent
+        shutil.rmtree(parent if parent.name.startswith("attnviz-upload-") else folder, ignore_errors=True)
+    folders.clear()
+
+
+class SessionUploads:
+    """The upload folders of one browser session, kept in its session state. When Streamlit lets the session go
+    (its tab closed, and ``server.disconnectedSessionTTL`` passed), this object is collected and the folders are
+    deleted with it: uploads never outlive their session, and no other session ever sees their paths."""
+
+    def __init__(self):
+        self.folders: set[str] = set()
+        weakref.finalize(self, _remove_folders, self.folders)  # holds the set, not the object
+
+    def remove(self, folder: str) -> None:
+        self.folders.discard(folder)
+        _remove_folders({folder})
+
+
+def session_uploads() -> SessionUploads:
+    if "uploads" not in st.session_state:
+        st.session_state["uploads"] = SessionUploads()
+    return st.session_state["uploads"]
+
+
+_JANITOR = {"started": False}
+
+
+def start_janitor(every: float | None = None) -> None:
+    """Once per process: collect released sessions' garbage now and then, so their uploads are deleted soon
+    after Streamlit drops them rather than whenever Python's collector next runs a full pass."""
+    if _JANITOR["started"]:
+        return
+    _JANITOR["started"] = True
+    import gc
+    import os
+    import threading
+    import time
+
+    interval = every or float(os.environ.get("ATTNVIZ_JANITOR_SECONDS", "30"))
+
+    def sweep():
+        while True:
+            time.sleep(interval)
+            gc.collect()
+
+    threading.Thread(target=sweep, name="attnviz-janitor", daemon=True).start()
+
+
 def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored") -> str:
     """Add a loaded model folder under a unique name; ``owned`` folders (uploads) are deleted on removal."""
     models = registered_models()
@@ -188,9 +240,8 @@ def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored
         unique, number = f"{name} ({number})", number + 1
     models[unique] = str(folder)
     st.session_state.setdefault("model_dtypes", {})[unique] = dtype
-    st.session_state.setdefault("owned_folders", set())
     if owned:
-        st.session_state["owned_folders"].add(str(folder))
+        session_uploads().folders.add(str(folder))
     return unique
 
 
@@ -199,11 +250,10 @@ def remove_model(name: str) -> None:
     if name == DEFAULT_MODEL_NAME or name not in models:
         return
     folder = models.pop(name)
-    if folder in st.session_state.get("owned_folders", set()):
-        st.session_state["owned_folders"].discard(folder)
+    uploads = session_uploads()
+    if folder in uploads.folders:
         load_bundle.clear(folder, name, model_dtype(name))
-        parent = Path(folder).parent
-        shutil.rmtree(parent if parent.name.startswith("attnviz-upload-") else folder, ignore_errors=True)
+        uploads.remove(folder)
     if name in (st.session_state.get("model"), st.session_state.get("pending_model")):
         # The sidebar's model widget already exists in this run: app.py applies the change at the next run.
         st.session_state["pending_model"] = DEFAULT_MODEL_NAME

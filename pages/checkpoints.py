@@ -8,7 +8,7 @@ import streamlit as st
 from attnviz.models import safety, support
 from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
-from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
+from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui import (
     load_bundle,
     model_dtype,
@@ -62,16 +62,27 @@ def add_model(prepare, *args) -> None:
         registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name
             load_bundle.clear(str(folder), name, dtype)
-    except safety.CheckpointRefused as problem:
+    except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing behind
         if folder is not None and owned:
             shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary workspace of this upload
-        st.error(f"Not loaded: {problem}.", icon=":material/block:")
+        first_line = str(problem).splitlines()[0][:200] if str(problem).strip() else ""
+        reason = problem if isinstance(problem, safety.CheckpointRefused) else (
+            f"it could not be read ({type(problem).__name__}: {first_line})")
+        st.error(f"Not loaded: {reason}.", icon=":material/block:")
         return
     # The sidebar's model widget already exists in this run: hand the new choice to the next run.
     st.session_state["pending_model"] = registered
     st.session_state["ckpt_messages"] = [f"Loaded **{registered}**: {bundle.describe()}. It is now the current model."]
     st.session_state["ckpt_messages"] += notes + ([bundle.tokenizer_note] if bundle.tokenizer_note else [])
+    if bundle.nonfinite:
+        st.session_state["ckpt_messages"].append(nonfinite_warning(bundle))
     st.rerun()
+
+
+def nonfinite_warning(bundle) -> str:
+    names = ", ".join(f"`{name}`" for name in bundle.nonfinite[:3]) + (" …" if len(bundle.nonfinite) > 3 else "")
+    return (f":material/warning: {len(bundle.nonfinite)} weight tensor(s) hold NaN or infinity ({names}): the model "
+            "loaded, but its outputs and attention may be NaN.")
 
 
 def messages() -> None:
@@ -109,9 +120,12 @@ def add_forms() -> None:
             st.info("Loading folders from the server's disk is switched off on this deployment "
                     "(ATTNVIZ_SERVER_FOLDERS=0).")
         else:
+            root = model_root()
             st.caption(
                 "A model folder on the machine that runs this app (for example a local `save_pretrained` output). "
-                "On a shared deployment, switch this off with ATTNVIZ_SERVER_FOLDERS=0."
+                + (f"On this server, folders are read from inside {root}." if root else
+                   "On a shared deployment, set ATTNVIZ_MODEL_ROOT to the folder models may be read from, or switch "
+                   "this off with ATTNVIZ_SERVER_FOLDERS=0.")
             )
             typed = st.text_input("Folder path", key="ckpt_folder", placeholder="/path/to/model")
             if typed and st.button("Load this folder", key="ckpt_folder_load", type="primary"):

@@ -361,6 +361,9 @@ def text_source(bundle) -> tuple[str, int | None]:
 def main() -> None:
     start_page("Explore heads")
     bundle = current_bundle()
+    if bundle.nonfinite:
+        st.warning(f"{len(bundle.nonfinite)} weight tensor(s) of {bundle.name} hold NaN or infinity (for example "
+                   f"`{bundle.nonfinite[0]}`): its attention may be NaN.", icon=":material/warning:")
     if bundle.uses_fallback_tokenizer:
         st.warning(bundle.tokenizer_note, icon=":material/warning:")
         st.radio(

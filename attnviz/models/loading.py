@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -82,6 +82,7 @@ class ModelBundle:
     n_parameters: int
     dtype: str = "float32"  # the weights' dtype as loaded
     placement: str = "CPU"  # where the weights are: "CPU", "GPU (name)", or with "disk offload"
+    nonfinite: list[str] = field(default_factory=list)  # weights holding NaN or infinity (loaded, and warned about)
 
     @property
     def uses_fallback_tokenizer(self) -> bool:
@@ -269,19 +270,30 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
 
 
 def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
-    """The folder's own tokenizer, or a marked stand-in when it has none: ``(tokenizer, note for the page)``."""
+    """The folder's own tokenizer, or a marked stand-in when it has none or it cannot be read:
+    ``(tokenizer, note for the page)``."""
     from transformers import AutoTokenizer
 
-    if any((folder / name).is_file() for name in TOKENIZER_FILES):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-            if len(tokenizer) > 0:
-                return tokenizer, None
-        except Exception:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
-            pass
+    from attnviz.models.safety import MAX_TOKENIZER_BYTES
+
+    present = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    problem = "This checkpoint has no tokenizer files"
+    if present:
+        too_big = [path.name for path in present if path.stat().st_size > MAX_TOKENIZER_BYTES]
+        if too_big:
+            problem = (f"Its tokenizer file {too_big[0]} is larger than {MAX_TOKENIZER_BYTES // 1024**2} MB, so it "
+                       "was not read")
+        else:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+                if len(tokenizer) > 0:
+                    return tokenizer, None
+                problem = "Its tokenizer files hold no vocabulary"
+            except Exception as failure:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
+                problem = f"Its tokenizer files could not be read ({_first_line(failure, 120)})"
     note = (
-        "This checkpoint has no tokenizer files, so words are split on whitespace and mapped to arbitrary ids. "
-        "The attention shows the model's mechanics, not what it learned about these words."
+        f"{problem}, so words are split on whitespace and mapped to arbitrary ids. The attention shows the model's "
+        "mechanics, not what it learned about these words."
     )
     return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
 
@@ -317,6 +329,7 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         n_parameters=sum(p.numel() for p in model.parameters()),
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         placement=_placement_text(model),
+        nonfinite=nonfinite_weights(model),
     )
 
 
@@ -332,6 +345,12 @@ def _max_positions(config) -> int:
     if config.model_type in OFFSET_POSITION_TYPES:
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return rows
+
+
+def nonfinite_weights(model: torch.nn.Module) -> list[str]:
+    """Names of the weights that hold NaN or infinity (offloaded weights are not on hand and are not read)."""
+    return [name for name, parameter in model.named_parameters()
+            if parameter.device.type != "meta" and not bool(torch.isfinite(parameter).all())]
 
 
 def load_default_model() -> ModelBundle:

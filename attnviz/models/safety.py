@@ -28,7 +28,11 @@ MAX_EXTRACTED_BYTES = 2 * MAX_UPLOAD_BYTES  # safetensors hardly compress: a zip
 MAX_MEMBERS = 200
 MAX_CONFIG_BYTES = 1024**2
 
+MAX_NAME_BYTES = 255  # a file name longer than this cannot be created on common file systems
+MAX_TOKENIZER_BYTES = 64 * 1024**2  # a tokenizer file larger than this is not read (a large real one is ~20 MB)
+
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy"}
+ARCHIVE_SUFFIXES = {".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar"}
 CODE_SUFFIXES = {".py", ".pyc", ".so", ".sh", ".ipynb"}
 ALLOWED_SUFFIXES = {".json", ".safetensors", ".txt", ".model", ".md", ".jinja", ".tiktoken"}
 
@@ -47,6 +51,15 @@ class ExtractionReport:
 def _member_is_link(info: zipfile.ZipInfo) -> bool:
     mode = info.external_attr >> 16
     return stat.S_ISLNK(mode)
+
+
+def name_problem(name: str) -> str | None:
+    """Why a file name cannot be used as it is (control characters, or too long for a file system), or None."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "its name has control characters"
+    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in name.replace("\\", "/").split("/")):
+        return f"its name is longer than {MAX_NAME_BYTES} bytes"
+    return None
 
 
 def _safe_member_path(name: str) -> PurePosixPath:
@@ -89,7 +102,14 @@ def extract_zip(
                 continue
             if any(part.startswith("__MACOSX") for part in path.parts) or path.name.startswith("._"):
                 continue
+            problem = name_problem(info.filename)
+            if problem:
+                report.skipped.append(f"{info.filename.encode('unicode_escape').decode()[:80]} ({problem})")
+                continue
             suffix = path.suffix.lower()
+            if suffix in ARCHIVE_SUFFIXES:
+                report.skipped.append(f"{info.filename} (an archive inside the archive: not opened)")
+                continue
             if suffix in PICKLE_SUFFIXES:
                 report.skipped.append(f"{info.filename} (pickle format: never loaded, it could run code)")
                 continue

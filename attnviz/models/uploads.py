@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -21,7 +22,10 @@ from attnviz.models.safety import (
     CheckpointRefused,
     extract_zip,
     find_model_folder,
+    name_problem,
 )
+
+MODEL_ROOT_VARIABLE = "ATTNVIZ_MODEL_ROOT"  # folders typed on the Checkpoints page must lie inside this one
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -88,31 +92,61 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
     if not weights:
         raise CheckpointRefused("no .safetensors file among the uploaded files")
     _check_size(sum(_size_of(data) for _, data in files), "the upload")
+    for base in names:  # never a path from the browser: base names only, checked before anything is written
+        problem = name_problem(base)
+        if problem:
+            raise CheckpointRefused(f"a file cannot be used: {problem} ({base.encode('unicode_escape').decode()[:60]})")
     workspace = _workspace()
-    folder = workspace / _model_name(weights[0])
-    folder.mkdir()
+    try:
+        folder = workspace / _model_name(weights[0])
+        folder.mkdir()
+        notes = _write_files(files, folder, single_weights=len(weights) == 1)
+    except BaseException:
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise
+    return folder, True, notes
+
+
+def _write_files(files: list[tuple[str, object]], folder: Path, *, single_weights: bool) -> list[str]:
     notes = []
     for name, data in files:
-        base = Path(name).name  # never a path from the browser
+        base = Path(name).name
         suffix = Path(base).suffix.lower()
         if suffix in PICKLE_SUFFIXES or suffix in CODE_SUFFIXES or suffix not in ALLOWED_SUFFIXES:
             notes.append(f"Skipped {base}: not a file type a checkpoint needs (pickles and code are never loaded).")
             continue
-        target = folder / ("model.safetensors" if suffix == ".safetensors" and len(weights) == 1 else base)
+        target = folder / ("model.safetensors" if suffix == ".safetensors" and single_weights else base)
         with open(target, "wb") as out:
             if isinstance(data, (bytes, bytearray)):
                 out.write(data)
             else:
                 shutil.copyfileobj(data, out, length=1024 * 1024)
-    return folder, True, notes
+    return notes
 
 
-def prepare_folder_path(typed: str) -> tuple[Path, bool, list[str]]:
-    """A model folder on the server's disk, used in place (never modified or deleted)."""
+def model_root() -> Path | None:
+    """The folder that typed paths must lie in (``ATTNVIZ_MODEL_ROOT``), or None: any folder (a local user)."""
+    root = os.environ.get(MODEL_ROOT_VARIABLE, "").strip()
+    return Path(root).expanduser().resolve() if root else None
+
+
+def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, bool, list[str]]:
+    """A model folder on the server's disk, used in place (never modified or deleted).
+
+    With a model ``root`` (default :func:`model_root`), the path must resolve, links followed, inside it; a path
+    outside gets one message whether it exists or not, so the form cannot be used to probe the server's disk.
+    """
     text = typed.strip().strip('"').strip("'")
     if not text:
         raise CheckpointRefused("type the path of a model folder")
+    root = model_root() if root is None else root
     folder = Path(text).expanduser()
+    if root is not None:
+        candidate = (root / folder) if not folder.is_absolute() else folder
+        resolved = Path(os.path.realpath(candidate))  # links followed, whether or not the path exists
+        if resolved != root and root not in resolved.parents:
+            raise CheckpointRefused(f"folders are read from {root} on this server; give a path inside it")
+        folder = resolved
     if not folder.exists():
         raise CheckpointRefused(f"{folder} does not exist on this server")
     if not folder.is_dir():

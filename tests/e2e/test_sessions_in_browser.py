@@ -1,0 +1,55 @@
+"""Uploads belong to their session: invisible to another browser, and deleted once the session has ended."""
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import streamlit_server, wait_until_idle
+from tests.tiny_models import make_tiny_checkpoint, zip_folder
+
+pytestmark = pytest.mark.e2e
+
+
+def _upload(page, url, archive):
+    page.goto(url)
+    wait_until_idle(page)
+    page.get_by_role("link", name="Checkpoints").click()
+    wait_until_idle(page)
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(archive))
+    wait_until_idle(page)
+    page.get_by_role("button", name="Load this zip").click()
+    wait_until_idle(page)
+    page.get_by_text("Loaded tiny-gpt2").wait_for(timeout=60_000)
+
+
+def test_an_upload_is_invisible_to_others_and_gone_after_its_session(browser, tmp_path):
+    uploads = tmp_path / "server-tmp"
+    uploads.mkdir()
+    archive = zip_folder(make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2"), tmp_path / "tiny-gpt2.zip")
+    env = {"TMPDIR": str(uploads), "STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL": "1", "ATTNVIZ_JANITOR_SECONDS": "1"}
+    with streamlit_server(env) as url:
+        first = browser.new_context(viewport={"width": 1400, "height": 1800})
+        _upload(first.new_page(), url, archive)
+        assert len(list(uploads.glob("attnviz-upload-*"))) == 1
+
+        second = browser.new_context(viewport={"width": 1400, "height": 1800})
+        other = second.new_page()
+        other.goto(url + "/checkpoints")
+        wait_until_idle(other)
+        assert other.get_by_text("tiny-gpt2").count() == 0  # another session's upload is not listed
+        other.goto(url + "/?model=tiny-gpt2")  # nor reachable by name
+        wait_until_idle(other)
+        assert other.get_by_text("gpt2 decoder").count() == 0
+        second.close()
+
+        first.close()  # the session ends...
+        time.sleep(2)  # ...past server.disconnectedSessionTTL
+        third = browser.new_context()  # another session comes and goes: Streamlit drops expired sessions then
+        page = third.new_page()
+        page.goto(url)
+        wait_until_idle(page)
+        third.close()
+        deadline = time.monotonic() + 60
+        while list(uploads.glob("attnviz-upload-*")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert list(uploads.glob("attnviz-upload-*")) == [], "the ended session's upload is still on disk"
