@@ -1,9 +1,11 @@
 """attnviz: see how transformer attention works. Run with `streamlit run app.py`."""
 
+import time
 from pathlib import Path
 
 from attnviz.runtime import configure_environment, optional_features
 
+run_started = time.perf_counter()
 configure_environment()  # offline, and Triton's interpreter without a GPU: before transformers or triton load
 
 import streamlit as st  # noqa: E402
@@ -13,7 +15,11 @@ from attnviz.ui import (  # noqa: E402
     MAX_SENTENCE_CHARS,
     apply_presentation_mode,
     install_svg_downloads,
+    keep_sidebar_choices,
+    logged_run,
+    note_sidebar_edit,
     registered_models,
+    restore_sidebar_choices,
     start_janitor,
 )
 
@@ -38,11 +44,12 @@ start_janitor()  # uploads are deleted soon after their session ends
 pending = st.session_state.pop("pending_model", None)  # set by the Checkpoints page (upload or removal)
 if pending in registered_models():
     st.session_state["model"] = pending
+restore_sidebar_choices(registered_models(), model_just_set=pending in registered_models())
 
 with st.sidebar:
     models = list(registered_models())
     st.selectbox(
-        "Model", models, key="model", bind="query-params",
+        "Model", models, key="model", bind="query-params", on_change=note_sidebar_edit, args=("model",),
         help="The bundled BERT, or a checkpoint you added on the Checkpoints page.",
     )
     st.text_area(
@@ -52,6 +59,8 @@ with st.sidebar:
         max_chars=MAX_SENTENCE_CHARS,
         height=100,
         bind="query-params",
+        on_change=note_sidebar_edit,
+        args=("sentence",),
         help="The text every page works on. Pages that need few tokens take the first words.",
     )
     st.toggle("Presentation mode", key="presentation_mode", help="Larger text and figures for a projector.")
@@ -64,6 +73,8 @@ with st.sidebar:
                     f":material/block: **{feature.package}** is not installed: {feature.needed_for} is unavailable."
                 )
 
+keep_sidebar_choices()
 apply_presentation_mode(st.session_state.get("presentation_mode", False))
 install_svg_downloads()
-navigation.run()
+with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: for benchmarks and operators
+    navigation.run()

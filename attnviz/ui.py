@@ -206,6 +206,98 @@ def session_uploads() -> SessionUploads:
     return st.session_state["uploads"]
 
 
+@contextlib.contextmanager
+def logged_run(page: str, started: float):
+    """With ``ATTNVIZ_RUN_LOG=<file>``, append one JSON line per script run: the page, how long the whole run
+    took on the server (app.py included, from ``started``, a ``time.perf_counter()``), and how it ended. Nothing
+    about the user (no text, no session id) is written."""
+    import json
+    import os
+    import time
+
+    log = os.environ.get("ATTNVIZ_RUN_LOG")
+    ending = "finished"
+    try:
+        yield
+    except BaseException as stopped:  # st.stop() and reruns end a run by raising
+        ending = type(stopped).__name__
+        raise
+    finally:
+        if log:
+            line = {"page": page, "seconds": time.perf_counter() - started, "ending": ending, "time": time.time()}
+            with open(log, "a") as file:
+                file.write(json.dumps(line) + "\n")
+
+
+def restore_sidebar_choices(valid_models, model_just_set: bool = False) -> None:
+    """Give the sidebar's sentence and model the values this session last showed, unless the user changed them.
+
+    Streamlit keeps a widget's value across a page change only if the browser sends it with the rerun, and the
+    browser sends a value that came from the URL only once it has committed it: click to another page soon after
+    opening a link (seen at once under load: eight sessions on two cores) and the sentence falls back to the
+    default. So the values are saved at the end of every run (:func:`keep_sidebar_choices`) and set again here,
+    before the widgets, unless their ``on_change`` (:func:`note_sidebar_edit`) says the user changed them."""
+    kept = st.session_state.get("kept_sidebar", {})
+    edited = st.session_state.pop("sidebar_edited", set())
+    # Set again when the value is the kept one (so that it wins over the widget's default) or has fallen back to
+    # the default; a value set some other way (a test's session state) is left alone.
+    defaults = {"sentence": DEFAULT_SENTENCE, "model": DEFAULT_MODEL_NAME}
+    for key, default in defaults.items():
+        if key not in kept or key in edited or (key == "model" and (model_just_set or kept[key] not in valid_models)):
+            continue
+        if st.session_state.get(key, default) in (kept[key], default):
+            st.session_state[key] = kept[key]
+
+
+def note_sidebar_edit(key: str) -> None:
+    st.session_state.setdefault("sidebar_edited", set()).add(key)
+
+
+def keep_sidebar_choices() -> None:
+    st.session_state["kept_sidebar"] = {key: st.session_state[key] for key in ("sentence", "model")
+                                        if key in st.session_state}
+
+
+class SharedMeasurements:
+    """Timings measured on this server, shared by every session, and one measurement at a time.
+
+    Many people opening a page that times code on the same CPU would slow each other and distort every figure;
+    with one lock the second waits for the first and reuses its result (for the same inputs), so a class sees the
+    same honest numbers. Holds the ``limit`` most recent results."""
+
+    def __init__(self, limit: int = 32):
+        import collections
+        import threading
+
+        self.limit, self.lock = limit, threading.Lock()
+        self.results: collections.OrderedDict = collections.OrderedDict()  # key -> (value, time measured)
+
+    def get(self, key, measure, again: bool = False, waiting=None):
+        """The stored ``(value, measured_at)`` for ``key``, or ``measure()``'s, timed while no other runs.
+        ``waiting``: a context manager to show while another session's measurement holds the lock."""
+        import contextlib
+        import time
+
+        if not self.lock.acquire(blocking=False):
+            with waiting or contextlib.nullcontext():
+                self.lock.acquire()
+        try:
+            if again or key not in self.results:
+                self.results[key] = (measure(), time.time())
+            self.results.move_to_end(key)
+            while len(self.results) > self.limit:
+                self.results.popitem(last=False)
+            return self.results[key]
+        finally:
+            self.lock.release()
+
+
+@st.cache_resource(max_entries=1)
+def shared_measurements() -> SharedMeasurements:
+    """The process-wide store of the Flash page's timings (32 settings)."""
+    return SharedMeasurements(32)
+
+
 _JANITOR = {"started": False}
 
 
@@ -252,16 +344,37 @@ def remove_model(name: str) -> None:
     folder = models.pop(name)
     uploads = session_uploads()
     if folder in uploads.folders:
-        load_bundle.clear(folder, name, model_dtype(name))
+        forget_loaded(folder, name, model_dtype(name))
         uploads.remove(folder)
     if name in (st.session_state.get("model"), st.session_state.get("pending_model")):
         # The sidebar's model widget already exists in this run: app.py applies the change at the next run.
         st.session_state["pending_model"] = DEFAULT_MODEL_NAME
 
 
-@st.cache_resource(max_entries=4, show_spinner="Loading the model (first time only)…")
-def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
+MAX_LOADED_UPLOADS = 4  # uploaded or server-folder models held in memory, process-wide (least recently used go)
+
+
+@st.cache_resource(max_entries=1, show_spinner="Loading the model (first time only)…")
+def _bundled_model() -> ModelBundle:
+    return load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
+
+
+@st.cache_resource(max_entries=MAX_LOADED_UPLOADS, show_spinner="Loading the model (first time only)…")
+def _added_model(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
     return load_model_dir(folder, name=name, dtype=dtype)
+
+
+def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
+    """A model, loaded once per process. The bundled model has its own slot, so that many sessions' uploads never
+    push it out; the others share :data:`MAX_LOADED_UPLOADS` slots."""
+    if name == DEFAULT_MODEL_NAME and Path(folder) == default_model_dir():
+        return _bundled_model()
+    return _added_model(folder, name, dtype)
+
+
+def forget_loaded(folder: str, name: str, dtype: str) -> None:
+    """Drop a removed model from the process-wide cache (its memory goes with the last session using it)."""
+    _added_model.clear(folder, name, dtype)
 
 
 def current_model_name() -> str:

@@ -10,6 +10,8 @@ from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui import (
+    MAX_UPLOADED_MODELS,
+    forget_loaded,
     load_bundle,
     model_dtype,
     register_model,
@@ -53,6 +55,10 @@ def add_model(prepare, *args) -> None:
     """Prepare a folder, load it (which validates it), register it; show a message either way."""
     folder, owned, notes = None, False, []
     dtype = st.session_state.get("ckpt_dtype", "stored")
+    if len(registered_models()) - 1 >= MAX_UPLOADED_MODELS:  # before anything is extracted or loaded
+        st.error(f"Not loaded: this session already holds {MAX_UPLOADED_MODELS} added models, the most one session "
+                 "may keep on the server. Remove one below first.", icon=":material/block:")
+        return
     try:
         folder, owned, notes = prepare(*args)
         name = folder.name or "uploaded model"
@@ -61,7 +67,7 @@ def add_model(prepare, *args) -> None:
         bundle = load_bundle(str(folder), name, dtype)
         registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name
-            load_bundle.clear(str(folder), name, dtype)
+            forget_loaded(str(folder), name, dtype)
     except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing behind
         if folder is not None and owned:
             shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary workspace of this upload

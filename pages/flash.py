@@ -1,6 +1,7 @@
 """Flash vs naive: the same output without ever holding the N x N matrix, measured live."""
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,7 @@ from attnviz import measure
 from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
-from attnviz.ui import show_figure, start_page, transient_status
+from attnviz.ui import shared_measurements, show_figure, start_page, transient_status
 from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
 from attnviz.viz.charts import line_chart
 from attnviz.viz.matrix import mask_heatmap, matrix_heatmap
@@ -54,23 +55,32 @@ def controls(gpu: bool) -> dict:
 
 
 def measured_rows(case, chosen: dict, gpu: bool) -> list:
-    """The backends' results for these inputs: measured once, and again only when asked (a rerun from another
-    widget, e.g. the tiling's sliders, does not re-measure)."""
+    """The backends' results for these inputs: measured once on this server and shared by every session (one
+    measurement at a time, so that sessions do not slow each other's timings), again only when asked. A rerun from
+    another widget (e.g. the tiling's sliders) does not re-measure."""
     key = (case, tuple(chosen["names"]), chosen["interpreter"])
-    results = st.session_state.setdefault("flash_results", {})
-    if st.session_state.pop("flash_measure_again", False):
-        results.pop(key, None)
-    if key not in results:
-        names = chosen["names"]
-        where = "GPU: " + torch.cuda.get_device_name() if gpu else "CPU"
+    again = st.session_state.pop("flash_measure_again", False)
+    seen = st.session_state.setdefault("flash_results", {})  # this session's settings, newest last (16 at most)
+    names = chosen["names"]
+    where = "GPU: " + torch.cuda.get_device_name() if gpu else "CPU"
+
+    def measure():
         with transient_status(f"Running {len(names)} backends on N = {case.n} ({where})…") as status:
-            results[key] = flash_page.run_contenders(
+            return flash_page.run_contenders(
                 case, names, allow_interpreter=chosen["interpreter"],
                 progress=lambda index, name: status.update(label=f"Running {name} ({index + 1}/{len(names)})…"),
             )
-        while len(results) > 16:  # a bounded memory of past settings
-            results.pop(next(iter(results)))
-    return results[key]
+
+    rows, measured_at = shared_measurements().get(
+        key, measure, again=again, waiting=transient_status("Waiting for another session's measurement to finish…"))
+    seen.pop(key, None)
+    seen[key] = measured_at
+    while len(seen) > 16:  # a bounded memory of past settings
+        seen.pop(next(iter(seen)))
+    st.caption(f"Measured on this server at {time.strftime('%H:%M:%S', time.localtime(measured_at))}, one "
+               "measurement at a time; every session with these settings sees the same run. **Measure again** for a "
+               "fresh one.")
+    return rows
 
 
 def results_section(case, chosen: dict, gpu: bool) -> None:

@@ -13,3 +13,17 @@ def test_explore_benchmark_runs_and_writes_json(tmp_path, capsys):
     assert set(report["results"][0]["figure_bytes"]) == {"head", "grid", "lines", "average", "rollout"}
     printed = capsys.readouterr().out
     assert "32-token warm path" in printed and "JSON written" in printed
+
+
+def test_pages_benchmark_runs_the_real_pages_and_names_the_slow_parts(tmp_path, capsys):
+    out = tmp_path / "pages.json"
+    assert main(["pages", "--repeats", "1", "--only", "Positional", "Checkpoints", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {row["page"]: row for row in report["results"]}
+    assert set(rows) == {"Positional encodings", "Checkpoints"}
+    positional = rows["Positional encodings"]
+    assert positional["widget"] == "pos_sin_k" and positional["widget_change_s"] > 0
+    shares = [share for _, share in positional["slowest_parts"]]
+    assert shares and all(0 < share <= 1 for share in shares) and shares == sorted(shares, reverse=True)
+    printed = capsys.readouterr().out
+    assert "Slowest warm rerun:" in printed and "Positional encodings" in printed

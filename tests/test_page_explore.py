@@ -230,3 +230,35 @@ def test_load_a_folder_from_the_server_and_switch_it_off(tmp_path, monkeypatch):
     at = open_page(CHECKPOINTS)
     assert any("switched off" in i.value for i in at.info)
     assert not [w for w in at.text_input if w.key == "ckpt_folder"]
+
+
+def test_a_second_checkpoint_with_the_same_name_gets_its_own(tmp_path):
+    data = zip_folder(make_tiny_checkpoint("gpt2", tmp_path / "a" / "tiny-gpt2"), tmp_path / "a.zip").read_bytes()
+    other = zip_folder(make_tiny_checkpoint("gpt2", tmp_path / "b" / "tiny-gpt2", seed=3), tmp_path / "b.zip")
+    at = open_page(CHECKPOINTS)
+    at.file_uploader(key="ckpt_zip").set_value(("tiny-gpt2.zip", data, "application/zip")).run()
+    at.button(key="ckpt_zip_load").click().run()
+    at.file_uploader(key="ckpt_zip").set_value(("tiny-gpt2.zip", other.read_bytes(), "application/zip")).run()
+    at.button(key="ckpt_zip_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    names = [name for name in at.session_state["models"] if name.startswith("tiny-gpt2")]
+    assert len(names) == 2 and at.session_state["models"][names[0]] != at.session_state["models"][names[1]]
+    assert at.session_state["pending_model"] == names[1]  # the second one becomes current, under its own name
+
+
+def test_one_session_holds_at_most_four_uploads(tmp_path):
+    from attnviz.ui import MAX_UPLOADED_MODELS as MAX_SESSION_UPLOADS
+
+    at = open_page(CHECKPOINTS)
+    for index in range(MAX_SESSION_UPLOADS + 1):
+        folder = make_tiny_checkpoint("gpt2", tmp_path / f"tiny-{index}", seed=index)
+        data = zip_folder(folder, tmp_path / f"tiny-{index}.zip").read_bytes()
+        at.file_uploader(key="ckpt_zip").set_value((f"tiny-{index}.zip", data, "application/zip")).run()
+        at.button(key="ckpt_zip_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    uploaded = [name for name in at.session_state["models"] if name.startswith("tiny-")]
+    assert len(uploaded) == MAX_SESSION_UPLOADS and f"tiny-{MAX_SESSION_UPLOADS}" not in uploaded
+    assert any("already holds 4 added models" in e.value for e in at.error)
+    at.button(key="ckpt_remove_tiny-0").click().run()  # after a removal there is room again
+    at.button(key="ckpt_zip_load").click().run()
+    assert f"tiny-{MAX_SESSION_UPLOADS}" in at.session_state["models"]

@@ -178,3 +178,15 @@ def test_other_widgets_do_not_re_measure_and_measure_again_does():
     at.button(key="flash_again").click().run()
     assert not at.exception
     assert len(at.session_state["flash_results"]) == 1  # measured again for the same settings, not added
+
+
+def test_sessions_share_one_measurement_of_the_same_settings():
+    first = open_page("pages/flash.py", flash_n=384)
+    second = open_page("pages/flash.py", flash_n=384)  # another session, the same settings
+    assert not second.exception, [e.value for e in second.exception]
+    assert results_table(second)["median time"].tolist() == results_table(first)["median time"].tolist()
+    caption = next(c.value for c in second.caption if c.value.startswith("Measured on this server at"))
+    assert caption == next(c.value for c in first.caption if c.value.startswith("Measured on this server at"))
+    second.button(key="flash_again").click().run()  # a fresh run, and the first session sees it on its next rerun
+    first.run()
+    assert results_table(first)["median time"].tolist() == results_table(second)["median time"].tolist()

@@ -1,4 +1,5 @@
-"""The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``."""
+"""The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
+``... load``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     long_parser = commands.add_parser("long", help="long inputs on a Llama-shaped checkpoint: forward, capture, figure")
     long_parser.add_argument("--lengths", type=int, nargs="+", default=None)
     long_parser.add_argument("--out", type=Path, default=Path("bench-results/long.json"))
+    pages_parser = commands.add_parser("pages", help="every page in AppTest: first visit and warm reruns")
+    pages_parser.add_argument("--repeats", type=int, default=5)
+    pages_parser.add_argument("--only", nargs="+", default=None, help="pages whose title contains these words")
+    pages_parser.add_argument("--out", type=Path, default=Path("bench-results/pages.json"))
+    load_parser = commands.add_parser("load", help="N browser sessions at once on one server (needs Chromium)")
+    load_parser.add_argument("--sessions", type=int, default=8)
+    load_parser.add_argument("--rounds", type=int, default=2, help="rounds of N sessions (memory must not grow)")
+    load_parser.add_argument("--out", type=Path, default=Path("bench-results/load.json"))
     args = parser.parse_args(argv)
 
     from attnviz.measure import environment
@@ -39,6 +48,16 @@ def main(argv: list[str] | None = None) -> int:
 
         report = explore.bench_explore(args.repeats)
         lines = explore.print_explore(report)
+    elif args.command == "pages":
+        from attnviz.bench import pages
+
+        report = pages.bench_pages(args.repeats, args.only)
+        lines = pages.print_pages(report)
+    elif args.command == "load":
+        from attnviz.bench import load
+
+        report = load.bench_load(args.sessions, args.rounds)
+        lines = load.print_load(report)
     elif args.command == "long":
         from attnviz.bench import long
 

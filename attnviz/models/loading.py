@@ -299,19 +299,35 @@ def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
 
 
 def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored",
-                   max_memory: dict | None = None, offload_folder: str | None = None) -> ModelBundle:
+                   max_memory: dict | None = None, offload_folder: str | None = None,
+                   timings: dict | None = None) -> ModelBundle:
     """Load a Hugging Face model folder safely (sharded safetensors too), in its stored dtype or in fp32
     (``dtype`` one of :data:`DTYPES`), placed by :func:`placement`. Raises :class:`CheckpointRefused` with a
-    reason to show."""
+    reason to show. ``timings``: a dict that receives each step's seconds (for ``python -m attnviz.bench
+    startup``)."""
+    import time
+
+    timings = {} if timings is None else timings
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointRefused(f"{folder} is not a folder on the server")
     if dtype not in DTYPES:
         raise CheckpointRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    mark = time.perf_counter()
     config = _read_checked_config(folder)
-    model = _load_weights(folder, config, dtype, placement(folder, max_memory=max_memory,
-                                                           offload_folder=offload_folder))
+    timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    where = placement(folder, max_memory=max_memory, offload_folder=offload_folder)
+    timings["  placement (accelerate)"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    model = _load_weights(folder, config, dtype, where)
+    timings["  weights (from_pretrained)"] = time.perf_counter() - mark
+    mark = time.perf_counter()
     tokenizer, tokenizer_note = _load_tokenizer(folder, config)
+    timings["  tokenizer"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    nonfinite = nonfinite_weights(model)
+    timings["  NaN / Inf scan of the weights"] = time.perf_counter() - mark
     n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
     return ModelBundle(
         name=name or folder.name,
@@ -329,7 +345,7 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         n_parameters=sum(p.numel() for p in model.parameters()),
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         placement=_placement_text(model),
-        nonfinite=nonfinite_weights(model),
+        nonfinite=nonfinite,
     )
 
 

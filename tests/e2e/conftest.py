@@ -1,36 +1,16 @@
-"""A real `streamlit run app.py` and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright."""
+"""A real `streamlit run app.py` and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright
+(the helpers live in attnviz.bench.browser, shared with the browser benchmarks)."""
 
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("ATTNVIZ_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from attnviz.bench import browser as shared
+from attnviz.bench.browser import CHROMIUM, CHROMIUM_ARGS, ROOT, wait_until_idle  # noqa: F401 - used by the tests
 
 
 def _require_browser() -> None:
@@ -52,46 +32,11 @@ def _require_browser() -> None:
 def streamlit_server(extra_env: dict | None = None):
     """A fresh `streamlit run app.py` on a free port; yields its URL once /_stcore/health answers."""
     _require_browser()
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
-    server = subprocess.Popen(
-        [
-            sys.executable, "-m", "streamlit", "run", "app.py",
-            "--server.headless", "true",
-            "--server.port", str(port),
-            "--server.address", "127.0.0.1",
-            "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none",
-        ],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        server.kill()
-        pytest.fail("streamlit did not become healthy in 90 s:\n" + Path(log.name).read_text()[-3000:])
-    if server.poll() is not None:
-        pytest.fail("streamlit exited:\n" + Path(log.name).read_text()[-3000:])
     try:
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-        os.unlink(log.name)
+        with shared.streamlit_server(extra_env) as server:
+            yield server.url
+    except shared.ServerFailed as problem:
+        pytest.fail(str(problem))
 
 
 @pytest.fixture(scope="session")
@@ -127,10 +72,3 @@ def page(browser):
     tab = context.new_page()
     yield tab
     context.close()
-
-
-def wait_until_idle(page, timeout_ms: int = 90_000) -> None:
-    """Wait until Streamlit has finished running the script (and the page shows its result)."""
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms)
-    page.wait_for_timeout(500)  # let Plotly draw
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms)

@@ -1,0 +1,160 @@
+"""``python -m attnviz.bench pages``: every page run in Streamlit's AppTest as a user meets it: the first visit,
+then warm reruns (the same widgets, and a change of one widget that is cheap to show), with the slowest parts of
+the widget change named from a profile of the script thread.
+
+AppTest runs the real ``app.py`` and page scripts with Streamlit's caches, without a browser or websocket, so the
+times are the server's share of a rerun."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WARM_TARGET_S = 0.3  # a warm rerun (a widget change, the same sentence and model) on the server, on a laptop CPU
+WIDGET_KINDS = ("number_input", "slider", "select_slider", "selectbox", "segmented_control", "radio", "toggle",
+                "checkbox", "multiselect")
+
+
+@dataclass(frozen=True)
+class PageVisit:
+    """A page and the widget a user typically moves on it: ``key`` alternates between its two ``values``."""
+
+    title: str
+    script: str
+    key: str | None
+    values: tuple = ()
+
+
+PAGES = (
+    PageVisit("Explore heads", "pages/explore_heads.py", "head", (5, 6)),
+    PageVisit("Attention step by step", "pages/step_by_step.py", "sbs_seed", (1, 2)),
+    PageVisit("Masks", "pages/masks.py", "masks_head", (1, 2)),
+    PageVisit("Positional encodings", "pages/positional.py", "pos_sin_k", (7, 8)),
+    PageVisit("Scaling and softmax", "pages/scaling.py", "scale_temperature", (1.5, 2.5)),
+    PageVisit("Heads and KV cache", "pages/heads_kv_cache.py", "kv_seq", (8192, 16384)),
+    PageVisit("Flash vs naive", "pages/flash.py", "flash_step", (1, 2)),
+    PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
+)
+
+
+def widget(at, key: str):
+    """The widget with this key, whatever its kind."""
+    for kind in WIDGET_KINDS:
+        try:
+            return getattr(at, kind)(key=key)
+        except KeyError:
+            continue
+    raise KeyError(f"no widget with key {key!r} on this page")
+
+
+def timed(action) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def check(at, what: str) -> None:
+    if at.exception:
+        raise RuntimeError(f"{what} raised: " + "; ".join(str(e.value) for e in at.exception))
+
+
+def profiled(action) -> cProfile.Profile:
+    """Profile ``action``'s script thread: AppTest runs each script in a new thread, which cProfile (one thread
+    only) would not see, so the profiler is switched on inside every thread started meanwhile."""
+    profiler = cProfile.Profile()
+
+    def switch_on(frame, event, arg):  # the first event in a new thread: hand over to cProfile
+        sys.setprofile(None)
+        profiler.enable()
+
+    threading.setprofile(switch_on)
+    try:
+        action()
+    finally:
+        threading.setprofile(None)
+    return profiler
+
+
+def slowest_parts(profiler: cProfile.Profile, script: str, total_s: float, top: int = 3) -> list[tuple[str, float]]:
+    """The repository's own functions that took longest (cumulative), leaving out the page's entry points, each as
+    a share of the profiled run (``total_s``): cProfile slows every call, so shares, not its seconds, carry over."""
+    stats = pstats.Stats(profiler)
+    page_file = str(ROOT / script)
+    parts = []
+    for (filename, _line, function), (_cc, _nc, _tt, cumulative, _callers) in stats.stats.items():
+        if not filename.startswith(str(ROOT)) or "/tests/" in filename:
+            continue
+        if filename == str(ROOT / "app.py") or (filename == page_file and function in ("<module>", "main")):
+            continue
+        module = Path(filename).relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+        parts.append((f"{module}.{function}", min(cumulative / total_s, 1.0)))
+    parts.sort(key=lambda part: -part[1])
+    return parts[:top]
+
+
+def bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> dict:
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    if sentence is not None:
+        at.session_state["sentence"] = sentence
+    row = {"page": visit.title, "script": visit.script, "widget": visit.key,
+           "start_s": timed(at.run)}  # app.py and its default page, in a new session
+    check(at, "app.py")
+    row["first_s"] = timed(lambda: at.switch_page(visit.script).run())
+    check(at, f"the first visit of {visit.title}")
+    row["rerun_s"] = statistics.median(timed(at.run) for _ in range(repeats))
+    check(at, f"a rerun of {visit.title}")
+    if visit.key is None:
+        return row
+
+    def change(i: int):
+        widget(at, visit.key).set_value(visit.values[i % 2]).run()
+
+    change(0)  # both values once, so every later change finds its result cached
+    change(1)
+    check(at, f"moving {visit.key} on {visit.title}")
+    row["widget_change_s"] = statistics.median(timed(lambda i=i: change(i)) for i in range(repeats))
+    check(at, f"moving {visit.key} on {visit.title}")
+    start = time.perf_counter()
+    profiler = profiled(lambda: change(repeats))
+    row["slowest_parts"] = slowest_parts(profiler, visit.script, time.perf_counter() - start)
+    return row
+
+
+def bench_pages(repeats: int = 5, only: list[str] | None = None, sentence: str | None = None) -> dict:
+    from attnviz.ui import DEFAULT_SENTENCE
+
+    visits = [v for v in PAGES if not only or any(name.lower() in v.title.lower() for name in only)]
+    rows = [bench_page(visit, repeats, sentence) for visit in visits]
+    return {"benchmark": "pages", "repeats": repeats, "sentence": sentence or DEFAULT_SENTENCE,
+            "target_s": WARM_TARGET_S, "results": rows}
+
+
+def print_pages(report: dict) -> list[str]:
+    start = report["results"][0]["start_s"] if report["results"] else 0.0
+    lines = [f"Every page in AppTest, the default model, the sentence {report['sentence'][:60]!r} "
+             f"(medians of {report['repeats']} reruns; a new session's start, model load included: {start:.2f} s)",
+             "first = the page's first visit in a new session; rerun = the same widgets; change = one widget moved "
+             "between two values already seen; slowest parts = share of a profiled change",
+             f"{'page':<24} {'first':>8} {'rerun':>8} {'change':>8}  {'widget':<18} slowest parts of the change"]
+    for row in report["results"]:
+        change = row.get("widget_change_s")
+        parts = ", ".join(f"{name.split('.', 1)[1] if name.startswith('attnviz.') else name} {share:.0%}"
+                          for name, share in row.get("slowest_parts", []))
+        lines.append(f"{row['page']:<24} {row['first_s']:>7.2f}s {row['rerun_s']:>7.3f}s "
+                     f"{change if change is None else format(change, '7.3f') + 's':>8}  {row['widget'] or '':<18} "
+                     f"{parts}")
+    warm = [max(row["rerun_s"], row.get("widget_change_s", 0)) for row in report["results"]]
+    slowest = max(report["results"], key=lambda row: max(row["rerun_s"], row.get("widget_change_s", 0)))
+    verdict = "meets" if max(warm) <= report["target_s"] else "misses"
+    lines.append(f"Slowest warm rerun: {slowest['page']}, {max(warm):.3f} s: {verdict} the {report['target_s']} s "
+                 "target for every page.")
+    return lines

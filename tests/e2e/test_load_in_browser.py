@@ -1,0 +1,34 @@
+"""The load benchmark, small: three browser sessions at once on one server, one of them with its own upload.
+(`python -m attnviz.bench load --sessions 8` is the full one; its figures are in docs/benchmarks.md.)"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from attnviz.bench import load
+from tests.e2e.conftest import _require_browser
+
+pytestmark = pytest.mark.e2e
+
+
+def test_three_sessions_at_once_each_see_only_their_own(tmp_path):
+    _require_browser()
+    # On a thread of its own: the benchmark runs its own asyncio loop, and the other browser tests' sync
+    # Playwright may hold this thread's.
+    with ThreadPoolExecutor(1) as pool:
+        report = pool.submit(load.bench_load, 3, 1, tmp_path, lambda _line: None).result()
+    assert load.problems_of(report) == []  # no exception, own words and model only, uploads gone
+    (round_,) = report["rounds_results"]
+    sessions = {session["index"]: session for session in round_["sessions"]}
+    assert sessions[1]["model"] == "tiny-gpt2-s1" and "upload" in sessions[1]["seconds"]
+    for session in sessions.values():
+        assert set(load.PAGES) <= set(session["seconds"])  # every page was visited and finished
+    assert round_["uploads_left"] == []
+    # The server logged its runs of every visited page, for the lone session and for the crowd.
+    served = {row["page"] for row in load.server_table(report)}
+    assert {"Explore heads", "Masks", "Scaling and softmax", "Flash vs naive"} <= served
+    # Memory after the crowd has gone stays within what the bounded caches allow: the tiny uploads are a few MB,
+    # so well under 600 MiB above a lone session's footprint.
+    assert round_["rss_after"] < report["rss_after_baseline"] + 600 * 2**20
+    printed = "\n".join(load.print_load(report))
+    assert "Slowest page in the browser under 3 sessions" in printed and "Bounded by" in printed
