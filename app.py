@@ -14,12 +14,14 @@ from attnviz.ui import (  # noqa: E402
     DEFAULT_SENTENCE,
     MAX_SENTENCE_CHARS,
     apply_presentation_mode,
-    install_svg_downloads,
+    install_page_scripts,
     keep_sidebar_choices,
     logged_run,
     note_sidebar_edit,
+    open_linked_model,
     registered_models,
     restore_sidebar_choices,
+    show_notices,
     start_janitor,
 )
 
@@ -39,7 +41,8 @@ pages = [
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)
-start_janitor()  # uploads are deleted soon after their session ends
+start_janitor()  # uploads are deleted soon after their session ends (or their browser's keep time)
+open_linked_model()  # a link's model=, before the sidebar's model widget reads the URL
 
 pending = st.session_state.pop("pending_model", None)  # set by the Checkpoints page (upload or removal)
 if pending in registered_models():
@@ -75,6 +78,7 @@ with st.sidebar:
 
 keep_sidebar_choices()
 apply_presentation_mode(st.session_state.get("presentation_mode", False))
-install_svg_downloads()
+install_page_scripts()
+show_notices()
 with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: for benchmarks and operators
     navigation.run()

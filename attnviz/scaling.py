@@ -45,15 +45,18 @@ def entropy(weights: torch.Tensor) -> torch.Tensor:
     return -(weights * logs).sum(-1)
 
 
-def softmax_rows(d_k: int, n_keys: int, n_rows: int, seed: int, scaled: bool) -> torch.Tensor:
-    """Softmax rows of random q against ``n_keys`` random keys, ``[n_rows, n_keys]``."""
+def random_scores(d_k: int, n_keys: int, n_rows: int, seed: int) -> torch.Tensor:
+    """Unscaled scores q . k of random queries against ``n_keys`` random keys, ``[n_rows, n_keys]``."""
     generator = torch.Generator().manual_seed(int(seed))
     q = torch.randn(n_rows, 1, d_k, generator=generator, dtype=torch.float64)
     k = torch.randn(n_rows, n_keys, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(-1)  # [n_rows, n_keys]
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return torch.softmax(scores, dim=-1)
+    return (q * k).sum(-1)  # [n_rows, n_keys]
+
+
+def softmax_rows(d_k: int, n_keys: int, n_rows: int, seed: int, scaled: bool) -> torch.Tensor:
+    """Softmax rows of random q against ``n_keys`` random keys, ``[n_rows, n_keys]``."""
+    scores = random_scores(d_k, n_keys, n_rows, seed)
+    return torch.softmax(scores / math.sqrt(d_k) if scaled else scores, dim=-1)
 
 
 QUERIES_PER_POINT = 64  # rows averaged for each point of the saturation curves
@@ -66,8 +69,9 @@ def softmax_statistics(
     rows = []
     for d_k in d_values:
         row = {"d_k": d_k}
+        scores = random_scores(d_k, n_keys, n_rows, seed)  # the same draws for both: only the scaling differs
         for name, scaled in (("scaled", True), ("unscaled", False)):
-            weights = softmax_rows(d_k, n_keys, n_rows, seed, scaled)
+            weights = torch.softmax(scores / math.sqrt(d_k) if scaled else scores, dim=-1)
             row[f"entropy_{name}"] = entropy(weights).mean().item()
             row[f"max_weight_{name}"] = weights.amax(-1).mean().item()
             row[f"jacobian_{name}"] = jacobian_norm(weights).mean().item()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from attnviz.models import keep
 from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
 from attnviz.models.safety import CheckpointRefused
 from attnviz.streamlit_compat import leave_legacy_pages_mode
@@ -150,10 +151,59 @@ _SVG_DOWNLOADS = """
 """
 
 
-def install_svg_downloads() -> None:
-    """Once per run from app.py: every figure's toolbar gets an SVG download next to Plotly's PNG one."""
+def install_page_scripts() -> None:
+    """Once per run from app.py: every figure's toolbar gets an SVG download next to Plotly's PNG one, and the
+    browser gets (or renews) its key cookie, so that a reload finds the models it added."""
     with st.sidebar:
-        st.html(_SVG_DOWNLOADS, unsafe_allow_javascript=True)
+        st.html(_SVG_DOWNLOADS + browser_cookie_script(), unsafe_allow_javascript=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# This browser: a random key in a cookie names the folder where its added models are kept (attnviz.models.keep).
+
+
+def browser_store() -> keep.BrowserStore | None:
+    """This browser's kept models, or None when keeping is off (``ATTNVIZ_KEEP_HOURS=0``). The key comes from
+    the browser's cookie, or is made now (and given to the browser by :func:`browser_cookie_script`)."""
+    if keep.keep_hours() <= 0:
+        return None
+    key = st.session_state.get("browser_key")
+    if not keep.valid_key(key):
+        try:
+            cookie = st.context.cookies.get(keep.COOKIE)
+        except Exception:  # noqa: BLE001 - no browser behind this run (AppTest, bare mode)
+            cookie = None
+        key = cookie if keep.valid_key(cookie) else keep.new_key()
+        st.session_state["browser_key"] = key
+    return keep.BrowserStore(key)
+
+
+def browser_cookie_script() -> str:
+    """A script that sets the browser's key cookie: for this site's pages only, never sent to another site,
+    renewed on every visit so that it lasts as long as the kept models (``keep_hours`` after the last visit)."""
+    if browser_store() is None:
+        return ""
+    max_age = int(keep.keep_hours() * 3600)
+    key = st.session_state["browser_key"]  # [A-Za-z0-9_-] only (keep.valid_key): safe inside the script
+    return (f"<script>document.cookie = '{keep.COOKIE}={key}; Max-Age={max_age}; Path=/; SameSite=Strict';"
+            "</script>")
+
+
+def _restore_kept_models(models: dict[str, str]) -> None:
+    """A new session of a browser that added models before: they come back, with their names and dtypes."""
+    store = browser_store()
+    if store is None:
+        return
+    restored = []
+    for kept, folder in store.models():
+        name, number = kept.name, 2
+        while name in models:  # two tabs of one browser may have added models under the same name
+            name, number = f"{kept.name} ({number})", number + 1
+        models[name] = str(folder)
+        st.session_state.setdefault("model_dtypes", {})[name] = kept.dtype
+        restored.append(name)
+    if restored:
+        st.session_state["kept_restored"] = restored
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,8 +211,12 @@ def install_svg_downloads() -> None:
 
 
 def registered_models() -> dict[str, str]:
+    """This session's models, name -> folder: the bundled one, then those this browser added (kept for
+    ``ATTNVIZ_KEEP_HOURS``), then those added in this session."""
     if "models" not in st.session_state:
-        st.session_state["models"] = {DEFAULT_MODEL_NAME: str(default_model_dir())}
+        models = {DEFAULT_MODEL_NAME: str(default_model_dir())}
+        st.session_state["models"] = models
+        _restore_kept_models(models)
     return st.session_state["models"]
 
 
@@ -318,12 +372,15 @@ def start_janitor(every: float | None = None) -> None:
         while True:
             time.sleep(interval)
             gc.collect()
+            keep.sweep_expired()  # browsers not seen for ATTNVIZ_KEEP_HOURS: their kept models are deleted
 
     threading.Thread(target=sweep, name="attnviz-janitor", daemon=True).start()
 
 
 def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored") -> str:
-    """Add a loaded model folder under a unique name; ``owned`` folders (uploads) are deleted on removal."""
+    """Add a loaded model folder under a unique name. ``owned`` folders (uploads) are deleted on removal; one
+    adopted by this browser's store (:func:`adopt_upload`) is kept for its next visits, and so is a server folder
+    (by path: it is never deleted). Anything else goes when the session ends."""
     models = registered_models()
     if sum(1 for n in models if n != DEFAULT_MODEL_NAME) >= MAX_UPLOADED_MODELS:
         raise CheckpointRefused(f"at most {MAX_UPLOADED_MODELS} extra models per session: remove one first")
@@ -332,9 +389,51 @@ def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored
         unique, number = f"{name} ({number})", number + 1
     models[unique] = str(folder)
     st.session_state.setdefault("model_dtypes", {})[unique] = dtype
-    if owned:
+    store = browser_store()
+    kept = False
+    if owned and store is not None and store.holds(folder):
+        kept = store.record(unique, "upload", Path(folder), dtype)
+    elif not owned and store is not None:
+        kept = store.record(unique, "folder", Path(folder), dtype)
+    if owned and not kept:
         session_uploads().folders.add(str(folder))
     return unique
+
+
+def adopt_upload(folder: Path) -> tuple[Path, bool]:
+    """Before an upload is loaded: move it into this browser's store, so that a reload brings it back.
+    Returns ``(folder to load, kept)``; not kept when keeping is off or this browser's or the server's bound for
+    kept models is reached (the upload then belongs to this session only)."""
+    store = browser_store()
+    moved = store.adopt_upload(folder) if store is not None else None
+    return (moved, True) if moved is not None else (folder, False)
+
+
+def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = None):
+    """Prepare a folder (``prepare``: one of attnviz.models.uploads' ``prepare_*``), keep it for this browser if it
+    is an upload, load it (which validates it) and register it. Returns ``(registered name, bundle, notes)``;
+    raises with the reason, leaving nothing on disk."""
+    folder, owned, notes = None, False, []
+    try:
+        folder, owned, notes = prepare(*args)
+        name = name or folder.name or "uploaded model"
+        if str(folder) in registered_models().values():
+            raise CheckpointRefused("this folder is already loaded")
+        kept = False
+        if owned:
+            folder, kept = adopt_upload(folder)
+        bundle = load_bundle(str(folder), name, dtype)
+        registered = register_model(name, folder, owned=owned, dtype=dtype)
+        if registered != name:  # the cache key must match the registered name
+            forget_loaded(str(folder), name, dtype)
+        if owned and not kept and browser_store() is not None:
+            notes = [*notes, "This upload stays with this session only: this browser (or the server) already keeps "
+                             "as many models as it may, so a reload will not bring it back."]
+        return registered, bundle, notes
+    except BaseException:
+        if folder is not None and owned:
+            shutil.rmtree(folder.parent, ignore_errors=True)  # the upload's workspace, wherever it now is
+        raise
 
 
 def remove_model(name: str) -> None:
@@ -342,9 +441,12 @@ def remove_model(name: str) -> None:
     if name == DEFAULT_MODEL_NAME or name not in models:
         return
     folder = models.pop(name)
+    forget_loaded(folder, name, model_dtype(name))
+    store = browser_store()
+    if store is not None:
+        store.forget(name)  # an upload's files go; a server folder stays where it is
     uploads = session_uploads()
     if folder in uploads.folders:
-        forget_loaded(folder, name, model_dtype(name))
         uploads.remove(folder)
     if name in (st.session_state.get("model"), st.session_state.get("pending_model")):
         # The sidebar's model widget already exists in this run: app.py applies the change at the next run.
@@ -375,6 +477,48 @@ def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
 def forget_loaded(folder: str, name: str, dtype: str) -> None:
     """Drop a removed model from the process-wide cache (its memory goes with the last session using it)."""
     _added_model.clear(folder, name, dtype)
+
+
+def server_folders_allowed() -> bool:
+    """Whether models may be read from folders on the server's disk (``ATTNVIZ_SERVER_FOLDERS=0`` says no)."""
+    import os
+
+    return os.environ.get("ATTNVIZ_SERVER_FOLDERS", "1") != "0"
+
+
+def open_linked_model() -> None:
+    """On a session's first run, before the sidebar: a link's ``model=`` that this session does not have. A
+    folder on the server (where folders are allowed; inside ``ATTNVIZ_MODEL_ROOT`` when that is set) opens for
+    anyone with the link; anything else falls back to the bundled model with a notice (:func:`show_notices`)."""
+    if st.session_state.get("link_checked"):
+        return
+    st.session_state["link_checked"] = True
+    wanted = st.query_params.get("model")
+    if not wanted or wanted in registered_models():
+        return
+    if server_folders_allowed():
+        from attnviz.models.uploads import prepare_folder_path
+
+        try:
+            add_checkpoint(prepare_folder_path, wanted, name=wanted)
+            return
+        except Exception:  # noqa: BLE001 - not a folder that may be opened: the notice below says so
+            pass
+    hours = keep.keep_hours()
+    kept = f"after {hours:g} h without a visit" if hours else "when its session ended"
+    st.session_state["link_notice"] = (
+        f"This link asks for the model **{wanted[:80]}**, which is not available here: a model someone uploaded "
+        f"opens only in the browser that added it, and goes {kept}. Showing the bundled model instead.")
+
+
+def show_notices() -> None:
+    """What app.py did for this session before the page: models brought back, a link's model not found."""
+    restored = st.session_state.pop("kept_restored", None)
+    if restored:
+        st.toast(f"Back from this browser's last visit: {', '.join(restored)}.", icon=":material/history:")
+    notice = st.session_state.pop("link_notice", None)
+    if notice:
+        st.warning(notice, icon=":material/link_off:")
 
 
 def current_model_name() -> str:

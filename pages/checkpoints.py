@@ -1,22 +1,20 @@
 """Checkpoints: bring your own model (zip, safetensors + config, or a folder on the server) and manage them."""
 
-import os
-import shutil
 
 import streamlit as st
 
-from attnviz.models import safety, support
+from attnviz.models import keep, safety, support
 from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui import (
     MAX_UPLOADED_MODELS,
-    forget_loaded,
+    add_checkpoint,
     load_bundle,
     model_dtype,
-    register_model,
     registered_models,
     remove_model,
+    server_folders_allowed,
     start_page,
     upload_limit_bytes,
 )
@@ -49,28 +47,25 @@ def limits() -> None:
         "text length the model reads: heatmaps above 256 tokens a side are pooled with a zoom, and the views that "
         f"need every head's weights at once (rollout, compare, what-if) work up to {DENSE_LIMIT:,} tokens."
     )
+    hours = keep.keep_hours()
+    st.caption(
+        f"Models you add are kept for this browser until {hours:g} h after its last visit: a reload, or a link with "
+        "`model=`, brings them back with their settings; no other browser sees them. Remove one to delete it."
+        if hours else "Models you add stay with this session: they are deleted when it ends (this server keeps "
+        "nothing, ATTNVIZ_KEEP_HOURS=0)."
+    )
 
 
 def add_model(prepare, *args) -> None:
     """Prepare a folder, load it (which validates it), register it; show a message either way."""
-    folder, owned, notes = None, False, []
     dtype = st.session_state.get("ckpt_dtype", "stored")
     if len(registered_models()) - 1 >= MAX_UPLOADED_MODELS:  # before anything is extracted or loaded
         st.error(f"Not loaded: this session already holds {MAX_UPLOADED_MODELS} added models, the most one session "
                  "may keep on the server. Remove one below first.", icon=":material/block:")
         return
     try:
-        folder, owned, notes = prepare(*args)
-        name = folder.name or "uploaded model"
-        if str(folder) in registered_models().values():
-            raise safety.CheckpointRefused("this folder is already loaded")
-        bundle = load_bundle(str(folder), name, dtype)
-        registered = register_model(name, folder, owned=owned, dtype=dtype)
-        if registered != name:  # the cache key must match the registered name
-            forget_loaded(str(folder), name, dtype)
+        registered, bundle, notes = add_checkpoint(prepare, *args, dtype=dtype)
     except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing behind
-        if folder is not None and owned:
-            shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary workspace of this upload
         first_line = str(problem).splitlines()[0][:200] if str(problem).strip() else ""
         reason = problem if isinstance(problem, safety.CheckpointRefused) else (
             f"it could not be read ({type(problem).__name__}: {first_line})")
@@ -122,7 +117,7 @@ def add_forms() -> None:
         if files and st.button("Load these files", key="ckpt_files_load", type="primary"):
             add_model(prepare_single_files, [(f.name, f) for f in files])
     with folder_tab:
-        if os.environ.get("ATTNVIZ_SERVER_FOLDERS", "1") == "0":
+        if not server_folders_allowed():
             st.info("Loading folders from the server's disk is switched off on this deployment "
                     "(ATTNVIZ_SERVER_FOLDERS=0).")
         else:

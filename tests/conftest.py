@@ -1,8 +1,17 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from attnviz.runtime import configure_environment
 
 configure_environment()  # offline; no GPU here or in CI, so Triton kernels run in the interpreter
+# Models "this browser" keeps (attnviz.models.keep) go to a folder of the test run's own, never the system's.
+KEPT = tempfile.mkdtemp(prefix="attnviz-test-kept-")
+os.environ["ATTNVIZ_KEEP_DIR"] = KEPT
+atexit.register(shutil.rmtree, KEPT, ignore_errors=True)
 
 
 @pytest.fixture

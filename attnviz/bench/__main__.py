@@ -1,5 +1,5 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``."""
+``... load``, ``... startup``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     load_parser.add_argument("--sessions", type=int, default=8)
     load_parser.add_argument("--rounds", type=int, default=2, help="rounds of N sessions (memory must not grow)")
     load_parser.add_argument("--out", type=Path, default=Path("bench-results/load.json"))
+    startup_parser = commands.add_parser("startup", help="cold starts of streamlit run app.py to the first chart")
+    startup_parser.add_argument("--repeats", type=int, default=3)
+    startup_parser.add_argument("--out", type=Path, default=Path("bench-results/startup.json"))
     args = parser.parse_args(argv)
 
     from attnviz.measure import environment
@@ -58,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
         report = load.bench_load(args.sessions, args.rounds)
         lines = load.print_load(report)
+    elif args.command == "startup":
+        from attnviz.bench import startup
+
+        report = startup.bench_startup(args.repeats)
+        lines = startup.print_startup(report)
     elif args.command == "long":
         from attnviz.bench import long
 

@@ -273,7 +273,9 @@ async def bench_load_async(sessions: int, rounds: int, work: Path, progress=prin
         folder = make_tiny_checkpoint("gpt2", work / f"tiny-gpt2-s{index}", seed=index)
         archives[index] = zip_folder(folder, work / f"tiny-gpt2-s{index}.zip")
     run_log = work / "runs.jsonl"
+    # Keeping off (ATTNVIZ_KEEP_HOURS=0): each upload belongs to its session, and must be gone once it ends.
     env = {"TMPDIR": str(uploads), "STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL": "2", "ATTNVIZ_JANITOR_SECONDS": "1",
+           "ATTNVIZ_KEEP_HOURS": "0",
            "ATTNVIZ_RUN_LOG": str(run_log)}
     report = {"benchmark": "load", "sessions": sessions, "rounds": rounds, "memory_bound": MEMORY_BOUND,
               "baseline": {}, "rounds_results": []}

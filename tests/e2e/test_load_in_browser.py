@@ -32,3 +32,19 @@ def test_three_sessions_at_once_each_see_only_their_own(tmp_path):
     assert round_["rss_after"] < report["rss_after_baseline"] + 600 * 2**20
     printed = "\n".join(load.print_load(report))
     assert "Slowest page in the browser under 3 sessions" in printed and "Bounded by" in printed
+
+
+def test_the_startup_benchmark_times_a_cold_start_and_a_fresh_page():
+    from attnviz.bench import startup
+
+    _require_browser()
+    with ThreadPoolExecutor(1) as pool:  # sync Playwright of its own: on a thread of its own
+        report = pool.submit(startup.bench_startup, 1, {"checkpoints": "Checkpoints"}, lambda _line: None).result()
+    (start,) = report["starts"]
+    assert 0 < start["healthy_s"] < start["first_explore_chart_s"]
+    assert start["fresh_pages_s"]["Checkpoints"] > 0 and start["cold_browser_page_s"] > 0
+    assert "Explore heads" in start["server_first_run_s"]  # read from the server's run log
+    steps = report["in_process"]
+    assert steps["load the bundled model (total)"] >= steps["  weights (from_pretrained)"] > 0
+    printed = "\n".join(startup.print_startup(report))
+    assert "first Explore heads chart" in printed and "Checkpoints" in printed

@@ -26,7 +26,8 @@ def test_an_upload_is_invisible_to_others_and_gone_after_its_session(browser, tm
     uploads = tmp_path / "server-tmp"
     uploads.mkdir()
     archive = zip_folder(make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2"), tmp_path / "tiny-gpt2.zip")
-    env = {"TMPDIR": str(uploads), "STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL": "1", "ATTNVIZ_JANITOR_SECONDS": "1"}
+    env = {"TMPDIR": str(uploads), "STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL": "1", "ATTNVIZ_JANITOR_SECONDS": "1",
+           "ATTNVIZ_KEEP_HOURS": "0"}  # keeping off: an upload belongs to its session alone
     with streamlit_server(env) as url:
         first = browser.new_context(viewport={"width": 1400, "height": 1800})
         _upload(first.new_page(), url, archive)

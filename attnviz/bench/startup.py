@@ -1,0 +1,162 @@
+"""``python -m attnviz.bench startup``: how long a speaker waits, from ``streamlit run app.py`` to a chart.
+
+Each cold start is a fresh server process (Python's and the OS's file caches stay warm, as on a laptop that ran
+the app before). Chromium is started first and kept (the speaker's browser is already open). Measured from the
+moment the process is spawned: the server answering its health check; then, in a new browser session, the first
+Explore heads chart drawn (a Plotly SVG in the page). Then each other page in a fresh session of its own (a new
+browser context: a new Streamlit session, as a link opened in another tab), from navigation to its first chart
+(to its title for Checkpoints, which has none). Median of the cold starts; targets: the first Explore chart
+<= 6 s, any fresh page <= 2 s.
+
+Also measured in-process, in a fresh interpreter: importing what app.py imports, and loading the bundled model,
+split into the steps that take the time."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from attnviz.bench import browser
+
+FIRST_CHART_TARGET_S = 6.0
+FRESH_PAGE_TARGET_S = 2.0
+PAGES = {  # path -> title
+    "step_by_step": "Attention step by step",
+    "masks": "Masks",
+    "positional": "Positional encodings",
+    "scaling": "Scaling and softmax",
+    "heads_kv_cache": "Heads and KV cache",
+    "flash": "Flash vs naive",
+    "checkpoints": "Checkpoints",
+}
+CHART = '[data-testid="stPlotlyChart"] .main-svg'
+
+IN_PROCESS = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+steps = {}
+start = time.perf_counter()
+from attnviz.runtime import configure_environment
+configure_environment()
+import streamlit
+steps["import streamlit"] = time.perf_counter() - start
+mark = time.perf_counter()
+import attnviz.ui, attnviz.pagelogic.explore_heads, attnviz.viz.heads
+steps["import attnviz (torch, transformers, plotly)"] = time.perf_counter() - mark
+from attnviz.models import loading
+mark = time.perf_counter()
+bundle = loading.load_model_dir(loading.default_model_dir(), name="bundled", timings=steps)
+steps["load the bundled model (total)"] = time.perf_counter() - mark
+print(json.dumps(steps))
+"""
+
+
+def in_process_steps() -> dict[str, float]:
+    """Imports and the bundled model's load, in a fresh interpreter, each step in seconds."""
+    result = subprocess.run([sys.executable, "-c", IN_PROCESS, str(browser.ROOT)], capture_output=True, text=True,
+                            timeout=600, cwd=browser.ROOT)
+    if result.returncode:
+        raise RuntimeError("the in-process measurement failed:\n" + result.stderr[-2000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _first_chart(page, url: str, title: str) -> float:
+    began = time.perf_counter()
+    page.goto(url, timeout=120_000)
+    if title == "Checkpoints":
+        page.get_by_role("heading", name=title).wait_for(timeout=120_000)
+    else:
+        page.wait_for_selector(CHART, state="attached", timeout=120_000)
+    return time.perf_counter() - began
+
+
+def cold_start(chromium, pages: dict[str, str], run_log) -> dict:
+    run_log.write_text("")
+    spawned = time.perf_counter()
+    with browser.streamlit_server({"ATTNVIZ_RUN_LOG": str(run_log)}) as server:
+        row = {"healthy_s": time.perf_counter() - spawned}
+        context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(server.url, timeout=120_000)
+        page.wait_for_selector(CHART, state="attached", timeout=120_000)
+        row["first_explore_chart_s"] = time.perf_counter() - spawned
+        page.close()
+        # A fresh visit: a new tab of the same browser (a new Streamlit session; the browser's cache is warm, as it
+        # is for a link opened during a talk) ...
+        row["fresh_pages_s"] = {title: _first_chart(context.new_page(), f"{server.url}/{path}", title)
+                                for path, title in pages.items()}
+        context.close()
+        # ... and, for comparison, a browser that has never loaded the app (Streamlit's and Plotly's scripts are
+        # downloaded and compiled again).
+        fresh_browser = chromium.new_context(viewport={"width": 1400, "height": 1000})
+        row["cold_browser_page_s"] = _first_chart(fresh_browser.new_page(), f"{server.url}/masks", "Masks")
+        fresh_browser.close()
+    runs = [json.loads(line) for line in run_log.read_text().splitlines() if line.strip()]
+    first_runs = {}
+    for run in runs:  # the first finished run of each page: a new session's full script run on the server
+        if run["ending"] == "finished":
+            first_runs.setdefault(run["page"], run["seconds"])
+    row["server_first_run_s"] = first_runs
+    return row
+
+
+def bench_startup(repeats: int = 3, pages: dict[str, str] | None = None, progress=print) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    pages = PAGES if pages is None else pages
+    progress("in a fresh interpreter: imports and the bundled model's load")
+    report = {"benchmark": "startup", "repeats": repeats, "in_process": in_process_steps(), "starts": [],
+              "targets": {"first_explore_chart_s": FIRST_CHART_TARGET_S, "fresh_page_s": FRESH_PAGE_TARGET_S}}
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory(prefix="attnviz-startup-") as work:
+        chromium = browser.launch_chromium(playwright)
+        for number in range(repeats):
+            progress(f"cold start {number + 1} of {repeats}")
+            report["starts"].append(cold_start(chromium, pages, Path(work) / "runs.jsonl"))
+        chromium.close()
+    return report
+
+
+def summary(report: dict) -> dict:
+    starts = report["starts"]
+    pages = {title: statistics.median(start["fresh_pages_s"][title] for start in starts)
+             for title in starts[0]["fresh_pages_s"]} if starts else {}
+    served = {title: statistics.median(start["server_first_run_s"][title] for start in starts
+                                       if title in start["server_first_run_s"])
+              for title in starts[0]["server_first_run_s"]} if starts else {}
+    return {
+        "server_first_run_s": served,
+        "cold_browser_page_s": statistics.median(start["cold_browser_page_s"] for start in starts),
+        "healthy_s": statistics.median(start["healthy_s"] for start in starts),
+        "first_explore_chart_s": statistics.median(start["first_explore_chart_s"] for start in starts),
+        "fresh_pages_s": pages,
+    }
+
+
+def print_startup(report: dict) -> list[str]:
+    lines = ["In a fresh interpreter (seconds):"]
+    lines += [f"  {step:<48} {seconds:6.2f}" for step, seconds in report["in_process"].items()]
+    middle = summary(report)
+    targets = report["targets"]
+    lines.append(f"From `streamlit run app.py` (median of {report['repeats']} cold starts):")
+    lines.append(f"  {'server answers its health check':<48} {middle['healthy_s']:6.2f}")
+    verdict = "meets" if middle["first_explore_chart_s"] <= targets["first_explore_chart_s"] else "misses"
+    lines.append(f"  {'first Explore heads chart':<48} {middle['first_explore_chart_s']:6.2f}   {verdict} the "
+                 f"{targets['first_explore_chart_s']:g} s target")
+    lines.append("A fresh session (a new tab) opening each page, to its first chart, median; and the server's own "
+                 "first run of it (app.py and the page):")
+    for title, seconds in middle["fresh_pages_s"].items():
+        mark = "" if seconds <= targets["fresh_page_s"] else f"   over the {targets['fresh_page_s']:g} s target"
+        served = middle["server_first_run_s"].get(title)
+        served_text = f"server {served:5.2f}" if served is not None else ""
+        lines.append(f"  {title:<48} {seconds:6.2f}   {served_text}{mark}")
+    lines.append(f"  {'Masks in a browser that never loaded the app':<48} {middle['cold_browser_page_s']:6.2f}   "
+                 "(Streamlit's and Plotly's scripts downloaded and compiled again)")
+    if middle["fresh_pages_s"]:
+        worst = max(middle["fresh_pages_s"], key=middle["fresh_pages_s"].get)
+        lines.append(f"Slowest fresh page: {worst}, {middle['fresh_pages_s'][worst]:.2f} s.")
+    return lines
