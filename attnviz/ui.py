@@ -156,6 +156,9 @@ def install_page_scripts() -> None:
     browser gets (or renews) its key cookie, so that a reload finds the models it added."""
     with st.sidebar:
         st.html(_SVG_DOWNLOADS + browser_cookie_script(), unsafe_allow_javascript=True)
+    store = browser_store()
+    if store is not None:
+        store.touch()  # a visit: the browser's models are kept keep_hours() after the last one
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,6 +170,9 @@ def browser_store() -> keep.BrowserStore | None:
     the browser's cookie, or is made now (and given to the browser by :func:`browser_cookie_script`)."""
     if keep.keep_hours() <= 0:
         return None
+    root = keep.usable_root()
+    if root is None:  # not a private folder of ours: keep nothing rather than trust it
+        return None
     key = st.session_state.get("browser_key")
     if not keep.valid_key(key):
         try:
@@ -175,18 +181,20 @@ def browser_store() -> keep.BrowserStore | None:
             cookie = None
         key = cookie if keep.valid_key(cookie) else keep.new_key()
         st.session_state["browser_key"] = key
-    return keep.BrowserStore(key)
+    return keep.BrowserStore(key, root)
 
 
 def browser_cookie_script() -> str:
-    """A script that sets the browser's key cookie: for this site's pages only, never sent to another site,
-    renewed on every visit so that it lasts as long as the kept models (``keep_hours`` after the last visit)."""
+    """A script that sets the browser's key cookie, renewed on every visit so that it lasts as long as the kept
+    models (``keep_hours`` after the last visit); ``SameSite=Strict`` (not sent with requests from other sites) and
+    ``Secure`` over HTTPS. Browsers share cookies between all ports of one host name: on a host that serves other
+    web apps, give attnviz a host name of its own (README, Run it for a group)."""
     if browser_store() is None:
         return ""
     max_age = int(keep.keep_hours() * 3600)
     key = st.session_state["browser_key"]  # [A-Za-z0-9_-] only (keep.valid_key): safe inside the script
-    return (f"<script>document.cookie = '{keep.COOKIE}={key}; Max-Age={max_age}; Path=/; SameSite=Strict';"
-            "</script>")
+    return (f"<script>document.cookie = '{keep.COOKIE}={key}; Max-Age={max_age}; Path=/; SameSite=Strict'"
+            " + (location.protocol === 'https:' ? '; Secure' : '');</script>")
 
 
 def _restore_kept_models(models: dict[str, str]) -> None:
@@ -194,8 +202,17 @@ def _restore_kept_models(models: dict[str, str]) -> None:
     store = browser_store()
     if store is None:
         return
+    from attnviz.models.uploads import prepare_folder_path
+
     restored = []
     for kept, folder in store.models():
+        if kept.kind == "folder":  # checked again: the server's folder rules may have changed since
+            try:
+                if not server_folders_allowed():
+                    continue
+                folder = prepare_folder_path(str(folder))[0]
+            except CheckpointRefused:
+                continue
         name, number = kept.name, 2
         while name in models:  # two tabs of one browser may have added models under the same name
             name, number = f"{kept.name} ({number})", number + 1
@@ -384,19 +401,22 @@ def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored
     models = registered_models()
     if sum(1 for n in models if n != DEFAULT_MODEL_NAME) >= MAX_UPLOADED_MODELS:
         raise CheckpointRefused(f"at most {MAX_UPLOADED_MODELS} extra models per session: remove one first")
+    store = browser_store()
+    taken = set(models) | (store.names() if store is not None else set())  # other tabs' kept names too
     unique, number = name, 2
-    while unique in models:
+    while unique in taken:
         unique, number = f"{name} ({number})", number + 1
     models[unique] = str(folder)
     st.session_state.setdefault("model_dtypes", {})[unique] = dtype
-    store = browser_store()
     kept = False
     if owned and store is not None and store.holds(folder):
         kept = store.record(unique, "upload", Path(folder), dtype)
     elif not owned and store is not None:
         kept = store.record(unique, "folder", Path(folder), dtype)
+    if kept:
+        st.session_state.setdefault("kept_folders", set()).add(str(folder))
     if owned and not kept:
-        session_uploads().folders.add(str(folder))
+        session_uploads().folders.add(str(folder))  # deleted with the session (wherever the files are)
     return unique
 
 
@@ -419,13 +439,13 @@ def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = Non
         name = name or folder.name or "uploaded model"
         if str(folder) in registered_models().values():
             raise CheckpointRefused("this folder is already loaded")
-        kept = False
         if owned:
-            folder, kept = adopt_upload(folder)
+            folder, _adopted = adopt_upload(folder)
         bundle = load_bundle(str(folder), name, dtype)
         registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name
             forget_loaded(str(folder), name, dtype)
+        kept = str(folder) in st.session_state.get("kept_folders", set())
         if owned and not kept and browser_store() is not None:
             notes = [*notes, "This upload stays with this session only: this browser (or the server) already keeps "
                              "as many models as it may, so a reload will not bring it back."]
@@ -444,7 +464,7 @@ def remove_model(name: str) -> None:
     forget_loaded(folder, name, model_dtype(name))
     store = browser_store()
     if store is not None:
-        store.forget(name)  # an upload's files go; a server folder stays where it is
+        store.forget(folder)  # by where it is: an upload's files go; a server folder stays where it is
     uploads = session_uploads()
     if folder in uploads.folders:
         uploads.remove(folder)
@@ -506,8 +526,9 @@ def open_linked_model() -> None:
             pass
     hours = keep.keep_hours()
     kept = f"after {hours:g} h without a visit" if hours else "when its session ended"
+    shown = re.sub(r"[^\w./ ()-]", "?", wanted)[:80]  # a link's text, shown as text (no markdown, no links)
     st.session_state["link_notice"] = (
-        f"This link asks for the model **{wanted[:80]}**, which is not available here: a model someone uploaded "
+        f"This link asks for the model “{shown}”, which is not available here: a model someone uploaded "
         f"opens only in the browser that added it, and goes {kept}. Showing the bundled model instead.")
 
 

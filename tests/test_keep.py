@@ -1,6 +1,7 @@
 """Kept models: one browser's uploads survive its reloads, for a bounded time and size, and no one else's."""
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -55,15 +56,17 @@ def test_a_server_folder_is_kept_by_path_and_never_deleted(tmp_path):
     assert store.keep_folder("local-bert", served, "stored")
     ((model, path),) = store.models()
     assert model.kind == "folder" and path == served
-    store.forget("local-bert")
+    store.forget(served)
     assert store.models() == [] and (served / "config.json").is_file()
 
 
 def test_forget_deletes_an_uploads_files(tmp_path, upload):
     store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
     moved = store.keep_upload("tiny-gpt2", upload(), "stored")
-    store.forget("tiny-gpt2")
-    assert store.models() == [] and not moved.exists() and not moved.parent.exists()
+    other = store.keep_upload("another", upload(), "stored")
+    store.forget(moved)
+    assert [m.name for m, _ in store.models()] == ["another"] and not moved.exists() and not moved.parent.exists()
+    assert other.exists()
 
 
 def test_bounds_per_browser_and_in_total(tmp_path, upload, monkeypatch):
@@ -87,12 +90,17 @@ def test_files_whose_folder_went_are_dropped_from_the_list(tmp_path, upload):
 
 
 def test_expired_browsers_are_deleted_and_recent_ones_stay(tmp_path, upload):
-    old, recent = (keep.BrowserStore(keep.new_key(), tmp_path / "kept") for _ in range(2))
+    root = keep.usable_root(tmp_path / "kept")
+    old, recent = (keep.BrowserStore(keep.new_key(), root) for _ in range(2))
     old_files = old.keep_upload("tiny-gpt2", upload(), "stored")
     recent.keep_upload("tiny-gpt2", upload(), "stored")
     day_ago = time.time() - 25 * 3600
     os.utime(old.folder, (day_ago, day_ago))
+    unrelated = root / "not-a-browser-folder"
+    unrelated.mkdir()
+    os.utime(unrelated, (day_ago, day_ago))
     assert keep.sweep_expired(tmp_path / "kept", hours=24) == [old.folder]
+    assert unrelated.exists()  # only folders this module made are ever swept
     assert not old.folder.exists() and not old_files.exists() and recent.folder.exists()
     recent.models()  # a visit renews the browser's time
     assert time.time() - recent.folder.stat().st_mtime < 60
@@ -185,3 +193,64 @@ def test_a_link_to_a_server_folder_opens_it_for_anyone(tmp_path, monkeypatch):
     assert str(outside) not in refused.session_state["models"] and refused.warning
     monkeypatch.setenv("ATTNVIZ_SERVER_FOLDERS", "0")
     assert _open_link({"model": "local-bert"}).warning  # folders switched off: not even inside the root
+
+
+def test_a_keep_dir_set_by_mistake_loses_nothing(tmp_path):
+    models = tmp_path / "models"
+    make_tiny_checkpoint("bert", models / "old-bert")
+    day_ago = time.time() - 48 * 3600
+    os.utime(models / "old-bert", (day_ago, day_ago))
+    assert keep.sweep_expired(models, hours=0) == [] and (models / "old-bert" / "config.json").is_file()
+
+
+def test_a_keep_root_others_could_write_is_not_used(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    assert keep.usable_root(shared) is None
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "private")
+    (tmp_path / "private").mkdir(mode=0o700)
+    assert keep.usable_root(link) is None
+    assert keep.usable_root(tmp_path / "fresh") == tmp_path / "fresh"
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_crafted_manifest_cannot_point_outside_its_browser(tmp_path):
+    victim = make_tiny_checkpoint("bert", tmp_path / "victim")
+    store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
+    store.folder.mkdir(parents=True)
+    entries = [{"name": "a", "kind": "upload", "folder": str(victim), "dtype": "stored", "added": 0},
+               {"name": "b", "kind": "upload", "folder": "uploads/../../../victim", "dtype": "stored", "added": 0}]
+    (store.folder / keep.MANIFEST).write_text(json.dumps(entries))
+    assert store.models() == []
+    store.forget(victim)
+    assert (victim / "config.json").is_file()
+
+
+def test_two_tabs_recording_at_once_lose_nothing(tmp_path):
+    import threading
+
+    store_path = tmp_path / "kept"
+    key = keep.new_key()
+    folders = [make_tiny_checkpoint("bert", tmp_path / f"served-{i}") for i in range(3)]
+    threads = [threading.Thread(target=keep.BrowserStore(key, store_path).keep_folder, args=(f"m{i}", f, "stored"))
+               for i, f in enumerate(folders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert keep.BrowserStore(key, store_path).names() == {"m0", "m1", "m2"}
+    assert not keep.BrowserStore(key, store_path).keep_folder("m0", folders[0], "stored")  # names stay unique
+
+
+def test_kept_uploads_cannot_be_opened_by_their_path(tmp_path, upload, monkeypatch):
+    from attnviz.models.safety import CheckpointRefused
+    from attnviz.models.uploads import prepare_folder_path
+
+    monkeypatch.setenv("ATTNVIZ_KEEP_DIR", str(tmp_path / "kept"))
+    moved = keep.BrowserStore(keep.new_key()).keep_upload("tiny-gpt2", upload(), "stored")
+    with pytest.raises(CheckpointRefused, match="not by their path"):
+        prepare_folder_path(str(moved))
+    with pytest.raises(CheckpointRefused, match="not by their path"):
+        prepare_folder_path(str(upload()))  # nor a session's upload in its temporary workspace

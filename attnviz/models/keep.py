@@ -15,6 +15,8 @@ the page says so. A browser folder unused for ``ATTNVIZ_KEEP_HOURS`` (24 by defa
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 COOKIE = "attnviz_browser"
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{43}$")  # what secrets.token_urlsafe(32) makes
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) makes (matched in full)
+BROWSER_FOLDER = re.compile(r"[0-9a-f]{40}")  # a browser folder's name: the first 160 bits of its key's SHA-256
+MARKER = ".attnviz-keep-root"  # the sweep deletes only inside a folder that says it is a keep root
 MAX_KEPT_MODELS = 4
 MANIFEST = "models.json"
 UPLOADS = "uploads"
@@ -50,8 +54,24 @@ def keep_limit_bytes() -> int:
 
 
 def keep_root() -> Path:
-    """Where kept models live (``ATTNVIZ_KEEP_DIR``, else a folder in the system's temporary directory)."""
-    return Path(os.environ.get("ATTNVIZ_KEEP_DIR") or Path(tempfile.gettempdir()) / "attnviz-kept")
+    """Where kept models live: ``ATTNVIZ_KEEP_DIR``, else a folder of this user's in the system's temporary
+    directory. It must be a folder of its own, private to the user that runs the app (:func:`usable_root`)."""
+    return Path(os.environ.get("ATTNVIZ_KEEP_DIR") or Path(tempfile.gettempdir()) / f"attnviz-kept-{os.getuid()}")
+
+
+def usable_root(root: Path | None = None) -> Path | None:
+    """The keep root, created private (0700) if need be; None if it is not safe to use: a link, or a folder
+    someone else owns or others may write to (in a shared /tmp another account could have made it first)."""
+    root = Path(root or keep_root())
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(root)
+    except OSError:
+        return None
+    if not os.path.isdir(root) or os.path.islink(root) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return None
+    (root / MARKER).touch(exist_ok=True)
+    return root
 
 
 def new_key() -> str:
@@ -59,7 +79,7 @@ def new_key() -> str:
 
 
 def valid_key(key: object) -> bool:
-    return isinstance(key, str) and bool(KEY_PATTERN.match(key))
+    return isinstance(key, str) and bool(KEY_PATTERN.fullmatch(key))
 
 
 def folder_bytes(folder: Path) -> int:
@@ -84,17 +104,45 @@ class BrowserStore:
         self.root = Path(root or keep_root())
         self.folder = self.root / hashlib.sha256(key.encode()).hexdigest()[:40]
 
+    @classmethod
+    def at(cls, folder: Path) -> BrowserStore:
+        """The store of an existing browser folder (for the sweep, which has folders, not keys)."""
+        store = cls.__new__(cls)
+        store.root, store.folder = folder.parent, folder
+        return store
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """One change of this browser's list at a time, across tabs, sessions and processes."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _safe(self, model: KeptModel) -> bool:
+        """A manifest entry is trusted only as far as it points where this store would have put it."""
+        if model.kind == "upload":
+            where = Path(model.folder)
+            if where.is_absolute() or ".." in where.parts:
+                return False
+            return (self.folder / where).resolve().is_relative_to((self.folder / UPLOADS).resolve())
+        return model.kind == "folder" and Path(model.folder).is_absolute()
+
     # -- reading ---------------------------------------------------------------------------------------------
     def _read(self) -> list[KeptModel]:
         try:
             entries = json.loads((self.folder / MANIFEST).read_text())
-            return [KeptModel(**{k: entry[k] for k in ("name", "kind", "folder", "dtype", "added")})
-                    for entry in entries[:MAX_KEPT_MODELS]]
+            models = [KeptModel(**{k: entry[k] for k in ("name", "kind", "folder", "dtype", "added")})
+                      for entry in entries[:MAX_KEPT_MODELS]]
+            return [model for model in models if self._safe(model)]
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
     def _write(self, models: list[KeptModel]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         scratch = self.folder / f".{MANIFEST}.{secrets.token_hex(4)}"
         scratch.write_text(json.dumps([asdict(model) for model in models]))
         scratch.replace(self.folder / MANIFEST)  # atomic: a reader never sees half a file
@@ -104,13 +152,18 @@ class BrowserStore:
 
     def models(self) -> list[tuple[KeptModel, Path]]:
         """The kept models whose files are still there, with their folders; marks the browser as seen now."""
-        found = [(model, self.path_of(model)) for model in self._read()]
-        present = [(model, path) for model, path in found if (path / "config.json").is_file()]
-        if len(present) != len(found):
-            self._write([model for model, _ in present])
-        if self.folder.is_dir():
-            self.touch()
+        if not self.folder.is_dir():
+            return []
+        with self._locked():
+            found = [(model, self.path_of(model)) for model in self._read()]
+            present = [(model, path) for model, path in found if (path / "config.json").is_file()]
+            if len(present) != len(found):
+                self._write([model for model, _ in present])
+        self.touch()
         return present
+
+    def names(self) -> set[str]:
+        return {model.name for model in self._read()}
 
     def touch(self) -> None:
         """A visit: the browser's models expire ``keep_hours()`` after the last one."""
@@ -128,18 +181,22 @@ class BrowserStore:
             return None
         workspace = folder.parent  # attnviz-upload-XXXX/<name>: the whole workspace moves
         target = self.folder / UPLOADS / workspace.name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
         shutil.move(str(workspace), str(target))
         return target / folder.name
 
     def record(self, name: str, kind: str, folder: Path, dtype: str) -> bool:
-        """Add a loaded model to this browser's list (an upload adopted here, or a server folder)."""
-        models = [model for model in self._read() if model.name != name]
-        if len(models) >= MAX_KEPT_MODELS:
-            return False
+        """Add a loaded model to this browser's list (an upload adopted here, or a server folder). Refused (False)
+        when the list is full or already has this name (names are unique per browser: pick one with
+        :meth:`names`)."""
         where = str(Path(folder).relative_to(self.folder)) if kind == "upload" else str(folder)
-        models.append(KeptModel(name, kind, where, dtype, time.time()))
-        self._write(models)
+        with self._locked():
+            models = self._read()
+            if len(models) >= MAX_KEPT_MODELS or any(model.name == name for model in models):
+                return False
+            models.append(KeptModel(name, kind, where, dtype, time.time()))
+            self._write(models)
         return True
 
     def keep_upload(self, name: str, folder: Path, dtype: str) -> Path | None:
@@ -152,19 +209,35 @@ class BrowserStore:
     def keep_folder(self, name: str, folder: Path, dtype: str) -> bool:
         return self.record(name, "folder", folder, dtype)
 
-    def forget(self, name: str) -> None:
-        """Remove a model from this browser; an upload's files are deleted."""
-        models = self._read()
-        for model in models:
-            if model.name == name and model.kind == "upload":
-                upload = self.path_of(model)
-                workspace = upload.parent if upload.parent.parent == self.folder / UPLOADS else upload
-                shutil.rmtree(workspace, ignore_errors=True)
-        self._write([model for model in models if model.name != name])
+    def forget(self, folder: str | Path) -> None:
+        """Remove the model kept at ``folder`` from this browser (matched by where it is, not by its name, which
+        another tab may show differently); an upload's files are deleted."""
+        target = Path(folder).resolve()
+        with self._locked():
+            models = self._read()
+            gone = [model for model in models if self.path_of(model).resolve() == target]
+            for model in gone:
+                if model.kind == "upload":
+                    shutil.rmtree(self.path_of(model).parent, ignore_errors=True)  # uploads/<workspace>/<name>
+            if gone:
+                self._write([model for model in models if model not in gone])
 
     def holds(self, folder: str | Path) -> bool:
         """Whether a path lies inside this browser's folder (its files are deleted by this store, not the session)."""
         return Path(folder).resolve().is_relative_to(self.folder.resolve())
+
+
+def _sweep_orphans(folder: Path, older_than: float) -> None:
+    """Upload workspaces in a browser folder that no entry refers to (a crash between moving an upload in and
+    recording it): deleted once they are older than ``older_than`` seconds."""
+    store = BrowserStore.at(folder)
+    referenced = {store.path_of(model).parent.resolve() for model in store._read() if model.kind == "upload"}
+    uploads = folder / UPLOADS
+    if not uploads.is_dir():
+        return
+    for workspace in uploads.iterdir():
+        if workspace.resolve() not in referenced and time.time() - workspace.stat().st_mtime > older_than:
+            shutil.rmtree(workspace, ignore_errors=True)
 
 
 def root_bytes(root: Path | None = None) -> int:
@@ -173,15 +246,21 @@ def root_bytes(root: Path | None = None) -> int:
 
 
 def sweep_expired(root: Path | None = None, hours: float | None = None, now: float | None = None) -> list[Path]:
-    """Delete every browser folder not visited for ``hours``; returns what was deleted."""
+    """Delete every browser folder not visited for ``hours``; returns what was deleted. Only folders named as
+    this module names them, in a root that carries its marker: a keep root set to the wrong folder by mistake
+    loses nothing."""
     root = Path(root or keep_root())
     hours = keep_hours() if hours is None else hours
     now = time.time() if now is None else now
     removed = []
-    if not root.is_dir():
+    if not (root / MARKER).is_file() or root.is_symlink():
         return removed
     for folder in root.iterdir():
-        if folder.is_dir() and not folder.is_symlink() and now - folder.stat().st_mtime > hours * 3600:
+        if not BROWSER_FOLDER.fullmatch(folder.name) or not folder.is_dir() or folder.is_symlink():
+            continue
+        if now - folder.stat().st_mtime > hours * 3600:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
+        else:
+            _sweep_orphans(folder, older_than=3600)
     return removed

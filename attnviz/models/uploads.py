@@ -130,6 +130,16 @@ def model_root() -> Path | None:
     return Path(root).expanduser().resolve() if root else None
 
 
+def _inside_uploads(folder: Path) -> bool:
+    """Whether a path lies in an upload's workspace or in the folder of kept uploads (attnviz.models.keep)."""
+    from attnviz.models.keep import keep_root
+
+    resolved = Path(os.path.realpath(folder))
+    kept = Path(os.path.realpath(keep_root()))
+    return (resolved == kept or kept in resolved.parents
+            or any(part.startswith("attnviz-upload-") for part in resolved.parts))
+
+
 def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, bool, list[str]]:
     """A model folder on the server's disk, used in place (never modified or deleted).
 
@@ -147,6 +157,9 @@ def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, boo
         if resolved != root and root not in resolved.parents:
             raise CheckpointRefused(f"folders are read from {root} on this server; give a path inside it")
         folder = resolved
+    if _inside_uploads(folder):
+        raise CheckpointRefused("uploaded checkpoints open only in the session or browser that added them, "
+                                "not by their path")
     if not folder.exists():
         raise CheckpointRefused(f"{folder} does not exist on this server")
     if not folder.is_dir():
