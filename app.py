@@ -19,15 +19,18 @@ from attnviz.ui import (  # noqa: E402
     logged_run,
     note_sidebar_edit,
     open_linked_model,
+    presentation_requested,
     registered_models,
     restore_sidebar_choices,
     show_notices,
     start_janitor,
+    story_links,
 )
 
 st.set_page_config(
     page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
     layout="wide",
+    initial_sidebar_state="collapsed" if presentation_requested() else "auto",  # a projector: all width to the page
 )
 
 pages = [
@@ -66,7 +69,9 @@ with st.sidebar:
         args=("sentence",),
         help="The text every page works on. Pages that need few tokens take the first words.",
     )
-    st.toggle("Presentation mode", key="presentation_mode", help="Larger text and figures for a projector.")
+    st.toggle("Presentation mode", key="presentation_mode", bind="query-params",
+              help="Larger text and figures for a projector, and the full width of the screen (close this sidebar). "
+                   "Kept in the URL: a prepared link opens in presentation mode.")
     with st.expander("This installation"):
         for feature in optional_features():
             if feature.available:
@@ -82,3 +87,4 @@ install_page_scripts()
 show_notices()
 with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: for benchmarks and operators
     navigation.run()
+    story_links({page.title: page for page in pages}, navigation.title)

@@ -198,3 +198,10 @@ def attention_steps(
         mask=mask,
         d_k=q.shape[1],
     )
+
+
+def score_colour_bound(steps: AttentionSteps) -> float:
+    """The largest finite |score| over steps 1 to 3 (scores, scaled scores, masked scores): one colour scale for
+    the three, so that what the scaling does shows (each figure's own range would hide it)."""
+    finite = [t[torch.isfinite(t)].abs() for t in (steps.scores, steps.scaled_scores, steps.masked_scores)]
+    return max((float(t.max()) for t in finite if t.numel()), default=1.0) or 1.0

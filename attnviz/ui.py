@@ -40,16 +40,50 @@ PRESENTATION_CSS = """
 <style>
 html, body, [data-testid="stAppViewContainer"] { font-size: 1.25rem; }
 [data-testid="stMarkdownContainer"] p, [data-testid="stCaptionContainer"] { font-size: 1.2rem; }
-h1 { font-size: 3rem !important; }
-[data-testid="stSidebar"] { min-width: 22rem; }
+h1 { font-size: 2.6rem !important; }
+/* The whole width of a 1280-px projector for the content: the sidebar starts collapsed, the margins shrink. */
+[data-testid="stMainBlockContainer"] { max-width: 100%; padding: 2.5rem 1.5rem 2rem 1.5rem; }
 </style>
 """
 
 
 def apply_presentation_mode(enabled: bool) -> None:
-    """Larger text for a projector (figures read ``figure_scale()``)."""
+    """Larger text for a projector, and the page's full width (figures read ``figure_scale()``)."""
     if enabled:
         st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)
+
+
+def presentation_requested() -> bool:
+    """Whether this run's URL asks for presentation mode (read before the sidebar exists, to start it
+    collapsed)."""
+    return st.query_params.get("presentation_mode", "").lower() in ("true", "1", "yes")
+
+
+# The order a talk follows, from the mechanism to the real model and to the systems that make it fast.
+STORY = ("Attention step by step", "Scaling and softmax", "Masks", "Positional encodings", "Explore heads",
+         "Heads and KV cache", "Flash vs naive")
+
+
+def story_neighbours(title: str) -> tuple[str | None, str | None]:
+    """The pages before and after ``title`` in :data:`STORY` (None at either end, or off the story)."""
+    if title not in STORY:
+        return None, None
+    index = STORY.index(title)
+    return (STORY[index - 1] if index > 0 else None), (STORY[index + 1] if index + 1 < len(STORY) else None)
+
+
+def story_links(pages_by_title: dict, title: str) -> None:
+    """At the end of each page of the story: "← Previous" and "Next →", one click each."""
+    previous, following = story_neighbours(title)
+    if previous is None and following is None:
+        return
+    st.divider()
+    left, right = st.columns(2)
+    if previous:
+        left.page_link(pages_by_title[previous], label=f"← Previous: {previous}")
+    if following:
+        with right:
+            st.page_link(pages_by_title[following], label=f"Next: {following} →")
 
 
 def figure_scale() -> float:

@@ -107,9 +107,12 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
             f"**Mask:** {mask_name}. Each query sees between {min(seen)} and {max(seen)} of the {len(key_labels)} "
             f"keys (density {masks.density(steps.mask):.0%})."
         )
+    bound = stepwise.score_colour_bound(steps)
+    st.caption(f"Steps 1 to 3 share one colour scale, −{bound:.3g} to +{bound:.3g}.")
     left, right = st.columns(2)
     with left:
-        show_figure(matrix_heatmap(steps.scores, query_labels, key_labels, title="Step 1 · Scores", kind="signed"),
+        show_figure(matrix_heatmap(steps.scores, query_labels, key_labels, title="Step 1 · Scores", kind="signed",
+                                   signed_bound=bound),
                     STEP_1_CAPTIONS[steps.score_function], key="sbs_fig_scores")
     with right:
         if steps.score_function == "scaled_dot":
@@ -122,13 +125,14 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         else:
             title = "Step 2 · Scaled scores (no scaling for this score function)"
             caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."
-        show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title, kind="signed"),
+        show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title, kind="signed",
+                                   signed_bound=bound),
                     caption, key="sbs_fig_scaled")
     left, right = st.columns(2)
     with left:
         show_figure(
             matrix_heatmap(steps.masked_scores, query_labels, key_labels, title="Step 3 · Masked scores",
-                           kind="signed"),
+                           kind="signed", signed_bound=bound),
             "Grey cells are set to −∞: e^−∞ = 0, so those keys get no weight."
             if steps.mask is not None else "No mask: every query may look at every key.",
             key="sbs_fig_masked",

@@ -120,3 +120,14 @@ def test_empty_sentence_asks_for_words():
     at = open_page(PAGE, sentence="   ")
     assert not at.exception
     assert any("empty" in w.value for w in at.warning)
+
+
+def test_steps_one_to_three_share_one_colour_scale():
+    at = open_page(PAGE, sbs_d_k=8)  # scaling divides the scores by 2.8
+    ranges = {title: (figure_titled(at, title)["data"][0]["zmin"], figure_titled(at, title)["data"][0]["zmax"])
+              for title in ("Step 1", "Step 2", "Step 3")}
+    assert len(set(ranges.values())) == 1, ranges
+    low, high = ranges["Step 1"]
+    scores = plotly_array(figure_titled(at, "Step 1")["data"][0]["z"])
+    assert high == -low == pytest.approx(np.nanmax(np.abs(scores)))  # the widest of the three: the unscaled scores
+    assert any("share one colour scale" in c.value for c in at.caption)

@@ -26,13 +26,15 @@ def matrix_heatmap(
     robust: bool = False,
     max_x_ticks: int = 48,
     colour: str = "fixed",
+    signed_bound: float | None = None,
 ) -> go.Figure:
     """A heatmap of ``values [rows, cols]`` labelled by ``row_labels`` / ``col_labels``.
 
     ``kind``: ``"weights"`` uses the shared 0..1 scale; ``"signed"`` a diverging scale centred on 0; ``"plain"``
     a sequential scale. For weights, ``colour`` says what ``values`` are: ``"fixed"`` the weights (0..1),
     ``"row"`` each row divided by its maximum (0..1), ``"log"`` log10 of the weights (ticks read as powers of 10).
-    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|. -inf cells (masked) are
+    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|; ``signed_bound`` (signed
+    only): the scale runs from -bound to +bound, so that figures meant to be compared share it. -inf cells (masked) are
     drawn grey. Numbers are written in the cells of small matrices; the hover names the row's and the column's
     label and the value to 3 significant digits, at any size (labels cost one string per row and column).
     """
@@ -74,7 +76,7 @@ def matrix_heatmap(
     elif kind == "signed":
         magnitudes = np.abs(finite[np.isfinite(finite)])
         bound = float(np.percentile(magnitudes, 99) if robust else magnitudes.max()) if magnitudes.size else 1.0
-        bound = bound or 1.0
+        bound = signed_bound or bound or 1.0
         colour_settings = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
     else:
         colour_settings = dict(colorscale=style.PLAIN_COLORSCALE)

@@ -1,0 +1,32 @@
+"""Presentation mode from a link, and the story order of the pages (AppTest; the 1280 x 720 check and each page's
+Next / Previous links are checked in Chromium, tests/e2e/test_presentation_in_browser.py)."""
+
+from streamlit.testing.v1 import AppTest
+
+from attnviz import ui
+from tests.apptest_helpers import ROOT
+
+SCRIPTS = {"Attention step by step": "pages/step_by_step.py", "Scaling and softmax": "pages/scaling.py",
+           "Masks": "pages/masks.py", "Positional encodings": "pages/positional.py",
+           "Explore heads": "pages/explore_heads.py", "Heads and KV cache": "pages/heads_kv_cache.py",
+           "Flash vs naive": "pages/flash.py"}
+
+
+def test_the_story_runs_from_the_mechanism_to_the_systems():
+    assert ui.STORY[0] == "Attention step by step" and ui.STORY[-1] == "Flash vs naive"
+    assert ui.story_neighbours("Attention step by step") == (None, "Scaling and softmax")
+    assert ui.story_neighbours("Explore heads") == ("Positional encodings", "Heads and KV cache")
+    assert ui.story_neighbours("Flash vs naive") == ("Heads and KV cache", None)
+    assert ui.story_neighbours("Checkpoints") == (None, None)
+    assert set(ui.STORY) == set(SCRIPTS)
+
+
+def test_presentation_mode_comes_from_the_link():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["presentation_mode"] = "true"
+    at.run()
+    assert at.session_state["presentation_mode"] is True
+    assert any("stMainBlockContainer" in m.value for m in at.markdown)  # the full-width style is on
+    plain = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    assert plain.session_state["presentation_mode"] is False
+    assert not any("stMainBlockContainer" in m.value for m in plain.markdown)
