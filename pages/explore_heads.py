@@ -86,7 +86,9 @@ def replay_check(capture_key: tuple, kind: str, record, model) -> None:
 def view_options(capture, record, kind: str, text_pair: str, architecture: str) -> explore.ViewOptions:
     controls = st.columns([2, 2, 5])
     layer = controls[0].number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params")
-    head = controls[1].number_input("Head", 0, record.n_heads - 1, 0, key="head", bind="query-params")
+    # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
+    head = controls[1].number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
+                                    bind="query-params")
     view = controls[2].segmented_control(
         "View", list(explore.VIEWS), format_func=explore.VIEWS.get, default="head", key="view", required=True,
         bind="query-params",

@@ -34,8 +34,10 @@ def controls(gpu: bool) -> dict:
         placeholder=f"{chosen['heads']} (MHA)", key="flash_kv_heads",
     ) or chosen["heads"]
     chosen["dtype"] = columns[4].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
+    # Causal by default: the mask whose skipped tiles show why flash attention is fast.
     chosen["mask"] = columns[5].selectbox("Mask", flash_page.FLASH_MASKS, format_func=flash_page.mask_label,
-                                          key="flash_mask", bind="query-params")
+                                          index=flash_page.FLASH_MASKS.index("causal"), key="flash_mask",
+                                          bind="query-params")
     columns = st.columns([4, 2, 2])
     chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
                                              format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
@@ -153,7 +155,8 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
     if not steps:
         st.info("This query block attends to no key block under this mask.")
         return
-    step = st.slider("Step: key blocks consumed", 1, len(steps), len(steps), key="flash_step")
+    # From the first step: "so far" differs from "final" until the last key block is in.
+    step = st.slider("Step: key blocks consumed", 1, len(steps), 1, key="flash_step")
     state = steps[step - 1]
     final = output[0, 0, trace_block * block_q : (trace_block + 1) * block_q]
     rows_shown = min(8, state.running_max.shape[0])

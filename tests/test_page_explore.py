@@ -31,10 +31,13 @@ def replay_difference_shown(at) -> float:
 def test_default_model_renders_a_head_with_the_replay_check():
     at = open_page(EXPLORE)
     spec = main_figure(at)
-    assert spec["layout"]["title"]["text"].startswith("Layer 0, head 0: self-attention")
+    assert spec["layout"]["title"]["text"].startswith("Layer 0, head 2: self-attention")
     assert replay_difference_shown(at) < 1e-5
     z = plotly_array(spec["data"][0]["z"])
     np.testing.assert_allclose(z.sum(axis=1), 1.0, atol=1e-5)
+    # It opens on a head whose structure shows at once: the previous token takes most of each word's weight.
+    words = range(2, z.shape[0] - 1)  # after [CLS] and the first word, before [SEP]
+    assert np.mean([z[i].argmax() == i - 1 for i in words]) >= 0.8
 
 
 def test_type_a_sentence_and_change_layer_head_view():

@@ -190,3 +190,12 @@ def test_sessions_share_one_measurement_of_the_same_settings():
     second.button(key="flash_again").click().run()  # a fresh run, and the first session sees it on its next rerun
     first.run()
     assert results_table(first)["median time"].tolist() == results_table(second)["median time"].tolist()
+
+
+def test_the_page_opens_on_a_causal_mask_and_the_steppers_first_step():
+    at = open_page("pages/flash.py", flash_n=256)
+    assert at.selectbox(key="flash_mask").value == "causal"
+    assert any("skipped" in c.value and not c.value.startswith("0%") for c in at.caption)
+    stepper = at.slider(key="flash_step")
+    assert stepper.value == 1 and stepper.max > 1  # the followed query block consumes several key blocks
+    assert any("After key block **k0**" in m.value for m in at.markdown)
