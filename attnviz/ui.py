@@ -188,9 +188,9 @@ _SVG_DOWNLOADS = """
 def install_page_scripts() -> None:
     """Once per run from app.py: every figure's toolbar gets an SVG download next to Plotly's PNG one, and the
     browser gets (or renews) its key cookie, so that a reload finds the models it added."""
-    with st.sidebar:
-        st.html(_SVG_DOWNLOADS + browser_cookie_script(), unsafe_allow_javascript=True)
     store = browser_store()
+    with st.sidebar:
+        st.html(_SVG_DOWNLOADS + browser_cookie_script(store), unsafe_allow_javascript=True)
     if store is not None:
         store.touch()  # a visit: the browser's models are kept keep_hours() after the last one
 
@@ -218,12 +218,12 @@ def browser_store() -> keep.BrowserStore | None:
     return keep.BrowserStore(key, root)
 
 
-def browser_cookie_script() -> str:
+def browser_cookie_script(store: keep.BrowserStore | None) -> str:
     """A script that sets the browser's key cookie, renewed on every visit so that it lasts as long as the kept
     models (``keep_hours`` after the last visit); ``SameSite=Strict`` (not sent with requests from other sites) and
     ``Secure`` over HTTPS. Browsers share cookies between all ports of one host name: on a host that serves other
     web apps, give attnviz a host name of its own (README, Run it for a group)."""
-    if browser_store() is None:
+    if store is None:
         return ""
     max_age = int(keep.keep_hours() * 3600)
     key = st.session_state["browser_key"]  # [A-Za-z0-9_-] only (keep.valid_key): safe inside the script
@@ -247,9 +247,7 @@ def _restore_kept_models(models: dict[str, str]) -> None:
                 folder = prepare_folder_path(str(folder))[0]
             except CheckpointRefused:
                 continue
-        name, number = kept.name, 2
-        while name in models:  # two tabs of one browser may have added models under the same name
-            name, number = f"{kept.name} ({number})", number + 1
+        name = unique_name(kept.name, models)  # two tabs of one browser may have added models under one name
         models[name] = str(folder)
         st.session_state.setdefault("model_dtypes", {})[name] = kept.dtype
         restored.append(name)
@@ -259,6 +257,14 @@ def _restore_kept_models(models: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Models: a per-session registry of name -> folder, and a bounded process-wide cache of loaded models.
+
+
+def unique_name(name: str, taken) -> str:
+    """``name``, or ``name (2)``, ``name (3)``, ... : the first not in ``taken``."""
+    unique, number = name, 2
+    while unique in taken:
+        unique, number = f"{name} ({number})", number + 1
+    return unique
 
 
 def registered_models() -> dict[str, str]:
@@ -433,13 +439,8 @@ def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored
     adopted by this browser's store (:func:`adopt_upload`) is kept for its next visits, and so is a server folder
     (by path: it is never deleted). Anything else goes when the session ends."""
     models = registered_models()
-    if sum(1 for n in models if n != DEFAULT_MODEL_NAME) >= MAX_UPLOADED_MODELS:
-        raise CheckpointRefused(f"at most {MAX_UPLOADED_MODELS} extra models per session: remove one first")
     store = browser_store()
-    taken = set(models) | (store.names() if store is not None else set())  # other tabs' kept names too
-    unique, number = name, 2
-    while unique in taken:
-        unique, number = f"{name} ({number})", number + 1
+    unique = unique_name(name, set(models) | (store.names() if store is not None else set()))  # other tabs' too
     models[unique] = str(folder)
     st.session_state.setdefault("model_dtypes", {})[unique] = dtype
     kept = False
@@ -454,19 +455,22 @@ def register_model(name: str, folder: Path, *, owned: bool, dtype: str = "stored
     return unique
 
 
-def adopt_upload(folder: Path) -> tuple[Path, bool]:
-    """Before an upload is loaded: move it into this browser's store, so that a reload brings it back.
-    Returns ``(folder to load, kept)``; not kept when keeping is off or this browser's or the server's bound for
-    kept models is reached (the upload then belongs to this session only)."""
+def adopt_upload(folder: Path) -> Path:
+    """Before an upload is loaded: move it into this browser's store, so that a reload brings it back. Returns
+    the folder to load: where it was when keeping is off or this browser's or the server's bound for kept models
+    is reached (the upload then belongs to this session only)."""
     store = browser_store()
     moved = store.adopt_upload(folder) if store is not None else None
-    return (moved, True) if moved is not None else (folder, False)
+    return folder if moved is None else moved
 
 
 def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = None):
     """Prepare a folder (``prepare``: one of attnviz.models.uploads' ``prepare_*``), keep it for this browser if it
     is an upload, load it (which validates it) and register it. Returns ``(registered name, bundle, notes)``;
     raises with the reason, leaving nothing on disk."""
+    if len(registered_models()) - 1 >= MAX_UPLOADED_MODELS:  # before anything is extracted or loaded
+        raise CheckpointRefused(f"this session already holds {MAX_UPLOADED_MODELS} added models, the most one "
+                                "session may keep on the server. Remove one below first")
     folder, owned, notes = None, False, []
     try:
         folder, owned, notes = prepare(*args)
@@ -474,7 +478,7 @@ def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = Non
         if str(folder) in registered_models().values():
             raise CheckpointRefused("this folder is already loaded")
         if owned:
-            folder, _adopted = adopt_upload(folder)
+            folder = adopt_upload(folder)
         bundle = load_bundle(str(folder), name, dtype)
         registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name

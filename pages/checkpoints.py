@@ -8,7 +8,6 @@ from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui import (
-    MAX_UPLOADED_MODELS,
     add_checkpoint,
     load_bundle,
     model_dtype,
@@ -59,10 +58,6 @@ def limits() -> None:
 def add_model(prepare, *args) -> None:
     """Prepare a folder, load it (which validates it), register it; show a message either way."""
     dtype = st.session_state.get("ckpt_dtype", "stored")
-    if len(registered_models()) - 1 >= MAX_UPLOADED_MODELS:  # before anything is extracted or loaded
-        st.error(f"Not loaded: this session already holds {MAX_UPLOADED_MODELS} added models, the most one session "
-                 "may keep on the server. Remove one below first.", icon=":material/block:")
-        return
     try:
         registered, bundle, notes = add_checkpoint(prepare, *args, dtype=dtype)
     except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing behind

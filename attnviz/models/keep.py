@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -60,9 +61,21 @@ def keep_root() -> Path:
 
 
 def usable_root(root: Path | None = None) -> Path | None:
-    """The keep root, created private (0700) if need be; None if it is not safe to use: a link, or a folder
-    someone else owns or others may write to (in a shared /tmp another account could have made it first)."""
-    root = Path(root or keep_root())
+    """The keep root, created private (0700) if need be; None if it is not safe to use (see :func:`_checked_root`).
+    Checked once per process and path (it is asked on every script run), again if the folder has gone since."""
+    path = str(root or keep_root())
+    checked = _checked_root(path)
+    if checked is not None and not (checked / MARKER).is_file():  # removed (a temporary-folder cleaner): anew
+        _checked_root.cache_clear()
+        checked = _checked_root(path)
+    return checked
+
+
+@functools.lru_cache(maxsize=8)
+def _checked_root(root: str) -> Path | None:
+    """None for a link, or a folder someone else owns or others may write to (in a shared /tmp another account
+    could have made it first)."""
+    root = Path(root)
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = os.lstat(root)

@@ -39,6 +39,19 @@ def streamlit_server(extra_env: dict | None = None):
         pytest.fail(str(problem))
 
 
+def upload_checkpoint(page, url: str, archive) -> None:
+    """As a user does: open the app, go to Checkpoints, choose the zip, load it; waits for "Loaded <name>"."""
+    page.goto(url)
+    wait_until_idle(page)
+    page.get_by_role("link", name="Checkpoints").click()
+    wait_until_idle(page)
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(archive))
+    wait_until_idle(page)
+    page.get_by_role("button", name="Load this zip").click()
+    wait_until_idle(page)
+    page.get_by_text(f"Loaded {Path(archive).stem}").wait_for(timeout=60_000)
+
+
 @pytest.fixture(scope="session")
 def app_url():
     with streamlit_server() as url:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.e2e.conftest import wait_until_idle
+from tests.e2e.conftest import upload_checkpoint, wait_until_idle
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 pytestmark = pytest.mark.e2e
@@ -29,15 +29,7 @@ def test_explore_views_render(page, app_url, screenshot_dir, view, expected):
 def test_upload_through_the_file_input_switches_the_model(page, app_url, screenshot_dir, tmp_path):
     folder = make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2")
     archive = zip_folder(folder, tmp_path / "tiny-gpt2.zip")
-    page.goto(app_url)
-    wait_until_idle(page)
-    page.get_by_role("link", name="Checkpoints").click()
-    wait_until_idle(page)
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(archive))
-    wait_until_idle(page)
-    page.get_by_role("button", name="Load this zip").click()
-    wait_until_idle(page)
-    page.get_by_text("Loaded tiny-gpt2").wait_for(timeout=60_000)
+    upload_checkpoint(page, app_url, archive)
     no_exception(page)
     page.screenshot(path=str(screenshot_dir / "checkpoints_uploaded.png"), full_page=True)
     page.get_by_role("link", name="Explore heads").click()

@@ -5,8 +5,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import streamlit_server, wait_until_idle
-from tests.e2e.test_sessions_in_browser import _upload
+from tests.e2e.conftest import streamlit_server, upload_checkpoint, wait_until_idle
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +31,7 @@ def test_reload_link_other_browser_and_expiry(browser, tmp_path):
     with streamlit_server(env) as url:
         speaker = browser.new_context(viewport={"width": 1400, "height": 1800})
         page = speaker.new_page()
-        _upload(page, url, archive)
+        upload_checkpoint(page, url, archive)
         link = f"{url}/?model=tiny-gpt2&layer=1&head=3"
         page.goto(link)
         wait_until_idle(page)

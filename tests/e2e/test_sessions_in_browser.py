@@ -4,22 +4,10 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import streamlit_server, wait_until_idle
+from tests.e2e.conftest import streamlit_server, upload_checkpoint, wait_until_idle
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 pytestmark = pytest.mark.e2e
-
-
-def _upload(page, url, archive):
-    page.goto(url)
-    wait_until_idle(page)
-    page.get_by_role("link", name="Checkpoints").click()
-    wait_until_idle(page)
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(archive))
-    wait_until_idle(page)
-    page.get_by_role("button", name="Load this zip").click()
-    wait_until_idle(page)
-    page.get_by_text("Loaded tiny-gpt2").wait_for(timeout=60_000)
 
 
 def test_an_upload_is_invisible_to_others_and_gone_after_its_session(browser, tmp_path):
@@ -30,7 +18,7 @@ def test_an_upload_is_invisible_to_others_and_gone_after_its_session(browser, tm
            "ATTNVIZ_KEEP_HOURS": "0"}  # keeping off: an upload belongs to its session alone
     with streamlit_server(env) as url:
         first = browser.new_context(viewport={"width": 1400, "height": 1800})
-        _upload(first.new_page(), url, archive)
+        upload_checkpoint(first.new_page(), url, archive)
         assert len(list(uploads.glob("attnviz-upload-*"))) == 1
 
         second = browser.new_context(viewport={"width": 1400, "height": 1800})
