@@ -63,6 +63,8 @@ class HeadStats:
     separator: float
     punctuation: float
     label: str
+    top_key: int = -1  # the key position with the largest mean weight over the queries
+    top_key_share: float = 0.0  # that mean weight
 
 
 STATISTICS = ("entropy", "normalised_entropy", "mean_distance", "self", "previous", "next", "first", "separator",
@@ -83,6 +85,8 @@ class StatisticsAccumulator:
         self.punctuation = torch.tensor([is_punctuation(t) for t in tokens])
         self.sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STATISTICS}
         self.counts = {name: 0 for name in STATISTICS}
+        self.key_sums = torch.zeros(n_heads, n_k, dtype=torch.float64)  # weight each key received, summed over rows
+        self.rows = 0
 
     def add(self, start: int, weights: torch.Tensor) -> None:
         weights = weights.double()  # [heads, rows, n_k]
@@ -104,6 +108,8 @@ class StatisticsAccumulator:
         for name, value in block.items():
             self.sums[name] += value
             self.counts[name] += rows
+        self.key_sums += weights.sum(1)
+        self.rows += rows
         for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
             keys = positions + offset
             inside = (keys >= 0) & (keys < self.n_k)  # rows that have such a key
@@ -114,10 +120,13 @@ class StatisticsAccumulator:
 
     def result(self, layer: int) -> list[HeadStats]:
         means = {name: self.sums[name] / max(self.counts[name], 1) for name in STATISTICS}
+        key_means = self.key_sums / max(self.rows, 1)  # [heads, n_k]
+        top_share, top_key = key_means.max(-1)
         stats = []
         for head in range(self.n_heads):
             values = {name: float(means[name][head]) for name in STATISTICS}
-            stats.append(HeadStats(layer=layer, head=head, label=label_head(values), **values))
+            stats.append(HeadStats(layer=layer, head=head, label=label_head(values), top_key=int(top_key[head]),
+                                   top_key_share=float(top_share[head]), **values))
         return stats
 
 

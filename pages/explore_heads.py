@@ -22,6 +22,7 @@ from attnviz.ui import (
 )
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
+from attnviz.viz.matrix import HALF_WIDTH
 
 AUTOMATIC_REPLAY_CELLS = 64 * 2048 * 2048  # above this (heads x N x N), the replay check waits for a click
 TEXT_SOURCES = ["the sidebar's sentence", "a long text", "Python's documentation"]
@@ -75,74 +76,114 @@ def replay_check(capture_key: tuple, kind: str, record, model) -> None:
     tolerance = replay_tolerance(record)
     verdict = ":material/check_circle:" if difference <= tolerance else ":material/warning:"
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
+    dtype = str(record.values.dtype).removeprefix("torch.")
     st.markdown(
-        f"{verdict} **Replay check:** the weights shown here, computed by attnviz's from-scratch attention from "
-        f"the model's own Q and K, times its V, reproduce the attention output of the model's kernel in all "
-        f"{record.n_layers} layers x {record.n_heads} heads {shown} (rounding allows {tolerance:.1e} in "
-        f"{str(record.values.dtype).removeprefix('torch.')})."
+        f"{verdict} **Replay check:** attnviz's own attention reproduces the model's output in all "
+        f"{record.n_layers} x {record.n_heads} heads {shown}.",
+        help=f"The weights shown here are computed by attnviz's from-scratch attention from the model's own Q and "
+             f"K; times its V, they reproduce the attention output of the model's kernel in every layer and head "
+             f"(max difference {difference:.1e}; rounding allows {tolerance:.1e} in {dtype}).",
     )
 
 
+def keep_hidden_choices(*keys: str) -> None:
+    """Streamlit forgets a widget's value on a run that does not draw it: controls shown only for some views keep
+    their value while another view is on."""
+    for key in keys:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
+
+
 def view_options(capture, record, kind: str, text_pair: str, architecture: str) -> explore.ViewOptions:
-    controls = st.columns([2, 2, 5])
-    layer = controls[0].number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params")
-    # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
-    head = controls[1].number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
-                                    bind="query-params")
+    keep_hidden_choices("layer", "head", "explore_follow", "explore_top_k", "explore_rollout_layer",
+                        "explore_line_heads", "explore_scale", "explore_grid_scale")
+    view = st.session_state.get("view") or st.query_params.get("view")  # before the View control, which is below
+    view = view if view in explore.VIEWS else "head"
+    controls = st.columns([2, 2, 6, 3])
+    layer = head = 0
+    if view != "rollout":  # rollout has its own "through layer"
+        layer = controls[0].number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params")
+    else:
+        layer = controls[0].number_input(
+            "Rollout through layer", 0, record.n_layers - 1, record.n_layers - 1, key="explore_rollout_layer",
+            bind="query-params", help="Rollout multiplies the layers' attention from layer 0 up to this one.")
+    if view not in ("average", "rollout"):  # both mix every head
+        # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
+        head = controls[1].number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
+                                        bind="query-params")
     view = controls[2].segmented_control(
         "View", list(explore.VIEWS), format_func=explore.VIEWS.get, default="head", key="view", required=True,
         bind="query-params",
     )
     filters = st.columns([3, 3, 2, 4])
-    hide_special = filters[0].toggle("Hide special tokens", key="explore_hide_special",
+    hide_special = filters[0].toggle("Hide special tokens", key="explore_hide_special", bind="query-params",
                                      help="[CLS], [SEP], <s>, padding")
     renormalise = filters[1].toggle(
-        "Renormalise rows", value=True, key="explore_renormalise",
+        "Renormalise rows", value=True, key="explore_renormalise", bind="query-params",
         help="After hiding tokens, rescale each row to sum to 1 again (on), or keep the model's weights (off).",
     )
     block = "all"
     if text_pair and kind in ("self", "encoder") and architecture != "encoder-decoder":
-        block = filters[2].selectbox("Sentence block", explore.BLOCKS, key="explore_block", help="query → key")
-    follow = filters[3].multiselect(
-        "Follow query tokens", list(range(len(record.query_tokens))),
-        format_func=lambda i: style.token_label(i, record.query_tokens[i]),
-        key="explore_follow", help="In the lines view, draw only these queries' lines.",
-    )
-    line_heads = None
-    if view == "lines":
-        line_heads = st.multiselect("Heads to draw", list(range(record.n_heads)), default=[int(head)],
-                                    key="explore_line_heads", help="One colour per head.")
+        block = filters[2].selectbox("Sentence block", explore.BLOCKS, key="explore_block", help="query → key",
+                                     bind="query-params")
     options = explore.ViewOptions(kind=kind, layer=int(layer), head=int(head), view=view, hide_special=hide_special,
-                                  renormalise=renormalise, block=block, follow=follow, line_heads=line_heads)
-    if view in ("head", "average"):
-        long = max(record.n_q, record.n_k) > explore.POOL_LIMIT
-        scale_columns = st.columns([3, 2, 2, 2, 2] if long else [3, 8])
-        options.scale = scale_columns[0].selectbox(
-            "Colour", list(explore.SCALES), format_func=explore.SCALES.get, key="explore_scale",
-            help="At long lengths most weights are tiny: scale each row to its maximum, or use a log scale, to see "
-                 "structure. The title says which is on.",
+                                  renormalise=renormalise, block=block)
+    if view == "rollout":
+        options.layer, options.rollout_layer = int(st.session_state.get("layer", 0)), int(layer)
+    if view == "lines":
+        options.follow = filters[3].multiselect(
+            "Follow query tokens", list(range(len(record.query_tokens))),
+            format_func=lambda i: style.token_label(i, record.query_tokens[i]),
+            key="explore_follow", help="Draw only these queries' lines (or click a query token).",
         )
-        if long:
-            options.pooling = scale_columns[1].radio(
-                "Pool cells by", list(analysis.POOLINGS), horizontal=True, key="explore_pooling",
-                help=f"More than {explore.POOL_LIMIT} tokens a side: each cell shows the max (peaks stay visible) "
-                     "or the mean of a block of weights.",
-            )
-            options.zoom_size = scale_columns[2].select_slider("Zoom window", explore.ZOOM_SIZES, 128,
-                                                               key="explore_zoom_size")
-            options.zoom_query = int(scale_columns[3].number_input(
-                "Zoom: first query", 0, max(0, record.n_q - 1), 0, step=options.zoom_size, key="explore_zoom_query"))
-            options.zoom_key = int(scale_columns[4].number_input(
-                "Zoom: first key", 0, max(0, record.n_k - 1), 0, step=options.zoom_size, key="explore_zoom_key"))
+        columns = st.columns([6, 2])
+        options.line_heads = columns[0].multiselect("Heads to draw", list(range(record.n_heads)), default=[int(head)],
+                                                    key="explore_line_heads", help="One colour per head.")
+        top_k = columns[1].number_input("Strongest keys per query (0: all)", 0, record.n_k, 0, key="explore_top_k")
+        options.top_k = int(top_k) or None
+    if view == "grid":
+        options.grid_scale = controls[3].selectbox(
+            "Colour", list(explore.GRID_SCALES), format_func=explore.GRID_SCALES.get, key="explore_grid_scale",
+            help="Each head to its own maximum shows faint heads; 0–1 compares heads as the head view does.",
+        )
+    elif view != "lines":
+        options.scale = controls[3].selectbox(
+            "Colour", list(explore.SCALES), format_func=explore.SCALES.get, key="explore_scale",
+            help="0–1 compares heads; this head's maximum stretches a faint head; at long lengths most weights are "
+                 "tiny: scale each row to its maximum, or use a log scale, to see structure. The title says which "
+                 "is on.",
+        )
+    if view in ("head", "average") and max(record.n_q, record.n_k) > explore.POOL_LIMIT:
+        scale_columns = st.columns([2, 2, 2, 2])
+        options.pooling = scale_columns[0].radio(
+            "Pool cells by", list(analysis.POOLINGS), horizontal=True, key="explore_pooling",
+            help=f"More than {explore.POOL_LIMIT} tokens a side: each cell shows the max (peaks stay visible) "
+                 "or the mean of a block of weights.",
+        )
+        options.zoom_size = scale_columns[1].select_slider("Zoom window", explore.ZOOM_SIZES, 128,
+                                                           key="explore_zoom_size")
+        options.zoom_query = int(scale_columns[2].number_input(
+            "Zoom: first query", 0, max(0, record.n_q - 1), 0, step=options.zoom_size, key="explore_zoom_query"))
+        options.zoom_key = int(scale_columns[3].number_input(
+            "Zoom: first key", 0, max(0, record.n_k - 1), 0, step=options.zoom_size, key="explore_zoom_key"))
     return options
 
 
 def view_tab(capture, record, options: explore.ViewOptions) -> None:
     try:
-        if options.view == "grid" and "thumbnails" not in record.memo:
+        if options.view == "grid" and not explore.has_thumbnails(capture, record, options):
+            query_positions, key_positions = explore.positions(capture, record, options)
             with transient_status("Pooling every head into thumbnails…") as status:
-                explore.grid_thumbnails(record, progress=lambda layer, n: status.update(
-                    label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
+                explore.grid_thumbnails(
+                    record, progress=lambda layer, n: status.update(
+                        label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"),
+                    query_positions=query_positions, key_positions=key_positions,
+                    renormalise=options.renormalise and (options.hide_special or options.block != "all"))
+        if (options.view == "grid" and record.n_q == record.n_k <= explore.GRID_NOTES_LIMIT
+                and "statistics" not in record.memo):
+            with transient_status("Labelling every head…") as status:
+                explore.statistics_table(capture, options.kind, progress=lambda layer, n: status.update(
+                    label=f"Labelling every head: layer {layer + 1} of {n}…"))
         figure, caption = explore.view_figure(capture, options)
     except ValueError as problem:
         st.warning(str(problem))
@@ -161,7 +202,27 @@ def view_tab(capture, record, options: explore.ViewOptions) -> None:
         )
 
 
-def statistics_tab(capture, capture_key: tuple, kind: str) -> None:
+def on_table_select() -> None:
+    """Callback of the statistics table: the selected row's head becomes the page's Layer and Head."""
+    selection = st.session_state.get("explore_stats_table")
+    rows = selection["selection"]["rows"] if isinstance(selection, dict) else selection.selection.rows
+    shown = st.session_state.get("explore_stats_shown", [])
+    if rows and rows[0] < len(shown):
+        st.session_state["layer"], st.session_state["head"] = shown[rows[0]]
+
+
+def on_statistic_click() -> None:
+    """Callback of the layers x heads heatmap: a click on a cell opens that head in the View tab."""
+    selection = st.session_state.get("explore_stats_heatmap")
+    points = selection["selection"]["points"] if isinstance(selection, dict) else selection.selection.points
+    for point in points:
+        data = point.get("customdata")
+        if data and len(data) == 2:
+            open_head(int(data[0]), int(data[1]))
+            return
+
+
+def statistics_tab(capture, capture_key: tuple, kind: str, options: explore.ViewOptions) -> None:
     try:
         with transient_status("Computing head statistics…") as status:
             table = cached_statistics(capture_key, kind, capture, _progress=lambda layer, n: status.update(
@@ -169,23 +230,29 @@ def statistics_tab(capture, capture_key: tuple, kind: str) -> None:
     except ValueError as problem:
         st.info(str(problem))
         return
+    columns = st.columns([2, 5])
+    statistic = columns[0].selectbox("Statistic to map", explore.MAPPABLE_STATISTICS, key="explore_stats_map",
+                                     help="Every head of every layer, coloured by this column of the table.")
+    labels = sorted(table["label"].unique())
+    chosen_labels = columns[1].multiselect("Show heads labelled", labels, default=labels, key="explore_stats_labels",
+                                           help="Filters the map (others greyed) and the table.")
+    figure, caption = explore.statistic_figure(table, statistic, chosen_labels, (options.layer, options.head))
+    show_figure(figure, caption, key="explore_stats_heatmap", on_select=on_statistic_click)
     st.markdown("Labels: " + explore.label_rules_text())
-    selection = st.dataframe(
-        table.style.format(precision=3), key="explore_stats_table", on_select="rerun",
-        selection_mode="single-row", hide_index=True, height=420,
+    shown = table[table["label"].isin(chosen_labels)].reset_index(drop=True)
+    st.session_state["explore_stats_shown"] = list(zip(shown["layer"].astype(int), shown["head"].astype(int),
+                                                       strict=True))
+    st.dataframe(
+        shown, key="explore_stats_table", on_select=on_table_select, selection_mode="single-row", hide_index=True,
+        height=min(420, 40 + 35 * len(shown)), column_config=explore.statistics_column_config(st.column_config),
     )
-    rows = selection.selection.rows if selection else []
-    if rows:
-        picked = table.iloc[rows[0]]
-        st.session_state["explore_open_head"] = (int(picked["layer"]), int(picked["head"]))
-    if st.session_state.get("explore_open_head"):
-        picked_layer, picked_head = st.session_state["explore_open_head"]
-        st.markdown(f"Selected: layer {picked_layer}, head {picked_head}.")
-        st.button("Open this head in the View tab", key="explore_open_button", on_click=open_head,
-                  args=(picked_layer, picked_head))
-        figure, caption = explore.view_figure(capture, explore.ViewOptions(kind=kind, layer=picked_layer,
-                                                                           head=picked_head))
-        show_figure(figure, caption, key="explore_stats_figure")
+    st.caption(f"{len(shown)} of {len(table)} heads. Select a row to make it the page's Layer and Head (now layer "
+               f"{options.layer}, head {options.head}).")
+    st.button("Open this head in the View tab", key="explore_open_button", on_click=open_head,
+              args=(options.layer, options.head))
+    figure, caption = explore.view_figure(capture, explore.ViewOptions(kind=kind, layer=options.layer,
+                                                                       head=options.head))
+    show_figure(figure, caption, key="explore_stats_figure")
 
 
 def needs_every_head(record) -> bool:
@@ -264,7 +331,7 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
         matrix = explore.dense_matrix(before[head], record.query_tokens, record.key_tokens, how="max")
         show_figure(
             explore.weights_heatmap(matrix, explore._pooled_title(f"Before: layer {layer}, head {head} (the model)",
-                                                                  matrix), "fixed"),
+                                                                  matrix), "fixed", width=HALF_WIDTH),
             "The model's own weights.", key="whatif_before",
         )
     with right:
@@ -272,7 +339,8 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
                 + (f", T = {temperature:g}" if temperature != 1 else ""))
         matrix = explore.dense_matrix(after[head], record.query_tokens, record.key_tokens, how="max")
         show_figure(
-            explore.weights_heatmap(matrix, explore._pooled_title(f"After: {rule}", matrix), "fixed"),
+            explore.weights_heatmap(matrix, explore._pooled_title(f"After: {rule}", matrix), "fixed",
+                                    width=HALF_WIDTH),
             explore.what_if_caption(effect, unscaled, temperature),
             key="whatif_after",
         )
@@ -330,7 +398,8 @@ def export_tab(capture, record, options: explore.ViewOptions) -> None:
         lambda: explore.matrix_json(capture, table_options, explore.shown_matrix(capture, table_options)),
         f"attnviz_L{layer}H{head}.json", "application/json", key="export_json",
     )
-    st.caption("Link to this view: copy the address bar; it holds the model, the sentence, layer, head and view.")
+    st.caption("Link to this view: copy the address bar; it holds the model, the sentence and sentence B, the layer, "
+               "head and view, and the filters.")
 
 
 def text_source(bundle) -> tuple[str, int | None]:
@@ -372,13 +441,16 @@ def main() -> None:
             "Stand-in tokenizer (this checkpoint has none)", ["whitespace", "bytes"], horizontal=True,
             key="fallback_tokenizer", help="Whitespace: one token per word. Bytes: one token per UTF-8 byte.",
         )
-    text, max_tokens = text_source(bundle)
+    source_column, pair_column = st.columns([6, 4])
+    with source_column:
+        text, max_tokens = text_source(bundle)
     if bundle.architecture == "encoder-decoder":
         pair_label = "Decoder input (empty: the sentence itself)"
         pair_help = "What the decoder reads; its queries attend to the encoder's keys."
     else:
         pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
-    text_pair = st.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help)
+    text_pair = pair_column.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help,
+                                       bind="query-params")
     bundle, capture = capture_current(text, text_pair, max_tokens, notice=False)
     name = current_model_name()
     folder = registered_models()[name]
@@ -403,7 +475,7 @@ def main() -> None:
     with tabs["View"]:
         view_tab(capture, record, options)
     bodies = {
-        "Head statistics": lambda: statistics_tab(capture, capture_key, kind),
+        "Head statistics": lambda: statistics_tab(capture, capture_key, kind, options),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
         "What-if": lambda: what_if_tab(record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),

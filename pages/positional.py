@@ -12,7 +12,7 @@ from attnviz.pagelogic.positional import alibi_on_real_head, alibi_slopes_captio
 from attnviz.ui import MECHANISM_TOKENS, capture_current, current_bundle, current_sentence, show_figure, start_page
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, line_chart
-from attnviz.viz.matrix import heatmap_row, matrix_heatmap
+from attnviz.viz.matrix import HALF_WIDTH, heatmap_row, matrix_heatmap
 
 
 def sinusoidal_tab() -> None:
@@ -251,7 +251,8 @@ def alibi_tab() -> None:
         shown_heads = sorted({0, n_heads // 2, n_heads - 1})
         show_figure(
             heatmap_row([bias[h] for h in shown_heads], [f"head {h}: m = {slopes[h]:.3g}" for h in shown_heads],
-                        labels, labels, title="Bias −m·distance added to the scores", kind="signed"),
+                        labels, labels, title="Bias −m·distance added to the scores", kind="signed",
+                        width=HALF_WIDTH),
             "No embeddings at all: a penalty that grows linearly with distance"
             + (" (|i − j|, bidirectional)." if not causal else "."),
             key="pos_alibi_bias",

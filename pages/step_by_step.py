@@ -8,9 +8,10 @@ import streamlit as st
 
 from attnviz import mask_patterns, masks, stepwise
 from attnviz.ui import current_sentence, show_figure, start_page
-from attnviz.viz.matrix import matrix_heatmap
+from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, matrix_heatmap
 from attnviz.viz.style import format_number, token_labels
 
+SIDE_BY_SIDE_KEYS = 6  # up to this many keys, two steps sit side by side with their numbers readable
 STEP_MASKS = ("full", "causal", "sliding_window")  # keys of attnviz.mask_patterns.PATTERNS
 STEP_1_CAPTIONS = {
     "scaled_dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
@@ -109,10 +110,13 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         )
     bound = stepwise.score_colour_bound(steps)
     st.caption(f"Steps 1 to 3 share one colour scale, −{bound:.3g} to +{bound:.3g}.")
-    left, right = st.columns(2)
+    # Two figures a row while their numbers fit in half the width; one a row (numbers kept) for more keys.
+    side_by_side = len(key_labels) <= SIDE_BY_SIDE_KEYS
+    width = HALF_WIDTH if side_by_side else FULL_WIDTH
+    left, right = st.columns(2) if side_by_side else (st.container(), st.container())
     with left:
         show_figure(matrix_heatmap(steps.scores, query_labels, key_labels, title="Step 1 · Scores", kind="signed",
-                                   signed_bound=bound),
+                                   signed_bound=bound, width=width),
                     STEP_1_CAPTIONS[steps.score_function], key="sbs_fig_scores")
     with right:
         if steps.score_function == "scaled_dot":
@@ -126,13 +130,13 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
             title = "Step 2 · Scaled scores (no scaling for this score function)"
             caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."
         show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title, kind="signed",
-                                   signed_bound=bound),
+                                   signed_bound=bound, width=width),
                     caption, key="sbs_fig_scaled")
-    left, right = st.columns(2)
+    left, right = st.columns(2) if side_by_side else (st.container(), st.container())
     with left:
         show_figure(
             matrix_heatmap(steps.masked_scores, query_labels, key_labels, title="Step 3 · Masked scores",
-                           kind="signed", signed_bound=bound),
+                           kind="signed", signed_bound=bound, width=width),
             "Grey cells are set to −∞: e^−∞ = 0, so those keys get no weight."
             if steps.mask is not None else "No mask: every query may look at every key.",
             key="sbs_fig_masked",
@@ -141,7 +145,8 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         row_sums = steps.weights.sum(dim=-1).tolist()
         empty = steps.mask is not None and not bool(steps.mask.any(-1).all())
         show_figure(
-            matrix_heatmap(steps.weights, query_labels, key_labels, title="Step 4 · Weights = softmax of each row"),
+            matrix_heatmap(steps.weights, query_labels, key_labels, title="Step 4 · Weights = softmax of each row",
+                           width=width),
             "Each row is a probability distribution over keys; row sums: "
             + ", ".join(format_number(s) for s in row_sums) + "."
             + (" A row with no allowed key is set to 0 here (a plain softmax would give NaN)." if empty else ""),

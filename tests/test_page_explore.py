@@ -265,3 +265,64 @@ def test_one_session_holds_at_most_four_uploads(tmp_path):
     at.button(key="ckpt_remove_tiny-0").click().run()  # after a removal there is room again
     at.button(key="ckpt_zip_load").click().run()
     assert f"tiny-{MAX_SESSION_UPLOADS}" in at.session_state["models"]
+
+
+def test_controls_appear_only_where_they_act_and_keep_their_values():
+    at = open_page(EXPLORE)
+    at.number_input(key="head").set_value(7).run()
+
+    def shown(widget, key):
+        return any(w.key == key for w in getattr(at, widget))
+
+    assert shown("number_input", "layer") and shown("number_input", "head") and shown("selectbox", "explore_scale")
+    assert not shown("multiselect", "explore_follow") and not shown("number_input", "explore_top_k")
+    at.segmented_control(key="view").set_value("average").run()
+    assert shown("number_input", "layer") and not shown("number_input", "head")
+    at.segmented_control(key="view").set_value("rollout").run()
+    assert not shown("number_input", "layer") and not shown("number_input", "head")
+    assert at.number_input(key="explore_rollout_layer").value == 5  # the last layer, not a trivial layer 0
+    assert "through layers 0..5" in main_figure(at)["layout"]["title"]["text"]
+    at.number_input(key="explore_rollout_layer").set_value(2).run()
+    assert "through layers 0..2" in main_figure(at)["layout"]["title"]["text"]
+    at.segmented_control(key="view").set_value("lines").run()
+    assert shown("multiselect", "explore_follow") and shown("number_input", "explore_top_k")
+    at.number_input(key="explore_top_k").set_value(1).run()
+    assert "strongest keys" in " ".join(c.value for c in at.caption)
+    at.segmented_control(key="view").set_value("grid").run()
+    assert shown("selectbox", "explore_grid_scale") and shown("toggle", "explore_hide_special")
+    at.selectbox(key="explore_grid_scale").set_value("fixed").run()
+    assert "weights on 0–1" in main_figure(at)["layout"]["title"]["text"]
+    at.segmented_control(key="view").set_value("head").run()
+    assert at.number_input(key="head").value == 7  # kept while the average and rollout views hid it
+    assert main_figure(at)["layout"]["title"]["text"].startswith("Layer 0, head 7")
+
+
+def test_the_sentence_pair_and_the_filters_are_kept_in_the_link():
+    from streamlit.testing.v1 import AppTest
+
+    from tests.apptest_helpers import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params.update({"explore_pair": "It was tired.", "explore_block": "A→B",
+                            "explore_hide_special": "true"})
+    at.run()
+    assert not at.exception
+    assert at.text_input(key="explore_pair").value == "It was tired."
+    title = main_figure(at)["layout"]["title"]["text"]
+    assert "block A→B" in title and "special tokens hidden" in title
+
+
+def test_head_statistics_map_and_label_filter():
+    at = open_page(EXPLORE)
+    at.session_state["explore_tab"] = "Head statistics"
+    at.run()
+    assert not at.exception
+    spec = next(s for s in figures(at) if s["layout"]["title"]["text"] == "previous token of every head")
+    assert plotly_array(spec["data"][0]["z"]).reshape(6, 12).shape == (6, 12)
+    labels = at.multiselect(key="explore_stats_labels")
+    first = labels.options[0] if hasattr(labels, "options") else labels.value[0]
+    labels.set_value([first]).run()
+    table = next(d for d in at.dataframe if "label" in d.value.columns)
+    assert set(table.value["label"]) == {first} and len(table.value) < 72
+    at.selectbox(key="explore_stats_map").set_value("entropy (nats)").run()
+    assert any(s["layout"]["title"]["text"] == "entropy (nats) of every head" for s in figures(at))

@@ -44,7 +44,7 @@ def test_signed_values_are_centred_and_robust_bound_ignores_outliers():
 def test_large_matrices_drop_per_cell_text_and_thin_ticks():
     labels = style.token_labels([f"w{i}" for i in range(512)])
     figure = matrix_heatmap(np.random.rand(512, 512), labels, labels, title="t")
-    assert figure.data[0].text is None and figure.data[0].customdata is None
+    assert figure.data[0].text is None and figure.data[0].customdata is None  # no ranks past 256 x 256
     assert len(figure.layout.xaxis.tickvals) <= 48
     assert len(figure.to_json()) < 2_000_000  # a 512 x 512 head stays under 2 MB, hover labels included
     assert style.token_labels(["a", "a"]) == ["0 · a", "1 · a"]  # repeated tokens kept apart

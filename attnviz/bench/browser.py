@@ -58,7 +58,7 @@ def streamlit_server(extra_env: dict | None = None, timeout: float = 90):
     """A fresh ``streamlit run app.py`` on a free port; yields a :class:`Server` once /_stcore/health answers."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))  # app.py sets the offline variables
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",

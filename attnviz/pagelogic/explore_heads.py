@@ -18,8 +18,8 @@ import torch
 from attnviz import analysis, mask_patterns
 from attnviz.models.capture import AttentionRecord, Capture
 from attnviz.viz import style
-from attnviz.viz.heads import attention_lines, head_grid
-from attnviz.viz.matrix import matrix_heatmap
+from attnviz.viz.heads import attention_lines, head_grid, statistic_heatmap
+from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, matrix_heatmap
 
 VIEWS = {
     "head": "Head",
@@ -40,10 +40,18 @@ POOL_LIMIT = 256  # cells a side drawn as they are; longer inputs are pooled to 
 ZOOM_SIZES = (32, 64, 128, 256)
 SCALES = {  # colour scales of a weights heatmap: how the title says it
     "fixed": "weights on 0–1",
+    "head": "scaled to this head's maximum",
     "row": "each row scaled to its maximum",
     "log": "log10 of the weights",
 }
+GRID_SCALES = {  # the grid's thumbnails: the same 0–1 as the head view, or each head to its own maximum
+    "head": "each head scaled to its maximum",
+    "fixed": "weights on 0–1",
+}
 THUMBNAIL = 24  # cells a side of a grid thumbnail
+GRID_NOTES_LIMIT = 2048  # tokens: up to this length the grid's hover and badges carry each head's statistics
+BADGES = {"previous-token head": "prev", "next-token head": "next", "self head": "self",
+          "first-token head": "first", "delimiter head": "delim", "punctuation head": "punct", "broad head": "broad"}
 
 
 @dataclass
@@ -59,6 +67,9 @@ class ViewOptions:
     line_heads: list[int] | None = None
     pooling: str = "max"  # for inputs longer than POOL_LIMIT: max or mean of each cell's weights
     scale: str = "fixed"  # a key of SCALES
+    grid_scale: str = "head"  # a key of GRID_SCALES
+    top_k: int | None = None  # the lines view: only each query's strongest keys
+    rollout_layer: int | None = None  # the rollout view: through this layer (None: the last)
     zoom_query: int = 0  # the zoom window's first query and key, counted among the kept tokens
     zoom_key: int = 0
     zoom_size: int = 128
@@ -115,6 +126,8 @@ class Matrix:
     pooled_from: tuple[int, int] | None = None  # (kept queries, kept keys) when cells are pooled
     window: tuple[int, int, int, int] | None = None  # zoom: first query position, first key position, rows, cols
     empty: bool = False  # no kept query gives any weight to a kept key (e.g. A -> B in a causal model)
+    row_segments: list[int] | None = None  # sentence (0 = A, 1 = B) of each row and column, for a sentence pair
+    col_segments: list[int] | None = None
 
 
 def _on_scale(weights: torch.Tensor, scale: str) -> torch.Tensor:
@@ -125,8 +138,10 @@ def _on_scale(weights: torch.Tensor, scale: str) -> torch.Tensor:
 
 
 def _finish(values: torch.Tensor, scale: str) -> torch.Tensor:
-    """On the log scale a zero weight (a masked key) has no logarithm: it is left out (drawn grey), so the colour
-    range spans the weights that exist."""
+    """After pooling: "head" divides by the matrix's maximum. On the log scale a zero weight (a masked key) has no
+    logarithm: it is left out (drawn grey), so the colour range spans the weights that exist."""
+    if scale == "head":
+        return values / values.max().clamp_min(1e-30) if values.numel() else values
     if scale != "log":
         return values
     return torch.where(values > 0, torch.log10(values.clamp_min(1e-30)), torch.full_like(values, float("nan")))
@@ -169,11 +184,13 @@ def head_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
         total += float(weights.sum())
     values = _finish(pooler.result(), options.scale)
     if not pooled:
-        return Matrix(values, _labels(record.query_tokens, query_positions), _labels(record.key_tokens, key_positions),
-                      empty=total == 0)
-    return Matrix(values, _range_labels(record.query_tokens, query_positions, n_rows),
-                  _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols),
-                  empty=total == 0)
+        matrix = Matrix(values, _labels(record.query_tokens, query_positions),
+                        _labels(record.key_tokens, key_positions), empty=total == 0)
+    else:
+        matrix = Matrix(values, _range_labels(record.query_tokens, query_positions, n_rows),
+                        _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols),
+                        empty=total == 0)
+    return with_segments(matrix, capture, record, query_positions, key_positions)
 
 
 def _window(kept: list[int], start_position: int, size: int) -> tuple[int, int]:
@@ -197,8 +214,9 @@ def zoom_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
         parts.append(weights.mean(0)[:, k0:k1])
     values = _finish(torch.cat(parts), options.scale)
     window_keys = key_positions[k0:k1]
-    return Matrix(values, _labels(record.query_tokens, rows), _labels(record.key_tokens, window_keys),
-                  window=(rows[0], window_keys[0], len(rows), len(window_keys)))
+    matrix = Matrix(values, _labels(record.query_tokens, rows), _labels(record.key_tokens, window_keys),
+                    window=(rows[0], window_keys[0], len(rows), len(window_keys)))
+    return with_segments(matrix, capture, record, rows, window_keys)
 
 
 def dense_matrix(values: torch.Tensor, query_tokens: list[str], key_tokens: list[str],
@@ -216,6 +234,25 @@ def dense_matrix(values: torch.Tensor, query_tokens: list[str], key_tokens: list
     pooler.add(values.float(), row_cells)
     return Matrix(pooler.result(), _range_labels(query_tokens, query_positions, n_rows),
                   _range_labels(key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols))
+
+
+def _segments(capture: Capture, tokens: list[str], kept: list[int], pooled: bool) -> list[int] | None:
+    """The sentence (0 = A, 1 = B) of each row or column (a pooled cell: of its first token), when ``tokens`` are
+    the capture's own and it holds a sentence pair; else None."""
+    if tokens is not capture.tokens or not any(capture.segments):
+        return None
+    if not pooled:
+        return [capture.segments[i] for i in kept]
+    return [capture.segments[kept[first]] for first, _ in analysis.bin_edges(len(kept), POOL_LIMIT)]
+
+
+def with_segments(matrix: Matrix, capture: Capture, record: AttentionRecord, query_positions: list[int],
+                  key_positions: list[int]) -> Matrix:
+    """``matrix`` with the sentence of each row and column, so the heatmap marks where sentence B starts."""
+    pooled = matrix.pooled_from is not None
+    return dataclasses.replace(
+        matrix, row_segments=_segments(capture, record.query_tokens, query_positions, pooled),
+        col_segments=_segments(capture, record.key_tokens, key_positions, pooled))
 
 
 def _labels(tokens: list[str], kept: list[int]) -> list[str]:
@@ -253,10 +290,12 @@ def matrix_title(base: str, matrix: Matrix, options: ViewOptions) -> str:
     return parts[0] + ("<br><sup>" + "; ".join(parts[1:]) + "</sup>" if len(parts) > 1 else "")
 
 
-def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None = None) -> go.Figure:
+def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None = None,
+                    width: int = FULL_WIDTH) -> go.Figure:
     return matrix_heatmap(matrix.values, matrix.row_labels, matrix.col_labels, title=title, colour=scale,
-                          height=height or _square_height(len(matrix.row_labels)),
-                          show_values=matrix.pooled_from is None)
+                          height=height or _square_height(len(matrix.row_labels)), width=width,
+                          show_values=matrix.pooled_from is None, row_segments=matrix.row_segments,
+                          col_segments=matrix.col_segments)
 
 
 def _mark_zoom(figure: go.Figure, capture: Capture, record: AttentionRecord, matrix: Matrix,
@@ -304,34 +343,76 @@ def _head_view(capture: Capture, record: AttentionRecord, options: ViewOptions, 
     return figure, caption
 
 
-def grid_thumbnails(record: AttentionRecord, progress=None) -> torch.Tensor:
+def grid_thumbnails(record: AttentionRecord, progress=None, query_positions: list[int] | None = None,
+                    key_positions: list[int] | None = None, renormalise: bool = False) -> torch.Tensor:
     """Every head pooled to THUMBNAIL x THUMBNAIL cells by mean, ``[layers, heads, t_q, t_k]``, streamed by blocks
-    of rows (every head of a long input is computed once; kept with the record)."""
-    if "thumbnails" in record.memo:
-        return record.memo["thumbnails"]
-    row_cells, col_cells = analysis.bins(record.n_q, THUMBNAIL), analysis.bins(record.n_k, THUMBNAIL)
+    of rows (every head of a long input is computed once per set of filters; kept with the record). The filters:
+    the kept query and key positions (default all), and whether kept rows are renormalised to sum to 1."""
+    query_positions = list(range(record.n_q)) if query_positions is None else query_positions
+    key_positions = list(range(record.n_k)) if key_positions is None else key_positions
+    memo_key = ("thumbnails", tuple(query_positions), tuple(key_positions), renormalise)
+    if memo_key in record.memo:
+        return record.memo[memo_key]
+    row_cells = analysis.bins(len(query_positions), THUMBNAIL)
+    col_cells = analysis.bins(len(key_positions), THUMBNAIL)
+    heads = list(range(record.n_heads))
     layers = []
     for layer in range(record.n_layers):
         if progress:
             progress(layer, record.n_layers)
         pooler = analysis.Pooler((record.n_heads,), int(row_cells[-1]) + 1, col_cells, "mean")
-        block = record.block_rows()
-        for start in range(0, record.n_q, block):
-            end = min(record.n_q, start + block)
-            pooler.add(record.layer_weights(layer, start, end), row_cells[start:end])
+        for ranks, weights in _stream_rows(record, layer, heads, query_positions, key_positions, renormalise,
+                                           "fixed"):
+            pooler.add(weights, row_cells[ranks])
         layers.append(pooler.result())
-    record.memo["thumbnails"] = torch.stack(layers)
-    return record.memo["thumbnails"]
+    record.memo[memo_key] = torch.stack(layers)
+    return record.memo[memo_key]
+
+
+def has_thumbnails(capture: Capture, record: AttentionRecord, options: ViewOptions) -> bool:
+    """Whether the grid's thumbnails for these filters are computed already (else the page shows progress)."""
+    query_positions, key_positions = positions(capture, record, options)
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    return ("thumbnails", tuple(query_positions), tuple(key_positions), renormalise) in record.memo
+
+
+def grid_notes(capture: Capture, kind: str) -> tuple[list[list[str]], list[list[str]]] | None:
+    """Per head, what the grid's hover says (label, entropy, top key) and its badge (a short label); None for
+    cross-attention and above GRID_NOTES_LIMIT tokens (the Head statistics tab computes them there)."""
+    record = capture.records[kind]
+    if record.n_q != record.n_k or record.n_q > GRID_NOTES_LIMIT:
+        return None
+    table = statistics_table(capture, kind)
+    notes = [[""] * record.n_heads for _ in range(record.n_layers)]
+    badges = [[""] * record.n_heads for _ in range(record.n_layers)]
+    for _, row in table.iterrows():
+        layer, head = int(row["layer"]), int(row["head"])
+        notes[layer][head] = (f"{row['label']}<br>entropy {row['entropy (nats)']:.3g} nats<br>top key "
+                              f"{row['top key']} ({row['top key share']:.2f} of each row on average)")
+        badges[layer][head] = BADGES.get(row["label"], "")
+    return notes, badges
 
 
 def _grid_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
+    query_positions, key_positions = positions(capture, record, options)
+    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    thumbnails = grid_thumbnails(record, query_positions=query_positions, key_positions=key_positions,
+                                 renormalise=renormalise)
+    annotations = grid_notes(capture, options.kind)
+    per_head_max = options.grid_scale == "head"
     figure = head_grid(
-        grid_thumbnails(record), title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}",
-        highlight=(options.layer, options.head), thumbnail=THUMBNAIL,
+        thumbnails, title=f"All {record.n_layers} x {record.n_heads} heads: {kind_name}{note}"
+                          f"<br><sup>colour: {GRID_SCALES[options.grid_scale]}</sup>",
+        highlight=(options.layer, options.head), thumbnail=THUMBNAIL, per_head_max=per_head_max,
+        notes=annotations[0] if annotations else None, badges=annotations[1] if annotations else None,
     )
+    scale = ("scaled to its own maximum so faint heads show" if per_head_max
+             else "on the head view's 0–1 scale, so heads compare directly")
+    badges = (" Badges name each head's label from the Head statistics tab; hover for its entropy and top key."
+              if annotations else f" Above {GRID_NOTES_LIMIT:,} tokens, labels are in the Head statistics tab.")
     return figure, (
-        "Each thumbnail is one head (rows = queries, columns = keys), pooled by mean and scaled to its own maximum "
-        "so faint heads show; the orange box is the selected head. Click a thumbnail to open that head."
+        f"Each thumbnail is one head (rows = queries, columns = keys), pooled by mean and {scale}; the orange box "
+        f"is the selected head. Click a thumbnail to open that head.{badges}"
     )
 
 
@@ -361,10 +442,12 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
         follow=[drawn.index(q) for q in followed] or None,
         query_ids=drawn,
         head_names=heads,
+        top_k=options.top_k,
     )
+    strongest = f"; only each query's {options.top_k} strongest keys" if options.top_k else ""
     return figure, (
-        "Line width and opacity = attention weight (lines under 0.02 hidden); one colour per head. Click a query "
-        "token to follow it alone; click it again to see all." + cut
+        f"Line width and opacity = attention weight (lines under 0.02 hidden{strongest}); one colour per head. "
+        "Hover a token to see its lines alone; click a query token to follow it, click it again to see all." + cut
     )
 
 
@@ -381,13 +464,17 @@ def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOption
     if options.kind == "cross" or record.n_q != record.n_k:
         raise ValueError("rollout needs square self-attention; choose another attention kind")
     record.check_dense()  # rollout multiplies whole N x N matrices through the layers
-    rolled = analysis.attention_rollout(record.weights)[options.layer]
+    through = record.n_layers - 1 if options.rollout_layer is None else options.rollout_layer
+    if not 0 <= through < record.n_layers:
+        raise ValueError(f"rollout through layer {through}: this model has layers 0 to {record.n_layers - 1}")
+    rolled = analysis.attention_rollout(record.weights)[through]
     weights, _, _, query_positions, key_positions = filtered(rolled, capture, record, options)
     matrix = dense_matrix(weights, record.query_tokens, record.key_tokens, query_positions, key_positions,
                           options.pooling)
     matrix = Matrix(_finish(_on_scale(matrix.values, options.scale), options.scale), matrix.row_labels,
                     matrix.col_labels, matrix.pooled_from)
-    base = f"Attention rollout through layers 0..{options.layer}{note}"
+    matrix = with_segments(matrix, capture, record, query_positions, key_positions)
+    base = f"Attention rollout through layers 0..{through}{note}"
     figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
     return figure, (
         "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
@@ -416,7 +503,7 @@ def _square_height(n: int) -> int:
 STATISTICS_COLUMNS = {
     "entropy": "entropy (nats)", "normalised_entropy": "normalised entropy", "mean_distance": "mean distance",
     "self": "self", "previous": "previous token", "next": "next token", "first": "first token",
-    "separator": "separators", "punctuation": "punctuation",
+    "separator": "separators", "punctuation": "punctuation", "top_key": "top key", "top_key_share": "top key share",
 }
 
 
@@ -426,6 +513,8 @@ def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame
     record = capture.records[kind]
     if record.n_q != record.n_k:
         raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
+    if "statistics" in record.memo:  # the grid's hover and the Head statistics tab share one computation
+        return record.memo["statistics"].copy()
     tokens = record.key_tokens
     special = capture.special_of(tokens)
     rows = []
@@ -437,8 +526,55 @@ def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame
         for start in range(0, record.n_q, block):
             accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + block)))
         rows += accumulator.result(layer)
-    frame = pd.DataFrame([dataclasses.asdict(row) for row in rows]).rename(columns=STATISTICS_COLUMNS)
-    return frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
+    frame = pd.DataFrame([dataclasses.asdict(row) for row in rows])
+    frame["top_key"] = [style.token_label(j, tokens[j]) for j in frame["top_key"]]
+    frame = frame.rename(columns=STATISTICS_COLUMNS)
+    frame = frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
+    record.memo["statistics"] = frame
+    return frame.copy()
+
+
+MAPPABLE_STATISTICS = ("previous token", "next token", "self", "first token", "separators", "punctuation",
+                       "entropy (nats)", "normalised entropy", "mean distance", "top key share")
+
+
+def statistic_figure(table: pd.DataFrame, statistic: str, labels: list[str],
+                     selected: tuple[int, int]) -> tuple[go.Figure, str]:
+    """A layers x heads heatmap of one column of :func:`statistics_table`; heads whose label is not in ``labels``
+    are left blank. Click a cell to open that head."""
+    if statistic not in MAPPABLE_STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; choose one of {MAPPABLE_STATISTICS}")
+    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    values = np.full((layers, heads), np.nan)
+    names = [[""] * heads for _ in range(layers)]
+    for _, row in table.iterrows():
+        layer, head = int(row["layer"]), int(row["head"])
+        names[layer][head] = row["label"]
+        if row["label"] in labels:
+            values[layer, head] = row[statistic]
+    figure = statistic_heatmap(values, title=f"{statistic} of every head", statistic=statistic, labels=names,
+                               highlight=selected)
+    hidden = int(np.isnan(values).sum())
+    note = f" Blank: {hidden} heads with other labels." if hidden else ""
+    return figure, f"One cell per head; the orange box is the page's Layer and Head. Click a cell to open it.{note}"
+
+
+STATISTICS_SHORT = {  # the table's narrow column headers (the full name is the header's tooltip)
+    "entropy (nats)": "entropy", "normalised entropy": "norm. H", "mean distance": "distance", "self": "self",
+    "previous token": "prev.", "next token": "next", "first token": "first", "separators": "sep.",
+    "punctuation": "punct.", "top key share": "top share",
+}
+
+
+def statistics_column_config(column_config) -> dict:
+    """Narrow columns (short headers, 3 significant digits), so the whole table fits about 1,000 px."""
+    config = {name: column_config.NumberColumn(short, help=name, format="%.3g", width=60)
+              for name, short in STATISTICS_SHORT.items()}
+    config.update(layer=column_config.NumberColumn("layer", width=45),
+                  head=column_config.NumberColumn("head", width=45),
+                  label=column_config.TextColumn("label", width=140),
+                  **{"top key": column_config.TextColumn("top key", width=110)})
+    return config
 
 
 def label_rules_text() -> str:
@@ -464,7 +600,7 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
         record = capture.records[kind]
         matrix = dense_matrix(record.head_weights(layer, head), record.query_tokens, record.key_tokens, how="max")
         figures.append(weights_heatmap(matrix, _pooled_title(f"Text {name}: layer {layer}, head {head}", matrix),
-                                       "fixed"))
+                                       "fixed", width=HALF_WIDTH))
     a, b = first.records[kind], second.records[kind]
     if (a.n_q, a.n_k) == (b.n_q, b.n_k):
         difference = b.head_weights(layer, head) - a.head_weights(layer, head)
@@ -639,7 +775,28 @@ def bertviz_html(capture: Capture, kind: str, which: str) -> str:
     if record.query_tokens != record.key_tokens:
         raise ValueError("bertviz shows self-attention; choose encoder or decoder attention")
     view = head_view if which == "head view" else model_view
-    return view(attention, tokens, html_action="return").data
+    return BERTVIZ_OFFLINE_CHECK + view(attention, tokens, html_action="return").data
+
+
+BERTVIZ_WAIT_MS = 6000  # how long bertviz gets to load its scripts from the CDN and draw
+# bertviz's page fetches require.js, d3 and jQuery from a CDN: offline it draws nothing but an empty "Layer:"
+# dropdown. This note, inside its frame, appears when nothing was drawn after BERTVIZ_WAIT_MS.
+BERTVIZ_OFFLINE_CHECK = f"""
+<div id="attnviz-bertviz-offline" style="display:none; font-family: sans-serif; padding: 12px; margin-bottom: 8px;
+ background: #fff4e5; border: 1px solid #f0b46c; border-radius: 6px; color: #5c3b00;">
+<b>bertviz did not load.</b> Its scripts (require.js, d3, jQuery) come from a CDN and could not be fetched: this
+machine seems to be offline. Every other view of attnviz works offline: the Head, Grid and Lines views show the
+same weights.
+</div>
+<script>
+setTimeout(function () {{
+  var drawn = document.querySelector('svg');
+  if (typeof window.require === 'undefined' || !drawn) {{  // d3 and jQuery load as AMD modules, not globals
+    document.getElementById('attnviz-bertviz-offline').style.display = 'block';
+  }}
+}}, {BERTVIZ_WAIT_MS});
+</script>
+"""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,10 +16,14 @@ HEAD_COLOURS = [
 
 
 def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None,
-              row_names: list[str] | None = None, clickable: bool = True) -> go.Figure:
+              row_names: list[str] | None = None, clickable: bool = True, per_head_max: bool = True,
+              notes: list[list[str]] | None = None, badges: list[list[str]] | None = None) -> go.Figure:
     """Every head of every layer as a thumbnail in one heatmap, ``weights [layers, heads, n_q, n_k]``.
 
     Long inputs are average-pooled to ``thumbnail`` cells a side, so 512 tokens cost the same as 24.
+    ``per_head_max``: each thumbnail scaled to its own maximum (faint heads show), else the weights on 0–1 as in
+    the head view. ``notes[layer][head]`` is added to a thumbnail's hover (its label, entropy, top key);
+    ``badges[layer][head]`` is a short label printed on the thumbnail.
     """
     if isinstance(weights, (list, tuple)):
         weights = torch.stack(list(weights))  # rows given one by one, e.g. [before, after]
@@ -27,9 +31,9 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
     size_q, size_k = min(n_q, thumbnail), min(n_k, thumbnail)
     pooled = F.adaptive_avg_pool2d(weights.float().reshape(layers * heads, 1, n_q, n_k), (size_q, size_k))
     pooled = pooled.reshape(layers, heads, size_q, size_k)
-    # Normalise each thumbnail by its own maximum so sparse heads stay visible; the hover says so.
-    peak = pooled.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
-    pooled = (pooled / peak).numpy()
+    if per_head_max:  # each thumbnail by its own maximum, so sparse heads stay visible; the title says so
+        pooled = pooled / pooled.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    pooled = pooled.numpy()
     gap = 1
     canvas = np.full((layers * (size_q + gap) - gap, heads * (size_k + gap) - gap), np.nan, dtype=np.float32)
     for layer in range(layers):
@@ -54,7 +58,7 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
             zeroline=False,
         ),
         plot_bgcolor="white",
-        margin=dict(l=10, r=10, t=70, b=10),
+        margin=dict(l=10, r=10, t=100 if "<br>" in title else 70, b=10),
         # About square thumbnails in a ~1000 px wide page (a fixed aspect ratio would leave blank bands instead).
         height=int(min(1400, 90 + 1000 * layers * (size_q + gap) / (heads * (size_k + gap)))),
         font=dict(family=style.FONT_FAMILY),
@@ -69,11 +73,19 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
             mode="markers", marker=dict(size=max(8, 220 // max(heads, layers)), color="rgba(0,0,0,0)", symbol="square"),
             customdata=[[layer, head] for layer, head in centres],
             hovertext=[f"{row_names[layer] if row_names else f'layer {layer}'}, head {head}"
+                       + (f"<br>{notes[layer][head]}" if notes else "")
                        + ("<br>click to open" if clickable else "") for layer, head in centres],
             hoverinfo="text",
             showlegend=False,
         )
     )
+    if badges:
+        figure.add_trace(go.Scatter(
+            x=[h * (size_k + gap) + (size_k - 1) / 2 for _, h in centres],
+            y=[layer * (size_q + gap) + size_q - 1 for layer, _ in centres],
+            mode="text", text=[badges[layer][head] for layer, head in centres], textposition="top center",
+            textfont=dict(size=10, color="#c2410c"), hoverinfo="skip", showlegend=False,
+        ))
     if highlight is not None:
         layer, head = highlight
         figure.add_shape(
@@ -96,6 +108,7 @@ def attention_lines(
     max_lines_per_head: int = 2000,
     query_ids: list[int] | None = None,
     head_names: list[int] | None = None,
+    top_k: int | None = None,
 ) -> go.Figure:
     """bertviz-style lines: queries on the left, keys on the right, line width and opacity = weight.
 
@@ -103,14 +116,21 @@ def attention_lines(
     ``follow`` keeps only those query positions. Lines below ``min_weight`` are dropped, and at most the
     ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive. ``query_ids`` (the
     queries' positions in the full text) are attached to the query labels, so a click can name the token;
-    ``head_names`` are the heads' numbers in the model when ``weights`` holds only the drawn heads.
+    ``head_names`` are the heads' numbers in the model when ``weights`` holds only the drawn heads; ``top_k``
+    keeps only each query's ``top_k`` strongest keys. ``layout.meta`` lists the drawn lines (query row, key row,
+    weight) and the traces that draw them, so the page's script can highlight a token's lines on hover.
     """
     n_q, n_k = weights.shape[-2:]
     figure = go.Figure()
     queries = list(range(n_q)) if not follow else [q for q in follow if 0 <= q < n_q]
     buckets = [(0.0, 0.1, 1.0, 0.25), (0.1, 0.3, 2.5, 0.45), (0.3, 0.6, 4.5, 0.65), (0.6, 1.01, 7.0, 0.85)]
+    drawn_lines: list[list[float]] = []  # [query row, key row, weight] of every line, for the hover highlight
+    line_traces: list[int] = []
     for head in heads:
         head_weights = weights[head][queries]  # [len(queries), n_k]
+        if top_k is not None and top_k < n_k:  # only each query's strongest keys
+            threshold = head_weights.topk(top_k, dim=-1).values[:, -1:]
+            head_weights = torch.where(head_weights >= threshold, head_weights, torch.full_like(head_weights, -1.0))
         values, flat = head_weights.flatten().sort(descending=True)
         keep = values >= min_weight
         values, flat = values[keep][:max_lines_per_head], flat[keep][:max_lines_per_head]
@@ -121,10 +141,12 @@ def attention_lines(
             if not in_bucket.any():
                 continue
             xs, ys = [], []
-            for index in flat[in_bucket].tolist():
+            for index, value in zip(flat[in_bucket].tolist(), values[in_bucket].tolist(), strict=True):
                 query, key = queries[index // n_k], index % n_k
                 xs += [0, 1, None]
                 ys += [query, key, None]
+                drawn_lines.append([query, key, round(value, 3)])
+            line_traces.append(len(figure.data))
             figure.add_trace(
                 go.Scatter(
                     x=xs, y=ys, mode="lines", line=dict(color=colour, width=width), opacity=opacity,
@@ -144,13 +166,20 @@ def attention_lines(
             customdata=[[position] for position in (query_ids or list(range(n_q)))],
             hovertext=[f"query {label}: click to follow" for label in labels_q], hoverinfo="text", showlegend=False,
             textfont=dict(color=["#d62728" if i in highlighted else "#1b1f24" for i in range(n_q)]),
+            name="queries",
         )
     )
     figure.add_trace(
         go.Scatter(
-            x=[1.02] * n_k, y=list(range(n_k)), mode="text", text=labels_k, textposition="middle right",
-            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False,
+            x=[1.02] * n_k, y=list(range(n_k)), mode="text+markers", text=labels_k, textposition="middle right",
+            marker=dict(size=12, color="rgba(0,0,0,0)"),
+            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False, name="keys",
+            textfont=dict(color="#1b1f24"),
         )
+    )
+    figure.add_trace(  # filled by the page's script while a token is hovered: that token's lines, drawn dark
+        go.Scatter(x=[], y=[], mode="lines", line=dict(color="#111111", width=3), hoverinfo="skip",
+                   showlegend=False, name="highlight")
     )
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
@@ -161,6 +190,7 @@ def attention_lines(
         plot_bgcolor="white",
         legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
         font=dict(family=style.FONT_FAMILY),
+        meta=dict(attnviz="lines", lines=drawn_lines, line_traces=line_traces, highlight=len(figure.data) - 1),
     )
     return figure
 
@@ -209,6 +239,49 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
         xaxis=dict(visible=False, range=[-1, span + 1]),
         yaxis=dict(visible=False, range=[-0.5, 1.5]),
         height=260, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
+        font=dict(family=style.FONT_FAMILY),
+    )
+    return figure
+
+
+def statistic_heatmap(values, *, title: str, statistic: str, labels: list[list[str]] | None = None,
+                      highlight: tuple[int, int] | None = None, width: int = 1000) -> go.Figure:
+    """One statistic of every head as a layers x heads heatmap, ``values [layers, heads]``, to find heads at a
+    glance. Each cell holds an invisible point with ``customdata = [layer, head]``: clicking it selects that head
+    (Streamlit reports point selections, not heatmap cells). The hover names the head, the value and its label."""
+    from attnviz.viz.matrix import numbers_fit, plot_area
+
+    matrix = np.asarray(values, dtype=np.float64)
+    layers, heads = matrix.shape
+    height = int(min(900, max(280, 130 + 44 * layers)))
+    text = [[style.format_number(v) for v in row] for row in matrix.tolist()]
+    show_text = numbers_fit(text, *plot_area(width, height, layers, heads))
+    figure = go.Figure(go.Heatmap(
+        z=matrix, x=list(range(heads)), y=list(range(layers)), colorscale=style.PLAIN_COLORSCALE,
+        text=text if show_text else None, texttemplate="%{text}" if show_text else None,
+        textfont=dict(size=12), hoverinfo="skip", colorbar=dict(title=dict(text=statistic, side="right")),
+        xgap=1, ygap=1,
+    ))
+    centres = [(layer, head) for layer in range(layers) for head in range(heads)]
+    figure.add_trace(go.Scatter(
+        x=[h for _, h in centres], y=[layer for layer, _ in centres], mode="markers",
+        marker=dict(size=max(10, min(40, 600 // max(heads, layers))), color="rgba(0,0,0,0)", symbol="square"),
+        customdata=[[layer, head] for layer, head in centres],
+        hovertext=[f"layer {layer}, head {head}<br>{statistic} {style.format_number(matrix[layer, head])}"
+                   + (f"<br>{labels[layer][head]}" if labels else "") + "<br>click to open"
+                   for layer, head in centres],
+        hoverinfo="text", showlegend=False,
+    ))
+    if highlight is not None:
+        layer, head = highlight
+        figure.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
+                         line=dict(color="#ff7f0e", width=3))
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(title="head", tickmode="array", tickvals=list(range(heads)), side="top", showgrid=False),
+        yaxis=dict(title="layer", tickmode="array", tickvals=list(range(layers)), autorange="reversed",
+                   showgrid=False),
+        height=height, margin=dict(l=10, r=10, t=90, b=10), plot_bgcolor="white",
         font=dict(family=style.FONT_FAMILY),
     )
     return figure
