@@ -56,6 +56,7 @@ class MaskPattern:
     describe: Callable[[dict], str]  # one line with the numbers of these parameters
     build: Callable[[int, int, dict], PatternMask]  # (n_q, n_k, params)
     allowed_pairs: Callable[[int, dict], float]  # about how many pairs at length n, without building the mask
+    reach: Callable[[dict], str] = lambda p: ""  # how the receptive field grows with stacked layers
     rule: Callable[[int, int, dict], masks.MaskSpec] | None = None  # the flash kernels' form, where they have one
     square_only: bool = False
 
@@ -71,6 +72,14 @@ def _lsh_vectors(n: int, p: dict) -> torch.Tensor:
 
 def _bigbird(n: int, p: dict) -> masks.BlockSparseMask:
     return masks.bigbird(n, p["block_size"], p["global_blocks"], p["window_blocks"], p["random_blocks"], p["seed"])
+
+
+def _dilated_reach(p: dict) -> str:
+    if p["dilation"] == 1:
+        return f"The reach grows by W − 1 = {p['window'] - 1} on each side per layer (d = 1: a plain window)."
+    return (f"The reach grows by (W − 1)·d = {(p['window'] - 1) * p['dilation']} on each side per layer, but only "
+            f"tokens at a multiple of d = {p['dilation']} from it are ever reached: the gaps fill only when layers "
+            "use different dilations (Longformer varies d across heads and layers).")
 
 
 def _window_pairs(n: int, left: int, right: int) -> float:
@@ -93,6 +102,7 @@ def _register(pattern: MaskPattern) -> None:
 _register(MaskPattern(
     key="full", label="Full (BERT)", parameters=(),
     cost=lambda p: "O(N²)",
+    reach=lambda p: "Every token reaches every position in one layer.",
     describe=lambda p: "Every token attends to every token.",
     build=lambda n_q, n_k, p: PatternMask(masks.full(n_q, n_k)),
     allowed_pairs=lambda n, p: float(n) * n,
@@ -101,6 +111,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="causal", label="Causal (GPT)", parameters=(),
     cost=lambda p: "O(N²/2)",
+    reach=lambda p: "Every earlier token reaches a position in one layer.",
     describe=lambda p: "Each token attends to itself and every token before it.",
     build=lambda n_q, n_k, p: PatternMask(masks.causal(n_q, n_k)),
     allowed_pairs=lambda n, p: n * (n + 1) / 2,
@@ -109,6 +120,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="sliding_window", label="Sliding window (left, right)", parameters=("left", "right"),
     cost=lambda p: f"O(N·{p['left'] + p['right'] + 1})",
+    reach=lambda p: (f"The reach grows by {p['left']} tokens back and {p['right']} ahead per layer."),
     describe=lambda p: (
         f"Query i sees keys i − {p['left']} … i + {p['right']}: {p['left'] + p['right'] + 1} keys per query away "
         "from the edges (FlashAttention's window_size)."
@@ -120,6 +132,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="sliding_causal", label="Sliding window, causal (Mistral)", parameters=("window",),
     cost=lambda p: "O(N·W)",
+    reach=lambda p: f"The reach grows by W − 1 = {p['window'] - 1} tokens back per layer.",
     describe=lambda p: f"The last W = {p['window']} tokens, itself included: {_plural(p['window'], 'key')} per query.",
     build=lambda n_q, n_k, p: PatternMask(masks.sliding_window(n_q, p["window"] - 1, 0, n_k=n_k)),
     allowed_pairs=lambda n, p: _window_pairs(n, p["window"] - 1, 0),
@@ -128,6 +141,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="sliding_bidirectional", label="Sliding window, bidirectional (Longformer)", parameters=("radius",),
     cost=lambda p: "O(N·(2r+1))",
+    reach=lambda p: f"The reach grows by r = {p['radius']} on each side per layer.",
     describe=lambda p: (
         f"r = {p['radius']} {'key' if p['radius'] == 1 else 'keys'} on each side and itself: "
         f"{2 * p['radius'] + 1} keys per query away from the edges."
@@ -139,6 +153,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="dilated", label="Dilated sliding window (Longformer)", parameters=("window", "dilation"),
     cost=lambda p: "O(N·(2W−1))",
+    reach=_dilated_reach,
     describe=lambda p: (
         f"W = {p['window']} keys on each side spaced d = {p['dilation']} apart, itself counted once: "
         f"{2 * p['window'] - 1} keys per query reaching {(p['window'] - 1) * p['dilation']} positions either way, "
@@ -152,6 +167,8 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="global_local", label="Global + local (Longformer, ETC)", parameters=("radius", "global_tokens"),
     cost=lambda p: "O(N·(2r+1+2G))",
+    reach=lambda p: (f"The window grows by r = {p['radius']} on each side per layer"
+                     + (", and global tokens connect everything in two layers." if p["global_tokens"] else ".")),
     describe=lambda p: (
         f"A window of r = {p['radius']} on each side ({2 * p['radius'] + 1} keys), plus "
         f"{_plural(p['global_tokens'], 'global token')} that {'sees' if p['global_tokens'] == 1 else 'see'} and "
@@ -167,6 +184,8 @@ _register(MaskPattern(
     key="bigbird", label="BigBird (global + window + random)",
     parameters=("block_size", "global_blocks", "window_blocks", "random_blocks", "seed"),
     cost=lambda p: "O(N·(g+w+r)·b)",
+    reach=lambda p: ("Global blocks connect everything in two layers; random blocks shortcut the rest."
+                 if p["global_blocks"] else "Window and random blocks spread the reach layer by layer."),
     describe=lambda p: (
         f"Blocks of b = {p['block_size']} tokens: {p['global_blocks']} global, a window of {p['window_blocks']} "
         f"blocks around the diagonal and up to {p['random_blocks']} random per non-global block row, among the blocks "
@@ -184,6 +203,7 @@ _register(MaskPattern(
 _register(MaskPattern(
     key="lsh", label="LSH buckets (Reformer, simplified)", parameters=("n_buckets", "n_rounds", "seed", "vectors"),
     cost=lambda p: "O(N²·(1−(1−1/B)^R))",
+    reach=lambda p: "The reach depends on which tokens share a bucket: similar tokens connect, others may never.",
     describe=lambda p: (
         f"Tokens attend to the tokens in their hash bucket ({p['n_buckets']} buckets) in any of "
         f"{p['n_rounds']} rounds, but not to themselves unless nothing else is left. Reformer also sorts by bucket "
@@ -233,6 +253,11 @@ def rule(key: str, n_q: int, n_k: int | None = None, **params) -> masks.MaskSpec
 
 def describe(key: str, **params) -> str:
     return PATTERNS[key].describe(parameters_of(key, **params))
+
+
+def reach(key: str, **params) -> str:
+    """How the receptive field of pattern ``key`` grows with stacked layers, with these parameters' numbers."""
+    return PATTERNS[key].reach(parameters_of(key, **params))
 
 
 def cost(key: str, **params) -> str:

@@ -175,6 +175,17 @@ def test_receptive_field_rule_states_the_measured_growth(key, params, per_layer)
     assert f"= {side} " in rule and "W-1" not in rule, rule
 
 
+def test_every_registered_pattern_states_its_own_reach():
+    reaches = {key: mask_patterns.reach(key) for key in mask_patterns.PATTERNS}
+    assert all(reaches.values()) and len(set(reaches.values())) == len(reaches)  # one statement per pattern
+    # The (left, right) window states both sides, measured: 2 back and 1 ahead per layer.
+    reach = masks_page.receptive_field_summary(
+        mask_patterns.build("sliding_window", 40, left=2, right=1).mask, 3, 20)
+    first = reach.float().argmax(-1).tolist()  # the earliest token reaching query 20 after 1, 2, 3 layers
+    assert [20 - f for f in first] == [2, 4, 6]
+    assert "2 tokens back and 1 ahead" in mask_patterns.reach("sliding_window", left=2, right=1)
+
+
 def test_lsh_is_described_as_built():
     assert "log" not in mask_patterns.cost("lsh")  # the mask as built is not N log N
     assert "O(N log N)" in mask_patterns.describe("lsh")  # Reformer's own cost is named as Reformer's

@@ -24,29 +24,8 @@ def receptive_field_summary(mask: torch.Tensor, n_layers: int, query: int) -> to
 
 
 def receptive_field_rule(key: str, **params) -> str:
-    """How the receptive field of pattern ``key`` grows with stacked layers, with these parameters' numbers."""
-    p = mask_patterns.parameters_of(key, **params)
-    if key == "full":
-        return "Every token reaches every position in one layer."
-    if key == "causal":
-        return "Every earlier token reaches a position in one layer."
-    if key == "sliding_causal":
-        return f"The reach grows by W − 1 = {p['window'] - 1} tokens back per layer."
-    if key == "sliding_bidirectional":
-        return f"The reach grows by r = {p['radius']} on each side per layer."
-    if key == "dilated":
-        if p["dilation"] == 1:
-            return f"The reach grows by W − 1 = {p['window'] - 1} on each side per layer (d = 1: a plain window)."
-        return (f"The reach grows by (W − 1)·d = {(p['window'] - 1) * p['dilation']} on each side per layer, but only "
-                f"tokens at a multiple of d = {p['dilation']} from it are ever reached: the gaps fill only when layers "
-                "use different dilations (Longformer varies d across heads and layers).")
-    if key == "global_local":
-        grows = f"The window grows by r = {p['radius']} on each side per layer"
-        return grows + (", and global tokens connect everything in two layers." if p["global_tokens"] else ".")
-    if key == "bigbird":
-        return ("Global blocks connect everything in two layers; random blocks shortcut the rest."
-                if p["global_blocks"] else "Window and random blocks spread the reach layer by layer.")
-    return "The reach depends on which tokens share a bucket: similar tokens connect, others may never."
+    """How the receptive field of pattern ``key`` grows with stacked layers (the registry's own words)."""
+    return mask_patterns.reach(key, **params)
 
 
 def score_memory_table(key: str, lengths: list[int], dtype: str, heads: int = 1, **params) -> pd.DataFrame:
