@@ -99,6 +99,8 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
                             for r in rows],
             "vs naive": [speed_ratio(naive_ms, r.median_ms) if naive_ms and r.median_ms and r.name != "naive" else ""
                          for r in rows],
+            "first call": [f"{r.first_ms:,.0f} ms" + (" (compiles)" if r.name == "flex" else "")
+                           if r.first_ms is not None else "—" for r in rows],
             "why not": [r.reason or "" for r in rows],
         }
     )

@@ -63,6 +63,26 @@ def test_cpu_backends_match_naive(case, backend, kernel, d):
     assert result.backend.startswith(backend)
 
 
+@pytest.mark.parametrize("case", list(MASK_CASES))
+def test_flex_attention_matches_naive_with_our_masks(case):
+    """Compiled FlexAttention, its BlockMask built from our rule (one compile per mask: a few seconds each)."""
+    n = 96 if case == "bigbird" else 101
+    q, k, v = inputs(n, n, 32, heads=4, kv_heads=2)
+    result = attention(q, k, v, mask_spec(case, n, n), backend="flex")
+    torch.testing.assert_close(result.output.double(), reference(q, k, v, dense_mask(case, n, n)), atol=2e-5, rtol=0)
+    assert result.backend == "flex"
+
+
+def test_flex_mask_mod_is_the_dense_mask():
+    from attnviz.flash.flex import mask_mod_of
+
+    for case in MASK_CASES:
+        spec = mask_spec(case, 96, 96) if case == "bigbird" else MaskSpec(40, 64, **MASK_CASES[case][0])
+        rule = mask_mod_of(spec, "cpu")
+        query, key = torch.meshgrid(torch.arange(spec.n_q), torch.arange(spec.n_k), indexing="ij")
+        assert torch.equal(rule(0, 0, query, key), spec.dense()), case
+
+
 def test_naive_backend_is_the_reference_in_fp64():
     q, k, v = inputs(33, 57, 32, dtype=torch.float64)
     out = attention(q, k, v, MaskSpec(33, 57, causal=True), backend="naive").output

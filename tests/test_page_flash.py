@@ -112,7 +112,17 @@ def test_cpu_benchmark_smoke(tmp_path):
     assert set(last["time_s"]) == set(flash_cpu.CPU_CONTENDERS)
     assert last["peak_bytes"]["naive"] > last["peak_bytes"]["sdpa/flash"]  # measured in fresh processes
     assert max(last["max_abs_diff_vs_naive"].values()) < 1e-4
+    assert last["first_call_s"]["flex"] > last["time_s"]["flex"]  # compiling, reported apart from run time
     assert "environment" in report
+
+
+def test_flex_attention_on_the_page_reports_its_compile_time_apart():
+    at = open_page("pages/flash.py", flash_n=128, flash_backends=["naive", "flex"])
+    assert not at.exception, [e.value for e in at.exception]
+    flex = results_table(at).set_index("backend").loc["FlexAttention"]
+    assert flex["ran as"] == "flex" and float(flex["max |out − naive fp64|"]) < 1e-4
+    assert flex["first call"].endswith("(compiles)")
+    assert float(flex["first call"].split()[0].replace(",", "")) > float(flex["median time"].split()[0])
 
 
 def test_gpu_benchmark_refuses_without_a_gpu():
@@ -163,10 +173,14 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
     for row in report["results"]:
         assert "triton" in row["forward_ms"] and "triton" in row["forward_backward_ms"]
         assert row["max_abs_diff_vs_sdpa"] < 1e-4  # our kernel agrees with PyTorch's SDPA on the same mask
+        assert row["flex_max_abs_diff_vs_sdpa"] < 1e-4  # so does FlexAttention with our mask as a BlockMask
+        assert row["first_call_ms"]["flex"] > 0 and "flex" in row["forward_ms"]
+        assert "flex" not in row["forward_backward_ms"] and "grad" in row["errors"]["flex"]  # needs a GPU
         assert "sdpa/cudnn" in row["errors"]  # no cuDNN on a CPU: reported, not fatal
     lines = flash_gpu.print_gpu(report)
     assert any("TFLOPS" in line or "triton TF" in line for line in lines)
     assert any("causal / non-causal" in line for line in lines)
+    assert any("flex compile" in line for line in lines)
 
 
 def test_other_widgets_do_not_re_measure_and_measure_again_does():

@@ -1,4 +1,5 @@
-"""``python -m attnviz.bench flash``: naive vs tiled vs SDPA flash/math on the CPU, time and peak memory vs N.
+"""``python -m attnviz.bench flash``: naive vs tiled vs SDPA flash/math vs FlexAttention on the CPU, time and peak
+memory vs N; FlexAttention's compile time (its first call) is printed apart from its run time.
 
 Every contender runs on the same inputs in the same run; peak memory is measured in a fresh process per point
 (:func:`attnviz.flash.cases.measure_peak_memory`). Imports only torch and attnviz's flash and core.
@@ -12,7 +13,7 @@ from attnviz.flash import run_contender
 from attnviz.flash.cases import AttentionCase, measure_peak_memory
 from attnviz.measure import median_seconds
 
-CPU_CONTENDERS = ("naive", "tiled", "sdpa/flash", "sdpa/math")  # keys of attnviz.flash.CONTENDERS
+CPU_CONTENDERS = ("naive", "tiled", "sdpa/flash", "sdpa/math", "flex")  # keys of attnviz.flash.CONTENDERS
 # What the recorded figures are checked against (docs/benchmarks.md).
 TARGETS = {"tiled peak / sdpa flash peak": 2.0, "tiled peak / naive peak": 1 / 20, "tiled time / sdpa flash time": 2.5}
 
@@ -33,12 +34,13 @@ def bench_cpu(lengths: list[int], *, batch: int = 1, heads: int = 8, d: int = 64
         case = AttentionCase(n, d, heads, batch=batch, mask="causal" if causal else "full")
         q, k, v = case.tensors()
         mask = case.mask_spec()
-        row = {"n": n, "time_s": {}, "peak_bytes": {}, "max_abs_diff_vs_naive": {}}
+        row = {"n": n, "time_s": {}, "peak_bytes": {}, "max_abs_diff_vs_naive": {}, "first_call_s": {}}
         with torch.no_grad():
             reference = run_contender("naive", q, k, v, mask).output
             for name in CPU_CONTENDERS:
                 def run(name=name, q=q, k=k, v=v, mask=mask):
                     return run_contender(name, q, k, v, mask).output
+                row["first_call_s"][name] = median_seconds(run, 1, warmup=0)  # FlexAttention compiles here
                 row["time_s"][name] = median_seconds(run, repeats)
                 row["max_abs_diff_vs_naive"][name] = (run() - reference).abs().max().item()
                 if memory:
@@ -63,6 +65,10 @@ def print_cpu(report: dict) -> list[str]:
         lines.append(f"{row['n']:>6} {times}   {peaks}")
     last = report["results"][-1]
     t, p = last["time_s"], last["peak_bytes"]
+    compiles = [row["first_call_s"].get("flex") for row in report["results"] if row.get("first_call_s")]
+    if compiles and None not in compiles:
+        lines.append("FlexAttention's first call (compiling for the shape, not in the times above): "
+                     + ", ".join(f"N={row['n']} {row['first_call_s']['flex']:.1f} s" for row in report["results"]))
     lines.append(f"Ratios at N={last['n']} (measured in this run):")
     lines.append("  time vs naive:      " + ", ".join(f"{n} {t[n] / t['naive']:.2f}x" for n in names))
     lines.append("  time vs sdpa/flash: " + ", ".join(f"{n} {t[n] / t['sdpa/flash']:.2f}x" for n in names))

@@ -46,7 +46,14 @@ def _contenders(q, k, v, spec: masks.MaskSpec) -> dict:
     from attnviz.flash.triton_kernel import triton_attention
 
     dense = None if spec.is_full or (spec.causal and spec.window is None) else spec.dense().to(q.device)
-    contenders = {"triton": lambda: triton_attention(q, k, v, spec)[0]}
+    from attnviz.flash.flex import flex_attention
+
+    scale = q.shape[-1] ** -0.5
+    # FlexAttention has no backward on a CPU and refuses inputs that require grad there: the CPU smoke test runs
+    # its forward on detached inputs (its forward + backward is then reported as an error, not fatal).
+    flex_inputs = (q, k, v) if q.is_cuda else (q.detach(), k.detach(), v.detach())
+    contenders = {"triton": lambda: triton_attention(q, k, v, spec)[0],
+                  "flex": lambda: flex_attention(*flex_inputs, spec, scale)}
     kernels = {"sdpa/flash": SDPBackend.FLASH_ATTENTION, "sdpa/cudnn": SDPBackend.CUDNN_ATTENTION,
                "sdpa/efficient": SDPBackend.EFFICIENT_ATTENTION}
     for label in SDPA_KERNELS:
@@ -62,13 +69,17 @@ def _contenders(q, k, v, spec: masks.MaskSpec) -> dict:
 def _time_case(contenders: dict, q, k, v, timer) -> dict:
     """Forward and forward + backward times of every contender; one that cannot run is reported, not fatal."""
     grad = torch.randn_like(q)
-    row = {"forward_ms": {}, "forward_backward_ms": {}, "errors": {}}
+    row = {"forward_ms": {}, "forward_backward_ms": {}, "errors": {}, "first_call_ms": {}}
     reference = None
     for label, function in contenders.items():
         try:
+            started = time.perf_counter()
             with torch.no_grad():
-                output = function()
-            if reference is None and label != "triton":
+                output = function()  # FlexAttention compiles its kernel in this first call: timed apart
+            if q.is_cuda:
+                torch.cuda.synchronize()
+            row["first_call_ms"][label] = (time.perf_counter() - started) * 1000
+            if reference is None and label not in ("triton", "flex"):
                 reference = output
             row["forward_ms"][label] = timer(function)
 
@@ -80,8 +91,11 @@ def _time_case(contenders: dict, q, k, v, timer) -> dict:
             row["errors"][label] = str(problem).splitlines()[0][:160]
     with torch.no_grad():
         ours = contenders["triton"]()
+        flex = contenders["flex"]() if "flex" in row["forward_ms"] else None
     if reference is not None:
         row["max_abs_diff_vs_sdpa"] = (ours.float() - reference.float()).abs().max().item()
+        if flex is not None:
+            row["flex_max_abs_diff_vs_sdpa"] = (flex.float() - reference.float()).abs().max().item()
     return row
 
 
@@ -159,7 +173,7 @@ def print_gpu(report: dict) -> list[str]:
     lines = [f"Flash attention on {report['gpu']}: B={report['batch']} H={report['heads']} {report['dtype']}, "
              f"torch {report['torch']}, triton {report['triton']} ({report['seconds']:.0f} s)"]
     lines.append(f"{'d':>4} {'N':>6} {'mask':<8} {'triton TF':>10} {'% of peak':>9} {'vs flash':>9} {'vs cudnn':>9} "
-                 f"{'vs effic.':>9} {'fwd+bwd TF':>11}")
+                 f"{'vs effic.':>9} {'vs flex':>9} {'fwd+bwd TF':>11} {'flex compile':>12}")
     for row in report["results"]:
         forward = row["forward_ms"]
         ours = forward.get("triton")
@@ -169,10 +183,12 @@ def print_gpu(report: dict) -> list[str]:
         tflops = row["forward_tflops"].get("triton", float("nan"))
         lines.append(
             f"{row['d']:>4} {row['n']:>6} {row['mask']:<8} {tflops:>10.1f} {tflops / report['peak_tflops']:>9.1%} "
-            f"{ratio('sdpa/flash'):>9} {ratio('sdpa/cudnn'):>9} {ratio('sdpa/efficient'):>9} "
-            f"{row['forward_backward_tflops'].get('triton', float('nan')):>11.1f}"
+            f"{ratio('sdpa/flash'):>9} {ratio('sdpa/cudnn'):>9} {ratio('sdpa/efficient'):>9} {ratio('flex'):>9} "
+            f"{row['forward_backward_tflops'].get('triton', float('nan')):>11.1f} "
+            f"{row.get('first_call_ms', {}).get('flex', float('nan')) / 1000:>11.1f}s"
         )
     lines.append("Ratios are contender time / triton time (above 1 = triton faster); "
-                 f"peak = {report['peak_tflops']:.0f} TFLOPS.")
+                 f"peak = {report['peak_tflops']:.0f} TFLOPS; flex compile = FlexAttention's first call (compiling), "
+                 "not in its times.")
     lines += targets_gpu(report)
     return lines

@@ -2,7 +2,8 @@
 
 Backends: ``naive`` (materialises the N x N matrix: attnviz.attention), ``tiled`` (the online softmax in PyTorch),
 ``sdpa`` (PyTorch's ``scaled_dot_product_attention`` with a named kernel: flash, efficient, cudnn or math, and
-the one that ran reported), ``triton`` (our kernel; CUDA, or the CPU interpreter for small inputs).
+the one that ran reported), ``triton`` (our kernel; CUDA, or the CPU interpreter for small inputs), ``flex``
+(PyTorch's compiled FlexAttention with a BlockMask made from the same rule).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from attnviz.masks import MaskSpec
 
-BACKENDS = ("naive", "tiled", "sdpa", "triton")
+BACKENDS = ("naive", "tiled", "sdpa", "triton", "flex")
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
 
 
@@ -36,6 +37,7 @@ CONTENDERS = {c.key: c for c in (
     Contender("sdpa/efficient", "SDPA efficient", {"backend": "sdpa", "sdpa_kernel": "efficient"}),
     Contender("sdpa/cudnn", "SDPA cuDNN", {"backend": "sdpa", "sdpa_kernel": "cudnn"}),
     Contender("triton", "Triton", {"backend": "triton"}),
+    Contender("flex", "FlexAttention", {"backend": "flex"}),
 )}
 
 
@@ -125,4 +127,12 @@ def attention(
         except triton_kernel.TritonUnavailable as problem:
             raise BackendUnavailable(str(problem)) from None
         return Result(output, "triton (interpreter)" if triton_kernel.INTERPRETED else "triton")
+    if backend == "flex":
+        from attnviz.flash.flex import flex_attention
+
+        try:
+            return Result(flex_attention(q, k, v, spec, scale), "flex")
+        except Exception as problem:  # noqa: BLE001 - torch.compile raises many types; all mean "not here"
+            reason = str(problem).strip().splitlines()[0][:200] if str(problem).strip() else type(problem).__name__
+            raise BackendUnavailable(f"FlexAttention could not compile here: {reason}") from None
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

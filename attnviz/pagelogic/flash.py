@@ -42,6 +42,7 @@ class Row:
     max_abs_diff: float | None
     median_ms: float | None
     peak_bytes: int | None = None  # on a GPU: extra peak allocated memory of one call
+    first_ms: float | None = None  # the first call: FlexAttention compiles its kernel then (not in median_ms)
 
     @property
     def label(self) -> str:
@@ -89,7 +90,11 @@ def run_contenders(case: AttentionCase, names: list[str], *, repeats: int = 3, a
         run = lambda name=name: run_contender(name, q, k, v, mask)  # noqa: E731
         try:
             with torch.no_grad():
+                start = time.perf_counter()
                 result = run()
+                if cuda:
+                    torch.cuda.synchronize()
+                first = (time.perf_counter() - start) * 1000
                 peak = _cuda_peak(run) if cuda else None
                 times = []
                 for _ in range(1 if interpreted else repeats):
@@ -103,7 +108,7 @@ def run_contenders(case: AttentionCase, names: list[str], *, repeats: int = 3, a
             continue
         difference = (result.output.double() - reference).abs().max().item()
         timing = None if interpreted else statistics.median(times) * 1000  # the interpreter is never timed
-        rows.append(Row(name, result.backend, None, difference, timing, peak))
+        rows.append(Row(name, result.backend, None, difference, timing, peak, None if interpreted else first))
     return rows
 
 
