@@ -42,15 +42,16 @@ class TiledTrace:
 
 
 @dataclass
-class _RowState:
-    """What one query block keeps between key blocks: O(block_q x d), whatever N is."""
+class RowState:
+    """What one query block keeps between key blocks: O(block_q x d), whatever N is (Ring attention keeps the
+    same on each device)."""
 
     running_max: torch.Tensor  # [b, h, bq], the largest score seen so far
     running_sum: torch.Tensor  # [b, h, bq], sum of exp(score - running_max)
     accumulator: torch.Tensor  # [b, h, bq, d], sum of exp(score - running_max) * v
 
 
-def _online_softmax_update(state: _RowState, scores: torch.Tensor, values: torch.Tensor) -> None:
+def online_softmax_update(state: RowState, scores: torch.Tensor, values: torch.Tensor) -> None:
     """Fold one tile into the running state (in place). ``scores [b, h, bq, bk]`` are scaled and -inf where
     masked; ``values [b, h, bk, d]``. Overwrites ``scores`` with its exponentials: the tile is the largest
     temporary there is, so no copy is made."""
@@ -118,7 +119,7 @@ def tiled_attention(
         q_start, q_end = qb * block_q, min(n_q, (qb + 1) * block_q)
         q_block = q[:, :, q_start:q_end].to(compute_dtype)  # [b, h, bq, d]
         rows = q_end - q_start
-        state = _RowState(
+        state = RowState(
             running_max=torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype, device=device),
             running_sum=torch.zeros(batch, heads, rows, dtype=compute_dtype, device=device),
             accumulator=torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype, device=device),
@@ -139,7 +140,7 @@ def tiled_attention(
             statuses.append(MASKED if needs_mask else COMPUTED)
             traced = record is not None and qb == trace_query_block
             tile_scores = scores[0, 0].clone() if traced else None
-            _online_softmax_update(state, scores, v[:, :, k_start:k_end].to(compute_dtype))
+            online_softmax_update(state, scores, v[:, :, k_start:k_end].to(compute_dtype))
             if traced:
                 record.steps.append(OnlineSoftmaxStep(
                     key_block=kb, status=statuses[-1], scores=tile_scores,
