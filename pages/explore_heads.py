@@ -28,7 +28,7 @@ AUTOMATIC_REPLAY_CELLS = 64 * 2048 * 2048  # above this (heads x N x N), the rep
 TEXT_SOURCES = ["the sidebar's sentence", "a long text", "Python's documentation"]
 SAMPLE_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 MAX_LONG_TEXT_BYTES = 2_000_000
-TABS = ["View", "Head statistics", "Compare two sentences", "What-if", "bertviz (online)", "Export"]
+TABS = ["View", "Head statistics", "Q·K", "Compare two sentences", "What-if", "bertviz (online)", "Export"]
 
 
 def on_figure_click() -> None:
@@ -255,6 +255,25 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: explore.View
     show_figure(figure, caption, key="explore_stats_figure")
 
 
+def query_key_tab(record, options: explore.ViewOptions) -> None:
+    st.markdown("How one score is made, in the head chosen above: the query and key vectors as the model's attention "
+                "received them (after RoPE, if any), their element-wise product, its sum, the scaling, and the "
+                "softmax over every key.")
+    columns = st.columns(2)
+    query = columns[0].selectbox("Query token", list(range(record.n_q)), index=min(2, record.n_q - 1),
+                                 format_func=lambda i: style.token_label(i, record.query_tokens[i]), key="qk_query")
+    weights = record.head_weights(options.layer, options.head, query, query + 1)[0]
+    key = columns[1].selectbox("Key token", list(range(record.n_k)), index=int(weights.argmax()),
+                               format_func=lambda j: style.token_label(j, record.key_tokens[j]), key="qk_key",
+                               help="Starts on the key this query attends to most.")
+    anatomy = explore.query_key(record, options.layer, options.head, int(query), int(key))
+    vectors, row, caption = explore.query_key_figures(anatomy, record, options.layer, options.head, int(query),
+                                                      int(key))
+    show_figure(vectors, "Red and blue: positive and negative entries; where q and k agree in sign, q∘k is red and "
+                         "adds to the score.", key="qk_vectors")
+    show_figure(row, caption, key="qk_row")
+
+
 def needs_every_head(record) -> bool:
     """The tabs that need every head's weights at once say so on a long input, rather than fail."""
     if record.dense_ok:
@@ -476,6 +495,7 @@ def main() -> None:
         view_tab(capture, record, options)
     bodies = {
         "Head statistics": lambda: statistics_tab(capture, capture_key, kind, options),
+        "Q·K": lambda: query_key_tab(record, options),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
         "What-if": lambda: what_if_tab(record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),

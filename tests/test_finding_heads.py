@@ -198,3 +198,33 @@ def test_narrow_panel_titles_wrap_instead_of_overlapping():
                          ["a", "b", "c"], ["a", "b", "c"], title="t", width=HALF_WIDTH)
     titles = [annotation.text for annotation in figure.layout.annotations]
     assert all(max(len(line) for line in t.split("<br>")) * 7 <= (HALF_WIDTH - 120) // 3 + 7 for t in titles)
+
+
+def test_the_query_key_view_does_the_arithmetic_of_one_score(pair):
+    record = pair.records["self"]
+    anatomy = explore.query_key(record, 2, 5, 3, 1)
+    q, k = record.queries[2, 5, 3].float(), record.keys[2, 5, 1].float()
+    assert anatomy.dot == pytest.approx(float(q @ k), rel=1e-6)
+    assert anatomy.scale == pytest.approx(1 / 32 ** 0.5)  # BERT: 1/sqrt(d_head), d_head = 384 / 12
+    assert anatomy.score == pytest.approx(anatomy.dot * anatomy.scale, rel=1e-6)
+    torch.testing.assert_close(anatomy.weights, record.weights[2, 5, 3], atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.softmax(anatomy.scores, -1), anatomy.weights, atol=1e-6, rtol=0)
+    vectors, row, caption = explore.query_key_figures(anatomy, record, 2, 5, 3, 1)
+    assert np.asarray(vectors.data[0].z, dtype=float).shape == (3, 32)
+    assert f"{anatomy.dot:.4g}" in caption and "rank" in caption
+    assert row.data[0].marker.color[1] == "#ff7f0e"
+    with pytest.raises(ValueError, match="outside"):
+        explore.query_key(record, 0, 0, 99, 0)
+
+
+def test_the_query_key_view_includes_t5s_position_bias(tmp_path):
+    from attnviz.models.loading import load_model_dir
+    from tests.tiny_models import make_tiny_checkpoint
+
+    bundle = load_model_dir(make_tiny_checkpoint("t5", tmp_path / "t5"))
+    record = capture(bundle, "the cat sat on the mat").records["encoder"]
+    anatomy = explore.query_key(record, 0, 1, 2, 4)
+    bias = record.bias_rows(0, 2, 3)[1, 0, 4]
+    assert anatomy.score == pytest.approx(anatomy.dot * anatomy.scale + float(bias), rel=1e-5, abs=1e-6)
+    _, _, caption = explore.query_key_figures(anatomy, record, 0, 1, 2, 4)
+    assert "position bias" in caption

@@ -326,3 +326,16 @@ def test_head_statistics_map_and_label_filter():
     assert set(table.value["label"]) == {first} and len(table.value) < 72
     at.selectbox(key="explore_stats_map").set_value("entropy (nats)").run()
     assert any(s["layout"]["title"]["text"] == "entropy (nats) of every head" for s in figures(at))
+
+
+def test_the_query_key_tab_shows_how_one_score_is_made():
+    at = open_page(EXPLORE)
+    at.session_state["explore_tab"] = "Q·K"
+    at.run()
+    assert not at.exception
+    vectors = next(s for s in figures(at) if s["layout"]["title"]["text"].startswith("Layer 0, head 2: query 2"))
+    assert plotly_array(vectors["data"][0]["z"]).reshape(3, -1).shape == (3, 32)
+    assert at.selectbox(key="qk_key").value == 1  # the key the query "cat" attends to most: "the", before it
+    at.selectbox(key="qk_key").set_value(5).run()
+    caption = next(c.value for c in at.caption if c.value.startswith("q·k = Σ q∘k"))
+    assert "5 · the" in caption
