@@ -180,3 +180,53 @@ def test_the_replay_check_finds_the_module_in_a_reloaded_model(tmp_path):
     with pytest.raises(RuntimeError, match="no longer loaded"):
         replay_difference(record)
     assert replay_difference(record, model=load_model_dir(folder).model) < 1e-5  # same weights, found by name
+
+
+@pytest.fixture(scope="module")
+def capture_600(long_llama):
+    from attnviz.pagelogic.explore_heads import sample_text
+
+    return capture(load_model_dir(long_llama), sample_text(), max_tokens=600)
+
+
+def test_pooled_cells_are_the_max_or_the_mean_of_their_block_of_weights(capture_600):
+    record = capture_600.records["self"]
+    weights = record.head_weights(1, 3)  # [600, 600]
+    from attnviz import analysis
+
+    edges = analysis.bin_edges(600, explore.POOL_LIMIT)
+    for how, reduce in (("max", torch.amax), ("mean", torch.mean)):
+        matrix = explore.head_matrix(capture_600, record, explore.ViewOptions(layer=1, head=3, pooling=how), [3])
+        assert matrix.pooled_from == (600, 600) and matrix.values.shape == (len(edges), len(edges))
+        for row in (0, 100, len(edges) - 1):
+            for col in (0, 57, len(edges) - 1):
+                (r0, r1), (c0, c1) = edges[row], edges[col]
+                block = weights[r0 : r1 + 1, c0 : c1 + 1]
+                expected = float(reduce(block)) if how == "max" else float(block.mean())
+                assert float(matrix.values[row, col]) == pytest.approx(expected, abs=1e-6), (how, row, col)
+
+
+def test_the_zoom_window_holds_the_exact_weights(capture_600):
+    record = capture_600.records["self"]
+    options = explore.ViewOptions(layer=0, head=1, zoom_query=300, zoom_key=250, zoom_size=64)
+    matrix = explore.zoom_matrix(capture_600, record, options, [1])
+    expected = record.head_weights(0, 1)[300:364, 250:314]
+    torch.testing.assert_close(matrix.values, expected, atol=1e-6, rtol=0)
+    assert matrix.window == (300, 250, 64, 64)
+
+
+def test_the_lines_view_caps_its_queries_and_says_so(capture_600):
+    figure, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", layer=0, head=0))
+    queries = next(trace for trace in figure.data if trace.name == "queries")
+    assert len(queries.y) == explore.LINES_TOKEN_LIMIT
+    assert f"Only the first {explore.LINES_TOKEN_LIMIT} queries are drawn" in caption
+    followed, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", follow=[500]))
+    assert "Only the first" not in caption
+
+
+@pytest.mark.parametrize("scale", ["row", "log", "head"])
+def test_the_title_says_which_colour_scale_is_on(capture_600, scale):
+    figure, _ = explore.view_figure(capture_600, explore.ViewOptions(layer=1, head=0, scale=scale))
+    assert f"colour: {explore.SCALES[scale]}" in figure.layout.title.text
+    plain, _ = explore.view_figure(capture_600, explore.ViewOptions(layer=1, head=0))
+    assert "colour:" not in plain.layout.title.text
