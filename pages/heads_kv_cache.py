@@ -52,8 +52,9 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
             f"cache holds only the last {tokens:,} of the {seq_len:,} tokens.", icon=":material/info:",
         )
     frame = cache_table(config, seq_len, batch, dtype)
-    left, right = st.columns([3, 2])
-    with left:
+    # The table the whole width (six columns, none cut short), the chart below it.
+    table, chart = st.container(), st.columns([3, 2])
+    with table:
         st.dataframe(frame.drop(columns=["total bytes"]), hide_index=True)
         ratio = frame["total bytes"].iloc[0] / frame["total bytes"].iloc[-1]
         st.caption(
@@ -63,7 +64,7 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
             "sequence" + (" (once the rolling buffer is full, a new token overwrites the oldest and costs nothing "
                           "more)." if tokens < seq_len else ".")
         )
-    with right:
+    with chart[0]:
         show_figure(
             bar_chart(frame["variant"].str.replace(" ← this model", "").tolist(),
                       (frame["total bytes"] / 2**30).tolist(),
@@ -72,6 +73,9 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
             "The cache grows linearly with cached tokens and batch; the number of K/V heads sets the slope.",
             key="kv_bars",
         )
+    with chart[1]:
+        st.markdown("**See a real cache grow** on the page *Generation and KV cache*: a decoder writes token by token, "
+                    "with its KV cache, PagedAttention's blocks and Ring attention's devices on its own tensors.")
     return config
 
 
