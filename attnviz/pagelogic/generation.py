@@ -1,0 +1,305 @@
+"""Everything the "Generation and KV cache" page computes: a decoder generating token by token with its real KV
+cache, the attention of each step's query, the cache's tensors, and the same generation without a cache.
+
+The page reads widgets, calls these and draws what they return; the tests call the same functions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnviz import circuits
+from attnviz.flash.ring import ring_attention
+from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.paged_kv import PagedKVCache
+from attnviz.units import human_bytes
+
+STRATEGIES = {"greedy": "greedy (the most likely token)", "sample": "sample (temperature, top-k, top-p)"}
+TOP_SHOWN = 10
+
+
+@dataclass
+class Sampling:
+    strategy: str = "greedy"
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    seed: int = 0
+
+
+def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The probabilities the next token is drawn from, ``[vocab]``: softmax of logits / temperature, then only
+    the ``top_k`` most likely tokens and the smallest set whose probability reaches ``top_p`` (renormalised).
+    Greedy puts all the mass on the argmax."""
+    logits = logits.double()
+    if sampling.strategy == "greedy":
+        probabilities = torch.zeros_like(logits)
+        probabilities[logits.argmax()] = 1.0
+        return probabilities
+    if sampling.temperature <= 0:
+        raise ValueError("the temperature must be above 0 (greedy is temperature → 0)")
+    probabilities = torch.softmax(logits / sampling.temperature, dim=-1)
+    if 0 < sampling.top_k < len(probabilities):
+        threshold = probabilities.topk(sampling.top_k).values[-1]
+        probabilities = torch.where(probabilities >= threshold, probabilities, torch.zeros_like(probabilities))
+    if sampling.top_p < 1:
+        ordered, order = probabilities.sort(descending=True)
+        before = ordered.cumsum(0) - ordered  # mass of the more likely tokens
+        keep = torch.zeros_like(probabilities, dtype=torch.bool)
+        keep[order[before < sampling.top_p * ordered.sum()]] = True
+        probabilities = torch.where(keep, probabilities, torch.zeros_like(probabilities))
+    return probabilities / probabilities.sum()
+
+
+@dataclass
+class Step:
+    """One generated token and what produced it."""
+
+    position: int  # the new token's position in the sequence
+    token_id: int
+    token: str
+    top: list[tuple[str, float]]  # the TOP_SHOWN most likely tokens of the distribution it was drawn from
+    # (greedy: of the model's softmax, whose top it took)
+    attention: torch.Tensor  # [layers, heads, n_keys]: the weights of the query that predicted it
+    cache_keys: list[tuple[int, ...]]  # the K tensor's shape in each layer of the cache after this step
+    cache_bytes: int  # K and V of every layer
+    seconds: float
+
+
+@dataclass
+class Generation:
+    prompt_tokens: list[str]
+    steps: list[Step] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] of each step
+    used_cache: bool = True
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # the cache at the end, per layer:
+    # K, V [kv_heads, tokens, head_dim] (every token but the last generated one, which no step has read yet)
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.prompt_tokens + [step.token for step in self.steps]
+
+    def text(self, tokenizer) -> str:
+        return tokenizer.decode([step.token_id for step in self.steps])
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) of each layer of a transformers cache object, ``[batch, kv_heads, cached tokens, head_dim]``."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cache_argument(model) -> str:
+    """transformers renames ``past_key_values`` to ``cache`` (5.3x); use whichever this model's forward takes."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id]) if hasattr(tokenizer, "decode") else str(token_id)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling, *, use_cache: bool = True,
+             max_positions: int | None = None, progress=None) -> Generation:
+    """Generate ``new_tokens`` tokens after ``prompt``, one forward pass a token, recording each step's top
+    tokens, the attention of the query that predicted it (every layer and head, over all earlier keys), and the
+    cache's tensors. Without ``use_cache``, every step runs the whole sequence again (the same tokens and logits,
+    slower). ``model`` must be a causal LM loaded with eager attention."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise ValueError("the prompt has no tokens: type a few words")
+    limit = max_positions or getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    if ids.shape[1] + new_tokens > limit:
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
+                         f"{limit} positions this model has")
+    generator = torch.Generator().manual_seed(sampling.seed)
+    result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache)
+    cache, sequence = None, ids
+    for step in range(new_tokens):
+        started = time.perf_counter()
+        if use_cache:
+            fed = sequence if cache is None else sequence[:, -1:]  # with a cache: only the newest token
+            output = model(input_ids=fed, use_cache=True, output_attentions=True, **{_cache_argument(model): cache})
+            cache = output.past_key_values
+        else:
+            output = model(input_ids=sequence, use_cache=False, output_attentions=True)
+        logits = output.logits[0, -1].float()
+        probabilities = sampling_distribution(logits, sampling)
+        token_id = int(torch.multinomial(probabilities, 1, generator=generator)) if sampling.strategy != "greedy" \
+            else int(probabilities.argmax())
+        seconds = time.perf_counter() - started
+        attention = torch.stack([layer[0, :, -1].float() for layer in output.attentions])  # [layers, heads, keys]
+        # Greedy draws from a one-hot: show the model's own distribution it took the top of.
+        shown = torch.softmax(logits.double(), -1) if sampling.strategy == "greedy" else probabilities
+        top = shown.topk(min(TOP_SHOWN, len(shown)))
+        tensors = _cache_tensors(cache) if cache is not None else []
+        result.steps.append(Step(
+            position=sequence.shape[1], token_id=token_id, token=_token_text(tokenizer, token_id),
+            top=[(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True)
+                 if p > 0],
+            attention=attention,
+            cache_keys=[tuple(k.shape) for k, _ in tensors],
+            cache_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in tensors),
+            seconds=seconds,
+        ))
+        result.logits.append(logits)
+        sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
+        if progress:
+            progress(step + 1, new_tokens)
+    if cache is not None:
+        result.kv = [(k[0].detach().clone(), v[0].detach().clone()) for k, v in _cache_tensors(cache)]
+    return result
+
+
+def cache_agreement(with_cache: Generation, without_cache: Generation) -> tuple[bool, float]:
+    """Whether both generations chose the same tokens, and the largest logit difference over all steps."""
+    same = [s.token_id for s in with_cache.steps] == [s.token_id for s in without_cache.steps]
+    difference = max(float((a - b).abs().max()) for a, b in zip(with_cache.logits, without_cache.logits,
+                                                                strict=True))
+    return same, difference
+
+
+def timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
+    """``[steps, positions]``: each step's query's weights over the keys it saw (NaN beyond them)."""
+    n = len(generation.prompt_tokens) + len(generation.steps)
+    matrix = np.full((len(generation.steps), n), np.nan)
+    for index, step in enumerate(generation.steps):
+        weights = step.attention[layer, head].numpy()
+        matrix[index, : len(weights)] = weights
+    return matrix
+
+
+def sink_mass(generation: Generation) -> np.ndarray:
+    """``[steps, layers, heads]``: the share of each step's attention on the first token (the "attention sink")."""
+    return np.stack([step.attention[:, :, 0].numpy() for step in generation.steps])
+
+
+def cache_table(step: Step, dtype_bytes: int) -> list[dict]:
+    """One row per layer: the K and V shapes in the cache after this step, and their bytes."""
+    rows = []
+    for layer, shape in enumerate(step.cache_keys):
+        count = int(np.prod(shape))
+        rows.append({"layer": layer, "K shape [batch, K/V heads, tokens, head dim]": str(list(shape)),
+                     "V shape": str(list(shape)), "bytes (K and V)": human_bytes(2 * count * dtype_bytes)})
+    return rows
+
+
+def load_causal_lm(folder: str | Path):
+    """The folder's causal LM (with its LM head) and tokenizer, with eager attention so each step's weights come
+    back; safetensors only, nothing from the hub, no code from the checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                                 use_safetensors=True, trust_remote_code=False).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    return model, tokenizer
+
+
+def held_out_text() -> str:
+    """The part of Python's documentation the bundled GPT never trained on."""
+    from attnviz.train_tiny import Recipe, documentation_text
+
+    text = documentation_text()
+    return text[int(len(text) * (1 - Recipe.held_out_share)):]
+
+
+def bundled_training_report() -> dict:
+    """What ``python -m attnviz.train_tiny`` wrote about the bundled GPT (recipe, losses, circuits)."""
+    return json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
+
+
+@dataclass
+class FoundHead:
+    name: str
+    layer: int
+    head: int
+    score: float
+    measure: str
+
+
+def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None) -> list[FoundHead]:
+    """The strongest previous-token head (on ``text``) and induction head (on random tokens of ``pool``, default
+    every ordinary token, repeated twice), measured with :func:`attnviz.circuits.circuit_scores` on the model's
+    own eager weights (as ``python -m attnviz.train_tiny`` measures them for the model card)."""
+    pool = pool or list(range(len(tokenizer.all_special_ids), model.config.vocab_size))
+    scores = circuits.circuit_scores(model, tokenizer, text, pool)
+    found = []
+    for name, key, measure in (
+        ("previous-token head", "previous_token", "mean weight on position i-1 (held-out text)"),
+        ("induction head", "induction", f"mean weight on the token after the earlier occurrence ({scores['period']} "
+                                        "random common tokens repeated twice)"),
+    ):
+        values = torch.tensor(scores[key])  # [layers, heads]
+        layer, head = divmod(int(values.argmax()), values.shape[1])
+        found.append(FoundHead(name, layer, head, float(values[layer, head]), measure))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PagedAttention and Ring attention on the model's real tensors
+
+
+@dataclass
+class PagedDemo:
+    cache: PagedKVCache
+    names: list[str]
+    identical: bool  # attention through the block tables equals attention on contiguous tensors, bit for bit
+    max_length: int  # what a contiguous cache reserves per sequence
+
+
+def paged_demo(samples: list[Generation], layer: int, *, block_size: int = 16, max_length: int,
+               seed: int = 0) -> PagedDemo:
+    """The real K/V of ``samples`` (one prompt sampled several times) at ``layer``, stored in a paged cache: the
+    prompt once, forked into each sample, whose own tokens are then appended step by step (copy-on-write where a
+    shared block is written: the prompt's last, partly filled block). Checks that attention of a seeded query
+    over each sample's K/V gives the same bits through the block table as on the contiguous tensors."""
+    from attnviz import masks
+    from attnviz.attention import scaled_dot_product_attention
+
+    prompt_length = len(samples[0].prompt_tokens)
+    keys, values = samples[0].kv[layer]
+    cache = PagedKVCache(kv_heads=keys.shape[0], head_dim=keys.shape[-1], block_size=block_size, dtype=keys.dtype)
+    cache.add_sequence("prompt")
+    for position in range(prompt_length):
+        cache.append("prompt", keys[:, position], values[:, position])
+    names = [f"sample {index + 1}" for index in range(len(samples))]
+    for name in names:
+        cache.fork("prompt", name)
+    cache.remove("prompt")  # the samples hold the prompt's blocks now (each block shared by all of them)
+    for step in range(max(len(sample.steps) for sample in samples)):  # the samples advance together
+        for name, sample in zip(names, samples, strict=True):
+            sample_keys, sample_values = sample.kv[layer]
+            position = prompt_length + step
+            if position < sample_keys.shape[1]:
+                cache.append(name, sample_keys[:, position], sample_values[:, position])
+    identical = True
+    generator = torch.Generator().manual_seed(seed)
+    for name, sample in zip(names, samples, strict=True):
+        sample_keys, sample_values = sample.kv[layer]
+        heads = sample_keys.shape[0]
+        query = torch.randn(heads, 1, sample_keys.shape[-1], generator=generator, dtype=sample_keys.dtype)
+        contiguous, _ = scaled_dot_product_attention(query[None], sample_keys[None], sample_values[None],
+                                                     mask=masks.causal(1, sample_keys.shape[1]))
+        identical &= torch.equal(cache.attention(name, query), contiguous[0])
+    return PagedDemo(cache, names, identical, max_length)
+
+
+def ring_demo(record, layer: int, devices: int, *, causal: bool):
+    """Ring attention over ``devices`` simulated devices on one captured layer's real Q, K, V (the model's own
+    scaling); returns ``(largest difference from full attention, trace)``."""
+    import torch.nn.functional as F
+
+    q = record.queries[layer][None].float()  # [1, heads, n, d]
+    k, v = record.keys[layer][None].float(), record.values[layer][None].float()
+    output, trace = ring_attention(q, k, v, devices, causal=causal, scale=record.scales[layer])
+    group = q.shape[1] // k.shape[1]
+    full = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                          is_causal=causal, scale=record.scales[layer])
+    return float((output - full).abs().max()), trace

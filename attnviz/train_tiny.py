@@ -1,0 +1,273 @@
+"""``python -m attnviz.train_tiny``: train the bundled tiny GPT, seeded, on the CPU, in minutes.
+
+The model is a GPT-2 (transformers' ``GPT2LMHeadModel``: learned positions, LayerNorm, GELU MLP) small enough to
+train on a laptop and to read head by head: 2 layers, 4 heads, d_model 128, a context of 256 tokens, a byte-level
+BPE vocabulary of 2,048 tokens trained on the same text. (``--architecture llama`` trains a Llama with RoPE and
+grouped-query attention instead; its induction heads came out more diffuse in our runs.) The text is
+Python's own documentation (``pydoc_data.topics``, shipped with every Python), so training needs nothing from the
+internet.
+
+Batches mix two kinds of sequence: windows of the documentation (what the model predicts on the page), and
+random tokens repeated (``A B C ... A B C ...``), which teach the two-layer induction circuit fast (Olsson et al.,
+2022): a previous-token head in layer 0 and an induction head in layer 1 that reads it. The last 10% of the
+documentation is held out: the losses and the previous-token score are measured on it.
+
+The folder written (weights, tokenizer, ``README.md`` model card, ``training.json``) loads with
+``AutoModelForCausalLM`` and ``AutoTokenizer`` like any checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from attnviz import circuits
+from attnviz.models.loading import BUNDLED_GPT_DIR
+
+BUNDLED_DIR = BUNDLED_GPT_DIR
+EOS = "<|endoftext|>"
+
+
+@dataclass
+class Recipe:
+    architecture: str = "gpt2"  # or "llama"
+    vocab_size: int = 2048
+    context: int = 256  # positions the model has
+    train_length: int = 128  # tokens per training sequence
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: two query heads share each K/V head
+    n_embd: int = 128
+    intermediate: int = 384
+    steps: int = 4000
+    batch: int = 16
+    learning_rate: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    repeat_share: float = 0.5  # of each batch: repeated random tokens
+    repeat_pool: int = 512  # they are drawn from this many most frequent tokens of the text (trained embeddings)
+    repeat_periods: tuple[int, int] = (8, 48)  # the period of a repeated sequence is drawn from this range
+    held_out_share: float = 0.1
+    seed: int = 0
+
+
+def documentation_text() -> str:
+    """Python's documentation topics (the text ``help()`` shows), in a fixed order."""
+    import pydoc_data.topics
+
+    return "\n\n".join(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics))
+
+
+def train_tokenizer(text: str, vocab_size: int):
+    """A byte-level BPE (GPT-2's kind: any text encodes, no unknown tokens) trained on ``text``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([text], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+
+
+def frequent_tokens(ids: torch.Tensor, count: int, skip: int) -> list[int]:
+    """The ``count`` most frequent token ids of ``ids``, leaving out the first ``skip`` ids (special tokens)."""
+    counts = torch.bincount(ids, minlength=skip + 1)
+    counts[:skip] = -1
+    return counts.argsort(descending=True, stable=True)[:count].sort().values.tolist()
+
+
+def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator, pool: list[int]):
+    """Endless batches ``[batch, train_length]``: documentation windows, and random tokens of ``pool`` repeated."""
+    pool_ids = torch.tensor(pool)
+    length = recipe.train_length
+    n_repeats = round(recipe.batch * recipe.repeat_share)
+    while True:
+        starts = torch.randint(0, len(train_ids) - length, (recipe.batch - n_repeats,), generator=generator)
+        rows = [train_ids[s : s + length] for s in starts.tolist()]
+        for _ in range(n_repeats):
+            period = int(torch.randint(*recipe.repeat_periods, (1,), generator=generator))
+            pattern = pool_ids[torch.randint(0, len(pool_ids), (period,), generator=generator)]
+            rows.append(pattern.repeat(math.ceil(length / period))[:length])
+        yield torch.stack(rows)
+
+
+def learning_rate(step: int, recipe: Recipe) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < recipe.warmup:
+        return recipe.learning_rate * (step + 1) / recipe.warmup
+    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def held_out_loss(model, ids: torch.Tensor, length: int, windows: int = 32) -> float:
+    model.eval()
+    starts = torch.linspace(0, len(ids) - length - 1, windows).long().tolist()
+    batch = torch.stack([ids[s : s + length] for s in starts])
+    loss = float(model(input_ids=batch, labels=batch).loss)
+    model.train()
+    return loss
+
+
+@torch.no_grad()
+def measure_circuits(folder: Path, held_out_text: str, pool: list[int]) -> dict:
+    """Reload the saved folder as any user would and measure both circuits with eager attention weights, per
+    layer and head (:func:`attnviz.circuits.circuit_scores`: the page and the tests measure the same way)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                                 use_safetensors=True, trust_remote_code=False).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    return circuits.circuit_scores(model, tokenizer, held_out_text, pool)
+
+
+def model_card(recipe: Recipe, report: dict) -> str:
+    prev = report["circuits"]["previous_token"]
+    induction = report["circuits"]["induction"]
+    best_prev = max(((v, layer, head) for layer, row in enumerate(prev) for head, v in enumerate(row)))
+    best_ind = max(((v, layer, head) for layer, row in enumerate(induction) for head, v in enumerate(row)))
+    kind = "GPT-2" if recipe.architecture == "gpt2" else "Llama"
+    heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
+    return f"""# attnviz tiny GPT
+
+A {recipe.n_layer}-layer {kind} ({heads}, d_model {recipe.n_embd}, {recipe.context} positions,
+{report['parameters']:,} parameters), trained by `python -m attnviz.train_tiny` so that attnviz can show a real
+decoder generating text, offline. It is a teaching model: it writes Python-documentation-flavoured English, often
+wrongly, and it has memorised much of its training text.
+
+- **Data**: Python's documentation topics (`pydoc_data.topics`, shipped with Python {report['python']}),
+  {report['train_tokens']:,} tokens for training and {report['held_out_tokens']:,} held out (the last
+  {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is random tokens repeated (drawn from the
+  {recipe.repeat_pool} most frequent tokens; periods {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}),
+  which teaches induction.
+- **Tokenizer**: byte-level BPE, {recipe.vocab_size} tokens, trained on the same text; `{EOS}` is BOS and EOS.
+- **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens, AdamW (lr
+  {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
+  {recipe.seed}, CPU ({report['threads']} threads): {report['seconds'] / 60:.1f} minutes with torch
+  {report['torch']}.
+- **Final loss**: training {report['final_train_loss']:.3f} nats/token (documentation batches), held-out
+  {report['held_out_loss']:.3f} nats/token.
+- **Circuits** (eager attention weights of the saved model):
+  - previous-token head: layer {best_prev[1]}, head {best_prev[2]}, mean weight on position i-1 =
+    {best_prev[0]:.3f} on held-out text;
+  - induction head: layer {best_ind[1]}, head {best_ind[2]}, mean weight from each second-half token to the
+    token after its first occurrence = {best_ind[0]:.3f} on {report['circuits']['period']} random tokens
+    repeated twice.
+- **Licence**: the training text is Python's documentation, copyright the Python Software Foundation, under the
+  PSF License Agreement (https://docs.python.org/3/license.html); the weights, trained on that text, are
+  distributed under the same terms.
+"""
+
+
+def build_model(recipe: Recipe, tokenizer):
+    """A fresh decoder of ``recipe.architecture``: "llama" (RoPE, GQA) or "gpt2" (learned positions)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    if recipe.architecture == "gpt2":
+        config = GPT2Config(vocab_size=recipe.vocab_size, n_positions=recipe.context, n_embd=recipe.n_embd,
+                            n_layer=recipe.n_layer, n_head=recipe.n_head, n_inner=recipe.intermediate,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+        return GPT2LMHeadModel(config)
+    config = LlamaConfig(vocab_size=recipe.vocab_size, hidden_size=recipe.n_embd,
+                         intermediate_size=recipe.intermediate, num_hidden_layers=recipe.n_layer,
+                         num_attention_heads=recipe.n_head, num_key_value_heads=recipe.n_kv_head,
+                         max_position_embeddings=recipe.context, tie_word_embeddings=True,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config)
+
+
+def train(recipe: Recipe, out: Path, log=print) -> dict:
+
+    torch.manual_seed(recipe.seed)
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    text = documentation_text()
+    split = int(len(text) * (1 - recipe.held_out_share))
+    train_text, held_out_text = text[:split], text[split:]
+    tokenizer = train_tokenizer(train_text, recipe.vocab_size)
+    train_ids = torch.tensor(tokenizer(train_text)["input_ids"])
+    held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])
+    model = build_model(recipe, tokenizer)
+    model.train()
+    decay = [p for name, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for name, p in model.named_parameters() if p.ndim < 2]
+    optimiser = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.learning_rate,
+                                  betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(recipe.seed)
+    pool = frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids))
+    stream = batches(train_ids, recipe, generator, pool)
+    n_text = recipe.batch - round(recipe.batch * recipe.repeat_share)
+    started = time.perf_counter()
+    text_losses: list[float] = []
+    for step in range(recipe.steps):
+        for group in optimiser.param_groups:
+            group["lr"] = learning_rate(step, recipe)
+        batch = next(stream)
+        logits = model(input_ids=batch).logits  # [batch, length, vocab]
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1), reduction="none",
+        ).view(batch.shape[0], -1)
+        loss = losses.mean()
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        text_losses.append(losses[:n_text].mean().item())
+        if step % 100 == 0 or step == recipe.steps - 1:
+            repeats = losses[n_text:, recipe.train_length // 2:].mean().item() if n_text < len(batch) else 0.0
+            log(f"step {step:5d}  loss {loss.item():.3f}  documentation {text_losses[-1]:.3f}  "
+                f"repeats (second half) {repeats:.3f}  {time.perf_counter() - started:6.0f} s")
+    seconds = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    report = {
+        "recipe": asdict(recipe), "seconds": seconds, "threads": threads, "torch": torch.__version__,
+        "python": platform.python_version(), "parameters": sum(p.numel() for p in model.parameters()),
+        "train_tokens": len(train_ids), "held_out_tokens": len(held_out_ids),
+        "final_train_loss": sum(text_losses[-50:]) / len(text_losses[-50:]),
+        "held_out_loss": held_out_loss(model, held_out_ids, recipe.train_length),
+        "repeat_token_ids": pool,
+        "circuits": measure_circuits(out, held_out_text, pool),
+    }
+    (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "README.md").write_text(model_card(recipe, report))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m attnviz.train_tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument("--seed", type=int, default=Recipe.seed)
+    parser.add_argument("--repeat-share", type=float, default=Recipe.repeat_share)
+    parser.add_argument("--learning-rate", type=float, default=Recipe.learning_rate)
+    parser.add_argument("--weight-decay", type=float, default=Recipe.weight_decay)
+    parser.add_argument("--architecture", choices=("llama", "gpt2"), default=Recipe.architecture)
+    parser.add_argument("--heads", type=int, default=Recipe.n_head)
+    parser.add_argument("--kv-heads", type=int, default=Recipe.n_kv_head)
+    parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
+    args = parser.parse_args(argv)
+    report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
+                          learning_rate=args.learning_rate, n_head=args.heads, n_kv_head=args.kv_heads,
+                          weight_decay=args.weight_decay, architecture=args.architecture), args.out)
+    circuits_found = report["circuits"]
+    print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "
+          f"best previous-token score {max(max(r) for r in circuits_found['previous_token']):.3f}, "
+          f"best induction score {max(max(r) for r in circuits_found['induction']):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Generation and KV cache: a real decoder writes token by token; each step's attention, the cache it keeps, and
+the systems that serve it (PagedAttention, Ring attention), simulated exactly on its own tensors."""
+
+import html
+import statistics
+
+import streamlit as st
+
+from attnviz.flash.ring import ring_memory
+from attnviz.models.capture import capture
+from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.pagelogic import generation as gen
+from attnviz.ui import (
+    current_model_name,
+    generation_model,
+    load_bundle,
+    registered_models,
+    show_figure,
+    start_page,
+    transient_status,
+)
+from attnviz.units import human_bytes
+from attnviz.viz.charts import bar_chart, line_chart
+from attnviz.viz.inference import block_table_figure, memory_map_figure, ring_figure
+from attnviz.viz.matrix import matrix_heatmap
+from attnviz.viz.style import token_labels
+
+DEFAULT_PROMPT = ("The for statement is used to iterate over the elements of a sequence (such as a string, tuple "
+                  "or list) or other iterable object.")
+TABS = ["Generation", "PagedAttention", "Ring attention"]
+MAX_NEW_TOKENS = 64
+
+
+def choose_decoder() -> tuple[str, str] | None:
+    """The decoder this page runs: the sidebar's model when it is one, else the bundled tiny GPT."""
+    models = registered_models()
+    decoders = {name: folder for name, folder in models.items() if architecture_of_folder(folder) == "decoder"}
+    if not decoders:
+        st.warning("No decoder is loaded: add one (GPT-2, Llama, ...) on the Checkpoints page.")
+        return None
+    sidebar = current_model_name()
+    if sidebar not in decoders:
+        kind = architecture_of_folder(models[sidebar]) or "not a decoder"
+        st.info(f"The sidebar's model, **{sidebar}**, is an {kind}: it reads a whole text at once and does not "
+                "generate. This page runs a decoder" + (" (encoder-decoders such as T5 and BART are not supported "
+                                                       "here yet)." if kind == "encoder-decoder" else "."),
+                icon=":material/info:")
+    default = sidebar if sidebar in decoders else (BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in decoders
+                                                   else next(iter(decoders)))
+    names = list(decoders)
+    name = st.selectbox("Decoder", names, index=names.index(default), key="gen_model")
+    return name, decoders[name]
+
+
+def request_form() -> dict:
+    """The generation's settings, applied with the Generate button (so typing never reruns the model)."""
+    defaults = {"prompt": DEFAULT_PROMPT, "new_tokens": 12, "strategy": "greedy", "temperature": 1.0, "top_k": 0,
+                "top_p": 1.0, "seed": 0}
+    request = st.session_state.setdefault("gen_request", dict(defaults))
+    with st.form("gen_form", border=False):
+        top = st.columns([6, 2])
+        # The widgets start from the settings in use (after a visit to another page they are drawn afresh).
+        prompt = top[0].text_input("Prompt", request["prompt"], key="gen_prompt", max_chars=2000)
+        new_tokens = top[1].number_input("New tokens", 1, MAX_NEW_TOKENS, request["new_tokens"], key="gen_count")
+        columns = st.columns([3, 2, 2, 2, 1])
+        strategy = columns[0].radio("Decoding", list(gen.STRATEGIES), format_func=gen.STRATEGIES.get,
+                                    index=list(gen.STRATEGIES).index(request["strategy"]), key="gen_strategy",
+                                    horizontal=True)
+        temperature = columns[1].slider("Temperature", 0.1, 2.0, request["temperature"], 0.1, key="gen_temperature",
+                                        help="Sampling only: logits are divided by it before the softmax.")
+        top_k = columns[2].number_input("Top-k (0: off)", 0, 1000, request["top_k"], key="gen_top_k")
+        top_p = columns[3].slider("Top-p", 0.05, 1.0, request["top_p"], 0.05, key="gen_top_p",
+                                  help="Sampling only: keep the most likely tokens until their mass reaches p.")
+        seed = columns[4].number_input("Seed", 0, 10_000, request["seed"], key="gen_seed")
+        if st.form_submit_button("Generate", type="primary"):
+            request.update(prompt=prompt, new_tokens=int(new_tokens), strategy=strategy,
+                           temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed))
+    st.button("One more token", key="gen_more", on_click=lambda: request.update(
+        new_tokens=min(MAX_NEW_TOKENS, request["new_tokens"] + 1)), help="The same generation, one step longer.")
+    return request
+
+
+def sampling_of(request: dict, seed_offset: int = 0) -> gen.Sampling:
+    return gen.Sampling(request["strategy"], request["temperature"], request["top_k"], request["top_p"],
+                        request["seed"] + seed_offset)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def cached_generation(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, use_cache: bool):
+    model, tokenizer = generation_model(folder, name)
+    return gen.generate(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), use_cache=use_cache)
+
+
+def run(folder: str, name: str, request: dict, seed_offset: int = 0, use_cache: bool = True) -> gen.Generation:
+    sampling = sampling_of(request, seed_offset)
+    key = (sampling.strategy, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
+    return cached_generation(folder, name, request["prompt"], request["new_tokens"], key, use_cache)
+
+
+def show_text(generation: gen.Generation, step: int) -> None:
+    """The prompt, then the generated tokens (bold), the chosen step's token marked."""
+    parts = [html.escape("".join(generation.prompt_tokens))]
+    for index, generated in enumerate(generation.steps):
+        text = html.escape(generated.token)
+        style = "background:#ffe0b2;" if index == step else ""
+        parts.append(f'<b style="color:#c2410c;{style}">{text}</b>')
+    st.html(f'<div style="font-size:1.15rem; line-height:1.7; white-space:pre-wrap">{"".join(parts)}</div>')
+
+
+def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> None:
+    with transient_status("Generating with the KV cache, then again without it…"):
+        cached = run(folder, name, request)
+        uncached = run(folder, name, request, use_cache=False)
+    n_steps = len(cached.steps)
+    layers, heads = cached.steps[0].attention.shape[:2]
+    columns = st.columns([4, 1, 1])
+    step = columns[0].slider("Step", 1, n_steps, n_steps, key="gen_step") - 1 if n_steps > 1 else 0
+    layer = int(columns[1].number_input("Layer", 0, layers - 1, layers - 1, key="gen_layer"))
+    head = int(columns[2].number_input("Head", 0, heads - 1, 0, key="gen_head"))
+    show_text(cached, step)
+    chosen = cached.steps[step]
+    left, right = st.columns(2)
+    with left:
+        labels = [repr(token)[1:-1] or "·" for token, _ in chosen.top]
+        show_figure(bar_chart(labels, [p for _, p in chosen.top], title=f"Step {step + 1}: next-token distribution",
+                              y_title="probability", text=[f"{p:.2f}" for _, p in chosen.top]),
+                    (f"The model's {len(chosen.top)} most likely next tokens; greedy takes the first: "
+                     if request["strategy"] == "greedy" else
+                     f"The {len(chosen.top)} most likely tokens of the distribution the token was drawn from "
+                     "(after temperature, top-k and top-p); chosen: ") + f"{chosen.token!r}.", key="gen_top")
+    with right:
+        keys = token_labels([repr(t)[1:-1] for t in cached.tokens[: chosen.position]])
+        weights = chosen.attention[layer, head].numpy()
+        show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: attention of layer {layer}, head "
+                                                            f"{head}", y_title="weight"),
+                    "The weights of the query that predicted this token (the last token read) over every earlier "
+                    "token; they sum to 1.", key="gen_attention")
+    matrix = gen.timeline(cached, layer, head)
+    rows = token_labels([repr(s.token)[1:-1] for s in cached.steps], [s.position for s in cached.steps])
+    show_figure(matrix_heatmap(matrix, rows, token_labels([repr(t)[1:-1] for t in cached.tokens]),
+                               title=f"Timeline: each step's attention, layer {layer}, head {head}",
+                               x_title="key position", y_title="generated token", show_values=False),
+                "One row per generated token (labelled by its position): its query's weights over all earlier "
+                "tokens. Grey: positions that did not exist yet.", key="gen_timeline")
+    sink = gen.sink_mass(cached)[:, layer]  # [steps, heads]
+    show_figure(line_chart(list(range(1, n_steps + 1)), {f"head {h}": sink[:, h].tolist() for h in range(heads)},
+                           title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
+                           y_title="weight on token 0", markers=True),
+                "Many decoders park attention on the first token when nothing else is relevant (Xiao et al., "
+                "2023): a head that keeps a large share there is a sink.", key="gen_sink")
+    cache_section(cached, uncached, step, model)
+
+
+def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int, model) -> None:
+    st.subheader("The KV cache, as the model holds it")
+    chosen = cached.steps[step]
+    dtype_bytes = next(model.parameters()).element_size()
+    st.dataframe(gen.cache_table(chosen, dtype_bytes), hide_index=True)
+    same, difference = gen.cache_agreement(cached, uncached)
+    with_cache = statistics.median(s.seconds for s in cached.steps[1:]) if len(cached.steps) > 1 else 0.0
+    without = statistics.median(s.seconds for s in uncached.steps[1:]) if len(uncached.steps) > 1 else 0.0
+    columns = st.columns(4)
+    columns[0].metric("Cache after this step", human_bytes(chosen.cache_bytes))
+    columns[1].metric("Same tokens without the cache", "yes" if same else "no")
+    columns[2].metric("Largest logit difference", f"{difference:.1e}")
+    columns[3].metric("Time per token, cache / none", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms")
+    st.caption(
+        f"After step {step + 1} the cache holds K and V for {chosen.cache_keys[0][2]} tokens in every layer. With it, "
+        "each step feeds only the newest token; without it, every step runs the whole sequence again: the same "
+        "tokens and logits (up to rounding), more work. Times are medians over the steps after the first, on this "
+        "machine."
+    )
+
+
+@st.cache_resource(max_entries=4, show_spinner="Measuring the heads…")
+def cached_circuits(folder: str, name: str):
+    model, tokenizer = generation_model(folder, name)
+    pool = gen.bundled_training_report()["repeat_token_ids"] if name == BUNDLED_GPT_NAME else None
+    return gen.find_circuits(model, tokenizer, gen.held_out_text(), pool=pool)
+
+
+def circuits_section(folder: str, name: str) -> None:
+    with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME):
+        found = cached_circuits(folder, name)
+        for head in found:
+            st.markdown(f"**{head.name}**: layer {head.layer}, head {head.head}: {head.measure} = "
+                        f"**{head.score:.2f}**.")
+        st.caption("Measured now on this model's own eager attention weights, as the tests measure them.")
+
+
+def paged_tab(folder: str, name: str, request: dict) -> None:
+    st.markdown(
+        "The same prompt sampled **three times** (seeds +0, +1, +2, temperature at least 1): the real K and V "
+        "of one layer, stored as vLLM's PagedAttention stores them: blocks of 16 tokens from one pool, a block "
+        "table per sequence, the prompt's blocks shared until a sequence writes into one (copy-on-write)."
+    )
+    sampled = dict(request, strategy="sample", temperature=max(1.0, request["temperature"]))
+    with transient_status("Sampling the prompt three times…"):
+        samples = [run(folder, name, sampled, seed_offset=offset) for offset in range(3)]
+    layers = len(samples[0].kv)
+    layer = int(st.number_input("Layer", 0, layers - 1, 0, key="gen_paged_layer"))
+    model, _ = generation_model(folder, name)
+    max_length = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    demo = gen.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
+    show_figure(block_table_figure(demo.cache, demo.names, title="Block tables: logical block → physical block"),
+                "Orange: a physical block shared by several sequences (the prompt's full blocks); blue: a block "
+                "one sequence owns. The number is the physical block.", key="gen_block_table")
+    show_figure(memory_map_figure(demo.cache, title="The pool of physical blocks"),
+                "Every block of K/V memory in use; hover to see which sequences read it.", key="gen_memory_map")
+    report = demo.cache.memory(max_length)
+    columns = st.columns(4)
+    columns[0].metric("Paged cache", human_bytes(report["paged_bytes"]), help=f"{report['blocks_in_use']} blocks")
+    columns[1].metric(f"Contiguous, {max_length} tokens each", human_bytes(report["contiguous_bytes"]))
+    columns[2].metric("Internal fragmentation", f"{report['fragmentation']:.0%}",
+                      help=f"{report['wasted_slots']} of {report['blocks_in_use'] * 16} slots hold no token")
+    columns[3].metric("Through the block table", "identical" if demo.identical else "DIFFERENT")
+    copies = sum(event.kind == "copy-on-write" for event in demo.cache.events)
+    st.caption(
+        f"Layer {layer}: {report['sequences']} sequences, {report['logical_tokens']} tokens in their tables, "
+        f"{report['tokens_stored']} stored once each ({copies} copy-on-write copies). A contiguous cache reserves "
+        f"the model's full context ({max_length} tokens) per sequence up front. Attention of a seeded query over "
+        "each sample's K/V, read through its block table, gives the same bits as on contiguous tensors."
+    )
+
+
+def ring_tab(folder: str, name: str, request: dict) -> None:
+    generation = run(folder, name, request)
+    model, tokenizer = generation_model(folder, name)
+    text = request["prompt"] + generation.text(tokenizer)
+    bundle = load_bundle(folder, name)
+    record = capture(bundle, text).records["self"]
+    columns = st.columns([3, 1])
+    devices = int(columns[0].slider("Devices P", 2, min(8, record.n_q), min(4, record.n_q), key="gen_devices"))
+    layer = int(columns[1].number_input("Layer", 0, record.n_layers - 1, 0, key="gen_ring_layer"))
+    difference, trace = gen.ring_demo(record, layer, devices, causal=True)
+    st.markdown(
+        f"The {record.n_q} tokens of the generated text, split over **{devices} simulated devices**: each keeps "
+        "its queries, attends them to the K/V block it holds, merges the result with the online-softmax rule, "
+        f"and passes the block on. Largest difference from full causal attention: **{difference:.1e}** "
+        f"(layer {layer}, the model's real Q, K, V)."
+    )
+    show_figure(ring_figure(trace.held, trace.status, title="Who holds which K/V block at each step"),
+                f"Each step every device passes its block to the next. With the causal mask a device skips blocks "
+                f"from later in the sequence: {trace.computed_share():.0%} of the device-steps compute.",
+                key="gen_ring")
+    heads, kv_heads, head_dim = record.n_heads, record.n_kv_heads, record.queries.shape[-1]
+    rows = []
+    for n in (record.n_q, 131_072, 1_048_576):
+        for p in (1, 2, 4, 8):
+            if p > n:
+                continue
+            memory = ring_memory(n, p, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+            rows.append({"tokens N": f"{n:,}", "devices P": p, "tokens per device": f"{memory['block_tokens']:,}",
+                         "memory per device": human_bytes(memory["per_device"]),
+                         "sent per step by each device": human_bytes(memory["sent_per_step"]) if p > 1 else "—"})
+    st.dataframe(rows, hide_index=True)
+    st.caption(f"This model's shape ({heads} heads, {kv_heads} K/V heads, head dim {head_dim}), bf16, one layer: "
+               "a device holds its queries, two K/V blocks (the one it works on and the one arriving) and its "
+               "running output; per-device memory falls as 1/P while each step sends one K/V block.")
+
+
+def main() -> None:
+    start_page("Generation and KV cache")
+    choice = choose_decoder()
+    if choice is None:
+        return
+    name, folder = choice
+    request = request_form()
+    model, tokenizer = generation_model(folder, name)
+    try:
+        tabs = dict(zip(TABS, st.tabs(TABS, key="gen_tab", on_change="rerun", bind="query-params"), strict=True))
+        bodies = {"Generation": lambda: generation_tab(folder, name, request, model, tokenizer),
+                  "PagedAttention": lambda: paged_tab(folder, name, request),
+                  "Ring attention": lambda: ring_tab(folder, name, request)}
+        for title, body in bodies.items():
+            if tabs[title].open:
+                with tabs[title]:
+                    body()
+    except ValueError as problem:
+        st.warning(str(problem))
+    circuits_section(folder, name)
+
+
+main()

@@ -1,0 +1,79 @@
+"""AppTest: the Generation and KV cache page, as a user drives it, on the bundled tiny GPT."""
+
+import pytest
+
+from attnviz.models.loading import BUNDLED_GPT_NAME
+from tests.apptest_helpers import figure_titled, figures, open_page
+
+PAGE = "pages/generation.py"
+
+
+@pytest.fixture(autouse=True)
+def _clean(clean_streamlit_caches):
+    yield
+
+
+def metric(at, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_the_encoder_in_the_sidebar_hands_over_to_the_bundled_gpt_which_generates():
+    at = open_page(PAGE, timeout=300)
+    assert any("is an encoder" in i.value for i in at.info)
+    assert at.selectbox(key="gen_model").value == BUNDLED_GPT_NAME
+    timeline = figure_titled(at, "Timeline")
+    assert len(timeline["layout"]["yaxis"]["ticktext"]) == 12  # the default: 12 new tokens, one row each
+    assert figure_titled(at, "Step 12: next-token distribution")
+    assert metric(at, "Same tokens without the cache") == "yes"
+    assert float(metric(at, "Largest logit difference")) < 1e-4
+    found = [m.value for m in at.markdown if "head**" in m.value]
+    assert any(value.startswith("**previous-token head**") for value in found)
+    assert any(value.startswith("**induction head**") for value in found)
+
+
+def test_one_more_token_grows_the_timeline_and_the_step_slider_moves_the_views():
+    at = open_page(PAGE, timeout=300)
+    at.button(key="gen_more").click().run()
+    assert not at.exception
+    assert len(figure_titled(at, "Timeline")["layout"]["yaxis"]["ticktext"]) == 13
+    at.slider(key="gen_step").set_value(3).run()
+    assert figure_titled(at, "Step 3: next-token distribution")
+    attention = figure_titled(at, "Step 3: attention of layer")
+    assert abs(sum(attention["data"][0]["y"]) - 1) < 1e-4  # one query's weights over the tokens before it
+
+
+def test_sampling_settings_apply_with_the_generate_button():
+    at = open_page(PAGE, timeout=300)
+    at.radio(key="gen_strategy").set_value("sample")
+    at.slider(key="gen_temperature").set_value(1.5)
+    at.number_input(key="gen_count").set_value(5)
+    submit = next(b for b in at.button if getattr(b, "label", "") == "Generate")
+    submit.click().run()
+    assert not at.exception
+    assert len(figure_titled(at, "Timeline")["layout"]["yaxis"]["ticktext"]) == 5
+    assert at.session_state["gen_request"]["strategy"] == "sample"
+
+
+def test_paged_and_ring_tabs():
+    at = open_page(PAGE, timeout=300)
+    at.session_state["gen_tab"] = "PagedAttention"
+    at.run()
+    assert not at.exception
+    assert metric(at, "Through the block table") == "identical"
+    titles = [s["layout"]["title"]["text"] for s in figures(at)]
+    assert "Block tables: logical block → physical block" in titles and "The pool of physical blocks" in titles
+    at.session_state["gen_tab"] = "Ring attention"
+    at.run()
+    assert not at.exception
+    ring = figure_titled(at, "Who holds which K/V block")
+    assert len(ring["data"][0]["y"]) == 4  # the default: 4 devices, 4 steps
+    difference = next(m.value for m in at.markdown if "Largest difference from full causal attention" in m.value)
+    assert float(difference.split("**")[-2]) <= 1e-5
+
+
+def test_a_prompt_too_long_for_the_model_is_a_message():
+    at = open_page(PAGE, timeout=300)
+    at.text_input(key="gen_prompt").set_value("word " * 400)
+    next(b for b in at.button if getattr(b, "label", "") == "Generate").click().run()
+    assert not at.exception
+    assert any("positions this model has" in w.value for w in at.warning)
