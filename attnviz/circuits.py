@@ -42,18 +42,21 @@ def repeated_random_tokens(period: int, *, seed: int, pool: list[int], prefix: l
 
 @torch.no_grad()
 def circuit_scores(model, tokenizer, text: str, pool: list[int], *, windows: int = 4, length: int = 128,
-                   period: int = 40, seeds: int = 4) -> dict:
+                   period: int = 40, seeds: int = 4, max_positions: int | None = None) -> dict:
     """Both scores for every layer and head of a causal LM with eager attention (``output_attentions``):
     ``previous_token`` on ``windows`` evenly spaced windows of ``text`` and ``induction`` on ``seeds`` sequences
     of ``period`` random tokens of ``pool`` repeated twice (after a BOS when the tokenizer has one), each
-    ``[layers][heads]`` (means over the windows and seeds)."""
+    ``[layers][heads]`` (means over the windows and seeds). ``max_positions``: the model's context, which the
+    windows and the repeated sequences are shortened to fit."""
     ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
-    length = min(length, len(ids) - 1)
+    length = min(length, len(ids) - 1, max_positions or length)
     previous = []
     for start in torch.linspace(0, len(ids) - length - 1, windows).long().tolist():
         attentions = model(input_ids=ids[start : start + length][None], output_attentions=True).attentions
         previous.append(torch.stack([previous_token_score(a[0]) for a in attentions]))  # [layers, heads]
     prefix = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    if max_positions:
+        period = min(period, (max_positions - len(prefix)) // 2)
     induction = []
     for seed in range(seeds):
         tokens = repeated_random_tokens(period, seed=1000 + seed, pool=pool, prefix=prefix)

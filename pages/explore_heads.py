@@ -323,7 +323,7 @@ def what_if_parameters(mask_key: str, columns, n_k: int) -> dict:
     return {name: int(value) for name, value in params.items()}
 
 
-def what_if_tab(record, options: explore.ViewOptions) -> None:
+def what_if_tab(capture, record, options: explore.ViewOptions) -> None:
     if needs_every_head(record):
         return
     st.markdown(
@@ -347,7 +347,9 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
     effect = explore.what_if_effect(record, layer, before, after, new_mask)
     left, right = st.columns(2)
     with left:
-        matrix = explore.dense_matrix(before[head], record.query_tokens, record.key_tokens, how="max")
+        matrix = explore.with_segments(
+            explore.dense_matrix(before[head], record.query_tokens, record.key_tokens, how="max"), capture, record,
+            list(range(n_q)), list(range(n_k)))
         show_figure(
             explore.weights_heatmap(matrix, explore._pooled_title(f"Before: layer {layer}, head {head} (the model)",
                                                                   matrix), "fixed", width=HALF_WIDTH),
@@ -356,7 +358,9 @@ def what_if_tab(record, options: explore.ViewOptions) -> None:
     with right:
         rule = (explore.what_if_mask_label(mask_key) + (", no √d_k scaling" if unscaled else "")
                 + (f", T = {temperature:g}" if temperature != 1 else ""))
-        matrix = explore.dense_matrix(after[head], record.query_tokens, record.key_tokens, how="max")
+        matrix = explore.with_segments(
+            explore.dense_matrix(after[head], record.query_tokens, record.key_tokens, how="max"), capture, record,
+            list(range(n_q)), list(range(n_k)))
         show_figure(
             explore.weights_heatmap(matrix, explore._pooled_title(f"After: {rule}", matrix), "fixed",
                                     width=HALF_WIDTH),
@@ -497,7 +501,7 @@ def main() -> None:
         "Head statistics": lambda: statistics_tab(capture, capture_key, kind, options),
         "Q·K": lambda: query_key_tab(record, options),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
-        "What-if": lambda: what_if_tab(record, options),
+        "What-if": lambda: what_if_tab(capture, record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),
         "Export": lambda: export_tab(capture, record, options),
     }

@@ -228,3 +228,15 @@ def test_the_query_key_view_includes_t5s_position_bias(tmp_path):
     assert anatomy.score == pytest.approx(anatomy.dot * anatomy.scale + float(bias), rel=1e-5, abs=1e-6)
     _, _, caption = explore.query_key_figures(anatomy, record, 0, 1, 2, 4)
     assert "position bias" in caption
+
+
+def test_compare_and_what_if_heatmaps_mark_sentence_b_too(pair):
+    figures, _ = explore.compare_figures(pair, pair, "self", 0, 0)
+    start_of_b = pair.segments.index(1)
+    for figure in figures[:2]:
+        assert {s.x0 for s in figure.layout.shapes if s.type == "line" and s.x0 == s.x1} == {start_of_b - 0.5}
+    record = pair.records["self"]
+    matrix = explore.with_segments(explore.dense_matrix(record.weights[0, 0], record.query_tokens,
+                                                        record.key_tokens), pair, record,
+                                   list(range(record.n_q)), list(range(record.n_k)))
+    assert matrix.row_segments == pair.segments == matrix.col_segments

@@ -667,6 +667,7 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
     for name, capture in (("A", first), ("B", second)):
         record = capture.records[kind]
         matrix = dense_matrix(record.head_weights(layer, head), record.query_tokens, record.key_tokens, how="max")
+        matrix = with_segments(matrix, capture, record, list(range(record.n_q)), list(range(record.n_k)))
         figures.append(weights_heatmap(matrix, _pooled_title(f"Text {name}: layer {layer}, head {head}", matrix),
                                        "fixed", width=HALF_WIDTH))
     a, b = first.records[kind], second.records[kind]

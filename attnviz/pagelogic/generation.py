@@ -229,7 +229,9 @@ def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None)
     every ordinary token, repeated twice), measured with :func:`attnviz.circuits.circuit_scores` on the model's
     own eager weights (as ``python -m attnviz.train_tiny`` measures them for the model card)."""
     pool = pool or list(range(len(tokenizer.all_special_ids), model.config.vocab_size))
-    scores = circuits.circuit_scores(model, tokenizer, text, pool)
+    config = model.config
+    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    scores = circuits.circuit_scores(model, tokenizer, text, pool, max_positions=context)
     found = []
     for name, key, measure in (
         ("previous-token head", "previous_token", "mean weight on position i-1 (held-out text)"),

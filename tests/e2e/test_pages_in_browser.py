@@ -68,7 +68,7 @@ def test_a_first_visit_to_a_deep_link_on_a_fresh_server_gets_the_navigation(brow
         page.goto(url + "/masks")
         wait_until_idle(page)
         page.locator("h1", has_text="Masks").wait_for(timeout=60_000)
-        assert page.locator('[data-testid="stSidebarNav"] a').count() == 8
+        assert page.locator('[data-testid="stSidebarNav"] a').count() == 9
         assert page.get_by_label("Model", exact=True).count() == 1  # the global sidebar of app.py
         assert page.locator('[data-testid="stException"]').count() == 0
         context.close()
