@@ -115,8 +115,10 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     layers, heads = cached.steps[0].attention.shape[:2]
     columns = st.columns([4, 1, 1])
     step = columns[0].slider("Step", 1, n_steps, n_steps, key="gen_step") - 1 if n_steps > 1 else 0
-    layer = int(columns[1].number_input("Layer", 0, layers - 1, layers - 1, key="gen_layer"))
-    head = int(columns[2].number_input("Head", 0, heads - 1, 0, key="gen_head"))
+    induction = next(h for h in cached_circuits(folder, name) if h.name == "induction head")
+    # Opens on the model's strongest induction head: it looks back at what followed the current token before.
+    layer = int(columns[1].number_input("Layer", 0, layers - 1, induction.layer, key="gen_layer"))
+    head = int(columns[2].number_input("Head", 0, heads - 1, induction.head, key="gen_head"))
     show_text(cached, step)
     chosen = cached.steps[step]
     left, right = st.columns(2)
