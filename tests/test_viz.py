@@ -59,8 +59,9 @@ def test_heatmap_row_shares_one_scale():
 
 
 def test_mask_heatmap_uses_discrete_colours():
-    figure = mask_heatmap(torch.tensor([[1, 0], [1, 1]]), ["q0", "q1"], ["k0", "k1"], title="t")
+    figure = mask_heatmap(torch.tensor([[1, 0], [1, 1]]), ["0 · the", "1 · cat"], ["0 · the", "1 · cat"], title="t")
     assert list(figure.data[0].colorbar.ticktext) == ["blocked", "may attend"]
+    assert figure.data[0].customdata[0][1] == "query 0 · the → key 1 · cat: blocked"  # the hover names both tokens
 
 
 def test_head_grid_pools_and_labels():

@@ -212,12 +212,18 @@ def mask_heatmap(
     for level in levels:  # a stepped colour scale: each integer level gets a flat band
         colour = legend[level][0]
         colorscale += [[level / (top + 1), colour], [(level + 1) / (top + 1), colour]]
-    names = [[legend.get(int(v), ("", "?"))[1] for v in row] for row in values.tolist()]
+    labelled = len(row_labels) == values.shape[0] and len(col_labels) == values.shape[1]
+    # The hover names both tokens (by their labels) and what the cell is.
+    rows = row_labels if labelled else range(values.shape[0])
+    cols = col_labels if labelled else range(values.shape[1])
+    names = [[f"{y_title} {row_name} → {x_title} {col_name}: {legend.get(int(v), ('', '?'))[1]}"
+              for col_name, v in zip(cols, row, strict=True)]
+             for row_name, row in zip(rows, values.tolist(), strict=True)]
     figure = go.Figure(
         go.Heatmap(
             z=values, x=list(range(values.shape[1])), y=list(range(values.shape[0])),
             zmin=-0.5, zmax=top + 0.5, colorscale=colorscale, customdata=names,
-            hovertemplate=f"{y_title} %{{y}} → {x_title} %{{x}}: %{{customdata}}<extra></extra>",
+            hovertemplate="%{customdata}<extra></extra>",
             colorbar=dict(tickvals=levels, ticktext=[legend[level][1] for level in levels], thickness=14),
             xgap=1 if values.size <= DETAIL_LIMIT else 0, ygap=1 if values.size <= DETAIL_LIMIT else 0,
         )
