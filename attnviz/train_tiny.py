@@ -47,7 +47,7 @@ class Recipe:
     n_kv_head: int = 2  # grouped-query attention: two query heads share each K/V head
     n_embd: int = 128
     intermediate: int = 384
-    steps: int = 4000
+    steps: int = 6000
     batch: int = 16
     learning_rate: float = 2e-3
     warmup: int = 100
