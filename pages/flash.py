@@ -85,6 +85,15 @@ def measured_rows(case, chosen: dict, gpu: bool) -> list:
     return rows
 
 
+def first_call(row) -> str:
+    """The first call's time, short enough for its column: FlexAttention compiles then (seconds, said so)."""
+    if row.first_ms is None:
+        return "—"
+    if row.name == "flex":
+        return f"{row.first_ms / 1000:.1f} s (compiles)"
+    return f"{row.first_ms:.0f} ms"
+
+
 def results_section(case, chosen: dict, gpu: bool) -> None:
     rows = measured_rows(case, chosen, gpu)
     st.button("Measure again", key="flash_again", on_click=lambda: st.session_state.update(flash_measure_again=True),
@@ -99,8 +108,7 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
                             for r in rows],
             "vs naive": [speed_ratio(naive_ms, r.median_ms) if naive_ms and r.median_ms and r.name != "naive" else ""
                          for r in rows],
-            "first call": [f"{r.first_ms:,.0f} ms" + (" (compiles)" if r.name == "flex" else "")
-                           if r.first_ms is not None else "—" for r in rows],
+            "first call": [first_call(r) for r in rows],
             "why not": [r.reason or "" for r in rows],
         }
     )
@@ -111,7 +119,9 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
     if measured:
         table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
                                         else measured.get(r.name, "—") for r in rows])
-    st.dataframe(table, hide_index=True)
+    first_call_column = st.column_config.TextColumn(
+        width="medium", help="Each backend's first call, not in the median: FlexAttention compiles its kernel then.")
+    st.dataframe(table, hide_index=True, column_config={"first call": first_call_column})
     cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
     if not gpu and cpu_names and st.button(
         "Measure peak memory (a fresh process per backend, a few seconds each)", key="flash_measure_memory"
