@@ -275,7 +275,7 @@ def heatmap_row(
     from plotly.subplots import make_subplots
 
     count = len(matrices)
-    panel_width = max(120, (width - 120) // count)
+    panel_width = max(80, (width - 190) // count)  # less the y labels and the colour bar, as in plot_area
     chars = max(8, panel_width // 7)  # about 7 px a character at 12 px
     wrapped = [wrap_title(t, chars) for t in titles]
     lines = max(t.count("<br>") + 1 for t in wrapped)
