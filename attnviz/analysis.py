@@ -86,7 +86,6 @@ class StatisticsAccumulator:
         self.sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STATISTICS}
         self.counts = {name: 0 for name in STATISTICS}
         self.key_sums = torch.zeros(n_heads, n_k, dtype=torch.float64)  # weight each key received, summed over rows
-        self.rows = 0
 
     def add(self, start: int, weights: torch.Tensor) -> None:
         weights = weights.double()  # [heads, rows, n_k]
@@ -109,7 +108,6 @@ class StatisticsAccumulator:
             self.sums[name] += value
             self.counts[name] += rows
         self.key_sums += weights.sum(1)
-        self.rows += rows
         for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
             keys = positions + offset
             inside = (keys >= 0) & (keys < self.n_k)  # rows that have such a key
@@ -120,7 +118,7 @@ class StatisticsAccumulator:
 
     def result(self, layer: int) -> list[HeadStats]:
         means = {name: self.sums[name] / max(self.counts[name], 1) for name in STATISTICS}
-        key_means = self.key_sums / max(self.rows, 1)  # [heads, n_k]
+        key_means = self.key_sums / max(self.counts["entropy"], 1)  # [heads, n_k]; every row counts for entropy
         top_share, top_key = key_means.max(-1)
         stats = []
         for head in range(self.n_heads):

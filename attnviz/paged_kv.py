@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnviz import masks
+from attnviz.attention import scaled_dot_product_attention
+
 
 @dataclass
 class CacheEvent:
@@ -116,9 +119,6 @@ class PagedKVCache:
     def attention(self, name: str, queries: torch.Tensor, *, causal_offset: bool = True) -> torch.Tensor:
         """Attention of ``queries [heads, n_q, d]`` (the sequence's last n_q tokens) over its cached K/V, with
         attnviz's attention on the gathered blocks; ``causal_offset``: query i sees keys up to its own position."""
-        from attnviz import masks
-        from attnviz.attention import scaled_dot_product_attention
-
         keys, values = self.gather(name)
         n_q, n_k = queries.shape[-2], keys.shape[-2]
         mask = masks.causal(n_q, n_k) if causal_offset else None

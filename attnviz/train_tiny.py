@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from attnviz import circuits
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
 
 BUNDLED_DIR = BUNDLED_GPT_DIR
 EOS = "<|endoftext|>"
@@ -64,6 +64,12 @@ def documentation_text() -> str:
     import pydoc_data.topics
 
     return "\n\n".join(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics))
+
+
+def split_text(text: str, held_out_share: float) -> tuple[str, str]:
+    """(training text, held-out text): the last ``held_out_share`` of the text is never trained on."""
+    split = int(len(text) * (1 - held_out_share))
+    return text[:split], text[split:]
 
 
 def train_tokenizer(text: str, vocab_size: int):
@@ -124,11 +130,7 @@ def held_out_loss(model, ids: torch.Tensor, length: int, windows: int = 32) -> f
 def measure_circuits(folder: Path, held_out_text: str, pool: list[int]) -> dict:
     """Reload the saved folder as any user would and measure both circuits with eager attention weights, per
     layer and head (:func:`attnviz.circuits.circuit_scores`: the page and the tests measure the same way)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
-                                                 use_safetensors=True, trust_remote_code=False).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    model, tokenizer = load_causal_lm(folder)
     return circuits.circuit_scores(model, tokenizer, held_out_text, pool)
 
 
@@ -193,9 +195,7 @@ def train(recipe: Recipe, out: Path, log=print) -> dict:
     torch.manual_seed(recipe.seed)
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
-    text = documentation_text()
-    split = int(len(text) * (1 - recipe.held_out_share))
-    train_text, held_out_text = text[:split], text[split:]
+    train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
     tokenizer = train_tokenizer(train_text, recipe.vocab_size)
     train_ids = torch.tensor(tokenizer(train_text)["input_ids"])
     held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])

@@ -18,6 +18,7 @@ from attnviz.models.loading import (
     ModelBundle,
     bundled_models,
     default_model_dir,
+    load_causal_lm,
     load_model_dir,
 )
 from attnviz.models.safety import CheckpointRefused
@@ -604,8 +605,6 @@ def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
 @st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head…")
 def generation_model(folder: str, name: str):
     """A decoder with its LM head and eager attention, for the Generation page (``(model, tokenizer)``)."""
-    from attnviz.pagelogic.generation import load_causal_lm
-
     return load_causal_lm(folder)
 
 

@@ -172,13 +172,9 @@ def view_options(capture, record, kind: str, text_pair: str, architecture: str) 
 def view_tab(capture, record, options: explore.ViewOptions) -> None:
     try:
         if options.view == "grid" and not explore.has_thumbnails(capture, record, options):
-            query_positions, key_positions = explore.positions(capture, record, options)
             with transient_status("Pooling every head into thumbnails…") as status:
-                explore.grid_thumbnails(
-                    record, progress=lambda layer, n: status.update(
-                        label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"),
-                    query_positions=query_positions, key_positions=key_positions,
-                    renormalise=options.renormalise and (options.hide_special or options.block != "all"))
+                explore.filtered_thumbnails(capture, record, options, progress=lambda layer, n: status.update(
+                    label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
         if (options.view == "grid" and record.n_q == record.n_k <= explore.GRID_NOTES_LIMIT
                 and "statistics" not in record.memo):
             with transient_status("Labelling every head…") as status:

@@ -23,3 +23,19 @@ def clean_streamlit_caches():
     yield
     st.cache_resource.clear()
     st.cache_data.clear()
+
+
+@pytest.fixture(scope="module")
+def bert():
+    """The bundled BERT, loaded once per test module."""
+    from attnviz.models.loading import load_default_model
+
+    return load_default_model()
+
+
+@pytest.fixture(scope="module")
+def pair(bert):
+    """A sentence pair captured on the bundled BERT (per module: tests may fill its records' memo)."""
+    from attnviz.models.capture import capture
+
+    return capture(bert, "The cat sat on the mat.", "It was tired.")

@@ -9,19 +9,8 @@ import torch
 
 from attnviz import masks
 from attnviz.models.capture import capture
-from attnviz.models.loading import load_default_model
 from attnviz.pagelogic import explore_heads as explore
 from tests.apptest_helpers import plotly_array
-
-
-@pytest.fixture(scope="module")
-def bert():
-    return load_default_model()
-
-
-@pytest.fixture(scope="module")
-def pair(bert):
-    return capture(bert, "The cat sat on the mat.", "It was tired.")
 
 
 @pytest.mark.parametrize("view", list(explore.VIEWS))

@@ -24,16 +24,6 @@ from attnviz.viz.matrix import (
 )
 
 
-@pytest.fixture(scope="module")
-def bert():
-    return load_default_model()
-
-
-@pytest.fixture(scope="module")
-def pair(bert):
-    return capture(bert, "The cat sat on the mat.", "It was tired.")
-
-
 def test_ranks_in_rows_match_an_independent_ranking():
     values = np.random.default_rng(0).random((5, 9))
     values[2, 3] = np.nan  # a masked cell ranks last

@@ -9,7 +9,13 @@ import torch
 
 from attnviz import circuits
 from attnviz.models.capture import capture
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, bundled_models, load_model_dir
+from attnviz.models.loading import (
+    BUNDLED_GPT_DIR,
+    BUNDLED_GPT_NAME,
+    bundled_models,
+    load_causal_lm,
+    load_model_dir,
+)
 from attnviz.pagelogic import generation as gen
 
 PROMPT = "The for statement is used to iterate over the elements of a sequence"
@@ -17,7 +23,7 @@ PROMPT = "The for statement is used to iterate over the elements of a sequence"
 
 @pytest.fixture(scope="module")
 def tiny():
-    return gen.load_causal_lm(BUNDLED_GPT_DIR)
+    return load_causal_lm(BUNDLED_GPT_DIR)
 
 
 def test_the_bundled_gpt_ships_as_a_checkpoint_any_user_can_load():

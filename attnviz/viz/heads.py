@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.viz import style
+from attnviz.viz.matrix import numbers_fit, plot_area
 
 HEAD_COLOURS = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -249,8 +250,6 @@ def statistic_heatmap(values, *, title: str, statistic: str, labels: list[list[s
     """One statistic of every head as a layers x heads heatmap, ``values [layers, heads]``, to find heads at a
     glance. Each cell holds an invisible point with ``customdata = [layer, head]``: clicking it selects that head
     (Streamlit reports point selections, not heatmap cells). The hover names the head, the value and its label."""
-    from attnviz.viz.matrix import numbers_fit, plot_area
-
     matrix = np.asarray(values, dtype=np.float64)
     layers, heads = matrix.shape
     height = int(min(900, max(280, 130 + 44 * layers)))
