@@ -683,6 +683,16 @@ def cached_capture(
     return capture(_bundle, text, text_pair, fallback_tokenizer=fallback, max_tokens=max_tokens)
 
 
+@st.cache_resource(max_entries=4, show_spinner="Running the model on the image and capturing its attention…")
+def cached_image_capture(folder: str, name: str, dtype: str, image_key: str, _bundle: ModelBundle, _image,
+                         label: str):
+    """A vision model's capture of one image, keyed by the model and the image (its bytes' digest, or the
+    sample's name)."""
+    from attnviz.models.capture import capture_image
+
+    return capture_image(_bundle, _image, label)
+
+
 @st.cache_resource(max_entries=8, show_spinner=False)
 def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None, _model=None) -> float:
     """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
@@ -707,6 +717,10 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
     cuts it, unless ``notice`` is off); an error in the page (not a traceback) if that fails."""
     bundle = current_bundle()
     name = current_model_name()
+    if bundle.modality == "image":
+        st.info(f"{name} is a vision transformer: this part of the page works on text. Explore heads shows its "
+                "attention on an image; choose a text model in the sidebar for this one.", icon=":material/image:")
+        st.stop()
     if not text.strip():
         st.warning("The text is empty. Type a sentence in the sidebar.")
         st.stop()
@@ -721,3 +735,14 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
         st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
                 "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
     return bundle, result
+
+
+def queries_unavailable(bundle, record, what: str) -> bool:
+    """True (with a note in the page) when ``record`` holds transformers' eager weights only, so ``what`` (a view
+    that needs the model's queries and keys) cannot be drawn for this model."""
+    if record.replayable:
+        return False
+    st.info(f"{what} needs the model's queries and keys, which {bundle.model_type} does not expose: attnviz shows "
+            "its eager attention weights only (see the note on Explore heads). Choose another model in the sidebar "
+            "to see it.", icon=":material/info:")
+    return True

@@ -35,9 +35,9 @@ def limits() -> None:
         )
     st.markdown(
         "**Tested model types** (each loaded from a tiny checkpoint and checked against transformers' own attention "
-        f"weights): {support.supported_markdown()}. Other types that route attention through transformers' "
-        f"attention interface usually work; {', '.join(f'`{t}`' for t in support.NOT_SUPPORTED)} do not and are "
-        "refused with the reason."
+        f"weights):\n\n{support.supported_markdown()}\n\nOther types that route attention through transformers' "
+        "attention interface usually work; any other type is shown from transformers' eager weights, and Explore "
+        "heads says which path a model took."
     )
     st.caption(
         f"Limits: uploads up to {upload_limit_bytes() / 1024**3:.3g} GiB; models up to "

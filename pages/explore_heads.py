@@ -1,13 +1,15 @@
 """Explore heads: what every head of a real pretrained model attends to, for any sentence."""
 
 import dataclasses
+import hashlib
 
 import streamlit as st
 
-from attnviz import analysis
+from attnviz import analysis, vision
 from attnviz.models.capture import TooLongForDense, replay_tolerance
 from attnviz.pagelogic import explore_heads as explore
 from attnviz.ui import (
+    cached_image_capture,
     cached_replay_difference,
     cached_statistics,
     capture_current,
@@ -15,6 +17,7 @@ from attnviz.ui import (
     current_model_name,
     current_sentence,
     model_dtype,
+    queries_unavailable,
     registered_models,
     show_figure,
     start_page,
@@ -23,6 +26,7 @@ from attnviz.ui import (
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
 from attnviz.viz.matrix import HALF_WIDTH
+from attnviz.viz.vision import heads_overlay_figure, overlay_figure
 
 AUTOMATIC_REPLAY_CELLS = 64 * 2048 * 2048  # above this (heads x N x N), the replay check waits for a click
 TEXT_SOURCES = ["the sidebar's sentence", "a long text", "Python's documentation"]
@@ -58,6 +62,8 @@ def open_head(layer: int, head: int) -> None:
 
 
 def replay_check(capture_key: tuple, kind: str, record, model) -> None:
+    if not record.replayable:
+        return  # the eager-weights path: nothing to replay (the page's note says so)
     cells = record.n_layers * record.n_heads * record.n_q * record.n_k
     asked = st.session_state.get("explore_replay_asked") == (capture_key, kind)
     if cells > AUTOMATIC_REPLAY_CELLS and not asked:
@@ -251,7 +257,9 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: explore.View
     show_figure(figure, caption, key="explore_stats_figure")
 
 
-def query_key_tab(record, options: explore.ViewOptions) -> None:
+def query_key_tab(bundle, record, options: explore.ViewOptions) -> None:
+    if queries_unavailable(bundle, record, "The Q·K view"):
+        return
     st.markdown("How one score is made, in the head chosen above: the query and key vectors as the model's attention "
                 "received them (after RoPE, if any), their element-wise product, its sum, the scaling, and the "
                 "softmax over every key.")
@@ -319,8 +327,8 @@ def what_if_parameters(mask_key: str, columns, n_k: int) -> dict:
     return {name: int(value) for name, value in params.items()}
 
 
-def what_if_tab(capture, record, options: explore.ViewOptions) -> None:
-    if needs_every_head(record):
+def what_if_tab(bundle, capture, record, options: explore.ViewOptions) -> None:
+    if needs_every_head(record) or queries_unavailable(bundle, record, "The what-if"):
         return
     st.markdown(
         "Re-run this layer's **real** queries and keys through attnviz's attention with another mask or scale. "
@@ -448,9 +456,127 @@ def text_source(bundle) -> tuple[str, int | None]:
     return current_sentence(), None
 
 
+IMAGE_TABS = ["Image", "View", "Head statistics", "Export"]
+IMAGE_SOURCES = ["Sample photo", "Upload an image"]
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def sample_photo(name: str):
+    return vision.sample_image(name)
+
+
+def image_source() -> tuple[str, object, str]:
+    """The image to explore: one of scikit-learn's sample photos (offline) or an upload, validated. Returns a key
+    for the cache, the RGB image and its name."""
+    columns = st.columns([2, 3])
+    source = columns[0].segmented_control("Image", IMAGE_SOURCES, default=IMAGE_SOURCES[0], required=True,
+                                          key="explore_image_source")
+    if source == IMAGE_SOURCES[1]:
+        uploaded = columns[1].file_uploader("A PNG or JPEG", type=["png", "jpg", "jpeg"], key="explore_image_file",
+                                            help=f"Up to {vision.MAX_IMAGE_BYTES // 1024**2} MB and "
+                                                 f"{vision.MAX_IMAGE_PIXELS / 1e6:.0f} megapixels.")
+        if uploaded is None:
+            st.info("Upload a PNG or JPEG to see where this model's heads look.", icon=":material/upload:")
+            st.stop()
+        data = uploaded.getvalue()
+        try:
+            image = vision.read_image(data)
+        except vision.ImageRefused as problem:
+            st.error(f"This image cannot be read: {problem}.", icon=":material/broken_image:")
+            st.stop()
+        return "upload:" + hashlib.sha256(data).hexdigest(), image, uploaded.name
+    name = columns[1].selectbox("Sample photo", list(vision.SAMPLE_IMAGES), key="explore_image_sample")
+    return "sample:" + name, sample_photo(name), name
+
+
+def on_patch_click(layout: vision.PatchLayout) -> None:
+    """Callback of the image overlay: the clicked patch becomes the query (the point's pixel position: a click
+    may land on the image's trace or the heatmap's)."""
+    selection = st.session_state.get("explore_image_overlay")
+    points = (selection.get("selection", {}).get("points", []) if isinstance(selection, dict)
+              else (selection.selection.points if selection is not None else []))
+    for point in points:
+        if point.get("x") is None or point.get("y") is None:
+            continue
+        token = vision.token_at_pixel(layout, float(point["x"]), float(point["y"]))
+        if token is not None:
+            st.session_state["explore_image_query"] = token
+            return
+
+
+def image_tab(capture, options: explore.ViewOptions) -> None:
+    record, layout = capture.records["self"], capture.layout
+    columns = st.columns([3, 2])
+    mode = columns[0].segmented_control("Heads", vision.OVERLAY_MODES, format_func=vision.OVERLAY_NAMES.get,
+                                        default="head", required=True, key="explore_image_mode",
+                                        help="This head (the Layer and Head above), the mean of the layer's "
+                                             "heads, or rollout through the layers up to this one.")
+    if st.session_state.get("explore_image_query", 0) >= record.n_q:
+        st.session_state["explore_image_query"] = 0
+    query = columns[1].selectbox("Query token (or click a patch)", list(range(record.n_q)),
+                                 format_func=lambda i: f"{i}: {capture.tokens[i]}", key="explore_image_query")
+    if mode == "rollout" and needs_every_head(record):
+        return
+    shown = vision.overlay(capture, options.layer, mode, options.head, int(query))
+    first = layout.prefix[0] if layout.prefix else "the first patch"
+    show_figure(
+        overlay_figure(capture.image, shown.grid, layout, int(query), shown.title),
+        f"Where {capture.tokens[int(query)]} looks, on the {layout.image_size[1]} x {layout.image_size[0]} pixels the "
+        f"model saw ({layout.rows} x {layout.cols} patches of {layout.patch} px). Click a patch to make it the "
+        f"query; choose {first} in the query box to go back.",
+        key="explore_image_overlay", on_select=lambda: on_patch_click(layout),
+    )
+    if mode != "rollout":
+        grids = [vision.overlay(capture, options.layer, "head", head, int(query)).grid
+                 for head in range(record.n_heads)]
+        show_figure(
+            heads_overlay_figure(grids, f"Every head of layer {options.layer}: where {capture.tokens[int(query)]} "
+                                        "looks"),
+            "One colour scale for all heads: the heads of one layer often split the work (nearby patches, the "
+            "object, the background, [CLS]).",
+            key="explore_image_heads",
+        )
+    st.caption(vision.UPLOAD_HINT)
+
+
+def image_main(bundle) -> None:
+    """Explore heads for a vision transformer: an image picker instead of the sentence box, an overlay view."""
+    if bundle.tokenizer_note:  # the image processor's stand-in
+        st.warning(bundle.tokenizer_note, icon=":material/warning:")
+    image_key, image, image_name = image_source()
+    name = current_model_name()
+    folder = registered_models()[name]
+    try:
+        capture = cached_image_capture(folder, name, model_dtype(name), image_key, bundle, image, image_name)
+    except (ValueError, RuntimeError) as problem:
+        st.error(f"The model could not run on this image: {problem}")
+        st.stop()
+    capture_key = (folder, name, model_dtype(name), image_key)
+    st.caption(f"**{name}** · {bundle.describe()} · {len(capture.tokens)} tokens: "
+               + (f"{', '.join(capture.layout.prefix)} and " if capture.layout.prefix else "")
+               + f"{capture.layout.rows} x {capture.layout.cols} patches")
+    record = capture.records["self"]
+    replay_check(capture_key, "self", record, bundle.model)
+    options = view_options(capture, record, "self", "", bundle.architecture)
+    tabs = dict(zip(IMAGE_TABS, st.tabs(IMAGE_TABS, key="explore_image_tab", on_change="rerun"), strict=True))
+    bodies = {
+        "Image": lambda: image_tab(capture, options),
+        "View": lambda: view_tab(capture, record, options),
+        "Head statistics": lambda: statistics_tab(capture, capture_key, "self", options),
+        "Export": lambda: export_tab(capture, record, options),
+    }
+    for title, body in bodies.items():
+        if tabs[title].open:
+            with tabs[title]:
+                body()
+
+
 def main() -> None:
     start_page("Explore heads")
     bundle = current_bundle()
+    if bundle.modality == "image":
+        image_main(bundle)
+        return
     if bundle.nonfinite:
         st.warning(f"{len(bundle.nonfinite)} weight tensor(s) of {bundle.name} hold NaN or infinity (for example "
                    f"`{bundle.nonfinite[0]}`): its attention may be NaN.", icon=":material/warning:")
@@ -476,6 +602,8 @@ def main() -> None:
     fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
     capture_key = (folder, name, model_dtype(name), text, text_pair or None, max_tokens, fallback)
     st.caption(f"**{name}** · {bundle.describe()}")
+    if bundle.capture_note:
+        st.info(bundle.capture_note, icon=":material/route:")
     if capture.truncated and max_tokens is None:
         st.warning(
             f"The text has {capture.length_of_text} tokens; this model reads at most "
@@ -495,9 +623,9 @@ def main() -> None:
         view_tab(capture, record, options)
     bodies = {
         "Head statistics": lambda: statistics_tab(capture, capture_key, kind, options),
-        "Q·K": lambda: query_key_tab(record, options),
+        "Q·K": lambda: query_key_tab(bundle, record, options),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
-        "What-if": lambda: what_if_tab(capture, record, options),
+        "What-if": lambda: what_if_tab(bundle, capture, record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),
         "Export": lambda: export_tab(capture, record, options),
     }

@@ -14,6 +14,7 @@ from attnviz.ui import (
     current_model_name,
     generation_model,
     load_bundle,
+    queries_unavailable,
     registered_models,
     show_figure,
     start_page,
@@ -202,7 +203,7 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
     layers = len(samples[0].kv)
     layer = int(st.number_input("Layer", 0, layers - 1, 0, key="gen_paged_layer"))
     model, _ = generation_model(folder, name)
-    max_length = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    max_length = gen.context_length(model.config)
     demo = gen.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
     show_figure(block_table_figure(demo.cache, demo.names, title="Block tables: logical block → physical block"),
                 "Orange: a physical block shared by several sequences (the prompt's full blocks); blue: a block "
@@ -231,6 +232,8 @@ def ring_tab(folder: str, name: str, request: dict) -> None:
     text = request["prompt"] + generation.text(tokenizer)
     bundle = load_bundle(folder, name)
     record = capture(bundle, text).records["self"]
+    if queries_unavailable(bundle, record, "Ring attention on the model's own Q, K and V"):
+        return
     columns = st.columns([3, 1])
     devices = int(columns[0].slider("Devices P", 2, min(8, record.n_q), min(4, record.n_q), key="gen_devices"))
     layer = int(columns[1].number_input("Layer", 0, record.n_layers - 1, 0, key="gen_ring_layer"))

@@ -95,6 +95,10 @@ def sharing_section(config: kvcache.AttentionConfig) -> None:
 
 def cross_attention_section(bundle) -> None:
     st.subheader("Cross-attention: queries from one text, keys and values from another")
+    if bundle.modality == "image":
+        st.info(f"{bundle.name} is a vision transformer: this example embeds text with the current model's token "
+                "embeddings. Choose a text model in the sidebar for it.", icon=":material/image:")
+        return
     columns = st.columns([3, 3, 1, 2])
     source = columns[0].text_input("Encoder text (keys, values)", value=current_sentence(), key="kv_source",
                                    max_chars=500)

@@ -2,6 +2,7 @@
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
@@ -35,7 +36,10 @@ def pattern_parameters(key: str, n: int, record) -> dict:
     if key == "lsh":
         params["n_buckets"] = columns[0].select_slider("Buckets", [2, 4, 8, 16], 4, key="masks_buckets")
         params["n_rounds"] = columns[1].slider("Hash rounds", 1, 8, 2, key="masks_rounds")
-        keys = record.keys[0, 0]  # shared query/key vectors: the model's own layer-0 keys, head 0
+        if record.replayable:
+            keys = record.keys[0, 0]  # shared query/key vectors: the model's own layer-0 keys, head 0
+        else:  # eager weights only: no keys to hash, so seeded random vectors stand in (the caption says so)
+            keys = torch.randn(n, 16, generator=torch.Generator().manual_seed(0))
         params["vectors"] = keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     if key in ("bigbird", "lsh"):
         params["seed"] = int(columns[2].number_input("Seed", 0, 10_000, 0, key="masks_seed"))
@@ -103,7 +107,8 @@ def convention_section(record, layer: int, head: int, labels: list[str]) -> None
         "The same causal mask has several spellings. PyTorch's `scaled_dot_product_attention` reads a **boolean mask "
         "as True = may attend** and **adds a float mask** to the scores. `nn.MultiheadAttention` reads True = "
         "**masked**. Pass the wrong one and nothing fails: the model silently sees the future. Below, PyTorch's own "
-        "SDPA runs on this head's real queries and keys with each spelling.",
+        "SDPA runs on " + ("this head's real queries and keys" if record.replayable else
+                           "random queries and keys (this model's own are not exposed)") + " with each spelling.",
         icon=":material/visibility:",
     )
     size = min(len(labels), 8)

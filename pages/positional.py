@@ -8,8 +8,22 @@ import streamlit as st
 
 from attnviz import positional, stepwise
 from attnviz.models.capture import is_causal, word_order_experiment
-from attnviz.pagelogic.positional import alibi_on_real_head, alibi_slopes_caption, learned_table_facts, repeated_words
-from attnviz.ui import MECHANISM_TOKENS, capture_current, current_bundle, current_sentence, show_figure, start_page
+from attnviz.pagelogic.positional import (
+    alibi_on_real_head,
+    alibi_slopes_caption,
+    learned_table_facts,
+    model_alibi,
+    repeated_words,
+)
+from attnviz.ui import (
+    MECHANISM_TOKENS,
+    capture_current,
+    current_bundle,
+    current_sentence,
+    queries_unavailable,
+    show_figure,
+    start_page,
+)
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.matrix import HALF_WIDTH, heatmap_row, matrix_heatmap
@@ -226,6 +240,35 @@ def extrapolation_figure(bundle):
                       y_title="signal", vlines={f"training length {training}": training})
 
 
+def model_alibi_section(bundle, record, own: dict, layer: int, head: int, labels: list[str]) -> None:
+    """The current model's own ALiBi (BLOOM), as it recorded it: its slopes, and one head with and without it."""
+    slopes, standard, matches = own["slopes"], own["standard"], own["matches_paper"]
+    st.markdown(
+        f"**{bundle.name} uses ALiBi itself.** Its slopes, read from the bias it added in layer {layer}: "
+        + ", ".join(f"{s:.4g}" for s in slopes.tolist()[:8]) + (" …" if len(slopes) > 8 else "")
+        + (f" — the paper's slopes for {record.n_heads} heads." if matches else
+           f" (the paper's for {record.n_heads} heads would be "
+           + ", ".join(f"{s:.4g}" for s in standard.tolist()[:8]) + ").")
+    )
+    left, right = st.columns([2, 3])
+    with left:
+        show_figure(
+            matrix_heatmap(own["bias"], labels, labels, title=f"Its bias, head {head} (m = {slopes[head]:.3g})",
+                           kind="signed", show_values=False),
+            "The model adds m·key position; a softmax ignores a constant per row, so this is −m·distance (shown "
+            "relative to the query's own position).",
+            key="pos_alibi_model_bias",
+        )
+    with right:
+        show_figure(
+            heatmap_row([own["with"], own["without"]], ["As the model computes it", "The same Q and K, no ALiBi"],
+                        labels, labels, title=f"Layer {layer}, head {head}", width=HALF_WIDTH),
+            f"Replayed from the model's own Q and K: removing its ALiBi moves the weights by up to "
+            f"{own['change']:.2f}.",
+            key="pos_alibi_model",
+        )
+
+
 def alibi_tab() -> None:
     """ALiBi: the slopes, the bias, the bias on a real head's scores, and behaviour past the training length."""
     bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
@@ -257,13 +300,17 @@ def alibi_tab() -> None:
             + (" (|i − j|, bidirectional)." if not causal else "."),
             key="pos_alibi_bias",
         )
-    before, after = alibi_on_real_head(record, layer, head, bias[alibi_head])
-    show_figure(
-        heatmap_row([before, after], ["The model's head", f"+ ALiBi bias of head {alibi_head}"], labels, labels,
-                    title=f"ALiBi added to the real scores of layer {layer}, head {head}"),
-        "The bias pulls attention toward nearby tokens; the steeper the slope, the more local the head becomes.",
-        key="pos_alibi_real",
-    )
+    own = model_alibi(record, layer, head) if record.replayable else None
+    if own is not None:
+        model_alibi_section(bundle, record, own, layer, head, labels)
+    elif not queries_unavailable(bundle, record, "Adding ALiBi to a real head"):
+        before, after = alibi_on_real_head(record, layer, head, bias[alibi_head])
+        show_figure(
+            heatmap_row([before, after], ["The model's head", f"+ ALiBi bias of head {alibi_head}"], labels, labels,
+                        title=f"ALiBi added to the real scores of layer {layer}, head {head}"),
+            "The bias pulls attention toward nearby tokens; the steeper the slope, the more local the head becomes.",
+            key="pos_alibi_real",
+        )
     show_figure(
         extrapolation_figure(bundle),
         "Past the training length a learned table simply ends (no vector exists), sinusoidal vectors exist but "

@@ -8,7 +8,14 @@ import torch
 
 from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
-from attnviz.ui import MECHANISM_TOKENS, capture_current, current_sentence, show_figure, start_page
+from attnviz.ui import (
+    MECHANISM_TOKENS,
+    capture_current,
+    current_sentence,
+    queries_unavailable,
+    show_figure,
+    start_page,
+)
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, histogram, line_chart
 from attnviz.viz.matrix import heatmap_row
@@ -148,6 +155,8 @@ def real_head_section() -> None:
     st.subheader("3 · The same on a real head")
     bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
+    if queries_unavailable(bundle, record, "Rescaling a real head"):
+        return
     columns = st.columns(3)
     layer = int(columns[0].number_input("Layer", 0, record.n_layers - 1, 0, key="scale_layer"))
     head = int(columns[1].number_input("Head", 0, record.n_heads - 1, 0, key="scale_head"))

@@ -9,7 +9,6 @@ import torch
 
 from attnviz.models.capture import capture, replay_difference, replay_tolerance
 from attnviz.models.loading import load_model_dir
-from attnviz.models.safety import CheckpointRefused
 from attnviz.pagelogic import explore_heads as explore
 from tests.apptest_helpers import figures, open_page, plotly_array
 from tests.tiny_models import TOKENIZER_FILES, make_tiny_checkpoint
@@ -152,14 +151,23 @@ def test_a_rule_mask_is_shared_and_not_kept_dense(tmp_path):
     assert replay_difference(record) < 1e-5
 
 
-def test_alibi_models_are_refused_with_the_reason(tmp_path):
+def test_falcon_with_alibi_is_shown_from_its_eager_weights(tmp_path):
     from transformers import AutoModel, FalconConfig
 
     folder = tmp_path / "falcon"
+    torch.manual_seed(0)
     AutoModel.from_config(FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                        alibi=True)).save_pretrained(folder)
-    with pytest.raises(CheckpointRefused, match="attention interface"):
-        load_model_dir(folder)
+    bundle = load_model_dir(folder)
+    assert bundle.capture_path == "weights" and "falcon" in bundle.capture_note
+    record = capture(bundle, "ALiBi inside Falcon's own code").records["self"]
+    reference = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = bundle.tokenizer.ids(bundle.tokenizer.tokenize("ALiBi inside Falcon's own code"),
+                               "ALiBi inside Falcon's own code")
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor([ids]), output_attentions=True).attentions[0][0]
+    torch.testing.assert_close(record.weights[0], expected)
+    assert torch.all(record.weights[0].triu(diagonal=1) == 0)
 
 
 def test_statistics_follow_the_stand_in_tokenizer(tmp_path):

@@ -177,18 +177,11 @@ def test_weights_of_another_architecture_are_refused(tiny_dir, tmp_path):
         load_model_dir(folder)
 
 
-def test_every_type_the_app_calls_tested_is_tested_and_listed_in_the_readme():
-    """attnviz.models.support is the one list: these tests and test_capture_modifiers load each type, and the
-    README shows the same line as the Checkpoints page."""
-    from pathlib import Path
-
+def test_the_modifier_tests_cover_listed_types():
+    """attnviz.models.support is the one list (tests/test_architectures.py loads every type in it); the
+    modifier tests' own configs are of listed types."""
     from attnviz.models import support
     from tests.test_capture_modifiers import _config
 
-    tested_here = {"gpt2", "distilbert", "roberta", "llama", "bert", "bart", "t5"}
-    tested_with_modifiers = {"mistral", "gemma2", "gpt_oss"}
-    for kind in tested_with_modifiers:
-        assert _config(kind).model_type == kind
-    assert set(support.TESTED_MODEL_TYPES) == tested_here | tested_with_modifiers
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert support.supported_markdown() in readme
+    for kind in ("mistral", "gemma2", "gpt_oss"):
+        assert _config(kind).model_type == kind and kind in support.TESTED_MODEL_TYPES

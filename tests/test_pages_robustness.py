@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.apptest_helpers import open_page
+from tests.apptest_helpers import figures, open_page
 
 PAGES = [
     "pages/explore_heads.py",
@@ -42,10 +42,15 @@ def tiny_checkpoints(tmp_path_factory):
     from tests.tiny_models import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("pages-tiny")
-    return {kind: str(make_tiny_checkpoint(kind, root / kind)) for kind in ("gpt2", "llama", "bart", "t5")}
+    return {kind: str(make_tiny_checkpoint(kind, root / kind)) for kind in ARCHITECTURES}
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "bart", "t5"])
+# the interface path (an encoder-only BERT is the bundled model), BLOOM on the hooks path, DeBERTa and Falcon on
+# the eager-weights path (see attnviz.models.eager)
+ARCHITECTURES = ("gpt2", "llama", "bart", "t5", "bloom", "deberta-v2", "falcon")
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
 @pytest.mark.parametrize("page", [*PAGES, "pages/generation.py"])  # (Generation reads its own prompt)
 def test_every_page_works_with_every_architecture(tiny_checkpoints, kind, page):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", kind: tiny_checkpoints[kind]}
@@ -53,3 +58,32 @@ def test_every_page_works_with_every_architecture(tiny_checkpoints, kind, page):
     assert not at.exception, [e.value for e in at.exception]
     problems = [e.value for e in at.error if "several spellings" not in e.value]  # (the Masks page's bug callout)
     assert not problems, problems
+
+
+def _open(tiny_checkpoints, kind: str, page: str, **state):
+    models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", kind: tiny_checkpoints[kind]}
+    at = open_page(page, timeout=240, models=models, model=kind, **state)
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.parametrize("kind", ["deberta-v2", "falcon"])
+def test_the_eager_weights_path_says_so_on_every_view_that_needs_q_and_k(tiny_checkpoints, kind):
+    at = _open(tiny_checkpoints, kind, "pages/explore_heads.py")
+    assert any(kind in i.value and "not available" in i.value for i in at.info)  # which path, what it allows
+    assert not any("Replay check" in m.value for m in at.markdown)  # nothing to replay
+    for tab, what in (("Q·K", "The Q·K view"), ("What-if", "The what-if")):
+        at = _open(tiny_checkpoints, kind, "pages/explore_heads.py", explore_tab=tab)
+        assert any(i.value.startswith(what) and "queries and keys" in i.value for i in at.info), tab
+    at = _open(tiny_checkpoints, kind, "pages/scaling.py")
+    assert any(i.value.startswith("Rescaling a real head") for i in at.info)
+
+
+def test_bloom_is_replayed_and_its_own_alibi_is_on_the_positional_page(tiny_checkpoints):
+    at = _open(tiny_checkpoints, "bloom", "pages/explore_heads.py")
+    assert any("hooks" in i.value and "ALiBi" in i.value for i in at.info)
+    assert any("Replay check" in m.value and "reproduces" in m.value for m in at.markdown)
+    at = _open(tiny_checkpoints, "bloom", "pages/positional.py", pos_tab="ALiBi")
+    assert any("uses ALiBi itself" in m.value and "the paper's slopes for 4 heads" in m.value for m in at.markdown)
+    titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
+    assert any("Its bias, head 0" in t for t in titles), titles

@@ -19,8 +19,11 @@ What the replay applies, as recorded from each call:
 * **logit soft-capping** (Gemma 2): ``softcap * tanh(scores / softcap)`` before the mask;
 * **attention sinks** (gpt-oss): the sink logit joins every row's softmax and is dropped after it, so rows sum
   to less than 1;
-* ALiBi is not among them: the models that use it (BLOOM, Falcon) do not route through transformers' attention
-  interface, and the loader says so.
+* **ALiBi** (BLOOM, read by hooks: :mod:`attnviz.models.eager`): the per-head slope times the key position,
+  added to the scaled scores like a position bias.
+
+Models that compute attention in their own code take :mod:`attnviz.models.eager`'s paths: hooks (replayed the
+same way, checked against the model's eager weights) or transformers' eager weights alone (``replayable`` False).
 
 The replay check recomputes every layer's attention output (weights @ V, with the weights the page shows) and
 compares it with the output of the model's own kernel, run again exactly as the model called it (the same
@@ -40,6 +43,7 @@ import torch
 
 from attnviz import masks
 from attnviz.attention import masked_softmax, repeat_kv
+from attnviz.models import eager
 from attnviz.models.attention_hook import AttentionCall, recording
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
 
@@ -52,6 +56,11 @@ REPLAY_BLOCK = 512  # at most this many query rows a block
 
 class TooLongForDense(ValueError):
     """All of a long input's weights at once would not fit; use per-head or pooled views instead."""
+
+
+class NotReplayable(ValueError):
+    """The model's weights came from transformers' eager ``output_attentions`` only: attnviz has no Q and K to
+    recompute them with another mask, scale or temperature (see :mod:`attnviz.models.eager`)."""
 
 
 class LayerStack:
@@ -135,9 +144,9 @@ class AttentionRecord:
     :meth:`layer_weights`); ``weights`` materialises all of them, for inputs of at most :data:`DENSE_LIMIT`."""
 
     kind: str
-    queries: LayerStack  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
-    keys: LayerStack  # [layers, kv_heads, n_k, d_head]
-    values: LayerStack  # [layers, kv_heads, n_k, d_v]
+    queries: LayerStack | None  # [layers, heads, n_q, d_head], as the attention saw them (after RoPE, if any)
+    keys: LayerStack | None  # [layers, kv_heads, n_k, d_head]
+    values: LayerStack | None  # [layers, kv_heads, n_k, d_v]
     kernels: list  # per layer: the model's own kernel call (attention_hook.KernelCall), for the replay check
     layer_masks: list[LayerMask]
     scales: list[float]  # per layer
@@ -147,26 +156,38 @@ class AttentionRecord:
     softcaps: list[float | None] = field(default_factory=list)
     sinks: list[torch.Tensor | None] = field(default_factory=list)  # per layer [heads]
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # derived views, computed once
+    # The weights path (no Q/K/V): transformers' eager weights per layer, [layers, heads, n_q, n_k]
+    eager: LayerStack | None = None
+
+    @property
+    def replayable(self) -> bool:
+        """Whether attnviz holds Q and K (replay, Q.K, what-if); False on the eager-weights path."""
+        return self.queries is not None
+
+    def _require_replay(self, what: str) -> None:
+        if not self.replayable:
+            raise NotReplayable(f"{what} needs the model's queries and keys, which this model's own attention code "
+                                "does not expose; attnviz shows transformers' eager weights for it")
 
     @property
     def n_layers(self) -> int:
-        return self.queries.shape[0]
+        return (self.queries if self.replayable else self.eager).shape[0]
 
     @property
     def n_heads(self) -> int:
-        return self.queries.shape[1]
+        return (self.queries if self.replayable else self.eager).shape[1]
 
     @property
     def n_kv_heads(self) -> int:
-        return self.keys.shape[1]
+        return self.keys.shape[1] if self.replayable else self.n_heads
 
     @property
     def n_q(self) -> int:
-        return self.queries.shape[2]
+        return (self.queries if self.replayable else self.eager).shape[2]
 
     @property
     def n_k(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[2] if self.replayable else self.eager.shape[3]
 
     def kv_head(self, head: int) -> int:
         """The K/V head a query head reads (grouped-query attention: consecutive groups)."""
@@ -184,6 +205,7 @@ class AttentionRecord:
                scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
         """The logits the softmax sees for query rows ``start:end``: ``[heads, rows, n_k]`` fp32, before masking.
         ``scale`` replaces the model's scaling and ``temperature`` divides every logit (the what-if)."""
+        self._require_replay("The scores")
         heads = list(range(self.n_heads)) if heads is None else heads
         q = self.queries[layer, heads, start:end].float()  # [h, rows, d]
         k = self.keys[layer, [self.kv_head(h) for h in heads]].float()  # [h, n_k, d]
@@ -205,6 +227,19 @@ class AttentionRecord:
         end = self.n_q if end is None else end
         allowed = self.mask_rows(layer, start, end) if mask is None else (
             mask[start:end] if mask.shape[0] == self.n_q and end - start != self.n_q else mask)
+        if not self.replayable:
+            if scale is not None or temperature != 1.0:
+                self._require_replay("Another scale or temperature")
+            chosen = list(range(self.n_heads)) if heads is None else heads
+            weights = self.eager[layer, chosen, start:end].float()  # [heads, rows, n_k]
+            if mask is None:
+                return weights
+            # A softmax over a subset of its keys is the full softmax renormalised over them: exact without Q and
+            # K, as long as the new mask only takes keys away from the model's.
+            if (allowed & ~self.mask_rows(layer, start, end)).any():
+                self._require_replay("A mask that lets a query see keys the model's mask hides")
+            kept = weights * allowed
+            return kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
         logits = self.scores(layer, start, end, heads=heads, scale=scale, temperature=temperature)
         sinks = self.sinks[layer] if self.sinks else None
         if sinks is None:
@@ -271,6 +306,8 @@ class Capture:
     n_tokens_before_truncation: int = 0  # negative when only a lower bound is known (a very long text)
     decoder_tokens: list[str] | None = None
     decoder_special: list[bool] | None = None
+    layout: object = None  # a vision model's attnviz.vision.PatchLayout: which token is which patch
+    image: object = None  # ... and the image as it saw it, [H, W, 3] uint8
 
     def special_of(self, tokens: list[str]) -> list[bool]:
         """Which of ``tokens`` (the encoder's or the decoder's list) are special tokens."""
@@ -413,15 +450,21 @@ def capture(
     if not text or not text.strip():
         raise ValueError("the text is empty: type a sentence")
     limit = min(bundle.max_positions, max_tokens or bundle.max_positions)
+    if bundle.capture_path != "interface":  # every layer's weights at once: see attnviz.models.eager
+        limit = min(limit, eager.token_limit(bundle.n_layers, bundle.n_heads, DENSE_CELLS, DENSE_LIMIT))
     encoder_decoder = bundle.architecture == "encoder-decoder"
     inputs, tokens, segments, special, total, decoder_tokens, decoder_special = _model_inputs(
         bundle, text, text_pair, limit, fallback_tokenizer
     )
     device = _device_of(bundle.model)
     inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
-    with torch.no_grad(), recording(bundle.model) as recorder:
-        bundle.model(**inputs)
-    if not recorder.calls:
+    if bundle.capture_path == "interface":
+        with torch.no_grad(), recording(bundle.model) as recorder:
+            bundle.model(**inputs)
+        calls, eager_weights = recorder.calls, {}
+    else:
+        eager_weights, calls = eager.run(bundle.model, bundle.model_type, inputs, encoder_decoder)
+    if not calls and not eager_weights:
         raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
 
     result = Capture(
@@ -437,13 +480,53 @@ def capture(
         decoder_special=decoder_special,
     )
     by_kind: dict[str, list[AttentionCall]] = {}
-    for call in recorder.calls:
+    for call in calls:
         by_kind.setdefault(_attention_kind(call.module_name, encoder_decoder), []).append(_to_cpu(call))
-    for kind, kind_calls in by_kind.items():
+    for kind in by_kind or eager_weights:
         query_tokens = decoder_tokens if kind in ("decoder", "cross") else tokens
         key_tokens = decoder_tokens if kind == "decoder" else tokens
-        result.records[kind] = _record_of(kind, kind_calls, query_tokens, key_tokens)
+        if by_kind:
+            result.records[kind] = _record_of(kind, by_kind[kind], query_tokens, key_tokens)
+        else:
+            causal = kind == "decoder" or (kind == "self" and bundle.architecture == "decoder")
+            result.records[kind] = _weights_record(kind, eager_weights[kind], query_tokens, key_tokens, causal)
     return result
+
+
+def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
+    """Run a vision transformer (``bundle.modality == "image"``) on a PIL ``image`` and capture every attention
+    call; tokens are labelled ``[CLS]`` (and DeiT's ``[DIST]``, registers) and ``(row, col)`` per patch."""
+    from attnviz import vision
+
+    if bundle.modality != "image":
+        raise ValueError(f"{bundle.name} reads text, not images")
+    pixels = vision.pixel_values(bundle.image_processor, image)  # [1, 3, H, W]
+    parameter = next(bundle.model.parameters())
+    device = _device_of(bundle.model)
+    with torch.no_grad(), recording(bundle.model) as recorder:
+        bundle.model(pixel_values=pixels.to(device=device, dtype=parameter.dtype))
+    if not recorder.calls:
+        raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
+    calls = [_to_cpu(call) for call in recorder.calls]
+    n = calls[0].query.shape[-2]
+    layout = vision.layout_of(bundle.model.config, n, pixels.shape[-2], pixels.shape[-1])
+    labels = layout.labels()
+    result = Capture(model_name=bundle.name, text=name, text_pair=None, tokens=labels, segments=[0] * n,
+                     special=[i < len(layout.prefix) for i in range(n)], n_tokens_before_truncation=n,
+                     layout=layout, image=vision.seen_image(pixels, bundle.image_processor))
+    result.records["self"] = _record_of("self", calls, labels, labels)
+    return result
+
+
+def _weights_record(kind: str, weights: list[torch.Tensor], query_tokens: list[str], key_tokens: list[str],
+                    causal: bool) -> AttentionRecord:
+    """A record of transformers' eager weights only (``[heads, n_q, n_k]`` per layer): the weights path."""
+    n_q, n_k = weights[0].shape[-2:]
+    rule = LayerMask(masks.MaskSpec(n_q, n_k, causal=causal and n_q > 1))
+    return AttentionRecord(kind=kind, queries=None, keys=None, values=None, kernels=[],
+                           layer_masks=[rule] * len(weights), scales=[], query_tokens=query_tokens,
+                           key_tokens=key_tokens,
+                           eager=LayerStack([w.float().cpu() for w in weights]))
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -471,6 +554,7 @@ def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: 
     model's, ``scale`` in place of its scaling and every logit divided by ``temperature``: the what-if. Returns
     ``[layers, heads, n_q, n_k]`` (short inputs)."""
     record.check_dense()
+    record._require_replay("The what-if")
     return torch.stack([record.layer_weights(layer, mask=mask, scale=scale, temperature=temperature)
                         for layer in range(record.n_layers)])
 
@@ -478,6 +562,7 @@ def replay(record: AttentionRecord, *, mask: torch.Tensor | None = None, scale: 
 def head_scores(record: AttentionRecord, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's raw q.k scores (unscaled, fp64) ``[n_q, n_k]`` and the model's mask ``[n_q, n_k]`` (True = may
     attend). With GQA the head reads its group's K/V head."""
+    record._require_replay("The raw scores")
     q = record.queries[layer, head].double()  # [n_q, d_head]
     k = record.keys[layer, record.kv_head(head)].double()  # [n_k, d_head]
     return q @ k.T, record.mask_rows(layer)
@@ -524,6 +609,7 @@ def replay_difference(record: AttentionRecord, progress=None, model: torch.nn.Mo
     """Max |attnviz's attention output - the model's| over every layer: the weights attnviz shows, times V, are
     what the model's own kernel computed. ``progress(layer, n_layers)`` is called before each layer; ``model``
     is the loaded model, should the copy the capture came from have been unloaded."""
+    record._require_replay("The replay check")
     worst = 0.0
     for layer in range(record.n_layers):
         if progress:

@@ -85,6 +85,23 @@ class ModelBundle:
     dtype: str = "float32"  # the weights' dtype as loaded
     placement: str = "CPU"  # where the weights are: "CPU", "GPU (name)", or with "disk offload"
     nonfinite: list[str] = field(default_factory=list)  # weights holding NaN or infinity (loaded, and warned about)
+    # How attention is observed: "interface" (recorded from transformers' attention interface, replayed), "hooks"
+    # (the model's own attention code, read by hooks and replayed) or "weights" (transformers' eager weights only)
+    capture_path: str = "interface"
+    modality: str = "text"  # or "image": a vision transformer (attnviz.vision), which reads images, not text
+    image_processor: object = None  # vision models: the checkpoint's own processor, or a marked stand-in
+
+    @property
+    def replayable(self) -> bool:
+        """Whether attnviz has the queries and keys (Q.K view, what-if, scaling and position experiments)."""
+        return self.capture_path != "weights"
+
+    @property
+    def capture_note(self) -> str | None:
+        """What the page says about a model that does not use transformers' attention interface."""
+        from attnviz.models.eager import capture_note
+
+        return capture_note(self.model_type, self.capture_path)
 
     @property
     def uses_fallback_tokenizer(self) -> bool:
@@ -102,9 +119,20 @@ class ModelBundle:
 def _architecture_of(config) -> str:
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
-    if getattr(config, "is_decoder", False) or config.model_type in DECODER_TYPES:
+    if getattr(config, "is_decoder", False) or config.model_type in DECODER_TYPES or _only_causal(config.model_type):
         return "decoder"
     return "encoder"
+
+
+def _only_causal(model_type: str) -> bool:
+    """A type transformers builds as a causal LM and never as a masked LM is a decoder (gemma3_text, olmo2, ...);
+    BERT-likes have both heads."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def architecture_of_folder(folder: str | Path) -> str | None:
@@ -137,6 +165,17 @@ def _capturable(model: torch.nn.Module) -> bool:
         if source is not None and hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
             return True
     return False
+
+
+def capture_path_of(model: torch.nn.Module, model_type: str) -> str:
+    """"interface" when the model's attention goes through transformers' attention interface (recorded and
+    replayed); else "hooks" when attnviz knows where the model's own attention code keeps Q, K and its score
+    terms, or "weights" (transformers' eager ``output_attentions`` weights, as bertviz shows them)."""
+    from attnviz.models.eager import HOOKED_TYPES
+
+    if _capturable(model):
+        return "interface"
+    return "hooks" if model_type in HOOKED_TYPES else "weights"
 
 
 DTYPES = {"stored": "auto", "fp32": torch.float32}  # what the Checkpoints page offers
@@ -198,7 +237,7 @@ def parameters_in_files(folder: Path) -> int:
     return total
 
 
-def _check_size_before_loading(config, folder: Path) -> None:
+def _check_size_before_loading(config, folder: Path) -> str:
     """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
     transformers builds it: a tiny upload must not make the server allocate a huge random model."""
     from transformers import AutoModel
@@ -209,12 +248,6 @@ def _check_size_before_loading(config, folder: Path) -> None:
             skeleton = AutoModel.from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
-    if not _capturable(skeleton):
-        raise CheckpointRefused(
-            f"attnviz cannot observe the attention of {type(skeleton).__name__}: {config.model_type} models do not "
-            "route attention through transformers' attention interface (BLOOM and Falcon add ALiBi inside their "
-            "own attention code), so their queries and keys cannot be recorded"
-        )
     described = sum(p.numel() for p in skeleton.parameters())
     if described > MAX_PARAMETERS:
         raise CheckpointRefused(
@@ -226,6 +259,7 @@ def _check_size_before_loading(config, folder: Path) -> None:
             f"config.json describes {described / 1e6:.1f}M parameters but the safetensors hold only "
             f"{in_files / 1e6:.1f}M: the weights do not belong to this config (wrong architecture, or missing shards?)"
         )
+    return capture_path_of(skeleton, config.model_type)
 
 
 def _read_checked_config(folder: Path):
@@ -241,8 +275,7 @@ def _read_checked_config(folder: Path):
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot read this config.json: {_first_line(problem)}") from None
-    _check_size_before_loading(config, folder)
-    return config
+    return config, _check_size_before_loading(config, folder)
 
 
 def _first_line(problem: Exception, limit: int = 200) -> str:
@@ -250,15 +283,18 @@ def _first_line(problem: Exception, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(problem).__name__
 
 
-def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | None = None) -> torch.nn.Module:
-    """The model on attnviz's recorded fast path, from safetensors only, refused if its weights do not fit."""
+def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | None = None,
+                  path: str = "interface") -> torch.nn.Module:
+    """The model on attnviz's recorded fast path (``path`` "interface"), or on transformers' eager attention for
+    the models that compute attention in their own code ("hooks", "weights": see :mod:`attnviz.models.eager`),
+    from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
     try:
         model, info = AutoModel.from_pretrained(
             folder,
             config=config,
-            attn_implementation=ATTENTION_NAME,
+            attn_implementation=ATTENTION_NAME if path == "interface" else "eager",
             dtype=DTYPES[dtype],
             **(where or {}),
             local_files_only=True,
@@ -279,12 +315,8 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
         )
     if info.get("mismatched_keys"):
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
-    if not _capturable(model):
-        raise CheckpointRefused(
-            f"attnviz cannot observe the attention of {type(model).__name__} (a {config.model_type} model does not "
-            "route its attention through transformers' attention interface); try an encoder, decoder or "
-            "encoder-decoder text model"
-        )
+    if capture_path_of(model, config.model_type) != path:
+        raise CheckpointRefused(f"the {config.model_type} model built differently from its skeleton")
     return model.eval()
 
 
@@ -333,16 +365,24 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
     if dtype not in DTYPES:
         raise CheckpointRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     mark = time.perf_counter()
-    config = _read_checked_config(folder)
+    config, path = _read_checked_config(folder)
     timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
     mark = time.perf_counter()
     where = placement(folder, max_memory=max_memory, offload_folder=offload_folder)
     timings["  placement (accelerate)"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    model = _load_weights(folder, config, dtype, where)
+    model = _load_weights(folder, config, dtype, where, path)
     timings["  weights (from_pretrained)"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    tokenizer, tokenizer_note = _load_tokenizer(folder, config)
+    from attnviz.vision import VISION_TYPES, load_image_processor
+
+    modality = "image" if config.model_type in VISION_TYPES else "text"
+    if modality == "image":
+        tokenizer = None
+        image_processor, tokenizer_note = load_image_processor(folder, config)
+    else:
+        image_processor = None
+        tokenizer, tokenizer_note = _load_tokenizer(folder, config)
     timings["  tokenizer"] = time.perf_counter() - mark
     mark = time.perf_counter()
     nonfinite = nonfinite_weights(model)
@@ -365,6 +405,9 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         placement=_placement_text(model),
         nonfinite=nonfinite,
+        capture_path=path,
+        modality=modality,
+        image_processor=image_processor,
     )
 
 
@@ -375,7 +418,11 @@ OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "d
 
 def _max_positions(config) -> int:
     """How many tokens the model reads. RoBERTa-like models spend ``pad_token_id + 1`` rows of their position
-    table before the first token (roberta-base: 514 rows, 512 tokens)."""
+    table before the first token (roberta-base: 514 rows, 512 tokens). A vision model: its patches and [CLS]."""
+    if hasattr(config, "image_size") and hasattr(config, "patch_size"):
+        size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+        patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
+        return (size // patch) ** 2 + 1
     rows = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
     if config.model_type in OFFSET_POSITION_TYPES:
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1

@@ -32,6 +32,15 @@ class Sampling:
     seed: int = 0
 
 
+ALIBI_CONTEXT = 2048  # BLOOM's config names no length (ALiBi has no position table): its training length
+
+
+def context_length(config) -> int:
+    """How many positions a causal LM has: its position table's length, or BLOOM's training length."""
+    return int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+               or ALIBI_CONTEXT)
+
+
 def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The probabilities the next token is drawn from, ``[vocab]``: softmax of logits / temperature, then only
     the ``top_k`` most likely tokens and the smallest set whose probability reaches ``top_p`` (renormalised).
@@ -114,7 +123,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
         raise ValueError("the prompt has no tokens: type a few words")
-    limit = max_positions or getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    limit = max_positions or context_length(model.config)
     if ids.shape[1] + new_tokens > limit:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
                          f"{limit} positions this model has")
@@ -218,7 +227,7 @@ def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None)
     own eager weights (as ``python -m attnviz.train_tiny`` measures them for the model card)."""
     pool = pool or list(range(len(tokenizer.all_special_ids), model.config.vocab_size))
     config = model.config
-    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    context = context_length(config)
     scores = circuits.circuit_scores(model, tokenizer, text, pool, max_positions=context)
     found = []
     for name, key, measure in (

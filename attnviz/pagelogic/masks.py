@@ -113,6 +113,10 @@ def convention_demo(q: torch.Tensor, k: torch.Tensor) -> ConventionDemo:
 
 def convention_demo_on_head(record: AttentionRecord, layer: int, head: int, size: int = 8) -> ConventionDemo:
     """:func:`convention_demo` on a real head's first ``size`` queries and keys."""
+    if not record.replayable:  # eager weights only: seeded stand-in vectors (the page says so)
+        generator = torch.Generator().manual_seed(layer * 1000 + head)
+        q, k = torch.randn(2, size, 16, generator=generator, dtype=torch.float64)
+        return convention_demo(q, k)
     q = record.queries[layer, head, :size].double()
     k = record.keys[layer, head * record.n_kv_heads // record.n_heads, :size].double()
     return convention_demo(q, k)

@@ -3,6 +3,7 @@ numbers behind what the page says about a learned table, ALiBi's slopes and the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -18,6 +19,33 @@ def alibi_on_real_head(record: AttentionRecord, layer: int, head: int, bias: tor
     raw, allowed = head_scores(record, layer, head)
     scores = raw * record.scales[layer] + head_bias(record, layer, head)
     return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)
+
+
+def model_alibi(record: AttentionRecord, layer: int, head: int) -> dict | None:
+    """The model's own ALiBi, when the score bias it recorded is one (BLOOM): a bias that is the same for every
+    query and linear in the key position, per head. Returns the slopes it implies ``[heads]`` (with the paper's
+    for this many heads and whether they agree), the head's bias relative to each query's position ``[n_q, n_k]``
+    (−m·distance), and the head's weights with and without the bias; None for any other bias (T5, MPNet) or none."""
+    bias = record.biases[layer] if record.biases else None
+    if bias is None or record.n_k < 2:
+        return None
+    bias = bias.double()  # [heads, n_q, n_k]
+    if not torch.allclose(bias, bias[:, :1].expand_as(bias), atol=1e-6):
+        return None  # depends on the query: a relative bias, not ALiBi
+    steps = bias[:, 0, 1:] - bias[:, 0, :-1]  # [heads, n_k - 1]
+    if not torch.allclose(steps, steps[:, :1].expand_as(steps), rtol=1e-3, atol=1e-6):
+        return None
+    slopes = steps[:, 0]  # fp64, like the paper's
+    standard = positional.alibi_slopes(record.n_heads)
+    n_q, n_k = record.n_q, record.n_k
+    query_position = torch.arange(n_q) + (n_k - n_q)
+    relative = bias[head] - bias[head, :, query_position].diagonal()[:, None]  # [n_q, n_k]: m * (j - i)
+    with_bias = record.head_weights(layer, head)
+    without = dataclasses.replace(record, biases=[None] * record.n_layers, memo={}).head_weights(layer, head)
+    return {"slopes": slopes, "standard": standard,
+            "matches_paper": bool(torch.allclose(slopes, standard, rtol=1e-3, atol=1e-7)),
+            "bias": relative.float(), "with": with_bias, "without": without,
+            "change": float((with_bias - without).abs().max())}
 
 
 def learned_table_facts(table: torch.Tensor, shown: int) -> dict[str, float]:

@@ -1,0 +1,239 @@
+"""Vision transformers: images in, patch tokens out, and attention drawn back onto the image.
+
+A ViT cuts the image into ``patch x patch`` squares; each becomes a token, after a ``[CLS]`` token (DeiT adds a
+distillation token, DINOv2 may add register tokens, SigLIP has none). attnviz captures their attention exactly as
+for text (the models call transformers' attention interface), and labels the tokens ``[CLS]`` and ``(row, col)``
+so every head view reads as for text, plus overlays of one query's attention on the image.
+
+Uploaded images are untrusted: :func:`read_image` checks the size in bytes, the format (PNG or JPEG, by content,
+not by name) and the pixel count (read from the header, before anything is decoded: a decompression bomb is
+refused without being expanded).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnviz.models.support import TESTED_VISION_TYPES
+
+VISION_TYPES = frozenset(TESTED_VISION_TYPES)  # read as images (the tested types; attnviz.models.support)
+MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
+MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
+FORMATS = ("PNG", "JPEG")
+SAMPLE_IMAGES = {"China (scikit-learn sample)": "china.jpg", "Flower (scikit-learn sample)": "flower.jpg"}
+UPLOAD_HINT = ("No pretrained vision checkpoint ships offline. For a real one, upload a zip of a Hugging Face ViT "
+               "folder on the Checkpoints page, e.g. google/vit-base-patch16-224 (346 MB), facebook/deit-small-"
+               "patch16-224, facebook/dinov2-small or a CLIP vision model.")
+
+
+class ImageRefused(ValueError):
+    """An image that is not a readable PNG or JPEG within the limits; the message says why."""
+
+
+def read_image(data: bytes):
+    """The RGB ``PIL.Image`` of an uploaded file, or :class:`ImageRefused` with the reason."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise ImageRefused("the file is empty")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageRefused(f"the file is {len(data) / 1024**2:.1f} MB; images up to {MAX_IMAGE_BYTES // 1024**2} MB "
+                           "are read")
+    try:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except UnidentifiedImageError:
+        raise ImageRefused("this is not an image PIL can read; upload a PNG or JPEG") from None
+    except Image.DecompressionBombError as problem:
+        raise ImageRefused(f"the image declares too many pixels ({problem})") from None
+    except (OSError, ValueError, SyntaxError) as problem:  # PIL's header parsers raise these on a broken file
+        raise ImageRefused(f"the image could not be decoded ({str(problem)[:120]})") from None
+    if image.format not in FORMATS:
+        raise ImageRefused(f"the file is a {image.format or 'unknown'} image; upload a PNG or JPEG")
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ImageRefused(f"the image declares {width:,} x {height:,} pixels ({width * height / 1e6:.0f} MP); "
+                           f"images up to {MAX_IMAGE_PIXELS / 1e6:.0f} MP are read (a decompression bomb is refused "
+                           "before it is decoded)")
+    if width < 1 or height < 1:
+        raise ImageRefused("the image has no pixels")
+    try:
+        return image.convert("RGB")  # decodes: a truncated file fails here
+    except (OSError, ValueError, Image.DecompressionBombError) as problem:
+        raise ImageRefused(f"the image could not be decoded ({str(problem)[:120]})") from None
+
+
+def sample_image(name: str):
+    """One of scikit-learn's bundled sample photos (offline) as an RGB ``PIL.Image``."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_image
+
+    return Image.fromarray(load_sample_image(SAMPLE_IMAGES[name]))
+
+
+def png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class PatchLayout:
+    """How a vision transformer's tokens map onto the image: ``prefix`` tokens (``[CLS]``, ...) then a
+    ``rows x cols`` grid of patches, row by row."""
+
+    prefix: tuple[str, ...]
+    rows: int
+    cols: int
+    patch: int  # pixels per patch side, at the model's input size
+    image_size: tuple[int, int]  # (height, width) the model read, in pixels
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prefix) + self.rows * self.cols
+
+    def labels(self) -> list[str]:
+        return list(self.prefix) + [f"({r},{c})" for r in range(self.rows) for c in range(self.cols)]
+
+    def token_of(self, row: int, col: int) -> int:
+        return len(self.prefix) + row * self.cols + col
+
+    def patch_of(self, token: int) -> tuple[int, int] | None:
+        """(row, col) of a patch token, None for a prefix token."""
+        index = token - len(self.prefix)
+        return None if index < 0 else divmod(index, self.cols)
+
+
+def layout_of(config, n_tokens: int, height: int, width: int) -> PatchLayout:
+    """The token layout of a vision model of ``config`` that read ``height x width`` pixels as ``n_tokens``
+    tokens."""
+    patch = int(config.patch_size if not isinstance(config.patch_size, (tuple, list)) else config.patch_size[0])
+    rows, cols = height // patch, width // patch
+    n_prefix = n_tokens - rows * cols
+    if n_prefix < 0:
+        raise ValueError(f"{n_tokens} tokens cannot hold a {rows} x {cols} grid of patches")
+    names = {0: (), 1: ("[CLS]",)}
+    if config.model_type == "deit" and n_prefix == 2:
+        prefix = ("[CLS]", "[DIST]")
+    else:
+        prefix = names.get(n_prefix, ("[CLS]",) + tuple(f"[REG {i}]" for i in range(n_prefix - 1)))
+    return PatchLayout(prefix, rows, cols, patch, (height, width))
+
+
+class FallbackImageProcessor:
+    """For a checkpoint without ``preprocessor_config.json``: resize to the model's square and normalise with
+    mean = std = 0.5 (ViT's defaults). The page says the checkpoint's own processor was not found."""
+
+    def __init__(self, image_size: int):
+        self.image_size = image_size
+
+    def __call__(self, images, return_tensors="pt"):
+        from PIL import Image
+
+        resized = images.convert("RGB").resize((self.image_size, self.image_size), Image.BICUBIC)
+        array = np.asarray(resized, dtype=np.float32) / 255.0  # [H, W, 3]
+        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, 3, H, W]
+        return {"pixel_values": pixels}
+
+
+def load_image_processor(folder, config) -> tuple[object, str | None]:
+    """The folder's own image processor (no code from the checkpoint), or a marked stand-in: ``(processor,
+    note)``."""
+    from pathlib import Path
+
+    from transformers import AutoImageProcessor
+
+    size = int(config.image_size if not isinstance(config.image_size, (tuple, list)) else config.image_size[0])
+    if (Path(folder) / "preprocessor_config.json").is_file():
+        try:
+            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            return processor, None
+        except Exception as problem:  # noqa: BLE001 - any failure means: use the stand-in, and say so
+            note = f"Its preprocessor_config.json could not be read ({str(problem)[:120]})"
+    else:
+        note = "This checkpoint has no preprocessor_config.json"
+    return FallbackImageProcessor(size), (f"{note}: images are resized to {size} x {size} and normalised with mean "
+                                          "and std 0.5 (ViT's defaults), which may not be how this model was trained.")
+
+
+def pixel_values(processor, image) -> torch.Tensor:
+    """``[1, 3, H, W]`` float pixels for the model."""
+    return torch.as_tensor(processor(images=image, return_tensors="pt")["pixel_values"])
+
+
+def seen_image(pixels: torch.Tensor, processor) -> np.ndarray:
+    """The image as the model saw it (resized, cropped), ``[H, W, 3]`` uint8: ``pixels [1, 3, H, W]`` with the
+    processor's normalisation undone."""
+    mean = torch.tensor(getattr(processor, "image_mean", None) or [0.5] * 3, dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(getattr(processor, "image_std", None) or [0.5] * 3, dtype=torch.float32).view(3, 1, 1)
+    if not getattr(processor, "do_normalize", True):
+        mean, std = torch.zeros(3, 1, 1), torch.ones(3, 1, 1)
+    rescaled = pixels[0].float().cpu() * std + mean  # [3, H, W], in 0..1
+    return (rescaled.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+
+
+def attention_grid(weights_row: torch.Tensor, layout: PatchLayout) -> np.ndarray:
+    """One query's weights over all tokens ``[n_k]`` -> the share on each patch ``[rows, cols]`` (the prefix
+    tokens' share is left out of the picture; :func:`prefix_share` says how much it is)."""
+    patches = weights_row[len(layout.prefix):].float()
+    return patches.reshape(layout.rows, layout.cols).numpy()
+
+
+def prefix_share(weights_row: torch.Tensor, layout: PatchLayout) -> float:
+    return float(weights_row[: len(layout.prefix)].sum())
+
+
+def grid_side(n_patches: int) -> int:
+    side = math.isqrt(n_patches)
+    if side * side != n_patches:
+        raise ValueError(f"{n_patches} patches are not a square grid")
+    return side
+
+
+OVERLAY_MODES = ("head", "mean", "rollout")
+OVERLAY_NAMES = {"head": "This head", "mean": "Mean over heads", "rollout": "Rollout"}
+
+
+@dataclass
+class Overlay:
+    grid: np.ndarray  # [rows, cols]: the query's weight on each patch
+    prefix_share: float  # what it puts on [CLS] and the other prefix tokens (not drawn on the image)
+    title: str
+
+
+def overlay(capture, layer: int, mode: str, head: int, query: int) -> Overlay:
+    """One query's attention on the image: ``mode`` "head" (layer, head), "mean" (over the layer's heads) or
+    "rollout" (Abnar and Zuidema's rollout through layers 0..layer, the usual ViT saliency)."""
+    from attnviz import analysis
+
+    record, layout = capture.records["self"], capture.layout
+    if mode == "head":
+        row = record.head_weights(layer, head, query, query + 1)[0]  # [n_k]
+        what = f"layer {layer}, head {head}"
+    elif mode == "mean":
+        row = record.layer_weights(layer, query, query + 1).mean(0)[0]  # mean over heads: [n_k]
+        what = f"layer {layer}, mean of {record.n_heads} heads"
+    elif mode == "rollout":
+        row = analysis.attention_rollout(record.weights)[layer][query]
+        what = f"rollout through layers 0..{layer}"
+    else:
+        raise ValueError(f"mode must be one of {OVERLAY_MODES}, got {mode!r}")
+    name = capture.tokens[query]
+    prefix = prefix_share(row, layout)
+    note = f"; {prefix:.0%} on {', '.join(layout.prefix)} (not drawn)" if layout.prefix else ""
+    return Overlay(attention_grid(row, layout), prefix, f"Attention of {name}: {what}{note}")
+
+
+def token_at_pixel(layout: PatchLayout, x: float, y: float) -> int | None:
+    """The patch token under pixel ``(x, y)`` of the image the model saw, None outside it."""
+    height, width = layout.image_size
+    if not (0 <= x < width and 0 <= y < height):
+        return None
+    row, col = int(y // layout.patch), int(x // layout.patch)
+    if row >= layout.rows or col >= layout.cols:
+        return None
+    return layout.token_of(row, col)

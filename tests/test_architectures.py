@@ -1,0 +1,133 @@
+"""Every model type attnviz lists as supported (attnviz.models.support, the one list the Checkpoints page and the
+README show): a tiny random checkpoint made here, loaded like an upload, its attention compared with
+transformers' own eager weights (an independent copy of the model, output_attentions=True)."""
+
+import pytest
+import torch
+
+from attnviz.bench.tiny import make_tiny_checkpoint
+from attnviz.models import support
+from attnviz.models.capture import DENSE_CELLS, NotReplayable, capture, replay, replay_difference
+from attnviz.models.eager import token_limit
+from attnviz.models.loading import load_model_dir
+from tests.test_models import eager_attentions
+
+TEXT, PAIR = "The quick brown fox jumps over the lazy dog.", "A dog sleeps."
+EXPECTED_KINDS = {"encoder": ["self"], "decoder": ["self"], "encoder-decoder": ["cross", "decoder", "encoder"]}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("architectures")
+
+    def make(kind: str):
+        folder = root / kind
+        if not folder.exists():
+            make_tiny_checkpoint(kind, folder)
+        return folder
+
+    return make
+
+
+@pytest.mark.parametrize("kind", list(support.TESTED_MODEL_TYPES))
+def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoint, kind):
+    folder = checkpoint(kind)
+    bundle = load_model_dir(folder)
+    assert bundle.model_type == kind
+    assert bundle.capture_path == support.path_of(kind)
+    assert bundle.architecture == support.TESTED_MODEL_TYPES[kind].split(",")[0]
+    result = capture(bundle, TEXT, PAIR)
+    assert sorted(result.kinds) == EXPECTED_KINDS[bundle.architecture]
+    reference = eager_attentions(folder, bundle, TEXT, PAIR)
+    for record in result.records.values():
+        weights = record.weights
+        torch.testing.assert_close(weights, reference[record.kind], atol=1e-5, rtol=0, msg=f"{kind} {record.kind}")
+        if not any(sink is not None for sink in record.sinks):  # gpt-oss's sinks take a share of every row
+            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
+        if record.kind in ("decoder",) or (record.kind == "self" and bundle.architecture == "decoder"):
+            assert torch.all(weights.triu(diagonal=1) == 0), f"{kind}: a decoder query saw a later key"
+        if bundle.replayable:
+            assert replay_difference(record) < 1e-5, f"{kind} {record.kind}"
+    assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
+
+
+def test_the_readme_and_checkpoints_page_show_the_tested_list():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert support.supported_markdown() in readme
+    assert len(support.TESTED_MODEL_TYPES) >= 33
+    assert {support.path_of(kind) for kind in support.TESTED_MODEL_TYPES} == {"interface", "hooks", "weights"}
+
+
+def test_bloom_alibi_is_recorded_as_a_score_bias_and_replay_needs_it(checkpoint):
+    from dataclasses import replace
+
+    from attnviz import positional
+    from attnviz.pagelogic.positional import model_alibi
+
+    record = capture(load_model_dir(checkpoint("bloom")), TEXT).records["self"]
+    assert record.replayable and record.bias is not None
+    # The bias is the paper's: slope m_h times the key position, the same for every query
+    own = model_alibi(record, 0, 1)
+    assert own is not None and own["matches_paper"]
+    torch.testing.assert_close(own["slopes"], positional.alibi_slopes(4))
+    n = record.n_q
+    distance = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # j - i
+    torch.testing.assert_close(own["bias"].double(), own["slopes"][1] * distance, atol=1e-5, rtol=0)
+    without = replay(replace(record, biases=[None] * record.n_layers, memo={}))
+    assert (without - record.weights).abs().max() > 1e-3  # ALiBi changes the weights: replay must apply it
+    # and the what-if works on it: no scaling changes the weights, like any replayable model
+    assert (replay(record, scale=1.0) - record.weights).abs().max() > 1e-4
+
+
+def test_a_relative_bias_is_not_taken_for_alibi(checkpoint):
+    from attnviz.pagelogic.positional import model_alibi
+
+    record = capture(load_model_dir(checkpoint("mpnet")), TEXT).records["self"]
+    assert record.bias is not None  # MPNet's relative position bias, read by the hooks
+    assert model_alibi(record, 0, 0) is None
+
+
+def test_gpt_neo_local_layers_keep_their_window(checkpoint):
+    from attnviz import masks
+
+    record = capture(load_model_dir(checkpoint("gpt_neo")), TEXT).records["self"]
+    n = record.n_q
+    assert torch.equal(record.mask_rows(0), masks.causal(n, n))  # layer 0: global
+    window = masks.MaskSpec(n, n, causal=True, window=(3, 0)).dense()  # layer 1: local, 4 keys with itself
+    assert torch.equal(record.mask_rows(1), window)
+    assert record.scales == [1.0, 1.0]  # GPT-Neo does not scale its scores
+
+
+def test_the_weights_path_says_what_it_cannot_do(checkpoint):
+    bundle = load_model_dir(checkpoint("deberta-v2"))
+    assert not bundle.replayable and "DeBERTa" in bundle.capture_note and "not available" in bundle.capture_note
+    record = capture(bundle, TEXT).records["self"]
+    assert not record.replayable
+    with pytest.raises(NotReplayable):
+        record.scores(0)
+    with pytest.raises(NotReplayable):
+        replay(record, scale=1.0)
+    with pytest.raises(NotReplayable):
+        replay_difference(record)
+    # A mask that only takes keys away is exact without Q and K: the model's softmax renormalised over them
+    n = record.n_q
+    keep = torch.ones(n, n, dtype=torch.bool).tril()
+    restricted = record.layer_weights(0, mask=keep)
+    expected = record.weights[0] * keep / (record.weights[0] * keep).sum(-1, keepdim=True)
+    torch.testing.assert_close(restricted, expected)
+    falcon = capture(load_model_dir(checkpoint("falcon")), TEXT).records["self"]
+    with pytest.raises(NotReplayable):  # a causal model's mask cannot be widened without its Q and K
+        falcon.layer_weights(0, mask=torch.ones(falcon.n_q, falcon.n_k, dtype=torch.bool))
+
+
+def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, monkeypatch):
+    import attnviz.models.capture as capture_module
+
+    assert token_limit(24, 16, DENSE_CELLS, 1024) == 456  # sqrt(80M / 384)
+    assert token_limit(2, 4, DENSE_CELLS, 1024) == 1024
+    bundle = load_model_dir(checkpoint("falcon"))
+    monkeypatch.setattr(capture_module, "DENSE_CELLS", 2 * 4 * 10 * 10)
+    result = capture(bundle, " ".join(["word"] * 40))
+    assert len(result.tokens) == 10 and result.truncated

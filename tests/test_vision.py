@@ -1,0 +1,186 @@
+"""Vision transformers: tiny random ViT, DeiT, DINOv2, CLIP and SigLIP vision models made here, their attention
+against transformers' eager weights, patch layouts, overlays, image validation, and the Explore page."""
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnviz import vision
+from attnviz.bench.tiny import VISION_KINDS, make_tiny_vision_checkpoint
+from attnviz.models.capture import capture_image, replay_difference
+from attnviz.models.loading import load_model_dir
+from tests.apptest_helpers import figures, open_page
+
+PREFIX = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]"], "clip_vision_model": ["[CLS]"],
+          "siglip_vision_model": []}
+
+
+@pytest.fixture(scope="module")
+def vision_checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vision")
+
+    def make(kind: str, **options):
+        folder = root / (kind + "".join(f"-{k}{v}" for k, v in options.items()))
+        if not folder.exists():
+            make_tiny_vision_checkpoint(kind, folder, **options)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def photo():
+    return vision.sample_image("China (scikit-learn sample)")
+
+
+def png(width: int, height: int, colour=(200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", VISION_KINDS)
+def test_every_vision_type_matches_transformers_eager_weights(vision_checkpoint, photo, kind):
+    from transformers import AutoModel
+
+    folder = vision_checkpoint(kind)
+    bundle = load_model_dir(folder)
+    assert bundle.modality == "image" and bundle.architecture == "encoder" and bundle.tokenizer_note is None
+    result = capture_image(bundle, photo, "china.jpg")
+    record = result.records["self"]
+    assert result.tokens[: len(PREFIX[kind])] == PREFIX[kind]
+    assert result.tokens[len(PREFIX[kind])] == "(0,0)" and result.tokens[-1] == "(3,3)"  # 32 px in 8 px patches
+    assert result.image.shape == (32, 32, 3) and result.image.dtype == np.uint8
+    reference = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = reference(pixel_values=vision.pixel_values(bundle.image_processor, photo),
+                             output_attentions=True).attentions
+    torch.testing.assert_close(record.weights, torch.cat(expected), atol=1e-5, rtol=0)
+    assert replay_difference(record) < 1e-5
+
+
+def test_overlays_put_each_patch_where_it_is(vision_checkpoint, photo):
+    result = capture_image(load_model_dir(vision_checkpoint("deit")), photo)
+    layout = result.layout
+    assert (layout.rows, layout.cols, layout.patch) == (4, 4, 8)
+    record = result.records["self"]
+    shown = vision.overlay(result, 1, "head", 2, 0)
+    row = record.head_weights(1, 2, 0, 1)[0]
+    assert shown.grid.shape == (4, 4)
+    assert shown.grid[1, 3] == pytest.approx(float(row[layout.token_of(1, 3)]))  # patch (1,3) = token 2 + 7
+    assert layout.token_of(1, 3) == 9 and layout.patch_of(9) == (1, 3) and layout.patch_of(1) is None
+    assert shown.grid.sum() + shown.prefix_share == pytest.approx(1.0, abs=1e-5)
+    assert "[CLS], [DIST]" in shown.title
+    mean = vision.overlay(result, 0, "mean", 0, 5)
+    expected = record.layer_weights(0, 5, 6).mean(0)[0]
+    assert mean.grid.sum() + mean.prefix_share == pytest.approx(float(expected.sum()), abs=1e-5)
+    rolled = vision.overlay(result, 1, "rollout", 0, 0)
+    assert rolled.grid.sum() + rolled.prefix_share == pytest.approx(1.0, abs=1e-5)  # rollout rows sum to 1
+    assert vision.token_at_pixel(layout, 27.0, 9.5) == layout.token_of(1, 3)
+    assert vision.token_at_pixel(layout, 40.0, 3.0) is None
+
+
+def test_the_overlay_figure_sends_one_png_and_a_clickable_patch_grid(vision_checkpoint, photo):
+    from attnviz.viz.vision import overlay_figure
+
+    result = capture_image(load_model_dir(vision_checkpoint("vit")), photo)
+    shown = vision.overlay(result, 0, "head", 0, 6)
+    figure = overlay_figure(result.image, shown.grid, result.layout, 6, shown.title)
+    image, heatmap, points = figure.data
+    assert image.source.startswith("data:image/png;base64,")
+    np.testing.assert_array_equal(heatmap.z, shown.grid)
+    # the clickable centres: patch (1,2) is the 7th point, at pixels (20, 12), token 1 + 6
+    assert list(points.customdata[6]) == [result.layout.token_of(1, 2)] and (points.x[6], points.y[6]) == (20, 12)
+    rectangle = figure.layout.shapes[0]  # the query, token 6 = patch (1,1), outlined
+    assert (rectangle.x0, rectangle.y0, rectangle.x1, rectangle.y1) == (8, 8, 16, 16)
+    assert len(figure.to_json()) < 2_000_000
+
+
+def test_a_checkpoint_without_a_processor_gets_a_marked_stand_in(vision_checkpoint, photo):
+    bundle = load_model_dir(vision_checkpoint("vit", with_processor=False))
+    assert "no preprocessor_config.json" in bundle.tokenizer_note and "0.5" in bundle.tokenizer_note
+    pixels = vision.pixel_values(bundle.image_processor, photo)
+    assert pixels.shape == (1, 3, 32, 32) and -1.0 <= float(pixels.min()) and float(pixels.max()) <= 1.0
+    assert capture_image(bundle, photo).records["self"].n_q == 17
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    """A tiny PNG whose header declares ``width x height`` pixels: a decompression bomb's first bytes."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
+
+
+def test_images_are_validated_before_they_are_decoded(monkeypatch):
+    assert vision.read_image(png(40, 30)).size == (40, 30)
+    with pytest.raises(vision.ImageRefused, match="empty"):
+        vision.read_image(b"")
+    with pytest.raises(vision.ImageRefused, match="not an image"):
+        vision.read_image(b"PK\x03\x04 a zip, renamed to photo.png")
+    gif = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(gif, format="GIF")
+    with pytest.raises(vision.ImageRefused, match="GIF image; upload a PNG or JPEG"):
+        vision.read_image(gif.getvalue())
+    with pytest.raises(vision.ImageRefused, match="8,000 x 8,000 pixels"):  # over attnviz's 40 MP, under PIL's
+        vision.read_image(_png_declaring(8000, 8000))
+    with pytest.raises(vision.ImageRefused, match="too many pixels|pixels"):  # past PIL's own bomb limit
+        vision.read_image(_png_declaring(30000, 30000))
+    jpeg = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(jpeg, "JPEG")
+    with pytest.raises(vision.ImageRefused, match="could not be decoded"):
+        vision.read_image(jpeg.getvalue()[:300])  # truncated
+    monkeypatch.setattr(vision, "MAX_IMAGE_BYTES", 100)
+    with pytest.raises(vision.ImageRefused, match="images up to"):
+        vision.read_image(png(64, 64, (1, 2, 3)) + b"\x00" * 200)
+
+
+@pytest.fixture
+def vision_models(vision_checkpoint, clean_streamlit_caches):
+    return {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-deit": str(vision_checkpoint("deit"))}
+
+
+def test_explore_heads_shows_a_vision_model_on_an_image(vision_models):
+    at = open_page("pages/explore_heads.py", models=vision_models, model="tiny-deit")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="explore_image_sample").value == "China (scikit-learn sample)"
+    # the page's text box and sentence B are gone (the sidebar's sentence stays, for the text pages)
+    assert not any(t.key == "explore_pair" for t in at.text_input)
+    assert not any(w.key == "explore_source" for w in at.get("segmented_control"))
+    titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
+    layer, head = at.number_input(key="layer").value, at.number_input(key="head").value
+    assert any(t.startswith(f"Attention of [CLS]: layer {layer}, head {head};") for t in titles), titles
+    assert any("Replay check" in m.value for m in at.markdown)
+    at.selectbox(key="explore_image_query").set_value(2 + 5).run()  # patch (1,1), as a click on it sets
+    titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
+    assert any(t.startswith("Attention of (1,1)") for t in titles), titles
+    at.segmented_control(key="explore_image_mode").set_value("rollout").run()
+    assert any(f"rollout through layers 0..{layer}" in spec["layout"]["title"]["text"] for spec in figures(at))
+    at.selectbox(key="explore_image_sample").set_value("Flower (scikit-learn sample)").run()
+    assert not at.exception
+
+
+def test_the_head_views_label_patches_and_text_pages_say_they_need_text(vision_models):
+    at = open_page("pages/explore_heads.py", models=vision_models, model="tiny-deit", explore_image_tab="View")
+    assert not at.exception, [e.value for e in at.exception]
+    spec = figures(at)[0]
+    assert "(0,0)" in str(spec["layout"]["xaxis"].get("ticktext", [])) + str(spec["data"][0].get("x", ""))
+    at = open_page("pages/masks.py", models=vision_models, model="tiny-deit")
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("vision transformer" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("page", ["pages/step_by_step.py", "pages/masks.py", "pages/positional.py",
+                                  "pages/scaling.py", "pages/heads_kv_cache.py", "pages/flash.py",
+                                  "pages/generation.py", "pages/checkpoints.py"])
+def test_every_other_page_survives_a_vision_model(vision_models, page):
+    at = open_page(page, models=vision_models, model="tiny-deit", pos_tab="ALiBi")
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [e.value for e in at.error if "several spellings" not in e.value]
