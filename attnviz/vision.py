@@ -22,6 +22,8 @@ import torch
 from attnviz.models.support import TESTED_VISION_TYPES
 
 VISION_TYPES = frozenset(TESTED_VISION_TYPES)  # read as images (the tested types; attnviz.models.support)
+# Image-text checkpoints whose vision tower attnviz loads on its own (transformers reads it from the full folder)
+VISION_TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
 MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
 FORMATS = ("PNG", "JPEG")

@@ -184,3 +184,36 @@ def test_every_other_page_survives_a_vision_model(vision_models, page):
     at = open_page(page, models=vision_models, model="tiny-deit", pos_tab="ALiBi")
     assert not at.exception, [e.value for e in at.exception]
     assert not [e.value for e in at.error if "several spellings" not in e.value]
+
+
+def test_a_full_clip_checkpoint_is_read_through_its_vision_tower(tmp_path, photo):
+    from transformers import CLIPConfig, CLIPModel, CLIPVisionModel, ViTImageProcessor
+
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    config = CLIPConfig(text_config=dict(sizes, vocab_size=100), projection_dim=16,
+                        vision_config=dict(sizes, image_size=32, patch_size=8))
+    folder = tmp_path / "clip"
+    CLIPModel(config).save_pretrained(folder)  # text and vision towers, as openai/clip-* ship
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    bundle = load_model_dir(folder)
+    assert bundle.modality == "image" and bundle.model_type == "clip_vision_model" and bundle.n_layers == 2
+    record = capture_image(bundle, photo).records["self"]
+    reference = CLIPVisionModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = reference(pixel_values=vision.pixel_values(bundle.image_processor, photo),
+                             output_attentions=True).attentions
+    torch.testing.assert_close(record.weights, torch.cat(expected), atol=1e-5, rtol=0)
+
+
+def test_a_speech_model_is_refused_naming_its_type_and_why(tmp_path):
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    from attnviz.models.safety import CheckpointRefused
+
+    config = Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                            conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                            num_conv_pos_embedding_groups=4)
+    Wav2Vec2Model(config).save_pretrained(tmp_path / "speech")
+    with pytest.raises(CheckpointRefused, match="wav2vec2 models read raw audio, not text"):
+        load_model_dir(tmp_path / "speech")

@@ -8,6 +8,7 @@ local files only, from safetensors only, and with ``trust_remote_code=False``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import sys
 import zlib
@@ -259,7 +260,25 @@ def _check_size_before_loading(config, folder: Path) -> str:
             f"config.json describes {described / 1e6:.1f}M parameters but the safetensors hold only "
             f"{in_files / 1e6:.1f}M: the weights do not belong to this config (wrong architecture, or missing shards?)"
         )
+    _check_inputs(skeleton, config.model_type)
     return capture_path_of(skeleton, config.model_type)
+
+
+def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
+    """Refuse, naming the type and the reason, a model that reads neither token ids nor (for the vision types)
+    images: speech and other inputs this app has no page for."""
+    from attnviz.vision import VISION_TOWERS, VISION_TYPES
+
+    if model_type in VISION_TYPES or model_type in VISION_TOWERS:
+        return
+    accepted = set(inspect.signature(model.forward).parameters)
+    if "input_ids" not in accepted:
+        reads = next((name for name in ("input_features", "input_values", "pixel_values") if name in accepted),
+                     "something other than text")
+        what = {"input_features": "audio features", "input_values": "raw audio", "pixel_values": "images"}.get(
+            reads, reads)
+        raise CheckpointRefused(f"{model_type} models read {what}, not text; attnviz reads text models and the "
+                                f"vision transformers it lists ({', '.join(sorted(VISION_TYPES))})")
 
 
 def _read_checked_config(folder: Path):
@@ -290,10 +309,14 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
+    from attnviz.vision import VISION_TOWERS
+
+    tower = VISION_TOWERS.get(config.model_type)
+    loader = getattr(importlib.import_module("transformers"), tower) if tower else AutoModel
     try:
-        model, info = AutoModel.from_pretrained(
+        model, info = loader.from_pretrained(
             folder,
-            config=config,
+            **({} if tower else {"config": config}),  # a tower reads its part of the full config itself
             attn_implementation=ATTENTION_NAME if path == "interface" else "eager",
             dtype=DTYPES[dtype],
             **(where or {}),
@@ -372,6 +395,7 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
     timings["  placement (accelerate)"] = time.perf_counter() - mark
     mark = time.perf_counter()
     model = _load_weights(folder, config, dtype, where, path)
+    config = model.config  # a CLIP or SigLIP checkpoint: its vision tower's config from here on
     timings["  weights (from_pretrained)"] = time.perf_counter() - mark
     mark = time.perf_counter()
     from attnviz.vision import VISION_TYPES, load_image_processor
