@@ -55,8 +55,18 @@ class Recipe:
     repeat_share: float = 0.5  # of each batch: repeated random tokens
     repeat_pool: int = 512  # they are drawn from this many most frequent tokens of the text (trained embeddings)
     repeat_periods: tuple[int, int] = (8, 48)  # the period of a repeated sequence is drawn from this range
+    # Of the repeated rows, this share draws from only ``small_pool`` tokens of the pool: with few distinct
+    # tokens, a key that mixes positions j, j-1 and j-2 no longer tells the occurrences apart, so the copy needs
+    # a previous-token head that reads exactly j-1.
+    small_pool_share: float = 0.0
+    small_pool: int = 16
     held_out_share: float = 0.1
     seed: int = 0
+    # Options tried for a sharper previous-token head (docs/benchmarks.md); the defaults are the shipped recipe.
+    position_init: str = "learned"  # or "sinusoidal": GPT-2's positions start as the original Transformer's
+    position_scale: float = 0.1  # ... times this, so that they neither drown nor vanish beside token embeddings
+    freeze_positions: bool = False  # keep them sinusoidal (not trained)
+    docstrings: bool = False  # also train on the docstrings of Python's standard library (4x the text)
 
 
 def documentation_text() -> str:
@@ -64,6 +74,40 @@ def documentation_text() -> str:
     import pydoc_data.topics
 
     return "\n\n".join(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics))
+
+
+def standard_library_docstrings(min_chars: int = 80) -> str:
+    """Docstrings of the standard library's modules, classes and functions (tests and IDLE left out), in a fixed
+    order: about 1.5 M characters of English prose about Python, shipped with every Python like the topics."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(part in ("test", "tests", "idlelib", "site-packages") for part in parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= min_chars:
+                    found.append(doc)
+    return "\n\n".join(found)
+
+
+def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:
+    """The original Transformer's encoding ``[positions, dim]``: sin and cos of position / 10000^(2i/dim)."""
+    position = torch.arange(positions, dtype=torch.float32)[:, None]  # [positions, 1]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # [dim/2]
+    table = torch.zeros(positions, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
 
 
 def split_text(text: str, held_out_share: float) -> tuple[str, str]:
@@ -101,9 +145,11 @@ def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator,
     while True:
         starts = torch.randint(0, len(train_ids) - length, (recipe.batch - n_repeats,), generator=generator)
         rows = [train_ids[s : s + length] for s in starts.tolist()]
-        for _ in range(n_repeats):
+        n_small = round(n_repeats * recipe.small_pool_share)
+        for index in range(n_repeats):
             period = int(torch.randint(*recipe.repeat_periods, (1,), generator=generator))
-            pattern = pool_ids[torch.randint(0, len(pool_ids), (period,), generator=generator)]
+            drawn_from = pool_ids[: recipe.small_pool] if index < n_small else pool_ids
+            pattern = drawn_from[torch.randint(0, len(drawn_from), (period,), generator=generator)]
             rows.append(pattern.repeat(math.ceil(length / period))[:length])
         yield torch.stack(rows)
 
@@ -148,7 +194,8 @@ A {recipe.n_layer}-layer {kind} ({heads}, d_model {recipe.n_embd}, {recipe.conte
 decoder generating text, offline. It is a teaching model: it writes Python-documentation-flavoured English, often
 wrongly, and it has memorised much of its training text.
 
-- **Data**: Python's documentation topics (`pydoc_data.topics`, shipped with Python {report['python']}),
+- **Data**: Python's documentation topics (`pydoc_data.topics`, shipped with Python {report['python']}){
+    " and the standard library's docstrings" if recipe.docstrings else ""},
   {report['train_tokens']:,} tokens for training and {report['held_out_tokens']:,} held out (the last
   {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is random tokens repeated (drawn from the
   {recipe.repeat_pool} most frequent tokens; periods {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}),
@@ -181,7 +228,16 @@ def build_model(recipe: Recipe, tokenizer):
                             n_layer=recipe.n_layer, n_head=recipe.n_head, n_inner=recipe.intermediate,
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tokenizer.bos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
-        return GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(config)
+        if recipe.position_init == "sinusoidal":
+            # Learned positions start with no structure, and a previous-token head has to discover "one position
+            # back" for each of the 256 positions separately; from sinusoids, it is one linear map (a rotation per
+            # frequency) that W_Q and W_K can learn once.
+            with torch.no_grad():
+                model.transformer.wpe.weight.copy_(sinusoidal_positions(recipe.context, recipe.n_embd)
+                                                   * recipe.position_scale)
+            model.transformer.wpe.weight.requires_grad_(not recipe.freeze_positions)
+        return model
     config = LlamaConfig(vocab_size=recipe.vocab_size, hidden_size=recipe.n_embd,
                          intermediate_size=recipe.intermediate, num_hidden_layers=recipe.n_layer,
                          num_attention_heads=recipe.n_head, num_key_value_heads=recipe.n_kv_head,
@@ -190,19 +246,23 @@ def build_model(recipe: Recipe, tokenizer):
     return LlamaForCausalLM(config)
 
 
-def train(recipe: Recipe, out: Path, log=print) -> dict:
+def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> dict:
 
     torch.manual_seed(recipe.seed)
-    threads = os.cpu_count() or 1
+    threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
+    topics_chars = len(train_text)
+    if recipe.docstrings:
+        train_text = train_text + "\n\n" + standard_library_docstrings()
     tokenizer = train_tokenizer(train_text, recipe.vocab_size)
     train_ids = torch.tensor(tokenizer(train_text)["input_ids"])
     held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])
     model = build_model(recipe, tokenizer)
     model.train()
-    decay = [p for name, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for name, p in model.named_parameters() if p.ndim < 2]
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    decay = [p for name, p in trained if p.ndim >= 2]
+    no_decay = [p for name, p in trained if p.ndim < 2]
     optimiser = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=recipe.learning_rate,
                                   betas=(0.9, 0.95))
@@ -238,6 +298,7 @@ def train(recipe: Recipe, out: Path, log=print) -> dict:
         "recipe": asdict(recipe), "seconds": seconds, "threads": threads, "torch": torch.__version__,
         "python": platform.python_version(), "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens": len(train_ids), "held_out_tokens": len(held_out_ids),
+        "topics_share": topics_chars / len(train_text),
         "final_train_loss": sum(text_losses[-50:]) / len(text_losses[-50:]),
         "held_out_loss": held_out_loss(model, held_out_ids, recipe.train_length),
         "repeat_token_ids": pool,
@@ -258,11 +319,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--architecture", choices=("llama", "gpt2"), default=Recipe.architecture)
     parser.add_argument("--heads", type=int, default=Recipe.n_head)
     parser.add_argument("--kv-heads", type=int, default=Recipe.n_kv_head)
+    parser.add_argument("--position-init", choices=("sinusoidal", "learned"), default=Recipe.position_init)
+    parser.add_argument("--position-scale", type=float, default=Recipe.position_scale)
+    parser.add_argument("--freeze-positions", action="store_true")
+    parser.add_argument("--docstrings", action="store_true",
+                        help="also train on the standard library's docstrings")
+    parser.add_argument("--small-pool-share", type=float, default=Recipe.small_pool_share)
+    parser.add_argument("--small-pool", type=int, default=Recipe.small_pool)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
     args = parser.parse_args(argv)
     report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
                           learning_rate=args.learning_rate, n_head=args.heads, n_kv_head=args.kv_heads,
-                          weight_decay=args.weight_decay, architecture=args.architecture), args.out)
+                          weight_decay=args.weight_decay, architecture=args.architecture,
+                          position_init=args.position_init, position_scale=args.position_scale,
+                          freeze_positions=args.freeze_positions, docstrings=args.docstrings,
+                          small_pool_share=args.small_pool_share, small_pool=args.small_pool),
+                   args.out, threads=args.threads)
     circuits_found = report["circuits"]
     print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "
           f"best previous-token score {max(max(r) for r in circuits_found['previous_token']):.3f}, "
