@@ -26,7 +26,7 @@ VISION_TYPES = frozenset(TESTED_VISION_TYPES)  # read as images (the tested type
 VISION_TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
 MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
-FORMATS = ("PNG", "JPEG")
+FORMATS = ("PNG", "JPEG", "MPO")  # MPO: a JPEG with more pictures in it (phones' HDR gain maps), read as JPEG
 SAMPLE_IMAGES = {"China (scikit-learn sample)": "china.jpg", "Flower (scikit-learn sample)": "flower.jpg"}
 UPLOAD_HINT = ("No pretrained vision checkpoint ships offline. For a real one, upload a zip of a Hugging Face ViT "
                "folder on the Checkpoints page, e.g. google/vit-base-patch16-224 (346 MB), facebook/deit-small-"
@@ -64,7 +64,9 @@ def read_image(data: bytes):
     if width < 1 or height < 1:
         raise ImageRefused("the image has no pixels")
     try:
-        return image.convert("RGB")  # decodes: a truncated file fails here
+        from PIL import ImageOps
+
+        return ImageOps.exif_transpose(image).convert("RGB")  # decodes (a truncated file fails here), upright
     except (OSError, ValueError, Image.DecompressionBombError) as problem:
         raise ImageRefused(f"the image could not be decoded ({str(problem)[:120]})") from None
 

@@ -604,12 +604,12 @@ def main() -> None:
     st.caption(f"**{name}** · {bundle.describe()}")
     if bundle.capture_note:
         st.info(bundle.capture_note, icon=":material/route:")
-    if capture.truncated and max_tokens is None:
-        st.warning(
-            f"The text has {capture.length_of_text} tokens; this model reads at most "
-            f"{bundle.max_positions}. Showing the first {len(capture.tokens)}.",
-            icon=":material/content_cut:",
-        )
+    if capture.truncated and (max_tokens is None or len(capture.tokens) < max_tokens):
+        limit = (f"this model reads at most {bundle.max_positions}" if len(capture.tokens) >= bundle.max_positions
+                 else "on this model's eager path attnviz keeps every layer's weights at once, which fit up to "
+                      f"{len(capture.tokens)}")
+        st.warning(f"The text has {capture.length_of_text} tokens; {limit}. Showing the first "
+                   f"{len(capture.tokens)}.", icon=":material/content_cut:")
     kind = capture.kinds[0]
     if len(capture.kinds) > 1:
         kind = st.segmented_control("Attention", capture.kinds, default=capture.kinds[0],

@@ -131,3 +131,72 @@ def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, mo
     monkeypatch.setattr(capture_module, "DENSE_CELLS", 2 * 4 * 10 * 10)
     result = capture(bundle, " ".join(["word"] * 40))
     assert len(result.tokens) == 10 and result.truncated
+
+
+@pytest.mark.parametrize("kind,reason", [("longformer", "not \\[batch, heads, n, n\\]"),
+                                         ("mamba", "no attention weights")])
+def test_a_model_whose_weights_cannot_be_drawn_is_refused_when_added(tmp_path, kind, reason):
+    from transformers import AutoConfig, AutoModel
+
+    from attnviz.models.safety import CheckpointRefused
+
+    sizes = {"longformer": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                attention_window=4, max_position_embeddings=66, vocab_size=100),
+             "mamba": dict(hidden_size=32, num_hidden_layers=1, state_size=4, vocab_size=100)}[kind]
+    AutoModel.from_config(AutoConfig.for_model(kind, **sizes)).save_pretrained(tmp_path / kind)
+    with pytest.raises(CheckpointRefused, match=f"cannot show this model: {kind} .*{reason}"):
+        load_model_dir(tmp_path / kind)
+
+
+def test_xlnet_is_not_taken_for_a_decoder(tmp_path):
+    from transformers import XLNetConfig, XLNetModel
+
+    XLNetModel(XLNetConfig(vocab_size=100, d_model=32, n_layer=1, n_head=4, d_inner=64)).save_pretrained(
+        tmp_path / "xlnet")
+    bundle = load_model_dir(tmp_path / "xlnet")
+    assert bundle.architecture == "encoder"
+    record = capture(bundle, "bidirectional by default").records["self"]
+    assert not record.layer_masks[0].is_causal  # read from its weights, not assumed
+
+
+def test_bloom_alibi_is_found_in_bf16_too(tmp_path):
+    from transformers import AutoModel
+
+    from attnviz.bench.tiny import tiny_config
+    from attnviz.pagelogic.positional import model_alibi
+
+    torch.manual_seed(0)
+    AutoModel.from_config(tiny_config("bloom")).to(torch.bfloat16).save_pretrained(tmp_path / "bloom-bf16")
+    bundle = load_model_dir(tmp_path / "bloom-bf16")
+    assert bundle.dtype == "bfloat16"
+    record = capture(bundle, " ".join(["word"] * 40)).records["self"]
+    own = model_alibi(record, 0, 0)
+    assert own is not None and own["matches_paper"]  # within bf16's rounding of the stored bias
+
+
+def test_sessions_capturing_one_hooked_model_at_once_never_see_each_others_calls(checkpoint):
+    import threading
+
+    bundle = load_model_dir(checkpoint("gpt_neo"))
+    texts = [f"thread {i}: " + " ".join(["word"] * (3 + 4 * i)) for i in range(4)]
+    results, problems = {}, []
+    start = threading.Barrier(len(texts))
+
+    def work(text):
+        try:
+            start.wait()
+            for _ in range(3):
+                record = capture(bundle, text).records["self"]
+                assert record.n_layers == 2 and record.n_q == len(bundle.tokenizer(text)["input_ids"])
+                assert replay_difference(record) < 1e-5
+            results[text] = record
+        except Exception as problem:  # noqa: BLE001 - reported below
+            problems.append(repr(problem))
+
+    threads = [threading.Thread(target=work, args=(text,)) for text in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not problems, problems
+    assert len(results) == len(texts)

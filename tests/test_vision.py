@@ -217,3 +217,13 @@ def test_a_speech_model_is_refused_naming_its_type_and_why(tmp_path):
     Wav2Vec2Model(config).save_pretrained(tmp_path / "speech")
     with pytest.raises(CheckpointRefused, match="wav2vec2 models read raw audio, not text"):
         load_model_dir(tmp_path / "speech")
+
+
+def test_phone_photos_are_read_upright_and_multi_picture_jpegs_accepted():
+    picture = Image.new("RGB", (40, 20), (10, 200, 10))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to show it upright
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", exif=exif)
+    assert vision.read_image(buffer.getvalue()).size == (20, 40)  # upright, as a phone shows it
+    assert "MPO" in vision.FORMATS

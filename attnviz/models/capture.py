@@ -487,9 +487,11 @@ def capture(
         key_tokens = decoder_tokens if kind == "decoder" else tokens
         if by_kind:
             result.records[kind] = _record_of(kind, by_kind[kind], query_tokens, key_tokens)
-        else:
-            causal = kind == "decoder" or (kind == "self" and bundle.architecture == "decoder")
-            result.records[kind] = _weights_record(kind, eager_weights[kind], query_tokens, key_tokens, causal)
+        else:  # what the model's own weights show: causal when no query ever weights a later key
+            weights = eager_weights[kind]
+            causal = kind != "cross" and len(query_tokens) > 1 and all(
+                not bool(w.triu(diagonal=1 + w.shape[-1] - w.shape[-2]).any()) for w in weights)
+            result.records[kind] = _weights_record(kind, weights, query_tokens, key_tokens, causal)
     return result
 
 

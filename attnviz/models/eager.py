@@ -18,6 +18,7 @@ Both keep every layer's weights of the forward at once, so inputs are capped at 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import math
 from dataclasses import dataclass
@@ -125,15 +126,19 @@ class EagerKernel:
         """``[n_q, heads, d_v]``: like the kernel call of the interface path."""
         heads = self.weights.shape[0]
         value = value.repeat_interleave(heads // value.shape[0], dim=0)  # [heads, n_k, d_v]
-        return (self.weights.float() @ value.float()).transpose(0, 1)
+        return (self.weights.float() @ value.float().cpu()).transpose(0, 1)
 
 
-@contextlib.contextmanager
-def _hooks(model: torch.nn.Module, adapter: Adapter):
-    """While the block runs, every attention module of ``model`` appends (name, Q, K, V, arguments) to the list
-    yielded, one entry per call in forward order."""
-    seen: list[dict] = []
-    handles = []
+# What this thread's capture has seen so far; the hooks stay on the (shared, cached) model, and write only into
+# the list of the thread that is capturing: sessions running the same model at once never see each other's calls.
+_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnviz_eager_seen", default=None)
+
+
+def _install_hooks(model: torch.nn.Module, adapter: Adapter) -> None:
+    """Once per model: a pre-hook on every attention module (its arguments) and forward hooks on its projections
+    (Q, K, V), recording into :data:`_SEEN` while a capture runs in this thread, and doing nothing otherwise."""
+    if getattr(model, "_attnviz_eager_hooks", False):
+        return
     names = {id(m): name for name, m in model.named_modules()}
     for module in model.modules():
         if type(module).__name__ != adapter.attention_class:
@@ -141,20 +146,36 @@ def _hooks(model: torch.nn.Module, adapter: Adapter):
         signature = inspect.signature(module.forward)
 
         def before(mod, args, kwargs, signature=signature):
+            seen = _SEEN.get()
+            if seen is None:
+                return
             bound = signature.bind_partial(*args, **kwargs).arguments
             extra = bound.pop("kwargs", {}) if "kwargs" in bound else {}
             seen.append({"module": mod, "name": names.get(id(mod), ""), "arguments": {**bound, **extra},
                          "outputs": []})
 
-        handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        def projected(mod, inputs, output):
+            seen = _SEEN.get()
+            if seen:
+                seen[-1]["outputs"].append(output.detach())
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
         for child in adapter.projections:
-            handles.append(getattr(module, child).register_forward_hook(
-                lambda mod, inputs, output: seen[-1]["outputs"].append(output.detach())))
+            getattr(module, child).register_forward_hook(projected)
+    model._attnviz_eager_hooks = True
+
+
+@contextlib.contextmanager
+def _hooks(model: torch.nn.Module, adapter: Adapter):
+    """While the block runs, this thread's calls of ``model``'s attention modules are appended, in forward order,
+    to the list yielded: (module, name, arguments, outputs of its projections)."""
+    _install_hooks(model, adapter)
+    seen: list[dict] = []
+    token = _SEEN.set(seen)
     try:
         yield seen
     finally:
-        for handle in handles:
-            handle.remove()
+        _SEEN.reset(token)
 
 
 def _outputs_by_kind(outputs, encoder_decoder: bool) -> dict[str, tuple]:
@@ -162,6 +183,34 @@ def _outputs_by_kind(outputs, encoder_decoder: bool) -> dict[str, tuple]:
         return {"encoder": outputs.encoder_attentions, "decoder": outputs.decoder_attentions,
                 "cross": outputs.cross_attentions}
     return {"self": outputs.attentions}
+
+
+@torch.no_grad()
+def check_weights_come_back(model: torch.nn.Module, model_type: str, encoder_decoder: bool, vocab_size: int) -> None:
+    """A dry run on four tokens at load time: the eager paths need ``output_attentions`` to return square
+    ``[batch, heads, n, n]`` weights per layer. Raises ValueError naming the type and what came back instead
+    (Longformer's windows, Mamba's no attention at all), so a model that cannot be shown is refused when it is
+    added, not when a page runs it."""
+    ids = torch.arange(4)[None] % max(1, vocab_size)
+    inputs = {"input_ids": ids}
+    if encoder_decoder:
+        inputs["decoder_input_ids"] = ids
+    try:
+        device = next(model.parameters()).device
+        outputs = model(**{k: v.to(device) for k, v in inputs.items()}, output_attentions=True)
+    except Exception as problem:  # noqa: BLE001 - any failure means it cannot be shown this way
+        reason = str(problem).splitlines()[0][:120] if str(problem) else type(problem).__name__
+        raise ValueError(f"{model_type} did not run on four tokens with output_attentions ({reason})") from None
+    try:
+        found = [w for weights in _outputs_by_kind(outputs, encoder_decoder).values() for w in (weights or ())]
+    except AttributeError:  # an output without attention fields (Mamba, ...)
+        found = []
+    if not found:
+        raise ValueError(f"{model_type} returns no attention weights (it may not use attention at all)")
+    shapes = {tuple(w.shape) for w in found}
+    if any(len(shape) != 4 or shape[-1] != 4 or shape[-2] != 4 for shape in shapes):
+        raise ValueError(f"{model_type} returns attention weights shaped {sorted(shapes)[0]}, not [batch, heads, "
+                         "n, n] (a local or bucketed attention), which attnviz cannot draw as token-to-token weights")
 
 
 @torch.no_grad()
@@ -174,7 +223,8 @@ def run(model: torch.nn.Module, model_type: str, inputs: dict, encoder_decoder: 
     with hooks as seen:
         outputs = model(**inputs, output_attentions=True)
     by_kind = _outputs_by_kind(outputs, encoder_decoder)
-    weights = {kind: [w[0].detach() for w in found] for kind, found in by_kind.items() if found}
+    # [heads, n_q, n_k] per layer, on the CPU (where replay runs; a GPU's memory is not held by a cached capture)
+    weights = {kind: [w[0].detach().float().cpu() for w in found] for kind, found in by_kind.items() if found}
     if not weights:
         raise RuntimeError(f"{type(model).__name__} returned no attention weights")
     calls = []
@@ -182,6 +232,7 @@ def run(model: torch.nn.Module, model_type: str, inputs: dict, encoder_decoder: 
         module = entry["module"]
         query, key, value = adapter.split(module, entry["outputs"])
         mask, causal, bias = adapter.score_terms(module, entry["arguments"], query.shape[1], key.shape[1])
+        mask = None if mask is None else mask.cpu()
         calls.append(AttentionCall(
             module_name=entry["name"], query=query, key=key, value=value,
             kernel=EagerKernel(weights["self"][layer], entry["name"], mask),

@@ -133,7 +133,12 @@ def _only_causal(model_type: str) -> bool:
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and model_type not in BIDIRECTIONAL_TYPES)
+
+
+# Types transformers builds as causal LMs whose attention is bidirectional by default
+BIDIRECTIONAL_TYPES = {"xlnet", "bert-generation"}
 
 
 def architecture_of_folder(folder: str | Path) -> str | None:
@@ -340,6 +345,14 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
     if capture_path_of(model, config.model_type) != path:
         raise CheckpointRefused(f"the {config.model_type} model built differently from its skeleton")
+    if path != "interface":
+        from attnviz.models.eager import check_weights_come_back
+
+        try:
+            check_weights_come_back(model.eval(), config.model_type, bool(getattr(config, "is_encoder_decoder", False)),
+                                    int(getattr(config, "vocab_size", 0) or 0))
+        except ValueError as problem:
+            raise CheckpointRefused(f"attnviz cannot show this model: {problem}") from None
     return model.eval()
 
 

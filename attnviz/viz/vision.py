@@ -26,7 +26,8 @@ def overlay_figure(image: np.ndarray, grid: np.ndarray, layout, query: int, titl
     source = "data:image/png;base64," + base64.b64encode(png_bytes(Image.fromarray(image))).decode()
     patch = layout.patch
     figure = go.Figure()
-    figure.add_trace(go.Image(source=source, x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"))
+    # go.Image centres pixel i at x0 + i: x0 = 0.5 puts pixel i on [i, i + 1], where the patch cells are
+    figure.add_trace(go.Image(source=source, x0=0.5, y0=0.5, dx=1, dy=1, hoverinfo="skip"))
     figure.add_trace(go.Heatmap(
         z=grid, x=[patch * (c + 0.5) for c in range(layout.cols)], y=[patch * (r + 0.5) for r in range(layout.rows)],
         colorscale="Inferno", opacity=0.6, zmin=0, zmax=max(float(grid.max()), 1e-9),
