@@ -32,24 +32,27 @@ TABS = ["Generation", "PagedAttention", "Ring attention"]
 MAX_NEW_TOKENS = 64
 
 
+GENERATES = ("decoder", "encoder-decoder")
+
+
 def choose_decoder() -> tuple[str, str] | None:
-    """The decoder this page runs: the sidebar's model when it is one, else the bundled tiny GPT."""
+    """The model this page runs: the sidebar's model when it generates (a decoder or an encoder-decoder), else the
+    bundled tiny GPT."""
     models = registered_models()
-    decoders = {name: folder for name, folder in models.items() if architecture_of_folder(folder) == "decoder"}
+    decoders = {name: folder for name, folder in models.items() if architecture_of_folder(folder) in GENERATES}
     if not decoders:
-        st.warning("No decoder is loaded: add one (GPT-2, Llama, ...) on the Checkpoints page.")
+        st.warning("No decoder is loaded: add one (GPT-2, Llama, T5, BART, ...) on the Checkpoints page.")
         return None
     sidebar = current_model_name()
     if sidebar not in decoders:
         kind = architecture_of_folder(models[sidebar]) or "not a decoder"
         st.info(f"The sidebar's model, **{sidebar}**, is an {kind}: it reads a whole text at once and does not "
-                "generate. This page runs a decoder" + (" (encoder-decoders such as T5 and BART are not supported "
-                                                       "here yet)." if kind == "encoder-decoder" else "."),
-                icon=":material/info:")
+                "generate. This page runs a decoder or an encoder-decoder.", icon=":material/info:")
     default = sidebar if sidebar in decoders else (BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in decoders
                                                    else next(iter(decoders)))
     names = list(decoders)
-    name = st.selectbox("Decoder", names, index=names.index(default), key="gen_model")
+    name = st.selectbox("Model", names, index=names.index(default), key="gen_model",
+                        format_func=lambda n: f"{n} ({architecture_of_folder(decoders[n])})")
     return name, decoders[name]
 
 
@@ -99,8 +102,11 @@ def run(folder: str, name: str, request: dict, seed_offset: int = 0, use_cache: 
 
 
 def show_text(generation: gen.Generation, step: int) -> None:
-    """The prompt, then the generated tokens (bold), the chosen step's token marked."""
+    """The prompt, then the generated tokens (bold), the chosen step's token marked; for an encoder-decoder, the
+    source the encoder read, then what the decoder wrote after its start token."""
     parts = [html.escape("".join(generation.prompt_tokens))]
+    if generation.encoder_decoder:
+        parts = [f'<span style="color:#555">{html.escape(" ".join(generation.source_tokens))}</span> → ', *parts]
     for index, generated in enumerate(generation.steps):
         text = html.escape(generated.token)
         style = "background:#ffe0b2;" if index == step else ""
@@ -116,10 +122,13 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     layers, heads = cached.steps[0].attention.shape[:2]
     columns = st.columns([4, 1, 1])
     step = columns[0].slider("Step", 1, n_steps, n_steps, key="gen_step") - 1 if n_steps > 1 else 0
-    induction = next(h for h in cached_circuits(folder, name) if h.name == "induction head")
-    # Opens on the model's strongest induction head: it looks back at what followed the current token before.
-    layer = int(columns[1].number_input("Layer", 0, layers - 1, induction.layer, key="gen_layer"))
-    head = int(columns[2].number_input("Head", 0, heads - 1, induction.head, key="gen_head"))
+    if cached.encoder_decoder:
+        start_layer, start_head = 0, 0
+    else:  # opens on the strongest induction head: it looks back at what followed the current token before
+        induction = next(h for h in cached_circuits(folder, name) if h.name == "induction head")
+        start_layer, start_head = induction.layer, induction.head
+    layer = int(columns[1].number_input("Layer", 0, layers - 1, start_layer, key="gen_layer"))
+    head = int(columns[2].number_input("Head", 0, heads - 1, start_head, key="gen_head"))
     show_text(cached, step)
     chosen = cached.steps[step]
     left, right = st.columns(2)
@@ -134,10 +143,14 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     with right:
         keys = token_labels([repr(t)[1:-1] for t in cached.tokens[: chosen.position]])
         weights = chosen.attention[layer, head].numpy()
-        show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: attention of layer {layer}, head "
+        what = "decoder self-attention" if cached.encoder_decoder else "attention"
+        show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: {what} of layer {layer}, head "
                                                             f"{head}", y_title="weight"),
                     "The weights of the query that predicted this token (the last token read) over every earlier "
-                    "token; they sum to 1.", key="gen_attention")
+                    "token" + (" the decoder has written" if cached.encoder_decoder else "") + "; they sum to 1.",
+                    key="gen_attention")
+    if cached.encoder_decoder:
+        cross_section(cached, step, layer, head)
     matrix = gen.timeline(cached, layer, head)
     rows = token_labels([repr(s.token)[1:-1] for s in cached.steps], [s.position for s in cached.steps])
     show_figure(matrix_heatmap(matrix, rows, token_labels([repr(t)[1:-1] for t in cached.tokens]),
@@ -154,16 +167,37 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     cache_section(cached, uncached, step, model)
 
 
+def cross_section(cached: gen.Generation, step: int, layer: int, head: int) -> None:
+    """An encoder-decoder's cross-attention: where each new token's query looks in the source."""
+    sources = token_labels([repr(t)[1:-1] for t in cached.source_tokens])
+    chosen = cached.steps[step]
+    show_figure(bar_chart(sources, chosen.cross_attention[layer, head].tolist(),
+                          title=f"Step {step + 1}: cross-attention of layer {layer}, head {head} over the source",
+                          y_title="weight"),
+                "The same query's weights over the encoder's tokens (the prompt): which source tokens this output "
+                "token reads.", key="gen_cross")
+    matrix = gen.cross_timeline(cached, layer, head)
+    rows = token_labels([repr(s.token)[1:-1] for s in cached.steps], [s.position for s in cached.steps])
+    show_figure(matrix_heatmap(matrix, rows, sources, title=f"Cross-attention timeline, layer {layer}, head {head}",
+                               x_title="source token", y_title="generated token", show_values=False),
+                "One row per generated token: its cross-attention over the whole source (a translation's alignment "
+                "shows up as a diagonal).", key="gen_cross_timeline")
+
+
 def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int, model) -> None:
     st.subheader("The KV cache, as the model holds it")
     chosen = cached.steps[step]
     dtype_bytes = next(model.parameters()).element_size()
     st.dataframe(gen.cache_table(chosen, dtype_bytes), hide_index=True)
+    if cached.encoder_decoder:
+        st.caption(f"The cross-attention cache: the encoder's K and V in every layer, {chosen.cross_keys[0]} per "
+                   f"layer, {human_bytes(chosen.cross_bytes)} in all, computed at the first step and only read after "
+                   "it.")
     same, difference = gen.cache_agreement(cached, uncached)
     with_cache = statistics.median(s.seconds for s in cached.steps[1:]) if len(cached.steps) > 1 else 0.0
     without = statistics.median(s.seconds for s in uncached.steps[1:]) if len(uncached.steps) > 1 else 0.0
     columns = st.columns(4)
-    columns[0].metric("Cache after this step", human_bytes(chosen.cache_bytes))
+    columns[0].metric("Cache after this step", human_bytes(chosen.cache_bytes + chosen.cross_bytes))
     columns[1].metric("Same tokens without the cache", "yes" if same else "no")
     columns[2].metric("Largest logit difference", f"{difference:.1e}")
     columns[3].metric("Time per token, cache / none", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms")
@@ -183,6 +217,8 @@ def cached_circuits(folder: str, name: str):
 
 
 def circuits_section(folder: str, name: str) -> None:
+    if architecture_of_folder(registered_models()[name]) != "decoder":
+        return  # the circuits are measured on a causal LM's own text and repeated tokens
     with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME):
         found = cached_circuits(folder, name)
         for head in found:
@@ -191,7 +227,18 @@ def circuits_section(folder: str, name: str) -> None:
         st.caption("Measured now on this model's own eager attention weights, as the tests measure them.")
 
 
+def decoder_only(folder: str, what: str) -> bool:
+    """True (with a note) for an encoder-decoder, which the simulations below do not cover."""
+    if architecture_of_folder(folder) == "decoder":
+        return False
+    st.info(f"{what} is simulated here on a decoder's own K and V; choose a decoder (the tiny GPT, GPT-2, Llama, "
+            "...) in the Model box.", icon=":material/info:")
+    return True
+
+
 def paged_tab(folder: str, name: str, request: dict) -> None:
+    if decoder_only(folder, "PagedAttention"):
+        return
     st.markdown(
         "The same prompt sampled **three times** (seeds +0, +1, +2, temperature at least 1): the real K and V "
         "of one layer, stored as vLLM's PagedAttention stores them: blocks of 16 tokens from one pool, a block "
@@ -227,6 +274,8 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
 
 
 def ring_tab(folder: str, name: str, request: dict) -> None:
+    if decoder_only(folder, "Ring attention"):
+        return
     generation = run(folder, name, request)
     model, tokenizer = generation_model(folder, name)
     text = request["prompt"] + generation.text(tokenizer)

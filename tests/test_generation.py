@@ -147,3 +147,57 @@ def test_paged_and_ring_attention_on_the_models_own_tensors(tiny):
     for devices in (2, 3, 8):
         difference, trace = gen.ring_demo(record, 0, devices, causal=True)
         assert difference <= 1e-6 and len(trace.held) == devices
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory):
+    """Tiny random BART and T5 LMs (with the bundled BERT's tokenizer files), saved as a user's folder would be."""
+    import shutil
+
+    from transformers import AutoModelForSeq2SeqLM
+
+    from attnviz.bench.tiny import TOKENIZER_FILES, tiny_config
+    from attnviz.models.loading import default_model_dir
+
+    root = tmp_path_factory.mktemp("seq2seq")
+    folders = {}
+    for kind in ("bart", "t5"):
+        torch.manual_seed(0)
+        AutoModelForSeq2SeqLM.from_config(tiny_config(kind)).save_pretrained(root / kind)
+        for name in TOKENIZER_FILES:
+            if (default_model_dir() / name).exists():
+                shutil.copy(default_model_dir() / name, root / kind / name)
+        folders[kind] = root / kind
+    return folders
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_an_encoder_decoder_generates_with_cross_attention_and_both_caches(seq2seq, kind):
+    from attnviz.models.loading import load_causal_lm
+
+    model, tokenizer = load_causal_lm(seq2seq[kind])
+    sampling = gen.Sampling("sample", 1.0, seed=1)
+    result = gen.generate(model, tokenizer, PROMPT, 6, sampling)
+    source = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    assert result.encoder_decoder and len(result.source_tokens) == source.shape[1]
+    assert len(result.prompt_tokens) == 1  # the decoder's start token
+    # Each step's self- and cross-attention are the last rows of one full forward pass over what was written
+    written = torch.tensor([[model.config.decoder_start_token_id] + [s.token_id for s in result.steps]])
+    with torch.no_grad():
+        full = model(input_ids=source, decoder_input_ids=written, output_attentions=True)
+    for step in result.steps:
+        expected = torch.stack([layer[0, :, step.position - 1, : step.position] for layer in full.decoder_attentions])
+        torch.testing.assert_close(step.attention, expected, atol=1e-5, rtol=1e-4)
+        cross = torch.stack([layer[0, :, step.position - 1] for layer in full.cross_attentions])
+        torch.testing.assert_close(step.cross_attention, cross, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(step.cross_attention.sum(-1), torch.ones(cross.shape[:2]), atol=1e-5, rtol=0)
+    last, config = result.steps[-1], model.config
+    layers = config.num_hidden_layers if kind == "t5" else config.decoder_layers
+    assert len(last.cache_keys) == layers and last.cache_keys[0][2] == last.position  # self: what was written
+    assert last.cross_keys[0][2] == source.shape[1]  # cross: the encoder's K, one row per source token
+    assert gen.cross_timeline(result, 0, 1).shape == (6, source.shape[1])
+    # The same tokens and logits without the cache (fp64: within 1e-5; the issue's bound)
+    double = model.double()
+    same, difference = gen.cache_agreement(gen.generate(double, tokenizer, PROMPT, 6, sampling),
+                                           gen.generate(double, tokenizer, PROMPT, 6, sampling, use_cache=False))
+    assert same and difference <= 1e-5

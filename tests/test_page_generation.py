@@ -77,3 +77,28 @@ def test_a_prompt_too_long_for_the_model_is_a_message():
     next(b for b in at.button if getattr(b, "label", "") == "Generate").click().run()
     assert not at.exception
     assert any("positions this model has" in w.value for w in at.warning)
+
+
+def test_an_encoder_decoder_generates_on_the_page_with_its_cross_attention(tmp_path):
+    import shutil
+
+    from transformers import AutoModelForSeq2SeqLM
+
+    from attnviz.bench.tiny import TOKENIZER_FILES, tiny_config
+    from attnviz.models.loading import default_model_dir
+
+    folder = tmp_path / "tiny-bart"
+    AutoModelForSeq2SeqLM.from_config(tiny_config("bart")).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (default_model_dir() / name).exists():
+            shutil.copy(default_model_dir() / name, folder / name)
+    models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-bart": str(folder)}
+    at = open_page(PAGE, timeout=300, models=models, model="tiny-bart")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="gen_model").value == "tiny-bart"
+    assert figure_titled(at, "Step 12: cross-attention of layer 0, head 0 over the source")
+    assert len(figure_titled(at, "Cross-attention timeline")["layout"]["yaxis"]["ticktext"]) == 12
+    assert metric(at, "Same tokens without the cache") == "yes"
+    assert any("cross-attention cache" in c.value for c in at.caption)
+    at = open_page(PAGE, timeout=300, models=models, model="tiny-bart", gen_tab="PagedAttention")
+    assert any(i.value.startswith("PagedAttention is simulated here on a decoder") for i in at.info)

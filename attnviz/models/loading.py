@@ -477,13 +477,14 @@ def load_default_model() -> ModelBundle:
 
 
 def load_causal_lm(folder: str | Path):
-    """The folder's causal LM (with its LM head) and tokenizer, with eager attention so each step's weights come
-    back (generation, and measuring the bundled GPT's heads); safetensors only, nothing from the hub, no code
-    from the checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The folder's causal LM (with its LM head), or its encoder-decoder LM (T5, BART, ...), and tokenizer, with
+    eager attention so each step's weights come back (generation, and measuring the bundled GPT's heads);
+    safetensors only, nothing from the hub, no code from the checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
-                                                 use_safetensors=True, trust_remote_code=False).eval()
+    loader = AutoModelForSeq2SeqLM if architecture_of_folder(folder) == "encoder-decoder" else AutoModelForCausalLM
+    model = loader.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                   use_safetensors=True, trust_remote_code=False).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     return model, tokenizer
 

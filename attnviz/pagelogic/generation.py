@@ -78,16 +78,26 @@ class Step:
     cache_keys: list[tuple[int, ...]]  # the K tensor's shape in each layer of the cache after this step
     cache_bytes: int  # K and V of every layer
     seconds: float
+    # An encoder-decoder: the new query's cross-attention over the source [layers, heads, source tokens], and the
+    # cross-attention cache (the encoder's K and V, computed once) per layer
+    cross_attention: torch.Tensor | None = None
+    cross_keys: list[tuple[int, ...]] = field(default_factory=list)
+    cross_bytes: int = 0
 
 
 @dataclass
 class Generation:
-    prompt_tokens: list[str]
+    prompt_tokens: list[str]  # a decoder: the prompt; an encoder-decoder: the decoder's start token
     steps: list[Step] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] of each step
     used_cache: bool = True
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # the cache at the end, per layer:
     # K, V [kv_heads, tokens, head_dim] (every token but the last generated one, which no step has read yet)
+    source_tokens: list[str] | None = None  # an encoder-decoder: the prompt, read by the encoder
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.source_tokens is not None
 
     @property
     def tokens(self) -> list[str]:
@@ -98,8 +108,20 @@ class Generation:
 
 
 def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(K, V) of each layer of a transformers cache object, ``[batch, kv_heads, cached tokens, head_dim]``."""
+    """(K, V) of each layer of a transformers cache object, ``[batch, kv_heads, cached tokens, head_dim]``; of an
+    encoder-decoder's cache, its self-attention part."""
+    cache = getattr(cache, "self_attention_cache", cache)
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _cross_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """An encoder-decoder cache's cross-attention part: the encoder output's K and V per layer (empty otherwise)."""
+    cross = getattr(cache, "cross_attention_cache", None)
+    return [] if cross is None else [(layer.keys, layer.values) for layer in cross.layers]
+
+
+def _bytes(tensors) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in tensors)
 
 
 def _cache_argument(model) -> str:
@@ -119,44 +141,66 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
     """Generate ``new_tokens`` tokens after ``prompt``, one forward pass a token, recording each step's top
     tokens, the attention of the query that predicted it (every layer and head, over all earlier keys), and the
     cache's tensors. Without ``use_cache``, every step runs the whole sequence again (the same tokens and logits,
-    slower). ``model`` must be a causal LM loaded with eager attention."""
+    slower). ``model``: a causal LM, or an encoder-decoder (the prompt is the encoder's input; the decoder writes
+    from its start token, and each step also records the new query's cross-attention), with eager attention."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
         raise ValueError("the prompt has no tokens: type a few words")
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     limit = max_positions or context_length(model.config)
-    if ids.shape[1] + new_tokens > limit:
+    if ids.shape[1] + (0 if encoder_decoder else new_tokens) > limit or new_tokens + 1 > limit:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
                          f"{limit} positions this model has")
     generator = torch.Generator().manual_seed(sampling.seed)
-    result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache)
+    source = encoder_outputs = None
+    if encoder_decoder:  # the prompt goes to the encoder (once); the decoder starts from its start token
+        source = ids
+        start = model.config.decoder_start_token_id
+        start = model.config.pad_token_id if start is None else start
+        ids = torch.tensor([[int(start)]])
+        if use_cache:  # without the cache every step runs the encoder again too
+            encoder_outputs = model.get_encoder()(input_ids=source)
+    result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache,
+                        source_tokens=None if source is None else [_token_text(tokenizer, int(i)) for i in source[0]])
     cache, sequence = None, ids
     cache_argument = _cache_argument(model)
     for step in range(new_tokens):
         started = time.perf_counter()
         if use_cache:
             fed = sequence if cache is None else sequence[:, -1:]  # with a cache: only the newest token
-            output = model(input_ids=fed, use_cache=True, output_attentions=True, **{cache_argument: cache})
+            inputs = {"decoder_input_ids": fed, "encoder_outputs": encoder_outputs} if encoder_decoder else {
+                "input_ids": fed}
+            output = model(**inputs, use_cache=True, output_attentions=True, **{cache_argument: cache})
             cache = output.past_key_values
         else:
-            output = model(input_ids=sequence, use_cache=False, output_attentions=True)
+            inputs = {"input_ids": source, "decoder_input_ids": sequence} if encoder_decoder else {
+                "input_ids": sequence}
+            output = model(**inputs, use_cache=False, output_attentions=True)
         logits = output.logits[0, -1].float()
         probabilities = sampling_distribution(logits, sampling)
         token_id = int(torch.multinomial(probabilities, 1, generator=generator)) if sampling.strategy != "greedy" \
             else int(probabilities.argmax())
         seconds = time.perf_counter() - started
-        attention = torch.stack([layer[0, :, -1].float() for layer in output.attentions])  # [layers, heads, keys]
+        own = output.decoder_attentions if encoder_decoder else output.attentions
+        attention = torch.stack([layer[0, :, -1].float() for layer in own])  # [layers, heads, keys]
+        cross = torch.stack([layer[0, :, -1].float() for layer in output.cross_attentions]) if encoder_decoder \
+            else None  # [layers, heads, source tokens]
         # Greedy draws from a one-hot: show the model's own distribution it took the top of.
         shown = torch.softmax(logits.double(), -1) if sampling.strategy == "greedy" else probabilities
         top = shown.topk(min(TOP_SHOWN, len(shown)))
         tensors = _cache_tensors(cache) if cache is not None else []
+        crossing = _cross_tensors(cache) if cache is not None else []
         result.steps.append(Step(
             position=sequence.shape[1], token_id=token_id, token=_token_text(tokenizer, token_id),
             top=[(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True)
                  if p > 0],
             attention=attention,
             cache_keys=[tuple(k.shape) for k, _ in tensors],
-            cache_bytes=sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in tensors),
+            cache_bytes=_bytes(tensors),
             seconds=seconds,
+            cross_attention=cross,
+            cross_keys=[tuple(k.shape) for k, _ in crossing],
+            cross_bytes=_bytes(crossing),
         ))
         result.logits.append(logits)
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
@@ -183,6 +227,11 @@ def timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
         weights = step.attention[layer, head].numpy()
         matrix[index, : len(weights)] = weights
     return matrix
+
+
+def cross_timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
+    """``[steps, source tokens]``: an encoder-decoder's cross-attention of each step's query over the source."""
+    return np.stack([step.cross_attention[layer, head].numpy() for step in generation.steps])
 
 
 def sink_mass(generation: Generation) -> np.ndarray:
