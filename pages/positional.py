@@ -250,11 +250,11 @@ def model_alibi_section(bundle, record, own: dict, layer: int, head: int, labels
            f" (the paper's for {record.n_heads} heads would be "
            + ", ".join(f"{s:.4g}" for s in standard.tolist()[:8]) + ").")
     )
-    left, right = st.columns([2, 3])
+    left, right = st.columns(2)
     with left:
         show_figure(
             matrix_heatmap(own["bias"], labels, labels, title=f"Its bias, head {head} (m = {slopes[head]:.3g})",
-                           kind="signed", show_values=False),
+                           kind="signed", show_values=False, width=HALF_WIDTH),
             "The model adds m·key position; a softmax ignores a constant per row, so this is −m·distance (shown "
             "relative to the query's own position).",
             key="pos_alibi_model_bias",

@@ -44,6 +44,7 @@ def model_alibi(record: AttentionRecord, layer: int, head: int) -> dict | None:
     n_q, n_k = record.n_q, record.n_k
     query_position = torch.arange(n_q) + (n_k - n_q)
     relative = bias[head] - bias[head, :, query_position].diagonal()[:, None]  # [n_q, n_k]: m * (j - i)
+    relative = relative.masked_fill(~record.mask_rows(layer), float("nan"))  # only where the model attends
     with_bias = record.head_weights(layer, head)
     without = dataclasses.replace(record, biases=[None] * record.n_layers, memo={}).head_weights(layer, head)
     return {"slopes": slopes, "standard": standard,
