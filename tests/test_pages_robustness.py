@@ -77,6 +77,13 @@ def test_the_eager_weights_path_says_so_on_every_view_that_needs_q_and_k(tiny_ch
         assert any(i.value.startswith(what) and "queries and keys" in i.value for i in at.info), tab
     at = _open(tiny_checkpoints, kind, "pages/scaling.py")
     assert any(i.value.startswith("Rescaling a real head") for i in at.info)
+    # the views that need only weights work: statistics, compare, export, every head view
+    for tab in ("Head statistics", "Compare two sentences", "Export"):
+        at = _open(tiny_checkpoints, kind, "pages/explore_heads.py", explore_tab=tab)
+        assert not at.error, (tab, [e.value for e in at.error])
+    for view in ("grid", "lines", "average", "rollout"):
+        at = _open(tiny_checkpoints, kind, "pages/explore_heads.py", view=view)
+        assert figures(at) and not at.error, view
 
 
 def test_bloom_is_replayed_and_its_own_alibi_is_on_the_positional_page(tiny_checkpoints):
