@@ -604,7 +604,8 @@ def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head…")
 def generation_model(folder: str, name: str):
-    """A decoder with its LM head and eager attention, for the Generation page (``(model, tokenizer)``)."""
+    """A decoder or an encoder-decoder with its LM head and eager attention, for the Generation page
+    (``(model, tokenizer)``)."""
     return load_causal_lm(folder)
 
 

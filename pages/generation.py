@@ -1,5 +1,6 @@
-"""Generation and KV cache: a real decoder writes token by token; each step's attention, the cache it keeps, and
-the systems that serve it (PagedAttention, Ring attention), simulated exactly on its own tensors."""
+"""Generation and KV cache: a real decoder (or encoder-decoder) writes token by token; each step's attention, the
+cache it keeps, and the systems that serve it (PagedAttention, Ring attention), simulated exactly on a decoder's
+own tensors."""
 
 import html
 import statistics
@@ -101,14 +102,16 @@ def run(folder: str, name: str, request: dict, seed_offset: int = 0, use_cache: 
     return cached_generation(folder, name, request["prompt"], request["new_tokens"], key, use_cache)
 
 
-def show_text(generation: gen.Generation, step: int) -> None:
+def show_text(generation: gen.Generation, step: int, tokenizer) -> None:
     """The prompt, then the generated tokens (bold), the chosen step's token marked; for an encoder-decoder, the
     source the encoder read, then what the decoder wrote after its start token."""
     parts = [html.escape("".join(generation.prompt_tokens))]
     if generation.encoder_decoder:
-        parts = [f'<span style="color:#555">{html.escape(" ".join(generation.source_tokens))}</span> → ', *parts]
-    for index, generated in enumerate(generation.steps):
-        text = html.escape(generated.token)
+        source = tokenizer.decode(generation.source_ids, skip_special_tokens=True)
+        parts = [f'<span style="color:#555">{html.escape(source)}</span> → ']
+    pieces = generation.pieces(tokenizer) if generation.encoder_decoder else [s.token for s in generation.steps]
+    for index, piece in enumerate(pieces):
+        text = html.escape(piece)
         style = "background:#ffe0b2;" if index == step else ""
         parts.append(f'<b style="color:#c2410c;{style}">{text}</b>')
     st.html(f'<div style="font-size:1.15rem; line-height:1.7; white-space:pre-wrap">{"".join(parts)}</div>')
@@ -129,7 +132,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         start_layer, start_head = induction.layer, induction.head
     layer = int(columns[1].number_input("Layer", 0, layers - 1, start_layer, key="gen_layer"))
     head = int(columns[2].number_input("Head", 0, heads - 1, start_head, key="gen_head"))
-    show_text(cached, step)
+    show_text(cached, step, tokenizer)
     chosen = cached.steps[step]
     left, right = st.columns(2)
     with left:
@@ -147,7 +150,8 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: {what} of layer {layer}, head "
                                                             f"{head}", y_title="weight"),
                     "The weights of the query that predicted this token (the last token read) over every earlier "
-                    "token" + (" the decoder has written" if cached.encoder_decoder else "") + "; they sum to 1.",
+                    "token" + (" of the decoder (its start token, then what it wrote)" if cached.encoder_decoder
+                               else "") + "; they sum to 1.",
                     key="gen_attention")
     if cached.encoder_decoder:
         cross_section(cached, step, layer, head)
@@ -163,7 +167,9 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
                            title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
                            y_title="weight on token 0", markers=True),
                 "Many decoders park attention on the first token when nothing else is relevant (Xiao et al., "
-                "2023): a head that keeps a large share there is a sink.", key="gen_sink")
+                "2023): a head that keeps a large share there is a sink."
+                + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
+                   "puts 1 on it." if cached.encoder_decoder else ""), key="gen_sink")
     cache_section(cached, uncached, step, model)
 
 
@@ -197,7 +203,8 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int, m
     with_cache = statistics.median(s.seconds for s in cached.steps[1:]) if len(cached.steps) > 1 else 0.0
     without = statistics.median(s.seconds for s in uncached.steps[1:]) if len(uncached.steps) > 1 else 0.0
     columns = st.columns(4)
-    columns[0].metric("Cache after this step", human_bytes(chosen.cache_bytes + chosen.cross_bytes))
+    columns[0].metric("Cache after this step" + (" (self + cross)" if cached.encoder_decoder else ""),
+                      human_bytes(chosen.cache_bytes + chosen.cross_bytes))
     columns[1].metric("Same tokens without the cache", "yes" if same else "no")
     columns[2].metric("Largest logit difference", f"{difference:.1e}")
     columns[3].metric("Time per token, cache / none", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms")

@@ -91,6 +91,25 @@ def test_sampling_distributions():
         gen.sampling_distribution(logits, gen.Sampling("sample", 0.0))
 
 
+def test_the_generation_config_is_followed_as_model_generate_follows_it(seq2seq):
+    from attnviz.models.loading import load_causal_lm
+
+    model, tokenizer = load_causal_lm(seq2seq["bart"])
+    model.generation_config.forced_bos_token_id = 1037  # as mBART-50 forces its target language
+    model.generation_config.suppress_tokens = [2, 3000]  # and Marian never writes its padding
+    model.generation_config.forced_eos_token_id = None  # (a rule for beam search's last step; not shown here)
+    result = gen.generate(model, tokenizer, PROMPT, 4, gen.Sampling("greedy"))
+    assert result.steps[0].token_id == 1037 and len(result.steps) == 4
+    assert not {2, 3000} & {s.token_id for s in result.steps}
+    with torch.no_grad():
+        expected = model.generate(tokenizer(PROMPT, return_tensors="pt")["input_ids"], max_new_tokens=4,
+                                  do_sample=False, num_beams=1, eos_token_id=None)
+    assert expected[0, 1:].tolist() == [s.token_id for s in result.steps]  # transformers' own generate
+    model.config.decoder_start_token_id = None
+    model.generation_config.decoder_start_token_id = None
+    assert gen.decoder_start_token(model) == model.generation_config.bos_token_id
+
+
 def test_the_cache_changes_nothing_but_the_work(tiny):
     model, tokenizer = tiny
     sampling = gen.Sampling("sample", 0.9, top_k=50, seed=3)
@@ -181,6 +200,8 @@ def test_an_encoder_decoder_generates_with_cross_attention_and_both_caches(seq2s
     source = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
     assert result.encoder_decoder and len(result.source_tokens) == source.shape[1]
     assert len(result.prompt_tokens) == 1  # the decoder's start token
+    n = len(result.steps)  # up to 6: it stops after its end-of-sequence token
+    assert 1 <= n <= 6 and (n == 6 or result.steps[-1].token_id == model.config.eos_token_id)
     # Each step's self- and cross-attention are the last rows of one full forward pass over what was written
     written = torch.tensor([[model.config.decoder_start_token_id] + [s.token_id for s in result.steps]])
     with torch.no_grad():
@@ -195,7 +216,8 @@ def test_an_encoder_decoder_generates_with_cross_attention_and_both_caches(seq2s
     layers = config.num_hidden_layers if kind == "t5" else config.decoder_layers
     assert len(last.cache_keys) == layers and last.cache_keys[0][2] == last.position  # self: what was written
     assert last.cross_keys[0][2] == source.shape[1]  # cross: the encoder's K, one row per source token
-    assert gen.cross_timeline(result, 0, 1).shape == (6, source.shape[1])
+    assert gen.cross_timeline(result, 0, 1).shape == (n, source.shape[1])
+    assert "".join(result.pieces(tokenizer)) == tokenizer.decode([s.token_id for s in result.steps])
     # The same tokens and logits without the cache (fp64: within 1e-5; the issue's bound)
     double = model.double()
     same, difference = gen.cache_agreement(gen.generate(double, tokenizer, PROMPT, 6, sampling),

@@ -94,6 +94,18 @@ class Generation:
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # the cache at the end, per layer:
     # K, V [kv_heads, tokens, head_dim] (every token but the last generated one, which no step has read yet)
     source_tokens: list[str] | None = None  # an encoder-decoder: the prompt, read by the encoder
+    source_ids: list[int] | None = None
+
+    def pieces(self, tokenizer) -> list[str]:
+        """Each generated token as it reads in the decoded text (with the space a SentencePiece or byte-level
+        token carries, which decoding one token alone drops): the growth of the decoded text at each step."""
+        ids, pieces, before = [], [], ""
+        for step in self.steps:
+            ids.append(step.token_id)
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            pieces.append(text[len(before):] if text.startswith(before) else step.token)
+            before = text
+        return pieces
 
     @property
     def encoder_decoder(self) -> bool:
@@ -131,6 +143,38 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def decoder_start_token(model) -> int:
+    """The token an encoder-decoder's decoder starts from, found where ``model.generate`` looks: the generation
+    config, the model config, then BOS and padding."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        for name in ("decoder_start_token_id", "bos_token_id"):
+            value = getattr(source, name, None) if source is not None else None
+            if value is not None:
+                return int(value[0] if isinstance(value, (list, tuple)) else value)
+    pad = getattr(model.config, "pad_token_id", None)
+    if pad is None:
+        raise ValueError("this encoder-decoder names no decoder start token (decoder_start_token_id, bos, pad)")
+    return int(pad)
+
+
+def _generation_rules(model) -> tuple[int | None, list[int]]:
+    """(the token the generation config forces first, the token ids it never lets the model choose)."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return None, []
+    banned = list(getattr(config, "suppress_tokens", None) or [])
+    banned += [ids[0] for ids in (getattr(config, "bad_words_ids", None) or []) if len(ids) == 1]
+    return getattr(config, "forced_bos_token_id", None), sorted(set(int(i) for i in banned))
+
+
+def _end_tokens(model) -> set[int]:
+    found = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        found |= set(value) if isinstance(value, (list, tuple)) else ({value} if value is not None else set())
+    return found
+
+
 def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id]) if hasattr(tokenizer, "decode") else str(token_id)
 
@@ -138,30 +182,33 @@ def _token_text(tokenizer, token_id: int) -> str:
 @torch.no_grad()
 def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling, *, use_cache: bool = True,
              max_positions: int | None = None, progress=None) -> Generation:
-    """Generate ``new_tokens`` tokens after ``prompt``, one forward pass a token, recording each step's top
-    tokens, the attention of the query that predicted it (every layer and head, over all earlier keys), and the
-    cache's tensors. Without ``use_cache``, every step runs the whole sequence again (the same tokens and logits,
-    slower). ``model``: a causal LM, or an encoder-decoder (the prompt is the encoder's input; the decoder writes
-    from its start token, and each step also records the new query's cross-attention), with eager attention."""
+    """Generate up to ``new_tokens`` tokens, one forward pass a token, recording each step's top tokens, the
+    attention of the query that predicted it (every layer and head, over all earlier keys), and the cache's
+    tensors. Without ``use_cache``, every step runs the whole sequence again (the same tokens and logits, slower).
+    ``model``: a causal LM (it continues ``prompt``), or an encoder-decoder (the encoder reads ``prompt`` once;
+    the decoder writes from its start token until its end-of-sequence token, and each step also records the new
+    query's cross-attention), with eager attention. The model's generation config is followed as
+    ``model.generate`` follows it: its forced first token and its suppressed tokens."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
         raise ValueError("the prompt has no tokens: type a few words")
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     limit = max_positions or context_length(model.config)
-    if ids.shape[1] + (0 if encoder_decoder else new_tokens) > limit or new_tokens + 1 > limit:
+    if encoder_decoder and ids.shape[1] > limit:
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than the {limit} the encoder reads")
+    if not encoder_decoder and ids.shape[1] + new_tokens > limit:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
                          f"{limit} positions this model has")
     generator = torch.Generator().manual_seed(sampling.seed)
+    forced_first, banned = _generation_rules(model)
     source = encoder_outputs = None
-    if encoder_decoder:  # the prompt goes to the encoder (once); the decoder starts from its start token
+    if encoder_decoder:  # the prompt goes to the encoder, once (with or without the decoder's KV cache)
         source = ids
-        start = model.config.decoder_start_token_id
-        start = model.config.pad_token_id if start is None else start
-        ids = torch.tensor([[int(start)]])
-        if use_cache:  # without the cache every step runs the encoder again too
-            encoder_outputs = model.get_encoder()(input_ids=source)
+        ids = torch.tensor([[decoder_start_token(model)]])
+        encoder_outputs = model.get_encoder()(input_ids=source)
     result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache,
-                        source_tokens=None if source is None else [_token_text(tokenizer, int(i)) for i in source[0]])
+                        source_tokens=None if source is None else [_token_text(tokenizer, int(i)) for i in source[0]],
+                        source_ids=None if source is None else source[0].tolist())
     cache, sequence = None, ids
     cache_argument = _cache_argument(model)
     for step in range(new_tokens):
@@ -173,10 +220,15 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
             output = model(**inputs, use_cache=True, output_attentions=True, **{cache_argument: cache})
             cache = output.past_key_values
         else:
-            inputs = {"input_ids": source, "decoder_input_ids": sequence} if encoder_decoder else {
+            inputs = {"encoder_outputs": encoder_outputs, "decoder_input_ids": sequence} if encoder_decoder else {
                 "input_ids": sequence}
             output = model(**inputs, use_cache=False, output_attentions=True)
         logits = output.logits[0, -1].float()
+        if banned:
+            logits[banned] = float("-inf")
+        if step == 0 and forced_first is not None:  # e.g. BART's <s>, mBART-50's target language
+            logits = torch.full_like(logits, float("-inf"))
+            logits[forced_first] = 0.0
         probabilities = sampling_distribution(logits, sampling)
         token_id = int(torch.multinomial(probabilities, 1, generator=generator)) if sampling.strategy != "greedy" \
             else int(probabilities.argmax())
@@ -206,6 +258,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
         if progress:
             progress(step + 1, new_tokens)
+        if encoder_decoder and token_id in _end_tokens(model):
+            break  # the decoder has finished its output
     if cache is not None:
         result.kv = [(k[0].detach().clone(), v[0].detach().clone()) for k, v in _cache_tensors(cache)]
     return result
