@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weight-decay", type=float, default=Recipe.weight_decay)
     parser.add_argument("--architecture", choices=("llama", "gpt2"), default=Recipe.architecture)
     parser.add_argument("--heads", type=int, default=Recipe.n_head)
+    parser.add_argument("--layers", type=int, default=Recipe.n_layer)
     parser.add_argument("--kv-heads", type=int, default=Recipe.n_kv_head)
     parser.add_argument("--position-init", choices=("sinusoidal", "learned"), default=Recipe.position_init)
     parser.add_argument("--position-scale", type=float, default=Recipe.position_scale)
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
                           learning_rate=args.learning_rate, n_head=args.heads, n_kv_head=args.kv_heads,
+                          n_layer=args.layers,
                           weight_decay=args.weight_decay, architecture=args.architecture,
                           position_init=args.position_init, position_scale=args.position_scale,
                           freeze_positions=args.freeze_positions, docstrings=args.docstrings,
