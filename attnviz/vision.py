@@ -13,7 +13,6 @@ refused without being expanded).
 from __future__ import annotations
 
 import io
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,12 +189,6 @@ def attention_grid(weights_row: torch.Tensor, layout: PatchLayout) -> np.ndarray
 def prefix_share(weights_row: torch.Tensor, layout: PatchLayout) -> float:
     return float(weights_row[: len(layout.prefix)].sum())
 
-
-def grid_side(n_patches: int) -> int:
-    side = math.isqrt(n_patches)
-    if side * side != n_patches:
-        raise ValueError(f"{n_patches} patches are not a square grid")
-    return side
 
 
 OVERLAY_MODES = ("head", "mean", "rollout")

@@ -35,14 +35,25 @@ MAX_LONG_TEXT_BYTES = 2_000_000
 TABS = ["View", "Head statistics", "Q·K", "Compare two sentences", "What-if", "bertviz (online)", "Export"]
 
 
+def selected_points(key: str) -> list:
+    """The points a click selected in the chart drawn with ``key`` (Streamlit keeps a dict or an object)."""
+    selection = st.session_state.get(key)
+    if isinstance(selection, dict):
+        return selection.get("selection", {}).get("points", [])
+    return selection.selection.points if selection is not None else []
+
+
+def run_open_tab(tabs: dict, bodies: dict) -> None:
+    """Only the open tab computes: run its body inside it."""
+    for title, body in bodies.items():
+        if tabs[title].open:
+            with tabs[title]:
+                body()
+
+
 def on_figure_click() -> None:
     """Callback of the grid and lines views: a click on a thumbnail opens that head; on a query token, follows it."""
-    selection = st.session_state.get("explore_main_figure")
-    if isinstance(selection, dict):
-        points = selection.get("selection", {}).get("points", [])
-    else:
-        points = selection.selection.points if selection is not None else []
-    for point in points:
+    for point in selected_points("explore_main_figure"):
         data = point.get("customdata")
         if data and len(data) == 2:  # a grid thumbnail: (layer, head)
             open_head(int(data[0]), int(data[1]))
@@ -215,9 +226,7 @@ def on_table_select() -> None:
 
 def on_statistic_click() -> None:
     """Callback of the layers x heads heatmap: a click on a cell opens that head in the View tab."""
-    selection = st.session_state.get("explore_stats_heatmap")
-    points = selection["selection"]["points"] if isinstance(selection, dict) else selection.selection.points
-    for point in points:
+    for point in selected_points("explore_stats_heatmap"):
         data = point.get("customdata")
         if data and len(data) == 2:
             open_head(int(data[0]), int(data[1]))
@@ -492,10 +501,7 @@ def image_source() -> tuple[str, object, str]:
 def on_patch_click(layout: vision.PatchLayout) -> None:
     """Callback of the image overlay: the clicked patch becomes the query (the point's pixel position: a click
     may land on the image's trace or the heatmap's)."""
-    selection = st.session_state.get("explore_image_overlay")
-    points = (selection.get("selection", {}).get("points", []) if isinstance(selection, dict)
-              else (selection.selection.points if selection is not None else []))
-    for point in points:
+    for point in selected_points("explore_image_overlay"):
         if point.get("x") is None or point.get("y") is None:
             continue
         token = vision.token_at_pixel(layout, float(point["x"]), float(point["y"]))
@@ -565,10 +571,7 @@ def image_main(bundle) -> None:
         "Head statistics": lambda: statistics_tab(capture, capture_key, "self", options),
         "Export": lambda: export_tab(capture, record, options),
     }
-    for title, body in bodies.items():
-        if tabs[title].open:
-            with tabs[title]:
-                body()
+    run_open_tab(tabs, bodies)
 
 
 def main() -> None:
@@ -629,10 +632,7 @@ def main() -> None:
         "bertviz (online)": lambda: bertviz_tab(capture, kind),
         "Export": lambda: export_tab(capture, record, options),
     }
-    for title, body in bodies.items():
-        if tabs[title].open:  # only the open tab computes
-            with tabs[title]:
-                body()
+    run_open_tab(tabs, bodies)
 
 
 main()

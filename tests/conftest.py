@@ -39,3 +39,21 @@ def pair(bert):
     from attnviz.models.capture import capture
 
     return capture(bert, "The cat sat on the mat.", "It was tired.")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """``make(kind, **options)``: a tiny random checkpoint folder (``attnviz.bench.tiny``), made once per module
+    and options. ``vision=True`` makes a vision transformer; ``label`` names the folder when an option (a config)
+    does not."""
+    from attnviz.bench.tiny import make_tiny_checkpoint, make_tiny_vision_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+
+    def make(kind: str, *, vision: bool = False, label: str | None = None, **options):
+        folder = root / (label or kind + "".join(f"-{k}{v}" for k, v in sorted(options.items())))
+        if not folder.exists():
+            (make_tiny_vision_checkpoint if vision else make_tiny_checkpoint)(kind, folder, **options)
+        return folder
+
+    return make

@@ -5,7 +5,6 @@ transformers' own eager weights (an independent copy of the model, output_attent
 import pytest
 import torch
 
-from attnviz.bench.tiny import make_tiny_checkpoint
 from attnviz.models import support
 from attnviz.models.capture import DENSE_CELLS, NotReplayable, capture, replay, replay_difference
 from attnviz.models.eager import token_limit
@@ -17,16 +16,8 @@ EXPECTED_KINDS = {"encoder": ["self"], "decoder": ["self"], "encoder-decoder": [
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("architectures")
-
-    def make(kind: str):
-        folder = root / kind
-        if not folder.exists():
-            make_tiny_checkpoint(kind, folder)
-        return folder
-
-    return make
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.mark.parametrize("kind", list(support.TESTED_MODEL_TYPES))

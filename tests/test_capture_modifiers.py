@@ -2,7 +2,6 @@
 weights equal to transformers' own eager weights (output_attentions=True), and sessions that never see each
 other's calls."""
 
-import shutil
 import threading
 
 import pytest
@@ -10,9 +9,9 @@ import torch
 
 from attnviz.models.attention_hook import ATTENTION_NAME, recording
 from attnviz.models.capture import _record_of, _to_cpu, capture, replay_difference
-from attnviz.models.loading import default_model_dir, load_model_dir
+from attnviz.models.loading import load_model_dir
 from tests.test_models import eager_attentions
-from tests.tiny_models import TOKENIZER_FILES, VOCAB, make_tiny_checkpoint
+from tests.tiny_models import VOCAB, make_tiny_checkpoint
 
 TEXT = "the quick brown fox jumps over the lazy dog again"
 
@@ -36,22 +35,8 @@ def _config(kind: str):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from transformers import AutoModel
-
-    root = tmp_path_factory.mktemp("modifiers")
-
-    def make(kind: str):
-        folder = root / kind
-        if not folder.exists():
-            torch.manual_seed(0)
-            AutoModel.from_config(_config(kind)).save_pretrained(folder)
-            for name in TOKENIZER_FILES:
-                if (default_model_dir() / name).exists():
-                    shutil.copy(default_model_dir() / name, folder / name)
-        return folder
-
-    return make
+def checkpoint(tiny_checkpoint):
+    return lambda kind: tiny_checkpoint(kind, config=_config(kind), label=f"{kind}-modifiers")
 
 
 @pytest.mark.parametrize("kind", ["mistral", "gemma2", "gpt_oss"])

@@ -169,25 +169,9 @@ def test_paged_and_ring_attention_on_the_models_own_tensors(tiny):
 
 
 @pytest.fixture(scope="module")
-def seq2seq(tmp_path_factory):
+def seq2seq(tiny_checkpoint):
     """Tiny random BART and T5 LMs (with the bundled BERT's tokenizer files), saved as a user's folder would be."""
-    import shutil
-
-    from transformers import AutoModelForSeq2SeqLM
-
-    from attnviz.bench.tiny import TOKENIZER_FILES, tiny_config
-    from attnviz.models.loading import default_model_dir
-
-    root = tmp_path_factory.mktemp("seq2seq")
-    folders = {}
-    for kind in ("bart", "t5"):
-        torch.manual_seed(0)
-        AutoModelForSeq2SeqLM.from_config(tiny_config(kind)).save_pretrained(root / kind)
-        for name in TOKENIZER_FILES:
-            if (default_model_dir() / name).exists():
-                shutil.copy(default_model_dir() / name, root / kind / name)
-        folders[kind] = root / kind
-    return folders
+    return {kind: tiny_checkpoint(kind, seq2seq_lm=True) for kind in ("bart", "t5")}
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.bench.tiny import copy_tokenizer
 from attnviz.models.capture import capture, replay_difference, replay_tolerance
 from attnviz.models.loading import load_model_dir
 from attnviz.pagelogic import explore_heads as explore
@@ -28,10 +29,7 @@ def long_llama(tmp_path_factory):
     AutoModel.from_config(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=4096)).save_pretrained(folder)
-    reference = make_tiny_checkpoint("llama", folder.parent / "tokenizer-source")
-    for name in TOKENIZER_FILES:
-        if (reference / name).exists():
-            (folder / name).write_bytes((reference / name).read_bytes())
+    copy_tokenizer(folder)
     return folder
 
 
@@ -140,10 +138,7 @@ def test_a_rule_mask_is_shared_and_not_kept_dense(tmp_path):
 
     folder = tmp_path / "mistral"
     AutoModel.from_config(_config("mistral")).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        source = make_tiny_checkpoint("bert", tmp_path / "bert") / name
-        if source.exists():
-            (folder / name).write_bytes(source.read_bytes())
+    copy_tokenizer(folder)
     bundle = load_model_dir(folder)
     record = capture(bundle, "a sliding window mask is a rule, not a tensor").records["self"]
     assert record.layer_masks[0] is record.layer_masks[1]  # checked once, shared by the layers

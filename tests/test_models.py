@@ -6,20 +6,11 @@ import torch
 from attnviz.models.capture import capture, replay, replay_difference
 from attnviz.models.loading import FallbackTokenizer, load_model_dir
 from attnviz.models.safety import CheckpointRefused
-from tests.tiny_models import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-
-    def make(kind, **kwargs):
-        folder = root / f"{kind}-{'-'.join(f'{k}{v}' for k, v in kwargs.items())}"
-        if not folder.exists():
-            make_tiny_checkpoint(kind, folder, **kwargs)
-        return folder
-
-    return make
+def tiny_dir(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def test_bundled_model_is_the_real_six_by_twelve_bert(bert):

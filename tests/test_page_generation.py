@@ -80,18 +80,9 @@ def test_a_prompt_too_long_for_the_model_is_a_message():
 
 
 def test_an_encoder_decoder_generates_on_the_page_with_its_cross_attention(tmp_path):
-    import shutil
+    from attnviz.bench.tiny import make_tiny_checkpoint
 
-    from transformers import AutoModelForSeq2SeqLM
-
-    from attnviz.bench.tiny import TOKENIZER_FILES, tiny_config
-    from attnviz.models.loading import default_model_dir
-
-    folder = tmp_path / "tiny-bart"
-    AutoModelForSeq2SeqLM.from_config(tiny_config("bart")).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (default_model_dir() / name).exists():
-            shutil.copy(default_model_dir() / name, folder / name)
+    folder = make_tiny_checkpoint("bart", tmp_path / "tiny-bart", seq2seq_lm=True)
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-bart": str(folder)}
     at = open_page(PAGE, timeout=300, models=models, model="tiny-bart")
     assert not at.exception, [e.value for e in at.exception]

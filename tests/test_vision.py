@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from attnviz import vision
-from attnviz.bench.tiny import VISION_KINDS, make_tiny_vision_checkpoint
+from attnviz.bench.tiny import VISION_KINDS
 from attnviz.models.capture import capture_image, replay_difference
 from attnviz.models.loading import load_model_dir
 from tests.apptest_helpers import figures, open_page
@@ -21,16 +21,8 @@ PREFIX = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]"], "c
 
 
 @pytest.fixture(scope="module")
-def vision_checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vision")
-
-    def make(kind: str, **options):
-        folder = root / (kind + "".join(f"-{k}{v}" for k, v in options.items()))
-        if not folder.exists():
-            make_tiny_vision_checkpoint(kind, folder, **options)
-        return folder
-
-    return make
+def vision_checkpoint(tiny_checkpoint):
+    return lambda kind, **options: tiny_checkpoint(kind, vision=True, **options)
 
 
 @pytest.fixture(scope="module")

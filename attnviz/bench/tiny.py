@@ -93,18 +93,26 @@ def _any_tiny_config(kind: str):
     return AutoConfig.for_model(kind, **kwargs)
 
 
-def make_tiny_checkpoint(kind: str, folder: Path, *, with_tokenizer: bool = True, seed: int = 0) -> Path:
-    from transformers import AutoModel
+def copy_tokenizer(folder: Path) -> None:
+    """The bundled BERT's tokenizer files into ``folder``."""
+    for name in TOKENIZER_FILES:
+        source = default_model_dir() / name
+        if source.exists():
+            shutil.copy(source, folder / name)
+
+
+def make_tiny_checkpoint(kind: str, folder: Path, *, with_tokenizer: bool = True, seed: int = 0,
+                         seq2seq_lm: bool = False, config=None) -> Path:
+    """A random tiny ``kind`` (or ``config``) saved with save_pretrained; ``seq2seq_lm``: with its LM head (an
+    encoder-decoder that generates)."""
+    from transformers import AutoModel, AutoModelForSeq2SeqLM
 
     torch.manual_seed(seed)
-    model = AutoModel.from_config(tiny_config(kind))
+    model = (AutoModelForSeq2SeqLM if seq2seq_lm else AutoModel).from_config(config or tiny_config(kind))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     if with_tokenizer:
-        for name in TOKENIZER_FILES:
-            source = default_model_dir() / name
-            if source.exists():
-                shutil.copy(source, folder / name)
+        copy_tokenizer(folder)
     return folder
 
 

@@ -170,12 +170,17 @@ class AttentionRecord:
                                 "does not expose; attnviz shows transformers' eager weights for it")
 
     @property
+    def _rows(self) -> LayerStack:
+        """What has the ``[layers, heads, n_q, ...]`` shape: the queries, or the eager weights."""
+        return self.queries if self.replayable else self.eager
+
+    @property
     def n_layers(self) -> int:
-        return (self.queries if self.replayable else self.eager).shape[0]
+        return self._rows.shape[0]
 
     @property
     def n_heads(self) -> int:
-        return (self.queries if self.replayable else self.eager).shape[1]
+        return self._rows.shape[1]
 
     @property
     def n_kv_heads(self) -> int:
@@ -183,7 +188,7 @@ class AttentionRecord:
 
     @property
     def n_q(self) -> int:
-        return (self.queries if self.replayable else self.eager).shape[2]
+        return self._rows.shape[2]
 
     @property
     def n_k(self) -> int:
@@ -459,13 +464,10 @@ def capture(
     device = _device_of(bundle.model)
     inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
     if bundle.capture_path == "interface":
-        with torch.no_grad(), recording(bundle.model) as recorder:
-            bundle.model(**inputs)
-        calls, eager_weights = recorder.calls, {}
+        calls, eager_weights = _recorded_calls(bundle.model, inputs), {}
     else:
         eager_weights, calls = eager.run(bundle.model, bundle.model_type, inputs, encoder_decoder)
-    if not calls and not eager_weights:
-        raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
+        calls = [_to_cpu(call) for call in calls]
 
     result = Capture(
         model_name=bundle.name,
@@ -481,7 +483,7 @@ def capture(
     )
     by_kind: dict[str, list[AttentionCall]] = {}
     for call in calls:
-        by_kind.setdefault(_attention_kind(call.module_name, encoder_decoder), []).append(_to_cpu(call))
+        by_kind.setdefault(_attention_kind(call.module_name, encoder_decoder), []).append(call)
     for kind in by_kind or eager_weights:
         query_tokens = decoder_tokens if kind in ("decoder", "cross") else tokens
         key_tokens = decoder_tokens if kind == "decoder" else tokens
@@ -503,13 +505,8 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
     if bundle.modality != "image":
         raise ValueError(f"{bundle.name} reads text, not images")
     pixels = vision.pixel_values(bundle.image_processor, image)  # [1, 3, H, W]
-    parameter = next(bundle.model.parameters())
-    device = _device_of(bundle.model)
-    with torch.no_grad(), recording(bundle.model) as recorder:
-        bundle.model(pixel_values=pixels.to(device=device, dtype=parameter.dtype))
-    if not recorder.calls:
-        raise RuntimeError(f"no attention call was observed in {type(bundle.model).__name__}")
-    calls = [_to_cpu(call) for call in recorder.calls]
+    dtype = next(bundle.model.parameters()).dtype
+    calls = _recorded_calls(bundle.model, {"pixel_values": pixels.to(device=_device_of(bundle.model), dtype=dtype)})
     n = calls[0].query.shape[-2]
     layout = vision.layout_of(bundle.model.config, n, pixels.shape[-2], pixels.shape[-1])
     labels = layout.labels()
@@ -520,15 +517,25 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
     return result
 
 
+def _recorded_calls(model: torch.nn.Module, inputs: dict) -> list[AttentionCall]:
+    """Run ``model`` on ``inputs`` while recording: its attention calls, in order, with their tensors on the CPU."""
+    with torch.no_grad(), recording(model) as recorder:
+        model(**inputs)
+    if not recorder.calls:
+        raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
+    return [_to_cpu(call) for call in recorder.calls]
+
+
 def _weights_record(kind: str, weights: list[torch.Tensor], query_tokens: list[str], key_tokens: list[str],
                     causal: bool) -> AttentionRecord:
-    """A record of transformers' eager weights only (``[heads, n_q, n_k]`` per layer): the weights path."""
+    """A record of transformers' eager weights only (``[heads, n_q, n_k]`` fp32 on the CPU, per layer, as
+    :func:`attnviz.models.eager.run` returns them): the weights path."""
     n_q, n_k = weights[0].shape[-2:]
     rule = LayerMask(masks.MaskSpec(n_q, n_k, causal=causal and n_q > 1))
     return AttentionRecord(kind=kind, queries=None, keys=None, values=None, kernels=[],
                            layer_masks=[rule] * len(weights), scales=[], query_tokens=query_tokens,
                            key_tokens=key_tokens,
-                           eager=LayerStack([w.float().cpu() for w in weights]))
+                           eager=LayerStack(weights))
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -674,10 +681,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
 
     def first_layer(model_inputs) -> torch.Tensor:
         model_inputs = {name: value.to(device) for name, value in model_inputs.items()}
-        with torch.no_grad(), recording(bundle.model) as recorder:
-            bundle.model(**model_inputs)
-        call = _to_cpu(recorder.calls[0])
-        record = _record_of("self", [call], tokens, tokens)
+        record = _record_of("self", _recorded_calls(bundle.model, model_inputs)[:1], tokens, tokens)
         return record.layer_weights(0)  # [heads, n, n]
 
     silenced = _positions_silenced(table) if remove_positions else contextlib.nullcontext()

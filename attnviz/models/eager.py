@@ -123,10 +123,9 @@ class EagerKernel:
         self.attention_mask = mask  # held, so that the capture tells each layer's mask apart (GPT-Neo alternates)
 
     def output(self, query, key, value, model=None) -> torch.Tensor:
-        """``[n_q, heads, d_v]``: like the kernel call of the interface path."""
-        heads = self.weights.shape[0]
-        value = value.repeat_interleave(heads // value.shape[0], dim=0)  # [heads, n_k, d_v]
-        return (self.weights.float() @ value.float().cpu()).transpose(0, 1)
+        """``[n_q, heads, d_v]``: like the kernel call of the interface path. (The hooked types have one K/V head
+        per query head, so ``value [heads, n_k, d_v]`` pairs with the weights as it is.)"""
+        return (self.weights @ value.float().cpu()).transpose(0, 1)
 
 
 # What this thread's capture has seen so far; the hooks stay on the (shared, cached) model, and write only into

@@ -143,18 +143,22 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def decoder_start_token(model) -> int:
-    """The token an encoder-decoder's decoder starts from, found where ``model.generate`` looks: the generation
-    config, the model config, then BOS and padding."""
+def _setting(model, name: str):
+    """A generation setting where ``model.generate`` looks for it: the generation config, then the model's."""
     for source in (getattr(model, "generation_config", None), model.config):
-        for name in ("decoder_start_token_id", "bos_token_id"):
-            value = getattr(source, name, None) if source is not None else None
-            if value is not None:
-                return int(value[0] if isinstance(value, (list, tuple)) else value)
-    pad = getattr(model.config, "pad_token_id", None)
-    if pad is None:
-        raise ValueError("this encoder-decoder names no decoder start token (decoder_start_token_id, bos, pad)")
-    return int(pad)
+        value = getattr(source, name, None) if source is not None else None
+        if value is not None:
+            return value
+    return None
+
+
+def decoder_start_token(model) -> int:
+    """The token an encoder-decoder's decoder starts from: its decoder start token, else BOS, else padding."""
+    for name in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
+        value = _setting(model, name)
+        if value is not None:
+            return int(value[0] if isinstance(value, (list, tuple)) else value)
+    raise ValueError("this encoder-decoder names no decoder start token (decoder_start_token_id, bos, pad)")
 
 
 def _generation_rules(model) -> tuple[int | None, list[int]]:
@@ -168,11 +172,8 @@ def _generation_rules(model) -> tuple[int | None, list[int]]:
 
 
 def _end_tokens(model) -> set[int]:
-    found = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        found |= set(value) if isinstance(value, (list, tuple)) else ({value} if value is not None else set())
-    return found
+    value = _setting(model, "eos_token_id")
+    return set(value) if isinstance(value, (list, tuple)) else ({value} if value is not None else set())
 
 
 def _token_text(tokenizer, token_id: int) -> str:
@@ -201,6 +202,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
                          f"{limit} positions this model has")
     generator = torch.Generator().manual_seed(sampling.seed)
     forced_first, banned = _generation_rules(model)
+    end_tokens = _end_tokens(model) if encoder_decoder else set()
     source = encoder_outputs = None
     if encoder_decoder:  # the prompt goes to the encoder, once (with or without the decoder's KV cache)
         source = ids
@@ -258,7 +260,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
         if progress:
             progress(step + 1, new_tokens)
-        if encoder_decoder and token_id in _end_tokens(model):
+        if token_id in end_tokens:
             break  # the decoder has finished its output
     if cache is not None:
         result.kv = [(k[0].detach().clone(), v[0].detach().clone()) for k, v in _cache_tensors(cache)]
