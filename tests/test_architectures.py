@@ -193,3 +193,11 @@ def test_sessions_capturing_one_hooked_model_at_once_never_see_each_others_calls
         thread.join()
     assert not problems, problems
     assert len(results) == len(texts)
+
+
+def test_the_word_order_experiment_says_why_it_cannot_run_on_a_hooked_model(checkpoint):
+    from attnviz.models.capture import word_order_experiment
+
+    bundle = load_model_dir(checkpoint("mpnet"))  # an encoder with a learned position table, read by hooks
+    with pytest.raises(ValueError, match="mpnet does not use"):
+        word_order_experiment(bundle, "the cat sat on the mat")

@@ -45,6 +45,7 @@ def test_every_vision_type_matches_transformers_eager_weights(vision_checkpoint,
     assert bundle.modality == "image" and bundle.architecture == "encoder" and bundle.tokenizer_note is None
     result = capture_image(bundle, photo, "china.jpg")
     record = result.records["self"]
+    assert bundle.max_positions == len(result.tokens)  # what the caption says it reads
     assert result.tokens[: len(PREFIX[kind])] == PREFIX[kind]
     assert result.tokens[len(PREFIX[kind])] == "(0,0)" and result.tokens[-1] == "(3,3)"  # 32 px in 8 px patches
     assert result.image.shape == (32, 32, 3) and result.image.dtype == np.uint8

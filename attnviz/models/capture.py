@@ -668,6 +668,9 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
         )
     if bundle.architecture != "encoder":
         raise ValueError("the word-order experiment runs on encoders (BERT-like), whose attention is not causal")
+    if bundle.capture_path != "interface":
+        raise ValueError(f"the word-order experiment records the attention calls of transformers' attention "
+                         f"interface, which {bundle.model_type} does not use")
     inputs, tokens, _, special, _ = _tokenize(bundle, text, None, bundle.max_positions)
     n = len(tokens)
     keep_ends = special[0] and special[-1]

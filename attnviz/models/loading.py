@@ -455,11 +455,13 @@ OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "d
 
 def _max_positions(config) -> int:
     """How many tokens the model reads. RoBERTa-like models spend ``pad_token_id + 1`` rows of their position
-    table before the first token (roberta-base: 514 rows, 512 tokens). A vision model: its patches and [CLS]."""
+    table before the first token (roberta-base: 514 rows, 512 tokens). A vision model: its patches and its
+    prefix tokens at its configured image size."""
     if hasattr(config, "image_size") and hasattr(config, "patch_size"):
         size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
         patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
-        return (size // patch) ** 2 + 1
+        prefix = {"deit": 2, "siglip_vision_model": 0}.get(config.model_type, 1)  # [CLS] (DeiT: and [DIST])
+        return (size // patch) ** 2 + prefix
     rows = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
     if config.model_type in OFFSET_POSITION_TYPES:
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
