@@ -60,6 +60,10 @@ class Recipe:
     # a previous-token head that reads exactly j-1.
     small_pool_share: float = 0.0
     small_pool: int = 16
+    # Of each batch (taken from the documentation's rows): random tokens in echoed triples ``a b a  c d c ...``.
+    # At each triple's middle token the next one is exactly the token before it: a head that reads only i-1
+    # predicts it, one that mixes in i-2 (the previous triple) does not.
+    echo_share: float = 0.0
     held_out_share: float = 0.1
     seed: int = 0
     # Options tried for a sharper previous-token head (docs/benchmarks.md); the defaults are the shipped recipe.
@@ -67,6 +71,12 @@ class Recipe:
     position_scale: float = 0.1  # ... times this, so that they neither drown nor vanish beside token embeddings
     freeze_positions: bool = False  # keep them sinusoidal (not trained)
     docstrings: bool = False  # also train on the docstrings of Python's standard library (4x the text)
+    # Llama only: biases on the Q/K/V/O projections. With RoPE, a bias-only query and key give a score that depends
+    # on the offset j - i alone, the same for every token, so "attend one back" is one pair of vectors to learn.
+    attention_bias: bool = False
+    # GPT-2 only: False drops the 1/sqrt(d_head) of the scores (GPT2Config.scale_attn_weights), so that the same
+    # weights give logits sqrt(d_head) times larger: a sharp pattern costs less weight (and weight decay).
+    scale_attention: bool = True
 
 
 def documentation_text() -> str:
@@ -137,13 +147,21 @@ def frequent_tokens(ids: torch.Tensor, count: int, skip: int) -> list[int]:
     return counts.argsort(descending=True, stable=True)[:count].sort().values.tolist()
 
 
+def batch_rows(recipe: Recipe) -> tuple[int, int, int]:
+    """How many rows of each batch are documentation, repeated random tokens and echoed triples."""
+    n_repeats = round(recipe.batch * recipe.repeat_share)
+    n_echoes = round(recipe.batch * recipe.echo_share)
+    return recipe.batch - n_repeats - n_echoes, n_repeats, n_echoes
+
+
 def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator, pool: list[int]):
-    """Endless batches ``[batch, train_length]``: documentation windows, and random tokens of ``pool`` repeated."""
+    """Endless batches ``[batch, train_length]``: documentation windows, random tokens of ``pool`` repeated, and
+    (``echo_share``) random triples ``a b a``."""
     pool_ids = torch.tensor(pool)
     length = recipe.train_length
-    n_repeats = round(recipe.batch * recipe.repeat_share)
+    n_text, n_repeats, n_echoes = batch_rows(recipe)
     while True:
-        starts = torch.randint(0, len(train_ids) - length, (recipe.batch - n_repeats,), generator=generator)
+        starts = torch.randint(0, len(train_ids) - length, (n_text,), generator=generator)
         rows = [train_ids[s : s + length] for s in starts.tolist()]
         n_small = round(n_repeats * recipe.small_pool_share)
         for index in range(n_repeats):
@@ -151,6 +169,9 @@ def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator,
             drawn_from = pool_ids[: recipe.small_pool] if index < n_small else pool_ids
             pattern = drawn_from[torch.randint(0, len(drawn_from), (period,), generator=generator)]
             rows.append(pattern.repeat(math.ceil(length / period))[:length])
+        for _ in range(n_echoes):
+            pairs = pool_ids[torch.randint(0, len(pool_ids), (math.ceil(length / 3), 2), generator=generator)]
+            rows.append(torch.cat([pairs, pairs[:, :1]], dim=1).flatten()[:length])  # a b a, c d c, ...
         yield torch.stack(rows)
 
 
@@ -226,7 +247,8 @@ def build_model(recipe: Recipe, tokenizer):
     if recipe.architecture == "gpt2":
         config = GPT2Config(vocab_size=recipe.vocab_size, n_positions=recipe.context, n_embd=recipe.n_embd,
                             n_layer=recipe.n_layer, n_head=recipe.n_head, n_inner=recipe.intermediate,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tokenizer.bos_token_id,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=recipe.scale_attention,
+                            bos_token_id=tokenizer.bos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
         model = GPT2LMHeadModel(config)
         if recipe.position_init == "sinusoidal":
@@ -242,6 +264,7 @@ def build_model(recipe: Recipe, tokenizer):
                          intermediate_size=recipe.intermediate, num_hidden_layers=recipe.n_layer,
                          num_attention_heads=recipe.n_head, num_key_value_heads=recipe.n_kv_head,
                          max_position_embeddings=recipe.context, tie_word_embeddings=True,
+                         attention_bias=recipe.attention_bias,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     return LlamaForCausalLM(config)
 
@@ -269,7 +292,7 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
     generator = torch.Generator().manual_seed(recipe.seed)
     pool = frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids))
     stream = batches(train_ids, recipe, generator, pool)
-    n_text = recipe.batch - round(recipe.batch * recipe.repeat_share)
+    n_text, n_repeats, n_echoes = batch_rows(recipe)
     started = time.perf_counter()
     text_losses: list[float] = []
     for step in range(recipe.steps):
@@ -287,9 +310,11 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
         optimiser.step()
         text_losses.append(losses[:n_text].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
-            repeats = losses[n_text:, recipe.train_length // 2:].mean().item() if n_text < len(batch) else 0.0
+            repeats = losses[n_text:n_text + n_repeats, recipe.train_length // 2:].mean().item() if n_repeats else 0.0
+            echoes = (f"  echoes (middles) {losses[n_text + n_repeats:, 1::3].mean().item():.3f}" if n_echoes
+                      else "")
             log(f"step {step:5d}  loss {loss.item():.3f}  documentation {text_losses[-1]:.3f}  "
-                f"repeats (second half) {repeats:.3f}  {time.perf_counter() - started:6.0f} s")
+                f"repeats (second half) {repeats:.3f}{echoes}  {time.perf_counter() - started:6.0f} s")
     seconds = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -327,6 +352,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="also train on the standard library's docstrings")
     parser.add_argument("--small-pool-share", type=float, default=Recipe.small_pool_share)
     parser.add_argument("--small-pool", type=int, default=Recipe.small_pool)
+    parser.add_argument("--echo-share", type=float, default=Recipe.echo_share,
+                        help="share of each batch in echoed random triples (a b a)")
+    parser.add_argument("--no-attention-scaling", action="store_true",
+                        help="GPT-2: scores without the 1/sqrt(d_head)")
+    parser.add_argument("--attention-bias", action="store_true", help="Llama: biases on the attention projections")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
     args = parser.parse_args(argv)
@@ -336,7 +366,9 @@ def main(argv: list[str] | None = None) -> None:
                           weight_decay=args.weight_decay, architecture=args.architecture,
                           position_init=args.position_init, position_scale=args.position_scale,
                           freeze_positions=args.freeze_positions, docstrings=args.docstrings,
-                          small_pool_share=args.small_pool_share, small_pool=args.small_pool),
+                          small_pool_share=args.small_pool_share, small_pool=args.small_pool,
+                          attention_bias=args.attention_bias, echo_share=args.echo_share,
+                          scale_attention=not args.no_attention_scaling),
                    args.out, threads=args.threads)
     circuits_found = report["circuits"]
     print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "
