@@ -10,6 +10,7 @@ import weakref
 from pathlib import Path
 
 import streamlit as st
+import torch
 
 from attnviz.models import keep
 from attnviz.models.loading import (
@@ -707,6 +708,73 @@ def cached_statistics(capture_key: tuple, kind: str, _capture, _progress=None):
     from attnviz.pagelogic.explore_heads import statistics_table
 
     return statistics_table(_capture, kind, progress=_progress)
+
+
+# The Scaling page's experiments depend only on their widgets: cached by them, process-wide, so that a rerun costs
+# nothing (each is bounded); the page's defaults are sampled at server start (warm_up).
+SCALING_DEFAULTS = {"seed": 0, "samples": 4000, "d_hist": 64, "n_keys": 32, "logits": (10, 12, 50, 100)}
+STABILITY_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+@st.cache_data(max_entries=32, show_spinner="Sampling dot products…")
+def scaling_variance_rows(samples: int, seed: int) -> list[dict]:
+    from attnviz import scaling
+
+    return scaling.dot_product_variance(scaling.D_K_VALUES, samples, seed)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def scaling_dot_samples(d_k: int, samples: int, seed: int):
+    from attnviz import scaling
+
+    return scaling.dot_samples(d_k, samples, seed)
+
+
+@st.cache_data(max_entries=32, show_spinner="Measuring softmax saturation…")
+def scaling_saturation_rows(n_keys: int, seed: int) -> list[dict]:
+    from attnviz import scaling
+
+    return scaling.softmax_statistics(scaling.D_K_VALUES, n_keys=n_keys, seed=seed)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def scaling_stability_rows(scales: tuple[float, ...], seed: int) -> list[dict]:
+    from attnviz import scaling
+
+    return scaling.stability_table(list(scales), STABILITY_DTYPES, seed)
+
+
+def warm_up() -> None:
+    """Everything the first visit to Explore heads computes, done once per process before a browser asks: the
+    imports, the bundled model, its capture of the default sentence, the replay check and a first Plotly figure.
+    Called in a thread at server start (app.py's ``lifespan``). The entries are the very ``st.cache_resource``
+    entries the page reads (the same arguments), so the first session finds them made, or waits for the one
+    being made; nothing is computed twice."""
+    import plotly.graph_objects as go
+
+    import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (analysis, vision, the figures)
+    import attnviz.viz.heads  # noqa: F401
+    import attnviz.viz.vision  # noqa: F401
+
+    bundle = _bundled_model()
+    folder, name, dtype = str(default_model_dir()), DEFAULT_MODEL_NAME, "stored"
+    capture = cached_capture(folder, name, DEFAULT_SENTENCE, None, bundle, None, None, dtype)
+    kind = capture.kinds[0]
+    record = capture.records[kind]
+    if record.replayable:
+        capture_key = (folder, name, dtype, DEFAULT_SENTENCE, None, None, None)  # as Explore heads keys it
+        cached_replay_difference(capture_key, kind, record, _model=bundle.model)
+    go.Figure(go.Heatmap(z=[[0.0]])).to_json()  # Plotly builds its validators on a first figure
+
+
+def warm_up_later() -> None:
+    """The second part of the warm-up, once the first visitor's page is drawn: the Scaling page's experiments at
+    their defaults (4 s of sampling on 2 cores, once per process)."""
+    seed, samples = SCALING_DEFAULTS["seed"], SCALING_DEFAULTS["samples"]
+    scaling_variance_rows(samples, seed)
+    scaling_dot_samples(SCALING_DEFAULTS["d_hist"], samples, seed)
+    scaling_saturation_rows(SCALING_DEFAULTS["n_keys"], seed)
+    scaling_stability_rows(tuple(sorted(SCALING_DEFAULTS["logits"])), seed)
 
 
 MECHANISM_TOKENS = 96  # the mechanism pages draw N x N masks and heads: they read the first this-many tokens

@@ -4,15 +4,20 @@ import math
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.ui import (
     MECHANISM_TOKENS,
+    SCALING_DEFAULTS,
+    STABILITY_DTYPES,
     capture_current,
     current_sentence,
     queries_unavailable,
+    scaling_dot_samples,
+    scaling_saturation_rows,
+    scaling_stability_rows,
+    scaling_variance_rows,
     show_figure,
     start_page,
 )
@@ -20,37 +25,16 @@ from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, histogram, line_chart
 from attnviz.viz.matrix import heatmap_row
 
-STABILITY_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
-
-
-# The experiments depend only on their widgets: cached by them, so a rerun costs nothing (each is bounded).
-@st.cache_data(max_entries=32, show_spinner="Sampling dot products…")
-def variance_rows(samples: int, seed: int) -> list[dict]:
-    return scaling.dot_product_variance(scaling.D_K_VALUES, samples, seed)
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
-def dot_samples(d_k: int, samples: int, seed: int) -> torch.Tensor:
-    return scaling.dot_samples(d_k, samples, seed)
-
-
-@st.cache_data(max_entries=32, show_spinner="Measuring softmax saturation…")
-def saturation_rows(n_keys: int, seed: int) -> list[dict]:
-    return scaling.softmax_statistics(scaling.D_K_VALUES, n_keys=n_keys, seed=seed)
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
-def stability_rows(scales: tuple[float, ...], seed: int) -> list[dict]:
-    return scaling.stability_table(list(scales), STABILITY_DTYPES, seed)
-
 
 def variance_section() -> int:
     st.subheader("1 · Dot products grow with d_k")
     columns = st.columns(3)
-    seed = int(columns[0].number_input("Seed", 0, 10_000, 0, key="scale_seed"))
-    samples = columns[1].select_slider("Samples", [500, 1000, 4000, 16000], 4000, key="scale_samples")
-    d_hist = columns[2].select_slider("d_k for the histogram", scaling.D_K_VALUES, 64, key="scale_d_hist")
-    variance = variance_rows(samples, seed)
+    seed = int(columns[0].number_input("Seed", 0, 10_000, SCALING_DEFAULTS["seed"], key="scale_seed"))
+    samples = columns[1].select_slider("Samples", [500, 1000, 4000, 16000], SCALING_DEFAULTS["samples"],
+                                       key="scale_samples")
+    d_hist = columns[2].select_slider("d_k for the histogram", scaling.D_K_VALUES, SCALING_DEFAULTS["d_hist"],
+                                      key="scale_d_hist")
+    variance = scaling_variance_rows(samples, seed)
     worst = max(abs(r["measured"] / r["theory"] - 1) for r in variance)
     left, right = st.columns(2)
     with left:
@@ -70,7 +54,7 @@ def variance_section() -> int:
             key="scale_variance",
         )
     with right:
-        dots = dot_samples(d_hist, samples, seed)
+        dots = scaling_dot_samples(d_hist, samples, seed)
         scaled = dots / math.sqrt(d_hist)
         show_figure(
             histogram({"q·k": dots.tolist(), "q·k / √d_k": scaled.tolist()},
@@ -98,8 +82,9 @@ def saturation_section(seed: int) -> None:
     st.subheader("2 · Softmax saturates without scaling, and its gradient vanishes")
     columns = st.columns(2)
     d_k = columns[0].select_slider("d_k", scaling.D_K_VALUES, 512, key="scale_d", bind="query-params")
-    n_keys = columns[1].select_slider("Keys per query", [8, 16, 32, 64, 128], 32, key="scale_keys")
-    statistics = saturation_rows(n_keys, seed)
+    n_keys = columns[1].select_slider("Keys per query", [8, 16, 32, 64, 128], SCALING_DEFAULTS["n_keys"],
+                                      key="scale_keys")
+    statistics = scaling_saturation_rows(n_keys, seed)
     at = next(r for r in statistics if r["d_k"] == d_k)
     largest = statistics[-1]
     if at["max_weight_unscaled"] > 0.5:
@@ -191,8 +176,8 @@ def stability_section(seed: int) -> None:
         f"naively, e^x overflows: fp16 at x > {fp16:.2f}, fp32 at x > {fp32:.2f}."
     )
     scales = st.multiselect("Largest logit", [5, 10, 11, 12, 50, 88, 89, 100, 1000, 10000],
-                            default=[10, 12, 50, 100], key="scale_logits")
-    table = pd.DataFrame(stability_rows(tuple(sorted(scales)), seed))
+                            default=list(SCALING_DEFAULTS["logits"]), key="scale_logits")
+    table = pd.DataFrame(scaling_stability_rows(tuple(sorted(scales)), seed))
     if table.empty:
         return
     st.dataframe(

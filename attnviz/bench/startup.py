@@ -6,7 +6,8 @@ moment the process is spawned: the server answering its health check; then, in a
 Explore heads chart drawn (a Plotly SVG in the page). Then each other page in a fresh session of its own (a new
 browser context: a new Streamlit session, as a link opened in another tab), from navigation to its first chart
 (to its title for Checkpoints, which has none). Median of the cold starts; targets: the first Explore chart
-<= 6 s, any fresh page <= 2 s.
+<= 6 s, any fresh page <= 2 s. Each cold start is paired with one whose server has the warm-up at server start
+turned off (``ATTNVIZ_WARM_UP=0``), to its first Explore chart: the ratio says what the warm-up saves.
 
 Also measured in-process, in a fresh interpreter: importing what app.py imports, and loading the bundled model,
 split into the steps that take the time."""
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from attnviz.bench import browser
+from attnviz.runtime import WARM_UP_LATER_LINE, WARM_UP_LINE  # the run log's lines of the warm-up
 
 FIRST_CHART_TARGET_S = 6.0
 FRESH_PAGE_TARGET_S = 2.0
@@ -75,10 +77,16 @@ def _first_chart(page, url: str, title: str) -> float:
     return time.perf_counter() - began
 
 
-def cold_start(chromium, pages: dict[str, str], run_log) -> dict:
+
+
+def cold_start(chromium, pages: dict[str, str], run_log, warm_up: bool = True) -> dict:
+    """One fresh server: its health check, the first Explore chart, then ``pages`` each in a new tab and one page in
+    a browser that never loaded the app (only when ``pages`` is not empty). ``warm_up=False`` starts the server
+    with ``ATTNVIZ_WARM_UP=0``: the first session does everything, as with a plain script."""
     run_log.write_text("")
     spawned = time.perf_counter()
-    with browser.streamlit_server({"ATTNVIZ_RUN_LOG": str(run_log)}) as server:
+    environment = {"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1" if warm_up else "0"}
+    with browser.streamlit_server(environment) as server:
         row = {"healthy_s": time.perf_counter() - spawned}
         context = chromium.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
@@ -91,32 +99,61 @@ def cold_start(chromium, pages: dict[str, str], run_log) -> dict:
         row["fresh_pages_s"] = {title: _first_chart(context.new_page(), f"{server.url}/{path}", title)
                                 for path, title in pages.items()}
         context.close()
-        # ... and, for comparison, a browser that has never loaded the app (Streamlit's and Plotly's scripts are
-        # downloaded and compiled again).
-        fresh_browser = chromium.new_context(viewport={"width": 1400, "height": 1000})
-        row["cold_browser_page_s"] = _first_chart(fresh_browser.new_page(), f"{server.url}/masks", "Masks")
-        fresh_browser.close()
+        if pages:
+            # ... and, for comparison, a browser that has never loaded the app (Streamlit's and Plotly's scripts
+            # are downloaded and compiled again).
+            fresh_browser = chromium.new_context(viewport={"width": 1400, "height": 1000})
+            row["cold_browser_page_s"] = _first_chart(fresh_browser.new_page(), f"{server.url}/masks", "Masks")
+            fresh_browser.close()
     runs = [json.loads(line) for line in run_log.read_text().splitlines() if line.strip()]
     first_runs = {}
     for run in runs:  # the first finished run of each page: a new session's full script run on the server
         if run["ending"] == "finished":
             first_runs.setdefault(run["page"], run["seconds"])
+    row["warm_up_s"] = first_runs.pop(WARM_UP_LINE, None)
+    first_runs.pop(WARM_UP_LATER_LINE, None)
     row["server_first_run_s"] = first_runs
     return row
 
 
-def bench_startup(repeats: int = 3, pages: dict[str, str] | None = None, progress=print) -> dict:
+def late_visit(chromium, run_log, warm_up: bool, wait_s: float = 12.0) -> float:
+    """A speaker who starts the server before the talk and opens the browser later: the server is left alone for
+    ``wait_s`` seconds (long enough for the warm-up to finish here), then a new tab goes to Explore heads; the
+    seconds from navigation to its first chart."""
+    run_log.write_text("")
+    environment = {"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1" if warm_up else "0"}
+    with browser.streamlit_server(environment) as server:
+        time.sleep(wait_s)
+        context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+        seconds = _first_chart(context.new_page(), server.url, "Explore heads")
+        context.close()
+    return seconds
+
+
+LATE_VISIT_S = 12.0
+
+
+def bench_startup(repeats: int = 3, pages: dict[str, str] | None = None, progress=print,
+                  late_after_s: float | None = LATE_VISIT_S) -> dict:
     from playwright.sync_api import sync_playwright
 
     pages = PAGES if pages is None else pages
     progress("in a fresh interpreter: imports and the bundled model's load")
     report = {"benchmark": "startup", "repeats": repeats, "in_process": in_process_steps(), "starts": [],
+              "starts_without_warm_up": [], "late_visits": [], "late_after_s": late_after_s,
               "targets": {"first_explore_chart_s": FIRST_CHART_TARGET_S, "fresh_page_s": FRESH_PAGE_TARGET_S}}
     with sync_playwright() as playwright, tempfile.TemporaryDirectory(prefix="attnviz-startup-") as work:
         chromium = browser.launch_chromium(playwright)
-        for number in range(repeats):
+        for number in range(repeats):  # interleaved, so that a noisy minute weighs on both alike
             progress(f"cold start {number + 1} of {repeats}")
             report["starts"].append(cold_start(chromium, pages, Path(work) / "runs.jsonl"))
+            progress(f"cold start {number + 1} of {repeats}, without the warm-up (ATTNVIZ_WARM_UP=0)")
+            report["starts_without_warm_up"].append(cold_start(chromium, {}, Path(work) / "runs.jsonl", False))
+            if late_after_s is not None:
+                progress(f"cold start {number + 1} of {repeats}: the browser opened {late_after_s:g} s later")
+                report["late_visits"].append({
+                    "with_warm_up_s": late_visit(chromium, Path(work) / "runs.jsonl", True, late_after_s),
+                    "without_warm_up_s": late_visit(chromium, Path(work) / "runs.jsonl", False, late_after_s)})
         chromium.close()
     return report
 
@@ -128,11 +165,18 @@ def summary(report: dict) -> dict:
     served = {title: statistics.median(start["server_first_run_s"][title] for start in starts
                                        if title in start["server_first_run_s"])
               for title in starts[0]["server_first_run_s"]} if starts else {}
+    without = report.get("starts_without_warm_up") or []
+    warm_ups = [start["warm_up_s"] for start in starts if start.get("warm_up_s") is not None]
     return {
         "server_first_run_s": served,
         "cold_browser_page_s": statistics.median(start["cold_browser_page_s"] for start in starts),
         "healthy_s": statistics.median(start["healthy_s"] for start in starts),
         "first_explore_chart_s": statistics.median(start["first_explore_chart_s"] for start in starts),
+        "first_explore_chart_without_warm_up_s": (
+            statistics.median(start["first_explore_chart_s"] for start in without) if without else None),
+        "warm_up_s": statistics.median(warm_ups) if warm_ups else None,
+        "late_visit_s": ({key: statistics.median(visit[key] for visit in report["late_visits"])
+                          for key in ("with_warm_up_s", "without_warm_up_s")} if report.get("late_visits") else None),
         "fresh_pages_s": pages,
     }
 
@@ -147,6 +191,20 @@ def print_startup(report: dict) -> list[str]:
     verdict = "meets" if middle["first_explore_chart_s"] <= targets["first_explore_chart_s"] else "misses"
     lines.append(f"  {'first Explore heads chart':<48} {middle['first_explore_chart_s']:6.2f}   {verdict} the "
                  f"{targets['first_explore_chart_s']:g} s target")
+    if middle["warm_up_s"] is not None:
+        lines.append(f"  {'  the warm-up thread (from server start)':<48} {middle['warm_up_s']:6.2f}   "
+                     "imports, bundled model, first capture, replay check")
+    unwarmed = middle["first_explore_chart_without_warm_up_s"]
+    if unwarmed is not None:
+        lines.append(f"  {'first Explore chart without the warm-up':<48} {unwarmed:6.2f}   (ATTNVIZ_WARM_UP=0; "
+                     f"with it: {middle['first_explore_chart_s'] / unwarmed:.2f}x the time)")
+    late = middle["late_visit_s"]
+    if late:
+        lines.append(f"The browser opened {report['late_after_s']:g} s after `streamlit run app.py`, navigation to "
+                     "the first Explore chart:")
+        lines.append(f"  {'with the warm-up':<48} {late['with_warm_up_s']:6.2f}")
+        lines.append(f"  {'without it (ATTNVIZ_WARM_UP=0)':<48} {late['without_warm_up_s']:6.2f}   (with it: "
+                     f"{late['with_warm_up_s'] / late['without_warm_up_s']:.2f}x the time)")
     lines.append("A fresh session (a new tab) opening each page, to its first chart, median; and the server's own "
                  "first run of it (app.py and the page):")
     for title, seconds in middle["fresh_pages_s"].items():

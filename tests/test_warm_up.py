@@ -1,0 +1,162 @@
+"""The warm-up at server start: `streamlit run app.py` serves app.py's `st.App`, whose lifespan loads the bundled
+model (and what Explore heads computes on a first visit) before any browser connects."""
+
+import asyncio
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from attnviz import runtime
+from tests.apptest_helpers import ROOT, open_page
+
+
+def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
+    """`streamlit run app.py` serves an ASGI app when the file defines one (Streamlit reads the file's syntax tree);
+    imported as a module, app.py builds it with the warm-up lifespan and runs no page code."""
+    import streamlit as st
+    from streamlit import config
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    found = discover_asgi_app(ROOT / "app.py")
+    assert found.is_asgi_app and found.import_string == "app:app"
+
+    monkeypatch.setattr(config, "_main_script_path", None)  # st.App pins it; leave the test process as it was
+    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert isinstance(module.app, st.App)
+    assert Path(module.app.script_path).resolve() == ROOT / "app.py"
+    assert module.app._user_lifespan is runtime.server_lifespan
+
+
+def _enter_and_leave(lifespan) -> None:
+    async def run():
+        async with lifespan(None):
+            pass
+
+    asyncio.run(run())
+
+
+def test_lifespan_returns_at_once_and_warms_up_in_a_thread(monkeypatch):
+    release, started = threading.Event(), threading.Event()
+
+    def slow_warm_up():
+        started.set()
+        release.wait(10)
+
+    monkeypatch.setattr(runtime, "_warm_up", slow_warm_up)
+    monkeypatch.delenv("ATTNVIZ_WARM_UP", raising=False)
+    _enter_and_leave(runtime.server_lifespan)  # returns while the warm-up is still running: the server answers
+    assert started.wait(5)
+    (thread,) = [t for t in threading.enumerate() if t.name == runtime.WARM_UP_THREAD]
+    assert thread.daemon and thread.is_alive()  # never holds the server's shutdown
+    release.set()
+    thread.join(5)
+
+
+def test_warm_up_can_be_turned_off(monkeypatch):
+    called = []
+    monkeypatch.setattr(runtime, "_warm_up", lambda: called.append(True))
+    monkeypatch.setenv("ATTNVIZ_WARM_UP", "0")
+    _enter_and_leave(runtime.server_lifespan)
+    assert not called and not [t for t in threading.enumerate() if t.name == runtime.WARM_UP_THREAD]
+
+
+def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
+    import attnviz.ui
+
+    def broken():
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(attnviz.ui, "warm_up", broken)
+    monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
+    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)
+    runtime._warm_up()
+    (line,) = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert line["page"] == "(warm-up at server start)" and line["ending"] == "failed"
+    assert "warm-up at server start failed" in caplog.text and "disk gone" in caplog.text
+
+
+def test_the_second_part_waits_for_the_first_visitor(monkeypatch):
+    """The Scaling experiments (seconds of CPU) start only once a session has run (plus a moment for its browser
+    to draw), not while the first visitor's page is being made and drawn."""
+    import attnviz.ui
+
+    done = []
+    monkeypatch.setattr(attnviz.ui, "warm_up", lambda: done.append("explore"))
+    monkeypatch.setattr(attnviz.ui, "warm_up_later", lambda: done.append("scaling"))
+    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 60)
+    monkeypatch.setattr(runtime.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(runtime, "SESSION_RAN", threading.Event())
+    thread = threading.Thread(target=runtime._warm_up)
+    thread.start()
+    deadline = runtime.time.monotonic() + 10
+    while not done and runtime.time.monotonic() < deadline:
+        pass
+    thread.join(0.5)
+    assert done == ["explore"] and thread.is_alive()  # waiting for a visitor
+    runtime.SESSION_RAN.set()  # app.py does this after every run
+    thread.join(10)
+    assert done == ["explore", "scaling"] and not thread.is_alive()
+
+
+def test_app_py_says_when_a_session_has_run(monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setattr(runtime, "SESSION_RAN", threading.Event())
+    AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    assert runtime.SESSION_RAN.is_set()
+
+
+@pytest.mark.usefixtures("clean_streamlit_caches")
+def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
+    """After the warm-up, a new session's Explore heads neither loads the model, nor captures, nor replays: the
+    warm-up made the very cache entries the page reads."""
+    import attnviz.models.capture as capture_module
+    import attnviz.ui
+
+    monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
+    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)  # no visitor to wait for: both parts at once
+    thread = threading.Thread(target=runtime._warm_up, name=runtime.WARM_UP_THREAD)
+    thread.start()
+    thread.join(300)
+    lines = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(line["page"], line["ending"]) for line in lines] == [
+        (runtime.WARM_UP_LINE, "finished"), (runtime.WARM_UP_LATER_LINE, "finished")]
+
+    calls = []
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(attnviz.ui, "load_model_dir", counted("load", attnviz.ui.load_model_dir))
+    monkeypatch.setattr(capture_module, "capture", counted("capture", capture_module.capture))
+    monkeypatch.setattr(capture_module, "replay_difference",
+                        counted("replay", capture_module.replay_difference))
+    at = open_page("pages/explore_heads.py")
+    assert any("Replay check" in m.value for m in at.markdown)  # the page did show what the warm-up computed
+    assert at.get("plotly_chart")
+    assert calls == []
+
+    # The check is real: with a sentence the warm-up did not see, the page does capture.
+    at = open_page("pages/explore_heads.py", sentence="A different sentence entirely.")
+    assert "capture" in calls and "load" not in calls
+
+    # The Scaling page's experiments, sampled at their defaults, are not sampled again; other settings are.
+    from attnviz import scaling
+
+    experiments = ("dot_product_variance", "dot_samples", "softmax_statistics", "stability_table")
+    for name in experiments:
+        monkeypatch.setattr(scaling, name, counted(name, getattr(scaling, name)))
+    calls.clear()
+    at = open_page("pages/scaling.py")
+    assert at.get("plotly_chart") and not at.exception
+    assert not [name for name in calls if name in experiments], calls
+    at.select_slider(key="scale_keys").set_value(64).run()
+    assert "softmax_statistics" in calls
