@@ -1,8 +1,9 @@
 """attnviz: see how transformer attention works. Run with `streamlit run app.py`.
 
-`streamlit run` first imports this file to look for an ASGI app, finds `app` at the bottom and serves it; its
-lifespan starts loading the bundled model at once, before any browser connects. Each browser session then runs
-this file as its script (`__name__ == "__main__"`): the navigation and the sidebar of `main`.
+`streamlit run` first reads this file's syntax tree for an ASGI app, finds `app` at the bottom, and has uvicorn
+import the file and serve it; its lifespan starts loading the bundled model at once, before any browser connects.
+Each browser session then runs this file as its script (`__name__ == "__main__"`): the navigation and the sidebar
+of `main`.
 """
 
 import time

@@ -37,10 +37,13 @@ def configure_triton() -> None:
 
 
 WARM_UP_THREAD = "attnviz-warm-up"
+WARM_UP_LINE = "(warm-up at server start)"  # the run log's lines (ATTNVIZ_RUN_LOG) for the two parts
+WARM_UP_LATER_LINE = "(warm-up: other pages)"
 # Set by app.py after every session's run: the warm-up's second part waits for the first visitor's page (or a
 # while without one), so that it does not take the CPU from the browser drawing that page.
 SESSION_RAN = threading.Event()
 VISITOR_WAIT_S = 20.0  # without a visitor by then, the second part goes ahead
+DRAWING_WAIT_S = 3.0  # after the first run, while its browser draws the page
 
 
 @contextlib.asynccontextmanager
@@ -48,36 +51,67 @@ async def server_lifespan(app):
     """The lifespan of app.py's ``st.App``: at server start, before any browser connects, a thread imports what
     the pages need and loads the bundled model into the cache the pages read (:func:`attnviz.ui.warm_up`). The
     server answers at once; a session that arrives first waits for the entry being made, never makes it twice.
-    ``ATTNVIZ_WARM_UP=0`` turns it off (the first visit then does the work, as with a plain script)."""
+    ``ATTNVIZ_WARM_UP=0`` turns it off (the first visit then does the work, as with a plain script). Also opens
+    the browser when the server is not headless, as ``streamlit run`` does for a plain script."""
     if os.environ.get("ATTNVIZ_WARM_UP", "1") != "0":
         threading.Thread(target=_warm_up, name=WARM_UP_THREAD, daemon=True).start()
+    _open_browser_unless_headless()
     yield None
+
+
+def _open_browser_unless_headless() -> None:
+    """``streamlit run`` opens a browser tab for a plain script (unless ``server.headless``) but not for an
+    ``st.App``; this does what it does (``streamlit.web.bootstrap._on_server_start``)."""
+    try:
+        from streamlit import cli_util, config
+        from streamlit.web.server import server_util
+
+        if config.get_option("server.headless"):
+            return
+        address = "localhost"
+        if config.is_manually_set("browser.serverAddress"):
+            address = config.get_option("browser.serverAddress")
+        elif config.is_manually_set("server.address"):
+            address = server_util.get_display_address(config.get_option("server.address"))
+        cli_util.open_browser(server_util.get_url(address))
+    except Exception:  # noqa: BLE001 - a browser that does not open is no reason to stop the server
+        logging.getLogger("attnviz").debug("could not open a browser", exc_info=True)
+
+
+class _NotFromTheWarmUp(logging.Filter):
+    """Streamlit warns about every cached call made outside a session's run: the warm-up's are meant to be."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != WARM_UP_THREAD
+
+
+_STREAMLIT_CONTEXT_LOG = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
+_STREAMLIT_CONTEXT_LOG.addFilter(_NotFromTheWarmUp())
 
 
 def _warm_up() -> None:
     log = logging.getLogger("attnviz")
-    # Streamlit warns about every cached call made outside a session's run: these are meant to be.
-    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(
-        lambda record: record.threadName != WARM_UP_THREAD)
     started = time.perf_counter()
     try:
         configure_environment()
         from attnviz.ui import warm_up, warm_up_later
 
         warm_up()
-        _log_run(WARM_UP_LINE, started, "finished")
-        if SESSION_RAN.wait(timeout=VISITOR_WAIT_S):
-            time.sleep(3)  # the browser is drawing the first page
-        later = time.perf_counter()
-        warm_up_later()
-        _log_run(WARM_UP_LATER_LINE, later, "finished")
     except Exception:  # noqa: BLE001 - the pages then compute for themselves and show what went wrong
         _log_run(WARM_UP_LINE, started, "failed")
         log.exception("attnviz: the warm-up at server start failed")
-
-
-WARM_UP_LINE = "(warm-up at server start)"
-WARM_UP_LATER_LINE = "(warm-up: other pages)"
+        return
+    _log_run(WARM_UP_LINE, started, "finished")
+    if SESSION_RAN.wait(timeout=VISITOR_WAIT_S):
+        time.sleep(DRAWING_WAIT_S)
+    later = time.perf_counter()
+    try:
+        warm_up_later()
+    except Exception:  # noqa: BLE001 - as above
+        _log_run(WARM_UP_LATER_LINE, later, "failed")
+        log.exception("attnviz: the warm-up of the other pages failed")
+        return
+    _log_run(WARM_UP_LATER_LINE, later, "finished")
 
 
 def _log_run(page: str, started: float, ending: str) -> None:

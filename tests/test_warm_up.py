@@ -24,6 +24,12 @@ def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
     assert found.is_asgi_app and found.import_string == "app:app"
 
     monkeypatch.setattr(config, "_main_script_path", None)  # st.App pins it; leave the test process as it was
+
+    def page_code(*args, **kwargs):
+        raise AssertionError("importing app.py ran a session's code")
+
+    monkeypatch.setattr(st, "set_page_config", page_code)
+    monkeypatch.setattr(st, "navigation", page_code)
     spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -65,6 +71,37 @@ def test_warm_up_can_be_turned_off(monkeypatch):
     assert not called and not [t for t in threading.enumerate() if t.name == runtime.WARM_UP_THREAD]
 
 
+def test_a_failed_second_part_is_logged_as_itself(monkeypatch, tmp_path, caplog):
+    import attnviz.ui
+
+    def broken():
+        raise OSError("no memory left")
+
+    monkeypatch.setattr(attnviz.ui, "warm_up", lambda: None)
+    monkeypatch.setattr(attnviz.ui, "warm_up_later", broken)
+    monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
+    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)
+    runtime._warm_up()
+    lines = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(line["page"], line["ending"]) for line in lines] == [
+        (runtime.WARM_UP_LINE, "finished"), (runtime.WARM_UP_LATER_LINE, "failed")]
+    assert "warm-up of the other pages failed" in caplog.text and "no memory left" in caplog.text
+
+
+def test_the_lifespan_opens_a_browser_only_when_not_headless(monkeypatch):
+    from streamlit import cli_util, config
+
+    opened = []
+    monkeypatch.setattr(cli_util, "open_browser", opened.append)
+    monkeypatch.setattr(runtime, "_warm_up", lambda: None)
+    for headless in (True, False):
+        monkeypatch.setattr(config, "get_option", lambda name, headless=headless, real=config.get_option: (
+            headless if name == "server.headless" else real(name)))
+        _enter_and_leave(runtime.server_lifespan)
+    (url,) = opened
+    assert url.startswith("http://localhost:")
+
+
 def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
     import attnviz.ui
 
@@ -74,6 +111,7 @@ def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(attnviz.ui, "warm_up", broken)
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
     monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)
+    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
     runtime._warm_up()
     (line,) = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert line["page"] == "(warm-up at server start)" and line["ending"] == "failed"
@@ -85,22 +123,20 @@ def test_the_second_part_waits_for_the_first_visitor(monkeypatch):
     to draw), not while the first visitor's page is being made and drawn."""
     import attnviz.ui
 
-    done = []
-    monkeypatch.setattr(attnviz.ui, "warm_up", lambda: done.append("explore"))
-    monkeypatch.setattr(attnviz.ui, "warm_up_later", lambda: done.append("scaling"))
+    first_done, second_done = threading.Event(), threading.Event()
+    monkeypatch.setattr(attnviz.ui, "warm_up", first_done.set)
+    monkeypatch.setattr(attnviz.ui, "warm_up_later", second_done.set)
     monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 60)
-    monkeypatch.setattr(runtime.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
     monkeypatch.setattr(runtime, "SESSION_RAN", threading.Event())
     thread = threading.Thread(target=runtime._warm_up)
     thread.start()
-    deadline = runtime.time.monotonic() + 10
-    while not done and runtime.time.monotonic() < deadline:
-        pass
-    thread.join(0.5)
-    assert done == ["explore"] and thread.is_alive()  # waiting for a visitor
+    assert first_done.wait(10)
+    assert not second_done.wait(0.5) and thread.is_alive()  # waiting for a visitor
     runtime.SESSION_RAN.set()  # app.py does this after every run
+    assert second_done.wait(10)
     thread.join(10)
-    assert done == ["explore", "scaling"] and not thread.is_alive()
+    assert not thread.is_alive()
 
 
 def test_app_py_says_when_a_session_has_run(monkeypatch):
@@ -120,6 +156,7 @@ def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
 
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
     monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)  # no visitor to wait for: both parts at once
+    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
     thread = threading.Thread(target=runtime._warm_up, name=runtime.WARM_UP_THREAD)
     thread.start()
     thread.join(300)

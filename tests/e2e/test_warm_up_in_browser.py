@@ -17,7 +17,7 @@ def _warm_up_line(run_log):
 
 def test_the_server_warms_up_before_any_browser(tmp_path, page):
     run_log = tmp_path / "runs.jsonl"
-    with streamlit_server({"ATTNVIZ_RUN_LOG": str(run_log)}) as url:
+    with streamlit_server({"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1"}) as url:
         deadline = time.monotonic() + 180
         while _warm_up_line(run_log) is None and time.monotonic() < deadline:
             time.sleep(0.5)
