@@ -5,6 +5,7 @@ import asyncio
 import importlib.util
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,14 @@ def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
 
 
 def _enter_and_leave(lifespan) -> None:
+    """Start and stop the lifespan as uvicorn does, on an event loop of its own (on a thread of its own: earlier
+    tests' sync Playwright leaves a loop running on this one)."""
     async def run():
         async with lifespan(None):
             pass
 
-    asyncio.run(run())
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
 
 
 def test_lifespan_returns_at_once_and_warms_up_in_a_thread(monkeypatch):
