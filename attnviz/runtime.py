@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
 import sys
@@ -55,27 +54,10 @@ async def server_lifespan(app):
     the browser when the server is not headless, as ``streamlit run`` does for a plain script."""
     if os.environ.get("ATTNVIZ_WARM_UP", "1") != "0":
         threading.Thread(target=_warm_up, name=WARM_UP_THREAD, daemon=True).start()
-    _open_browser_unless_headless()
+    from attnviz.streamlit_compat import open_browser_unless_headless
+
+    open_browser_unless_headless()
     yield None
-
-
-def _open_browser_unless_headless() -> None:
-    """``streamlit run`` opens a browser tab for a plain script (unless ``server.headless``) but not for an
-    ``st.App``; this does what it does (``streamlit.web.bootstrap._on_server_start``)."""
-    try:
-        from streamlit import cli_util, config
-        from streamlit.web.server import server_util
-
-        if config.get_option("server.headless"):
-            return
-        address = "localhost"
-        if config.is_manually_set("browser.serverAddress"):
-            address = config.get_option("browser.serverAddress")
-        elif config.is_manually_set("server.address"):
-            address = server_util.get_display_address(config.get_option("server.address"))
-        cli_util.open_browser(server_util.get_url(address))
-    except Exception:  # noqa: BLE001 - a browser that does not open is no reason to stop the server
-        logging.getLogger("attnviz").debug("could not open a browser", exc_info=True)
 
 
 class _NotFromTheWarmUp(logging.Filter):
@@ -85,12 +67,17 @@ class _NotFromTheWarmUp(logging.Filter):
         return record.threadName != WARM_UP_THREAD
 
 
-_STREAMLIT_CONTEXT_LOG = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
-_STREAMLIT_CONTEXT_LOG.addFilter(_NotFromTheWarmUp())
+def _quiet_streamlit_about_the_warm_up() -> None:
+    from attnviz.streamlit_compat import SCRIPT_CONTEXT_LOGGER
+
+    logger = logging.getLogger(SCRIPT_CONTEXT_LOGGER)
+    if not any(isinstance(existing, _NotFromTheWarmUp) for existing in logger.filters):
+        logger.addFilter(_NotFromTheWarmUp())
 
 
 def _warm_up() -> None:
     log = logging.getLogger("attnviz")
+    _quiet_streamlit_about_the_warm_up()
     started = time.perf_counter()
     try:
         configure_environment()
@@ -115,12 +102,9 @@ def _warm_up() -> None:
 
 
 def _log_run(page: str, started: float, ending: str) -> None:
-    """A line of ``ATTNVIZ_RUN_LOG`` (benchmarks and operators), as :func:`attnviz.ui.logged_run` writes it."""
-    run_log = os.environ.get("ATTNVIZ_RUN_LOG")
-    if run_log:
-        line = {"page": page, "seconds": time.perf_counter() - started, "ending": ending, "time": time.time()}
-        with open(run_log, "a") as file:
-            file.write(json.dumps(line) + "\n")
+    from attnviz.run_log import append_run_log
+
+    append_run_log(page, time.perf_counter() - started, ending)
 
 
 @dataclass(frozen=True)

@@ -382,14 +382,13 @@ def session_uploads() -> SessionUploads:
 
 @contextlib.contextmanager
 def logged_run(page: str, started: float):
-    """With ``ATTNVIZ_RUN_LOG=<file>``, append one JSON line per script run: the page, how long the whole run
-    took on the server (app.py included, from ``started``, a ``time.perf_counter()``), and how it ended. Nothing
-    about the user (no text, no session id) is written."""
-    import json
-    import os
+    """With ``ATTNVIZ_RUN_LOG=<file>``, append one JSON line per script run (:func:`attnviz.run_log.append_run_log`):
+    the page, how long the whole run took on the server (app.py included, from ``started``, a
+    ``time.perf_counter()``), and how it ended. Nothing about the user (no text, no session id) is written."""
     import time
 
-    log = os.environ.get("ATTNVIZ_RUN_LOG")
+    from attnviz.run_log import append_run_log
+
     ending = "finished"
     try:
         yield
@@ -397,10 +396,7 @@ def logged_run(page: str, started: float):
         ending = type(stopped).__name__
         raise
     finally:
-        if log:
-            line = {"page": page, "seconds": time.perf_counter() - started, "ending": ending, "time": time.time()}
-            with open(log, "a") as file:
-                file.write(json.dumps(line) + "\n")
+        append_run_log(page, time.perf_counter() - started, ending)
 
 
 def restore_sidebar_choices(valid_models, model_just_set: bool = False) -> None:
@@ -695,6 +691,12 @@ def cached_image_capture(folder: str, name: str, dtype: str, image_key: str, _bu
     return capture_image(_bundle, _image, label)
 
 
+def text_capture_key(folder: str, name: str, dtype: str, text: str, text_pair: str | None,
+                     max_tokens: int | None, fallback: str | None) -> tuple:
+    """What names one capture (as :func:`cached_capture` is keyed): the key of its replay check and statistics."""
+    return (folder, name, dtype, text, text_pair or None, max_tokens, fallback)
+
+
 @st.cache_resource(max_entries=8, show_spinner=False)
 def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None, _model=None) -> float:
     """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
@@ -762,8 +764,8 @@ def warm_up() -> None:
     kind = capture.kinds[0]
     record = capture.records[kind]
     if record.replayable:
-        capture_key = (folder, name, dtype, DEFAULT_SENTENCE, None, None, None)  # as Explore heads keys it
-        cached_replay_difference(capture_key, kind, record, _model=bundle.model)
+        key = text_capture_key(folder, name, dtype, DEFAULT_SENTENCE, None, None, None)
+        cached_replay_difference(key, kind, record, _model=bundle.model)
     go.Figure(go.Heatmap(z=[[0.0]])).to_json()  # Plotly builds its validators on a first figure
 
 

@@ -21,6 +21,7 @@ from attnviz.ui import (
     registered_models,
     show_figure,
     start_page,
+    text_capture_key,
     transient_status,
 )
 from attnviz.viz import style
@@ -603,7 +604,7 @@ def main() -> None:
     name = current_model_name()
     folder = registered_models()[name]
     fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
-    capture_key = (folder, name, model_dtype(name), text, text_pair or None, max_tokens, fallback)
+    capture_key = text_capture_key(folder, name, model_dtype(name), text, text_pair, max_tokens, fallback)
     st.caption(f"**{name}** · {bundle.describe()}")
     if bundle.capture_note:
         st.info(bundle.capture_note, icon=":material/route:")

@@ -77,6 +77,8 @@ def _first_chart(page, url: str, title: str) -> float:
     return time.perf_counter() - began
 
 
+def _server_environment(run_log: Path, warm_up: bool) -> dict:
+    return {"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1" if warm_up else "0"}
 
 
 def cold_start(chromium, pages: dict[str, str], run_log, warm_up: bool = True) -> dict:
@@ -85,8 +87,7 @@ def cold_start(chromium, pages: dict[str, str], run_log, warm_up: bool = True) -
     with ``ATTNVIZ_WARM_UP=0``: the first session does everything, as with a plain script."""
     run_log.write_text("")
     spawned = time.perf_counter()
-    environment = {"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1" if warm_up else "0"}
-    with browser.streamlit_server(environment) as server:
+    with browser.streamlit_server(_server_environment(run_log, warm_up)) as server:
         row = {"healthy_s": time.perf_counter() - spawned}
         context = chromium.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
@@ -127,21 +128,20 @@ def _wait_for_line(run_log: Path, page: str, timeout: float = 120) -> None:
     raise RuntimeError(f"the server wrote no {page!r} line to its run log within {timeout:.0f} s")
 
 
-def late_visit(chromium, run_log, warm_up: bool, wait_s: float = 12.0) -> float:
+LATE_VISIT_S = 12.0
+
+
+def late_visit(chromium, run_log, warm_up: bool, wait_s: float = LATE_VISIT_S) -> float:
     """A speaker who starts the server before the talk and opens the browser later: the server is left alone for
     ``wait_s`` seconds (long enough for the warm-up to finish here), then a new tab goes to Explore heads; the
     seconds from navigation to its first chart."""
     run_log.write_text("")
-    environment = {"ATTNVIZ_RUN_LOG": str(run_log), "ATTNVIZ_WARM_UP": "1" if warm_up else "0"}
-    with browser.streamlit_server(environment) as server:
+    with browser.streamlit_server(_server_environment(run_log, warm_up)) as server:
         time.sleep(wait_s)
         context = chromium.new_context(viewport={"width": 1400, "height": 1000})
         seconds = _first_chart(context.new_page(), server.url, "Explore heads")
         context.close()
     return seconds
-
-
-LATE_VISIT_S = 12.0
 
 
 def bench_startup(repeats: int = 3, pages: dict[str, str] | None = None, progress=print,
