@@ -11,6 +11,7 @@ import importlib
 import inspect
 import logging
 import sys
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,12 @@ import torch
 
 from attnviz.models.attention_hook import ATTENTION_NAME
 from attnviz.models.safety import CheckpointRefused, check_weights, read_config
+
+# transformers' from_pretrained is not thread-safe: it builds the model under process-wide switches (empty
+# weights on the meta device, then ties and fills them), so two loads at once, in two sessions or in a session
+# and the server's warm-up, can hand one of them a model with a weight left on the meta device (seen: the tiny
+# GPT's tied lm_head, which then gave logits of 1e38). Every load of a model holds this lock.
+LOADING = threading.RLock()
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
 BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
@@ -250,7 +257,7 @@ def _check_size_before_loading(config, folder: Path) -> str:
 
     in_files = parameters_in_files(folder)
     try:
-        with torch.device("meta"):  # shapes only, no memory
+        with LOADING, torch.device("meta"):  # shapes only, no memory
             skeleton = AutoModel.from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
@@ -319,17 +326,18 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     tower = VISION_TOWERS.get(config.model_type)
     loader = getattr(importlib.import_module("transformers"), tower) if tower else AutoModel
     try:
-        model, info = loader.from_pretrained(
-            folder,
-            **({} if tower else {"config": config}),  # a tower reads its part of the full config itself
-            attn_implementation=ATTENTION_NAME if path == "interface" else "eager",
-            dtype=DTYPES[dtype],
-            **(where or {}),
-            local_files_only=True,
-            use_safetensors=True,
-            trust_remote_code=False,
-            output_loading_info=True,
-        )
+        with LOADING:
+            model, info = loader.from_pretrained(
+                folder,
+                **({} if tower else {"config": config}),  # a tower reads its part of the full config itself
+                attn_implementation=ATTENTION_NAME if path == "interface" else "eager",
+                dtype=DTYPES[dtype],
+                **(where or {}),
+                local_files_only=True,
+                use_safetensors=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+            )
     except Exception as problem:  # noqa: BLE001 - transformers raises many types; all mean "cannot load this"
         raise CheckpointRefused(
             f"transformers could not build this model from its config and weights: {_first_line(problem, 300)}"
@@ -485,8 +493,9 @@ def load_causal_lm(folder: str | Path):
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     loader = AutoModelForSeq2SeqLM if architecture_of_folder(folder) == "encoder-decoder" else AutoModelForCausalLM
-    model = loader.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
-                                   use_safetensors=True, trust_remote_code=False).eval()
+    with LOADING:
+        model = loader.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                       use_safetensors=True, trust_remote_code=False).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     return model, tokenizer
 
