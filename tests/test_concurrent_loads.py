@@ -11,6 +11,7 @@ from attnviz.models import loading
 from attnviz.models.loading import BUNDLED_GPT_DIR, default_model_dir, load_causal_lm, load_model_dir
 
 ROUNDS = 12
+ATTEMPTS = 3  # of the race without the lock
 
 
 def load_side_by_side() -> list[torch.nn.Module]:
@@ -49,13 +50,12 @@ def test_models_loaded_at_the_same_time_in_two_threads_are_whole():
         assert all(torch.equal(state[name], tensor) for name, tensor in reference.items())
 
 
-@pytest.mark.parametrize("attempts", [3])
-def test_without_the_lock_the_same_loads_can_break_a_model(monkeypatch, attempts):
+def test_without_the_lock_the_same_loads_can_break_a_model(monkeypatch):
     """The check above can fail: with the lock taken away, some GPT loaded beside a BERT keeps a weight on the meta
     device (its tied lm_head). The race is timing-dependent, so this looks over a few attempts; it stays a skip
     rather than a failure on a machine where the race does not show."""
     monkeypatch.setattr(loading, "LOADING", contextlib.nullcontext())
-    for _ in range(attempts):
+    for _ in range(ATTEMPTS):
         if any(off_the_cpu(model) for model in load_side_by_side()):
             return
     pytest.skip("the race did not show on this machine in these attempts")
