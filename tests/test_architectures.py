@@ -39,7 +39,34 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
             assert torch.all(weights.triu(diagonal=1) == 0), f"{kind}: a decoder query saw a later key"
         if bundle.replayable:
             assert replay_difference(record) < 1e-5, f"{kind} {record.kind}"
+            check_query_key_view(record, reference[record.kind], f"{kind} {record.kind}")
     assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
+
+
+def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:
+    """The Q·K view of the last layer's last head, for the last query and its first and own keys (both allowed
+    in every model here): q·k is the dot product of the recorded vectors; without soft-capping or a position bias
+    the score is q·k times the scaling; the weights are transformers' eager row; and the two scores differ by the
+    log of the two eager weights' ratio (a softmax's only degree of freedom, sinks or not)."""
+    from attnviz.pagelogic import explore_heads as explore
+
+    layer, head = record.n_layers - 1, record.n_heads - 1
+    query = record.n_q - 1
+    own = min(query, record.n_k - 1)
+    first, mine = (explore.query_key(record, layer, head, query, key) for key in (0, own))
+    q = record.queries[layer, head, query].float()
+    key = record.keys[layer, record.kv_head(head), 0].float()
+    assert first.dot == pytest.approx(float(q @ key), rel=1e-5, abs=1e-6)
+    plain = not (record.softcaps and record.softcaps[layer]) and record.bias_rows(layer) is None
+    if plain:
+        assert first.score == pytest.approx(first.dot * first.scale, rel=1e-5, abs=1e-6), what
+    row = eager[layer, head, query]
+    torch.testing.assert_close(first.weights, row, atol=1e-5, rtol=0, msg=what)
+    expected = torch.log(row[own].double() / row[0].double())
+    assert mine.score - first.score == pytest.approx(float(expected), abs=1e-3), what
+    _, _, caption = explore.query_key_figures(mine, record, layer, head, query, own)
+    has_sinks = bool(record.sinks and record.sinks[layer] is not None)
+    assert f"{mine.dot:.4g}" in caption and ("sink" in caption) == has_sinks
 
 
 def test_the_readme_and_checkpoints_page_show_the_tested_list():

@@ -657,8 +657,12 @@ def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, he
     adjusted = "" if abs(anatomy.score - anatomy.dot * anatomy.scale) < 1e-6 * max(1.0, abs(anatomy.score)) else (
         f", then the model's own adjustments (position bias or soft-capping) make it {anatomy.score:.4g}")
     rank = int((anatomy.weights > anatomy.weights[key]).sum()) + 1
+    sinks = record.sinks[layer] if record.sinks else None
+    softmax = "The softmax of the row's scores" if sinks is None else (
+        f"The softmax of the row's scores and this head's sink logit {float(sinks[head]):.4g} (a column every row "
+        f"has, dropped after the softmax: the row keeps {float(anatomy.weights.sum()):.3g} of its weight)")
     caption = (f"q·k = Σ q∘k = {anatomy.dot:.4g}; times the scaling {anatomy.scale:.4g} gives the score "
-               f"{anatomy.dot * anatomy.scale:.4g}{adjusted}. The softmax of the row's scores gives {key_label} the "
+               f"{anatomy.dot * anatomy.scale:.4g}{adjusted}. {softmax} gives {key_label} the "
                f"weight {float(anatomy.weights[key]):.3g} (rank {rank} of {record.n_k}).")
     return vectors, row, caption
 
