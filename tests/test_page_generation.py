@@ -40,6 +40,10 @@ def test_one_more_token_grows_the_timeline_and_the_step_slider_moves_the_views()
     assert figure_titled(at, "Step 3: next-token distribution")
     attention = figure_titled(at, "Step 3: attention of layer")
     assert abs(sum(attention["data"][0]["y"]) - 1) < 1e-4  # one query's weights over the tokens before it
+    assert len(figure_titled(at, "Timeline")["layout"]["yaxis"]["ticktext"]) == 3  # built up to the step
+    keys = len(attention["data"][0]["y"])  # the cache after step 3 holds K and V of every key it attended to
+    table = next(frame.value for frame in at.dataframe if "V shape" in frame.value.columns)
+    assert len(table) == 2 and int(table["V shape"].iloc[0].strip("[]").split(",")[2]) == keys
 
 
 def test_sampling_settings_apply_with_the_generate_button():

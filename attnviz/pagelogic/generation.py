@@ -53,9 +53,10 @@ def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Ten
     if sampling.temperature <= 0:
         raise ValueError("the temperature must be above 0 (greedy is temperature → 0)")
     probabilities = torch.softmax(logits / sampling.temperature, dim=-1)
-    if 0 < sampling.top_k < len(probabilities):
-        threshold = probabilities.topk(sampling.top_k).values[-1]
-        probabilities = torch.where(probabilities >= threshold, probabilities, torch.zeros_like(probabilities))
+    if 0 < sampling.top_k < len(probabilities):  # exactly k tokens, even where probabilities tie at the k-th
+        kept = torch.zeros_like(probabilities)
+        kept[probabilities.topk(sampling.top_k).indices] = 1.0
+        probabilities = probabilities * kept
     if sampling.top_p < 1:
         ordered, order = probabilities.sort(descending=True)
         before = ordered.cumsum(0) - ordered  # mass of the more likely tokens
@@ -78,6 +79,8 @@ class Step:
     cache_keys: list[tuple[int, ...]]  # the K tensor's shape in each layer of the cache after this step
     cache_bytes: int  # K and V of every layer
     seconds: float
+    cache_values: list[tuple[int, ...]] = field(default_factory=list)  # the V tensor's shape in each layer
+    layer_bytes: list[int] = field(default_factory=list)  # K and V of each layer, as the cache's tensors hold them
     # An encoder-decoder: the new query's cross-attention over the source [layers, heads, source tokens], and the
     # cross-attention cache (the encoder's K and V, computed once) per layer
     cross_attention: torch.Tensor | None = None
@@ -250,6 +253,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
                  if p > 0],
             attention=attention,
             cache_keys=[tuple(k.shape) for k, _ in tensors],
+            cache_values=[tuple(v.shape) for _, v in tensors],
+            layer_bytes=[_bytes([pair]) for pair in tensors],
             cache_bytes=_bytes(tensors),
             seconds=seconds,
             cross_attention=cross,
@@ -295,14 +300,13 @@ def sink_mass(generation: Generation) -> np.ndarray:
     return np.stack([step.attention[:, :, 0].numpy() for step in generation.steps])
 
 
-def cache_table(step: Step, dtype_bytes: int) -> list[dict]:
-    """One row per layer: the K and V shapes in the cache after this step, and their bytes."""
-    rows = []
-    for layer, shape in enumerate(step.cache_keys):
-        count = int(np.prod(shape))
-        rows.append({"layer": layer, "K shape [batch, K/V heads, tokens, head dim]": str(list(shape)),
-                     "V shape": str(list(shape)), "bytes (K and V)": human_bytes(2 * count * dtype_bytes)})
-    return rows
+def cache_table(step: Step) -> list[dict]:
+    """One row per layer: the K and V shapes in the cache after this step, and their bytes, all read from the
+    cache object's own tensors (a model may cache in another dtype than its weights)."""
+    return [{"layer": layer, "K shape [batch, K/V heads, tokens, head dim]": str(list(keys)),
+             "V shape": str(list(values)), "bytes (K and V)": human_bytes(size)}
+            for layer, (keys, values, size) in enumerate(zip(step.cache_keys, step.cache_values, step.layer_bytes,
+                                                             strict=True))]
 
 
 def held_out_text() -> str:
