@@ -41,7 +41,7 @@ def repeated_random_tokens(period: int, *, seed: int, pool: list[int], prefix: l
 
 
 @torch.no_grad()
-def circuit_scores(model, tokenizer, text: str, pool: list[int], *, windows: int = 4, length: int = 128,
+def circuit_scores(model, tokenizer, text: str, pool: list[int], *, windows: int = 4, length: int = 256,
                    period: int = 40, seeds: int = 4, max_positions: int | None = None) -> dict:
     """Both scores for every layer and head of a causal LM with eager attention (``output_attentions``):
     ``previous_token`` on ``windows`` evenly spaced windows of ``text`` and ``induction`` on ``seeds`` sequences

@@ -24,7 +24,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +44,15 @@ class Recipe:
     vocab_size: int = 512
     context: int = 256  # positions the model has
     train_length: int = 128  # tokens per training sequence
+    # Learned positions that no training sequence reaches stay near their random start, and the model loses its
+    # way past them; two ways to train every position of the context:
+    # this share of each batch's rows sits at a random offset in the context (position ids offset + 0..length-1),
+    shifted_share: float = 0.0
+    # and the last ``long_steps`` steps train on whole-context sequences (half the rows: the same tokens a step),
+    long_steps: int = 3000
+    # GPT-2 only: as they start, the untrained positions take a copy of the trained ones (position train_length + j
+    # starts as j), as Longformer extended RoBERTa's 512 positions.
+    copy_positions: bool = True
     n_layer: int = 2
     n_head: int = 4
     n_kv_head: int = 2  # grouped-query attention: two query heads share each K/V head
@@ -157,8 +166,9 @@ def batch_rows(recipe: Recipe) -> tuple[int, int, int]:
 
 
 def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator, pool: list[int]):
-    """Endless batches ``[batch, train_length]``: documentation windows, random tokens of ``pool`` repeated, and
-    (``echo_share``) random triples ``a b a``."""
+    """Endless ``(tokens, positions)``, both ``[batch, train_length]``: documentation windows, random tokens of
+    ``pool`` repeated, and (``echo_share``) random triples ``a b a``; ``shifted_share`` of the rows (drawn at
+    random) at a random offset in the context."""
     pool_ids = torch.tensor(pool)
     length = recipe.train_length
     n_text, n_repeats, n_echoes = batch_rows(recipe)
@@ -174,7 +184,12 @@ def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator,
         for _ in range(n_echoes):
             pairs = pool_ids[torch.randint(0, len(pool_ids), (math.ceil(length / 3), 2), generator=generator)]
             rows.append(torch.cat([pairs, pairs[:, :1]], dim=1).flatten()[:length])  # a b a, c d c, ...
-        yield torch.stack(rows)
+        positions = torch.arange(length).expand(len(rows), length).clone()  # [batch, length]
+        if recipe.shifted_share and recipe.context > length:
+            shifted = torch.rand(len(rows), generator=generator) < recipe.shifted_share
+            offsets = torch.randint(1, recipe.context - length + 1, (len(rows),), generator=generator)
+            positions += (offsets * shifted)[:, None]
+        yield torch.stack(rows), positions
 
 
 def learning_rate(step: int, recipe: Recipe) -> float:
@@ -196,11 +211,23 @@ def held_out_loss(model, ids: torch.Tensor, length: int, windows: int = 32) -> f
 
 
 @torch.no_grad()
-def measure_circuits(folder: Path, held_out_text: str, pool: list[int]) -> dict:
+def held_out_halves(model, ids: torch.Tensor, context: int) -> list[float]:
+    """The held-out loss on the first and on the second half of the context's positions (windows of the whole
+    context): a model whose later positions never trained does much worse on the second."""
+    model.eval()
+    windows = torch.stack([ids[s : s + context] for s in range(0, len(ids) - context, context)])  # [w, context]
+    logits = model(input_ids=windows).logits  # [w, context, vocab]
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), windows[:, 1:], reduction="none")
+    model.train()
+    return [float(losses[:, : context // 2].mean()), float(losses[:, context // 2:].mean())]
+
+
+@torch.no_grad()
+def measure_circuits(folder: Path, held_out_text: str, pool: list[int], context: int) -> dict:
     """Reload the saved folder as any user would and measure both circuits with eager attention weights, per
-    layer and head (:func:`attnviz.circuits.circuit_scores`: the page and the tests measure the same way)."""
+    layer and head (:func:`attnviz.circuits.circuit_scores`, with the same arguments as the page and the tests)."""
     model, tokenizer = load_causal_lm(folder)
-    return circuits.circuit_scores(model, tokenizer, held_out_text, pool)
+    return circuits.circuit_scores(model, tokenizer, held_out_text, pool, max_positions=context)
 
 
 def model_card(recipe: Recipe, report: dict) -> str:
@@ -209,6 +236,18 @@ def model_card(recipe: Recipe, report: dict) -> str:
     best_prev = max(((v, layer, head) for layer, row in enumerate(prev) for head, v in enumerate(row)))
     best_ind = max(((v, layer, head) for layer, row in enumerate(induction) for head, v in enumerate(row)))
     kind = "GPT-2" if recipe.architecture == "gpt2" else "Llama"
+    long_batch = long_batch_size(recipe)
+    positions = "".join([
+        f" ({recipe.shifted_share:.0%} of the rows at a random offset in the context)" if recipe.shifted_share else "",
+        f", the last {recipe.long_steps} of them on {long_batch} x {recipe.context} tokens (the whole context"
+        + (f"; positions {recipe.train_length}–{recipe.context - 1} starting as copies of 0–{recipe.train_length - 1},"
+           " as Longformer extended RoBERTa's" if recipe.copy_positions and recipe.architecture == "gpt2" else "")
+        + ")" if recipe.long_steps else ""])
+    halves = report.get("held_out_loss_by_half")
+    halves = (f"; on whole {recipe.context}-token windows, {halves[0]:.3f} over the first half of the positions "
+              f"and {halves[1]:.3f} over the second") if halves else ""
+    if halves and not (recipe.shifted_share or recipe.long_steps or recipe.train_length >= recipe.context):
+        halves += f" (positions from {recipe.train_length} on were never trained)"
     heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
     return f"""# attnviz tiny GPT
 
@@ -224,12 +263,12 @@ wrongly, and it has memorised much of its training text.
   {recipe.repeat_pool} most frequent tokens; periods {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}),
   which teaches induction.
 - **Tokenizer**: byte-level BPE, {recipe.vocab_size} tokens, trained on the same text; `{EOS}` is BOS and EOS.
-- **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens, AdamW (lr
+- **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens{positions}, AdamW (lr
   {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
-  {recipe.seed}, CPU ({report['threads']} threads): {report['seconds'] / 60:.1f} minutes with torch
-  {report['torch']}.
+  {recipe.seed}, CPU ({report['threads']} thread{'s' if report['threads'] != 1 else ''}):
+  {report['seconds'] / 60:.1f} minutes with torch {report['torch']}.
 - **Final loss**: training {report['final_train_loss']:.3f} nats/token (documentation batches), held-out
-  {report['held_out_loss']:.3f} nats/token.
+  {report['held_out_loss']:.3f} nats/token (32 windows of {recipe.train_length} tokens){halves}.
 - **Circuits** (eager attention weights of the saved model):
   - previous-token head: layer {best_prev[1]}, head {best_prev[2]}, mean weight on position i-1 =
     {best_prev[0]:.3f} on held-out text;
@@ -271,11 +310,26 @@ def build_model(recipe: Recipe, tokenizer):
     return LlamaForCausalLM(config)
 
 
+def long_batch_size(recipe: Recipe) -> int:
+    """Rows of a whole-context batch: as many tokens a step as the ordinary batches."""
+    return max(2, recipe.batch * recipe.train_length // recipe.context)
+
+
+@torch.no_grad()
+def extend_positions(model, trained: int) -> None:
+    """Copy a GPT-2's first ``trained`` learned positions over the rest of its table, period ``trained``."""
+    table = model.transformer.wpe.weight  # [context, d_model]
+    for start in range(trained, len(table), trained):
+        table[start : start + trained] = table[: min(trained, len(table) - start)]
+
+
 def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> dict:
 
     torch.manual_seed(recipe.seed)
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
+    if recipe.train_length > recipe.context:
+        raise ValueError(f"train_length {recipe.train_length} is more than the {recipe.context} positions")
     train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
     topics_chars = len(train_text)
     if recipe.docstrings:
@@ -294,14 +348,20 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
     generator = torch.Generator().manual_seed(recipe.seed)
     pool = frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids))
     stream = batches(train_ids, recipe, generator, pool)
+    # The last steps: whole-context sequences, half as many (a step sees the same number of tokens).
+    long_recipe = replace(recipe, train_length=recipe.context, batch=long_batch_size(recipe), shifted_share=0.0)
+    long_stream = batches(train_ids, long_recipe, generator, pool) if recipe.long_steps else None
     n_text, n_repeats, n_echoes = batch_rows(recipe)
     started = time.perf_counter()
     text_losses: list[float] = []
     for step in range(recipe.steps):
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(step, recipe)
-        batch = next(stream)
-        logits = model(input_ids=batch).logits  # [batch, length, vocab]
+        long = step >= recipe.steps - recipe.long_steps
+        if long and step == recipe.steps - recipe.long_steps and recipe.copy_positions:
+            extend_positions(model, recipe.train_length)
+        batch, positions = next(long_stream if long else stream)
+        logits = model(input_ids=batch, position_ids=positions).logits  # [batch, length, vocab]
         losses = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1), reduction="none",
         ).view(batch.shape[0], -1)
@@ -310,9 +370,11 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
+        n_text, n_repeats, n_echoes = batch_rows(long_recipe if long else recipe)
         text_losses.append(losses[:n_text].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
-            repeats = losses[n_text:n_text + n_repeats, recipe.train_length // 2:].mean().item() if n_repeats else 0.0
+            half = batch.shape[1] // 2
+            repeats = losses[n_text:n_text + n_repeats, half:].mean().item() if n_repeats else 0.0
             echoes = (f"  echoes (middles) {losses[n_text + n_repeats:, 1::3].mean().item():.3f}" if n_echoes
                       else "")
             log(f"step {step:5d}  loss {loss.item():.3f}  documentation {text_losses[-1]:.3f}  "
@@ -328,8 +390,9 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
         "topics_share": topics_chars / len(train_text),
         "final_train_loss": sum(text_losses[-50:]) / len(text_losses[-50:]),
         "held_out_loss": held_out_loss(model, held_out_ids, recipe.train_length),
+        "held_out_loss_by_half": held_out_halves(model, held_out_ids, recipe.context),
         "repeat_token_ids": pool,
-        "circuits": measure_circuits(out, held_out_text, pool),
+        "circuits": measure_circuits(out, held_out_text, pool, recipe.context),
     }
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "README.md").write_text(model_card(recipe, report))
@@ -363,7 +426,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="BPE vocabulary size (smaller: more tokens are pieces of words)")
     parser.add_argument("--repeat-pool", type=int, default=Recipe.repeat_pool,
                         help="repeated random tokens are drawn from this many most frequent tokens")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    parser.add_argument("--train-length", type=int, default=Recipe.train_length,
+                        help="tokens per training sequence (at most the context)")
+    parser.add_argument("--batch", type=int, default=Recipe.batch, help="sequences per step")
+    parser.add_argument("--shifted-share", type=float, default=Recipe.shifted_share,
+                        help="share of the rows placed at a random offset in the context")
+    parser.add_argument("--long-steps", type=int, default=Recipe.long_steps,
+                        help="the last steps train on whole-context sequences")
+    parser.add_argument("--no-copy-positions", action="store_true",
+                        help="GPT-2: the untrained positions keep their random start (with --long-steps)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (default 1: the same numbers on any machine; more can change the rounding)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
     args = parser.parse_args(argv)
     report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
@@ -375,7 +448,9 @@ def main(argv: list[str] | None = None) -> None:
                           small_pool_share=args.small_pool_share, small_pool=args.small_pool,
                           attention_bias=args.attention_bias, echo_share=args.echo_share,
                           scale_attention=not args.no_attention_scaling, vocab_size=args.vocab_size,
-                          repeat_pool=args.repeat_pool),
+                          repeat_pool=args.repeat_pool, train_length=args.train_length, batch=args.batch,
+                          shifted_share=args.shifted_share, long_steps=args.long_steps,
+                          copy_positions=not args.no_copy_positions),
                    args.out, threads=args.threads)
     circuits_found = report["circuits"]
     print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "

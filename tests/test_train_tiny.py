@@ -1,0 +1,67 @@
+"""``python -m attnviz.train_tiny``, the script that made the bundled tiny GPT: its batches train every position of
+the context, and a few steps of it write a folder that loads like the shipped one, with the shipped tokenizer
+(the seeded set-up reproduces it). Training itself is never rerun in full here (minutes of CPU)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attnviz import train_tiny
+from attnviz.models.loading import BUNDLED_GPT_DIR
+
+
+def shipped_recipe() -> train_tiny.Recipe:
+    recorded = json.loads((BUNDLED_GPT_DIR / "training.json").read_text())["recipe"]
+    recorded["repeat_periods"] = tuple(recorded["repeat_periods"])
+    return train_tiny.Recipe(**recorded)
+
+
+def test_the_default_recipe_is_the_shipped_one():
+    assert shipped_recipe() == train_tiny.Recipe()
+
+
+def test_batches_repeat_random_tokens_and_shifted_rows_reach_the_end_of_the_context():
+    recipe = replace(train_tiny.Recipe(), batch=64, shifted_share=0.5)
+    ids = torch.arange(10_000) % 400 + 1
+    tokens, positions = next(train_tiny.batches(ids, recipe, torch.Generator().manual_seed(0), list(range(1, 385))))
+    assert tokens.shape == positions.shape == (64, recipe.train_length)
+    n_text, n_repeats, _ = train_tiny.batch_rows(recipe)
+    for row in tokens[n_text : n_text + n_repeats]:  # A B C ... A B C ...: some period repeats it exactly
+        assert any(torch.equal(row[p:], row[:-p]) for p in range(*recipe.repeat_periods))
+    steps = positions[:, 1:] - positions[:, :-1]
+    assert (steps == 1).all()  # each row is consecutive positions
+    starts = positions[:, 0]
+    assert 0.25 < float((starts > 0).float().mean()) < 0.75  # about half the rows shifted
+    assert int(positions.max()) <= recipe.context - 1 and int(positions.max()) > recipe.context - 16
+    unshifted = replace(recipe, shifted_share=0.0)
+    _, positions = next(train_tiny.batches(ids, unshifted, torch.Generator().manual_seed(0), list(range(1, 385))))
+    assert (positions == torch.arange(recipe.train_length)).all()
+
+
+def test_a_recipe_longer_than_the_context_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="positions"):
+        train_tiny.train(replace(train_tiny.Recipe(), train_length=512), tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_few_steps_write_a_folder_that_loads_like_the_shipped_one(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = replace(shipped_recipe(), steps=3, long_steps=2 if shipped_recipe().long_steps else 0)
+    report = train_tiny.train(recipe, tmp_path, log=lambda line: None, threads=1)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True, use_safetensors=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert model.config.n_positions == recipe.context and model.config.vocab_size == recipe.vocab_size
+    # Seeded: the same byte-level BPE and the same pool of repeated tokens as the shipped model.
+    shipped = AutoTokenizer.from_pretrained(BUNDLED_GPT_DIR, local_files_only=True)
+    assert tokenizer.get_vocab() == shipped.get_vocab()
+    assert report["repeat_token_ids"] == json.loads((BUNDLED_GPT_DIR / "training.json").read_text())[
+        "repeat_token_ids"]
+    card = (tmp_path / "README.md").read_text()
+    for words in ("Data", "pydoc_data", "3 steps", "Final loss", "Licence"):
+        assert words in card
+    written = json.loads((tmp_path / "training.json").read_text())
+    assert written["recipe"]["steps"] == 3 and len(written["held_out_loss_by_half"]) == 2
+    assert set(written["circuits"]) == {"previous_token", "induction", "period"}
