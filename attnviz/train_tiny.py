@@ -9,8 +9,10 @@ internet.
 
 Batches mix two kinds of sequence: windows of the documentation (what the model predicts on the page), and
 random tokens repeated (``A B C ... A B C ...``), which teach the two-layer induction circuit fast (Olsson et al.,
-2022): a previous-token head in layer 0 and an induction head in layer 1 that reads it. The last 10% of the
-documentation is held out: the losses and the previous-token score are measured on it.
+2022): a previous-token head in layer 0 and an induction head in layer 1 that reads it. The circuits form on
+128-token sequences (around step 2,000); the second half of training uses whole 256-token sequences, with
+positions 128-255 starting as copies of 0-127, so that every position the model has is trained. The last 10% of
+the documentation is held out: the losses and the previous-token score are measured on it.
 
 The folder written (weights, tokenizer, ``README.md`` model card, ``training.json``) loads with
 ``AutoModelForCausalLM`` and ``AutoTokenizer`` like any checkpoint.
@@ -351,7 +353,6 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
     # The last steps: whole-context sequences, half as many (a step sees the same number of tokens).
     long_recipe = replace(recipe, train_length=recipe.context, batch=long_batch_size(recipe), shifted_share=0.0)
     long_stream = batches(train_ids, long_recipe, generator, pool) if recipe.long_steps else None
-    n_text, n_repeats, n_echoes = batch_rows(recipe)
     started = time.perf_counter()
     text_losses: list[float] = []
     for step in range(recipe.steps):
