@@ -44,25 +44,26 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
 
 
 def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:
-    """The Q·K view of the last layer's last head, for the last query and its first and own keys (both allowed
-    in every model here): q·k is the dot product of the recorded vectors; without soft-capping or a position bias
-    the score is q·k times the scaling; the weights are transformers' eager row; and the two scores differ by the
-    log of the two eager weights' ratio (a softmax's only degree of freedom, sinks or not)."""
+    """The Q·K view of the last layer's last head, for the last query and the first and last keys its mask
+    allows (a sliding window may hide key 0): q·k is the dot product of the recorded vectors; without soft-capping
+    or a position bias the score is q·k times the scaling; the weights are transformers' eager row; and the two
+    scores differ by the log of the two eager weights' ratio (a softmax's only degree of freedom, sinks or not)."""
     from attnviz.pagelogic import explore_heads as explore
 
     layer, head = record.n_layers - 1, record.n_heads - 1
     query = record.n_q - 1
-    own = min(query, record.n_k - 1)
-    first, mine = (explore.query_key(record, layer, head, query, key) for key in (0, own))
+    allowed = record.mask_rows(layer, query, query + 1)[0].nonzero().flatten().tolist()
+    start, own = allowed[0], allowed[-1]
+    first, mine = (explore.query_key(record, layer, head, query, key) for key in (start, own))
     q = record.queries[layer, head, query].float()
-    key = record.keys[layer, record.kv_head(head), 0].float()
+    key = record.keys[layer, record.kv_head(head), start].float()
     assert first.dot == pytest.approx(float(q @ key), rel=1e-5, abs=1e-6)
     plain = not (record.softcaps and record.softcaps[layer]) and record.bias_rows(layer) is None
     if plain:
         assert first.score == pytest.approx(first.dot * first.scale, rel=1e-5, abs=1e-6), what
     row = eager[layer, head, query]
     torch.testing.assert_close(first.weights, row, atol=1e-5, rtol=0, msg=what)
-    expected = torch.log(row[own].double() / row[0].double())
+    expected = torch.log(row[own].double() / row[start].double())
     assert mine.score - first.score == pytest.approx(float(expected), abs=1e-3), what
     _, _, caption = explore.query_key_figures(mine, record, layer, head, query, own)
     has_sinks = bool(record.sinks and record.sinks[layer] is not None)
