@@ -96,10 +96,19 @@ def cached_generation(folder: str, name: str, prompt: str, new_tokens: int, samp
     return gen.generate(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), use_cache=use_cache)
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def cached_float64_check(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple):
+    model, tokenizer = generation_model(folder, name)
+    return gen.float64_cache_agreement(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling))
+
+
+def sampling_key(sampling: gen.Sampling) -> tuple:
+    return (sampling.strategy, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
+
+
 def run(folder: str, name: str, request: dict, seed_offset: int = 0, use_cache: bool = True) -> gen.Generation:
-    sampling = sampling_of(request, seed_offset)
-    key = (sampling.strategy, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
-    return cached_generation(folder, name, request["prompt"], request["new_tokens"], key, use_cache)
+    return cached_generation(folder, name, request["prompt"], request["new_tokens"],
+                             sampling_key(sampling_of(request, seed_offset)), use_cache)
 
 
 def show_text(generation: gen.Generation, step: int, tokenizer) -> None:
@@ -172,7 +181,10 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
                 "2023): a head that keeps a large share there is a sink."
                 + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
                    "puts 1 on it." if cached.encoder_decoder else ""), key="gen_sink")
-    cache_section(cached, uncached, step)
+    with transient_status("Checking the cache again in float64…"):
+        float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
+                                       sampling_key(sampling_of(request)))
+    cache_section(cached, uncached, step, float64)
 
 
 def cross_section(cached: gen.Generation, step: int, layer: int, head: int) -> None:
@@ -192,7 +204,8 @@ def cross_section(cached: gen.Generation, step: int, layer: int, head: int) -> N
                 "shows up as a diagonal).", key="gen_cross_timeline")
 
 
-def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int) -> None:
+def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
+                  float64: tuple[bool, float] | None) -> None:
     st.subheader("The KV cache, as the model holds it")
     chosen = cached.steps[step]
     st.dataframe(gen.cache_table(chosen), hide_index=True)
@@ -219,7 +232,11 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int) -
         f"After step {step + 1} the cache holds K and V for {chosen.cache_keys[0][2]} tokens in every layer. With it, "
         "each step feeds only the newest token; without it, every step runs the whole sequence again: the same "
         "tokens and logits (up to rounding), more work. Times are medians over the steps after the first, on this "
-        "machine."
+        "machine. " + (
+            f"On a float64 copy of the model the two runs give {'the same' if float64[0] else 'other'} tokens and "
+            f"logits that differ by at most **{float64[1]:.1e}**: the difference above is rounding, not the cache."
+            if float64 else f"(Models above {gen.FLOAT64_CHECK_PARAMETERS / 1e6:.0f}M parameters are not checked "
+            "again in float64.)")
     )
 
 

@@ -156,13 +156,15 @@ def test_the_cache_changes_nothing_but_the_work(tiny):
     assert [s.token_id for s in cached.steps] == [s.token_id for s in again.steps]  # seeded
     same, difference = gen.cache_agreement(cached, uncached)
     assert same and difference < 1e-4  # fp32 rounding of two different orders of summation
-    double = model.double()
-    try:
-        same, difference = gen.cache_agreement(gen.generate(double, tokenizer, PROMPT, 8, sampling),
-                                               gen.generate(double, tokenizer, PROMPT, 8, sampling, use_cache=False))
-    finally:
-        model.float()
-    assert same and difference <= 1e-5
+    same, difference = gen.float64_cache_agreement(model, tokenizer, PROMPT, 8, sampling)  # what the page shows
+    assert same and difference <= 1e-10  # the issue asks 1e-5: in float64 nothing but rounding is left
+    assert next(model.parameters()).dtype == torch.float32  # checked on a copy
+
+
+def test_the_float64_check_is_skipped_for_big_models(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(gen, "FLOAT64_CHECK_PARAMETERS", 1000)
+    assert gen.float64_cache_agreement(model, tokenizer, PROMPT, 2, gen.Sampling("greedy")) is None
 
 
 def test_each_steps_attention_is_the_last_row_of_a_full_forward_pass(tiny):

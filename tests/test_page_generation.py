@@ -26,6 +26,8 @@ def test_the_encoder_in_the_sidebar_hands_over_to_the_bundled_gpt_which_generate
     assert figure_titled(at, "Step 12: next-token distribution")
     assert metric(at, "Same tokens without the cache") == "yes"
     assert float(metric(at, "Largest logit difference")) < 1e-4
+    check = next(c.value for c in at.caption if "float64 copy" in c.value)
+    assert "the same tokens" in check and float(check.split("at most **")[1].split("**")[0]) <= 1e-5
     found = [m.value for m in at.markdown if "head**" in m.value]
     assert any(value.startswith("**previous-token head**") for value in found)
     assert any(value.startswith("**induction head**") for value in found)

@@ -228,7 +228,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
             inputs = {"encoder_outputs": encoder_outputs, "decoder_input_ids": sequence} if encoder_decoder else {
                 "input_ids": sequence}
             output = model(**inputs, use_cache=False, output_attentions=True)
-        logits = output.logits[0, -1].float()
+        logits = output.logits[0, -1]
+        logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16: read in fp32
         if banned:
             logits[banned] = float("-inf")
         if step == 0 and forced_first is not None:  # e.g. BART's <s>, mBART-50's target language
@@ -278,6 +279,26 @@ def cache_agreement(with_cache: Generation, without_cache: Generation) -> tuple[
     difference = max(float((a - b).abs().max()) for a, b in zip(with_cache.logits, without_cache.logits,
                                                                 strict=True))
     return same, difference
+
+
+FLOAT64_CHECK_PARAMETERS = 50_000_000  # models up to this size are also checked in float64 (a copy: 2x fp32's memory)
+
+
+def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int,
+                            sampling: Sampling) -> tuple[bool, float] | None:
+    """:func:`cache_agreement` of the same generation run on a float64 copy of ``model``, with and without the
+    cache: in float64 the two orders of summation agree far below 1e-5, so what is left of the model's own dtype's
+    difference is rounding. None for a model above :data:`FLOAT64_CHECK_PARAMETERS` (or one whose weights are not
+    all on hand, e.g. offloaded to disk)."""
+    import copy
+
+    parameters = list(model.parameters())
+    if sum(p.numel() for p in parameters) > FLOAT64_CHECK_PARAMETERS or any(
+            p.device.type == "meta" for p in parameters):
+        return None
+    double = copy.deepcopy(model).double()
+    return cache_agreement(generate(double, tokenizer, prompt, new_tokens, sampling),
+                           generate(double, tokenizer, prompt, new_tokens, sampling, use_cache=False))
 
 
 def timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
