@@ -293,7 +293,8 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
     columns[0].metric("Paged cache", human_bytes(report["paged_bytes"]), help=f"{report['blocks_in_use']} blocks")
     columns[1].metric(f"Contiguous, {max_length} tokens each", human_bytes(report["contiguous_bytes"]))
     columns[2].metric("Internal fragmentation", f"{report['fragmentation']:.0%}",
-                      help=f"{report['wasted_slots']} of {report['blocks_in_use'] * 16} slots hold no token")
+                      help=f"{report['wasted_slots']} of {report['blocks_in_use'] * demo.cache.block_size} slots "
+                           "hold no token")
     columns[3].metric("Through the block table", "identical" if demo.identical else "DIFFERENT")
     copies = sum(event.kind == "copy-on-write" for event in demo.cache.events)
     st.caption(

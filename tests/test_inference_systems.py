@@ -74,8 +74,9 @@ def filled_cache(block_size=4):
     return cache, contiguous
 
 
-def test_paged_cache_gathers_exactly_what_a_contiguous_cache_holds_and_attention_is_identical():
-    cache, contiguous = filled_cache()
+@pytest.mark.parametrize("block_size", [4, 16])  # 16: vLLM's and the page's; the 15 tokens share one block
+def test_paged_cache_gathers_exactly_what_a_contiguous_cache_holds_and_attention_is_identical(block_size):
+    cache, contiguous = filled_cache(block_size)
     generator = torch.Generator().manual_seed(1)
     for sample, tokens in contiguous.items():
         keys = torch.stack([k for k, _ in tokens], dim=1)  # [kv_heads, 15, d]
