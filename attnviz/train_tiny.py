@@ -243,7 +243,7 @@ def model_card(recipe: Recipe, report: dict) -> str:
         f" ({recipe.shifted_share:.0%} of the rows at a random offset in the context)" if recipe.shifted_share else "",
         f", the last {recipe.long_steps} of them on {long_batch} x {recipe.context} tokens (the whole context"
         + (f"; positions {recipe.train_length}–{recipe.context - 1} starting as copies of 0–{recipe.train_length - 1},"
-           " as Longformer extended RoBERTa's" if recipe.copy_positions and recipe.architecture == "gpt2" else "")
+           " as Longformer extended RoBERTa's" if copies_positions(recipe) else "")
         + ")" if recipe.long_steps else ""])
     halves = report.get("held_out_loss_by_half")
     halves = (f"; on whole {recipe.context}-token windows, {halves[0]:.3f} over the first half of the positions "
@@ -312,6 +312,13 @@ def build_model(recipe: Recipe, tokenizer):
     return LlamaForCausalLM(config)
 
 
+def copies_positions(recipe: Recipe) -> bool:
+    """Whether the long phase starts by copying trained positions over untrained ones: a GPT-2 with learned
+    positions (RoPE has no table; a sinusoidal table is already defined everywhere), shorter sequences before it."""
+    return (recipe.copy_positions and recipe.long_steps > 0 and recipe.architecture == "gpt2"
+            and recipe.position_init == "learned" and recipe.train_length < recipe.context)
+
+
 def long_batch_size(recipe: Recipe) -> int:
     """Rows of a whole-context batch: as many tokens a step as the ordinary batches."""
     return max(2, recipe.batch * recipe.train_length // recipe.context)
@@ -325,13 +332,15 @@ def extend_positions(model, trained: int) -> None:
         table[start : start + trained] = table[: min(trained, len(table) - start)]
 
 
-def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> dict:
+def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
 
     torch.manual_seed(recipe.seed)
-    threads = threads or os.cpu_count() or 1
+    threads = threads or os.cpu_count() or 1  # 0: every core
     torch.set_num_threads(threads)
     if recipe.train_length > recipe.context:
         raise ValueError(f"train_length {recipe.train_length} is more than the {recipe.context} positions")
+    if not 0 <= recipe.long_steps < recipe.steps:
+        raise ValueError(f"long_steps must be at least 0 and below the {recipe.steps} steps")
     train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
     topics_chars = len(train_text)
     if recipe.docstrings:
@@ -359,7 +368,7 @@ def train(recipe: Recipe, out: Path, log=print, threads: int | None = None) -> d
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(step, recipe)
         long = step >= recipe.steps - recipe.long_steps
-        if long and step == recipe.steps - recipe.long_steps and recipe.copy_positions:
+        if long and step == recipe.steps - recipe.long_steps and copies_positions(recipe):
             extend_positions(model, recipe.train_length)
         batch, positions = next(long_stream if long else stream)
         logits = model(input_ids=batch, position_ids=positions).logits  # [batch, length, vocab]
@@ -437,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-copy-positions", action="store_true",
                         help="GPT-2: the untrained positions keep their random start (with --long-steps)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads (default 1: the same numbers on any machine; more can change the rounding)")
+                        help="CPU threads (default 1: the same numbers run after run on one machine; another count "
+                             "can change the rounding; 0: every core)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
     args = parser.parse_args(argv)
     report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,

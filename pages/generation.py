@@ -220,23 +220,28 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
     columns[0].metric("Cache after this step" + (" (self + cross)" if cached.encoder_decoder else ""),
                       human_bytes(chosen.cache_bytes + chosen.cross_bytes))
     columns[1].metric("Same tokens without the cache", "yes" if same else "no")
-    largest = max(float(logits.abs().max()) for logits in cached.logits)
+    largest = gen.largest_logit(cached)
     columns[2].metric("Largest logit difference", f"{difference:.1e}",
                       help=f"Over every step and every token of the vocabulary, with and without the cache. The "
                            f"logits reach {largest:.3g}, so this is {difference / max(largest, 1e-30):.1e} of "
                            "them: the rounding of the model's arithmetic summing in two orders (one new row "
-                           "against the whole sequence). The tests run the same check in float64, where it is "
-                           "below 1e-5.")
+                           "against the whole sequence). Below the figures: the same check on a float64 copy.")
     columns[3].metric("Time per token, cache / none", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms")
+    if float64 is None:
+        again = (f"Not checked again in float64: the model has more than {gen.FLOAT64_CHECK_PARAMETERS / 1e6:.0f}M "
+                 "parameters, or weights offloaded to disk.")
+    elif float64[0]:
+        again = (f"On a float64 copy of the model the two runs give the same tokens and logits that differ by at most "
+                 f"**{float64[1]:.1e}**: what differs above is rounding, not the cache.")
+    else:
+        again = (f"On a float64 copy of the model the two runs choose different tokens (logits differ by up to "
+                 f"{float64[1]:.1e} over the steps both took): a near-tie the rounding tipped, or a cache that "
+                 "changes the result.")
     st.caption(
         f"After step {step + 1} the cache holds K and V for {chosen.cache_keys[0][2]} tokens in every layer. With it, "
         "each step feeds only the newest token; without it, every step runs the whole sequence again: the same "
         "tokens and logits (up to rounding), more work. Times are medians over the steps after the first, on this "
-        "machine. " + (
-            f"On a float64 copy of the model the two runs give {'the same' if float64[0] else 'other'} tokens and "
-            f"logits that differ by at most **{float64[1]:.1e}**: the difference above is rounding, not the cache."
-            if float64 else f"(Models above {gen.FLOAT64_CHECK_PARAMETERS / 1e6:.0f}M parameters are not checked "
-            "again in float64.)")
+        f"machine. {again}"
     )
 
 

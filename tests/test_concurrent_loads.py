@@ -59,7 +59,12 @@ from attnviz.models import loading
 from tests.test_concurrent_loads import load_side_by_side, off_the_cpu
 loading.LOADING = contextlib.nullcontext()
 for _ in range({ATTEMPTS}):
-    if any(off_the_cpu(model) for model in load_side_by_side()):
+    try:
+        broken = any(off_the_cpu(model) for model in load_side_by_side())
+    except Exception as problem:  # the race can also raise, in either thread
+        broken = True
+        print(repr(problem))
+    if broken:
         print("broken")
         break
 """
@@ -72,7 +77,7 @@ def test_without_the_lock_the_same_loads_can_break_a_model():
     also leaves transformers' loading patches in place (``no_init_weights`` and ``no_tie_weights`` restore what
     they saved, and the second thread saved the first one's stand-ins), which would break every later load."""
     result = subprocess.run([sys.executable, "-c", RACE_WITHOUT_THE_LOCK], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+                            timeout=500, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     if "broken" not in result.stdout:
         pytest.skip("the race did not show on this machine in these attempts")

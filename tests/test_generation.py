@@ -142,6 +142,13 @@ def test_the_generation_config_is_followed_as_model_generate_follows_it(seq2seq)
         expected = model.generate(tokenizer(PROMPT, return_tensors="pt")["input_ids"], max_new_tokens=4,
                                   do_sample=False, num_beams=1, eos_token_id=None)
     assert expected[0, 1:].tolist() == [s.token_id for s in result.steps]  # transformers' own generate
+    # The forced and suppressed tokens are -inf with and without the cache: compared only where finite.
+    uncached = gen.generate(model, tokenizer, PROMPT, 4, gen.Sampling("greedy"), use_cache=False)
+    same, difference = gen.cache_agreement(result, uncached)
+    assert same and 0 <= difference < 1e-4
+    float64 = gen.float64_cache_agreement(model, tokenizer, PROMPT, 4, gen.Sampling("greedy"))
+    assert float64[0] and float64[1] <= 1e-10
+    assert 0 < gen.largest_logit(result) < float("inf")
     model.config.decoder_start_token_id = None
     model.generation_config.decoder_start_token_id = None
     assert gen.decoder_start_token(model) == model.generation_config.bos_token_id
@@ -159,6 +166,15 @@ def test_the_cache_changes_nothing_but_the_work(tiny):
     same, difference = gen.float64_cache_agreement(model, tokenizer, PROMPT, 8, sampling)  # what the page shows
     assert same and difference <= 1e-10  # the issue asks 1e-5: in float64 nothing but rounding is left
     assert next(model.parameters()).dtype == torch.float32  # checked on a copy
+
+
+def test_runs_that_stop_at_different_lengths_are_not_the_same(tiny):
+    model, tokenizer = tiny
+    longer = gen.generate(model, tokenizer, PROMPT, 4, gen.Sampling("greedy"))
+    shorter = gen.generate(model, tokenizer, PROMPT, 3, gen.Sampling("greedy"))
+    assert gen.cache_agreement(longer, longer) == (True, 0.0)
+    same, difference = gen.cache_agreement(longer, shorter)  # one stopped at its end-of-sequence token first
+    assert not same and difference == 0.0  # the three steps both took agree
 
 
 def test_the_float64_check_is_skipped_for_big_models(tiny, monkeypatch):

@@ -40,17 +40,50 @@ def test_batches_repeat_random_tokens_and_shifted_rows_reach_the_end_of_the_cont
     assert (positions == torch.arange(recipe.train_length)).all()
 
 
-def test_a_recipe_longer_than_the_context_is_refused(tmp_path):
+def test_impossible_recipes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="positions"):
         train_tiny.train(replace(train_tiny.Recipe(), train_length=512), tmp_path)
+    with pytest.raises(ValueError, match="long_steps"):
+        train_tiny.train(replace(train_tiny.Recipe(), steps=10, long_steps=10), tmp_path)
+
+
+def test_the_command_line_defaults_are_the_shipped_recipe_on_one_thread(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(train_tiny, "train", lambda recipe, out, threads: calls.append((recipe, threads)) or {
+        "seconds": 1.0, "held_out_loss": 1.0, "circuits": {"previous_token": [[0.0]], "induction": [[0.0]]}})
+    train_tiny.main(["--out", str(tmp_path)])
+    assert calls == [(shipped_recipe(), 1)]
+
+
+def test_positions_are_copied_only_where_a_table_was_trained():
+    recipe = train_tiny.Recipe()
+    assert train_tiny.copies_positions(recipe)
+    for other in (replace(recipe, architecture="llama"), replace(recipe, position_init="sinusoidal"),
+                  replace(recipe, train_length=recipe.context), replace(recipe, long_steps=0)):
+        assert not train_tiny.copies_positions(other)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_positions=300, n_embd=8, n_layer=1, n_head=2, vocab_size=10))
+    table = model.transformer.wpe.weight.detach().clone()
+    train_tiny.extend_positions(model, 128)
+    extended = model.transformer.wpe.weight
+    assert torch.equal(extended[:128], table[:128]) and torch.equal(extended[128:256], table[:128])
+    assert torch.equal(extended[256:], table[:44])  # 300 positions: the last copy is cut short
+
+
+def test_a_few_steps_of_a_llama_run_through_the_long_phase(tmp_path):
+    recipe = replace(train_tiny.Recipe(), architecture="llama", steps=3, long_steps=2)
+    report = train_tiny.train(recipe, tmp_path, log=lambda line: None)
+    assert report["recipe"]["architecture"] == "llama" and (tmp_path / "model.safetensors").is_file()
+    assert "copies" not in (tmp_path / "README.md").read_text()  # RoPE has no table to copy
 
 
 @pytest.mark.timeout(600)
 def test_a_few_steps_write_a_folder_that_loads_like_the_shipped_one(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    recipe = replace(shipped_recipe(), steps=3, long_steps=2 if shipped_recipe().long_steps else 0)
-    report = train_tiny.train(recipe, tmp_path, log=lambda line: None, threads=1)
+    recipe = replace(shipped_recipe(), steps=3, long_steps=2)
+    report = train_tiny.train(recipe, tmp_path, log=lambda line: None)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     assert model.config.n_positions == recipe.context and model.config.vocab_size == recipe.vocab_size

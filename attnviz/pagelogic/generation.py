@@ -274,14 +274,26 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
 
 
 def cache_agreement(with_cache: Generation, without_cache: Generation) -> tuple[bool, float]:
-    """Whether both generations chose the same tokens, and the largest logit difference over all steps."""
+    """Whether both generations chose the same tokens, and the largest logit difference over the steps both took
+    (where both logits are finite: a forced or suppressed token is -inf in both). Runs that stop at different
+    lengths (one reached end-of-sequence first) are not the same."""
     same = [s.token_id for s in with_cache.steps] == [s.token_id for s in without_cache.steps]
-    difference = max(float((a - b).abs().max()) for a, b in zip(with_cache.logits, without_cache.logits,
-                                                                strict=True))
+    difference = 0.0
+    for a, b in zip(with_cache.logits, without_cache.logits, strict=False):  # the steps both took
+        finite = torch.isfinite(a) & torch.isfinite(b)
+        same &= torch.equal(finite, torch.isfinite(a))  # the same tokens ruled out
+        if finite.any():
+            difference = max(difference, float((a[finite] - b[finite]).abs().max()))
     return same, difference
 
 
-FLOAT64_CHECK_PARAMETERS = 50_000_000  # models up to this size are also checked in float64 (a copy: 2x fp32's memory)
+def largest_logit(generation: Generation) -> float:
+    """The largest finite |logit| over every step (the scale a logit difference is rounding against)."""
+    return max((float(logits[torch.isfinite(logits)].abs().max()) for logits in generation.logits
+                if torch.isfinite(logits).any()), default=0.0)
+
+
+FLOAT64_CHECK_PARAMETERS = 10_000_000  # models up to this size are also checked in float64 (a copy, seconds)
 
 
 def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int,
