@@ -29,7 +29,8 @@ def test_the_server_warms_up_before_any_browser(tmp_path, page):
         page.goto(url)
         wait_until_idle(page)
         page.get_by_text("Replay check:").first.wait_for(timeout=30_000)
-        assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() > 0
+        # Plotly draws in the browser after the script has finished: wait for the chart's SVG, not a fixed moment.
+        page.locator('[data-testid="stPlotlyChart"] .main-svg').first.wait_for(timeout=30_000)
         explore = [run for run in map(json.loads, run_log.read_text().splitlines())
                    if not run["page"].startswith("(warm-up")]
         assert explore and explore[0]["page"] == "Explore heads" and explore[0]["ending"] == "finished"
