@@ -11,8 +11,8 @@ import pytest
 
 from attnviz.models import safety
 from attnviz.models.loading import load_model_dir
-from attnviz.models.safety import CheckpointRefused, extract_zip
-from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
+from attnviz.models.safety import CheckpointRefused
+from attnviz.models.uploads import extract_zip, prepare_folder_path, prepare_single_files, prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 
@@ -56,10 +56,11 @@ def test_symlink_member_is_refused(tmp_path):
 
 
 def test_zip_bomb_is_stopped_by_bytes_written(tmp_path):
-    bomb = zip_bytes({"model.safetensors": b"\0" * (3 * 1024 * 1024)})  # compresses to a few KB
+    bomb = zip_bytes({"config.json": b"{}", "model.safetensors": b"\0" * (3 * 1024 * 1024)})  # a few KB zipped
     assert len(bomb) < 50_000
     with pytest.raises(CheckpointRefused, match="zip bomb"):
         extract_zip(io.BytesIO(bomb), tmp_path / "out", max_bytes=1024 * 1024)
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # refused on the entries' sizes, before writing
 
 
 def test_too_many_members_is_refused(tmp_path):
@@ -71,10 +72,11 @@ def test_too_many_members_is_refused(tmp_path):
 def test_pickle_and_code_are_never_extracted(tmp_path):
     evil = pickle.dumps({"weights": 1})
     data = zip_bytes({"config.json": b"{}", "pytorch_model.bin": evil, "modeling_evil.py": b"import os",
-                      "x.exe": b"MZ"})
+                      "x.exe": b"MZ", "README.md": b"# not needed"})
     report = extract_zip(io.BytesIO(data), tmp_path / "out")
-    assert report.files == ["config.json"]
-    assert len(report.skipped) == 3 and any("pickle" in s for s in report.skipped)
+    assert report.files == ["config.json"] and [p.name for p in (tmp_path / "out").iterdir()] == ["config.json"]
+    assert len(report.skipped) == 4 and any("pickle" in s for s in report.skipped)
+    assert any("README.md (not a file the model needs)" in s for s in report.skipped)
     assert not (tmp_path / "out" / "pytorch_model.bin").exists()
 
 

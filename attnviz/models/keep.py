@@ -9,7 +9,8 @@ the dtype it was loaded in.
 
 Bounds: a browser keeps at most :data:`MAX_KEPT_MODELS` models (the per-session limit), and the keep root as a
 whole at most ``ATTNVIZ_KEEP_GB`` (20 by default): an upload that would pass it stays with its session only, and
-the page says so. A browser folder unused for ``ATTNVIZ_KEEP_HOURS`` (24 by default) expires and is deleted by
+the page says so. Kept or not, every upload counts against ``ATTNVIZ_UPLOADS_GB`` (:mod:`attnviz.models.disk`).
+A browser folder unused for ``ATTNVIZ_KEEP_HOURS`` (24 by default) expires and is deleted by
 :func:`sweep_expired`; ``ATTNVIZ_KEEP_HOURS=0`` switches keeping off (uploads then go with their session).
 """
 
@@ -28,6 +29,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from attnviz.models import disk
 
 COOKIE = "attnviz_browser"
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) makes (matched in full)
@@ -95,8 +98,7 @@ def valid_key(key: object) -> bool:
     return isinstance(key, str) and bool(KEY_PATTERN.fullmatch(key))
 
 
-def folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+folder_bytes = disk.folder_bytes
 
 
 @dataclass
@@ -187,17 +189,20 @@ class BrowserStore:
     def adopt_upload(self, folder: Path) -> Path | None:
         """Move an upload (``folder``, inside its temporary workspace) into this browser's folder before it is
         loaded; returns its new path, or None if it cannot be kept (this browser holds :data:`MAX_KEPT_MODELS`
-        already, or the keep root would pass its limit). Record it with :meth:`record` once it has loaded."""
-        if len(self._read()) >= MAX_KEPT_MODELS:
-            return None
-        if root_bytes(self.root) + folder_bytes(folder) > keep_limit_bytes():
-            return None
-        workspace = folder.parent  # attnviz-upload-XXXX/<name>: the whole workspace moves
-        target = self.folder / UPLOADS / workspace.name
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.folder, 0o700)
-        shutil.move(str(workspace), str(target))
-        return target / folder.name
+        already, or the keep root would pass its limit). Record it with :meth:`record` once it has loaded. The
+        check and the move happen under the lock of everything uploads occupy (:func:`attnviz.models.disk.locked`),
+        so that browsers adopting at once cannot together pass the limit."""
+        with disk.locked():
+            if len(self._read()) >= MAX_KEPT_MODELS:
+                return None
+            if root_bytes(self.root) + folder_bytes(folder) > keep_limit_bytes():
+                return None
+            workspace = folder.parent  # attnviz-upload-XXXX/<name>: the whole workspace moves
+            target = self.folder / UPLOADS / workspace.name
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.folder, 0o700)
+            shutil.move(str(workspace), str(target))
+            return target / folder.name
 
     def record(self, name: str, kind: str, folder: Path, dtype: str) -> bool:
         """Add a loaded model to this browser's list (an upload adopted here, or a server folder). Refused (False)

@@ -7,6 +7,7 @@ local files only, from safetensors only, and with ``trust_remote_code=False``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
@@ -18,14 +19,31 @@ from pathlib import Path
 
 import torch
 
+from attnviz.models import preflight
 from attnviz.models.attention_hook import ATTENTION_NAME
-from attnviz.models.safety import CheckpointRefused, check_weights, read_config
+from attnviz.models.safety import CheckpointRefused
+from attnviz.models.uploads import link_rule_for
 
 # transformers' from_pretrained is not thread-safe: it builds the model under process-wide switches (empty
 # weights on the meta device, then ties and fills them), so two loads at once, in two sessions or in a session
 # and the server's warm-up, can hand one of them a model with a weight left on the meta device (seen: the tiny
-# GPT's tied lm_head, which then gave logits of 1e38). Every load of a model holds this lock.
+# GPT's tied lm_head, which then gave logits of 1e38). Every build of a model holds this lock; everything that
+# can refuse a checkpoint cheaply (attnviz.models.preflight) runs before it is taken.
 LOADING = threading.RLock()
+
+
+@contextlib.contextmanager
+def loading_lock(progress=None):
+    """Hold :data:`LOADING`, saying every second how long another load has kept it (``progress(text)``)."""
+    waited = 0
+    while not LOADING.acquire(timeout=1.0):
+        waited += 1
+        if progress:
+            progress(f"Waiting for another model to finish loading ({waited} s)…")
+    try:
+        yield
+    finally:
+        LOADING.release()
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
 BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
@@ -93,6 +111,8 @@ class ModelBundle:
     dtype: str = "float32"  # the weights' dtype as loaded
     placement: str = "CPU"  # where the weights are: "CPU", "GPU (name)", or with "disk offload"
     nonfinite: list[str] = field(default_factory=list)  # weights holding NaN or infinity (loaded, and warned about)
+    nonfinite_outputs: str | None = None  # "its outputs on the test sentence ...": NaN or infinite at load
+    notes: list[str] = field(default_factory=list)  # files of the checkpoint that were left out, and why
     # How attention is observed: "interface" (recorded from transformers' attention interface, replayed), "hooks"
     # (the model's own attention code, read by hooks and replayed) or "weights" (transformers' eager weights only)
     capture_path: str = "interface"
@@ -151,12 +171,12 @@ BIDIRECTIONAL_TYPES = {"xlnet", "bert-generation"}
 def architecture_of_folder(folder: str | Path) -> str | None:
     """"encoder", "decoder" or "encoder-decoder" from a folder's config.json, without loading the model (None if
     it cannot be read)."""
-    import json
     from types import SimpleNamespace
 
     try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
+        checked = preflight.regular_file(Path(folder), preflight.CONFIG, link_rule_for(Path(folder)))
+        config = preflight.read_json(checked, preflight.CONFIG_LIMITS[preflight.CONFIG]) if checked else None
+    except (CheckpointRefused, OSError):
         return None
     if not isinstance(config, dict):
         return None
@@ -196,21 +216,24 @@ MEMORY_SHARE = 0.6  # weights larger than this share of the free memory are offl
 
 
 def weights_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in Path(folder).glob("*.safetensors"))
+    """The bytes of the weights transformers will read in ``folder`` (checked: :mod:`attnviz.models.preflight`)."""
+    folder = Path(folder)
+    return sum(f.size for f in preflight.resolve_weights(folder, link_rule_for(folder))[0])
 
 
-def placement(folder: Path, *, max_memory: dict | None = None, offload_folder: str | None = None) -> dict:
+def placement(folder: Path, *, max_memory: dict | None = None, offload_folder: str | None = None,
+              size: int | None = None) -> dict:
     """Where from_pretrained puts the weights (accelerate's engine, the one transformers uses for models that
     outgrow a device): the GPU when there is one (then the CPU, then the disk); on a CPU-only machine, weights
     that do not fit in MEMORY_SHARE of the free memory are offloaded to disk layer by layer. ``max_memory``
-    (e.g. ``{"cpu": "2GB"}``) overrides the budget."""
+    (e.g. ``{"cpu": "2GB"}``) overrides the budget; ``size``: the weights' bytes, if known."""
     import tempfile
 
     if max_memory is None and not torch.cuda.is_available():
         import psutil
 
         free = psutil.virtual_memory().available
-        if weights_bytes(folder) <= MEMORY_SHARE * free:
+        if (weights_bytes(folder) if size is None else size) <= MEMORY_SHARE * free:
             return {}  # fits: plain loading, on the CPU
         max_memory = {"cpu": int(MEMORY_SHARE * free)}
     offload = offload_folder or tempfile.mkdtemp(prefix="attnviz-offload-")
@@ -233,35 +256,25 @@ def _placement_text(model: torch.nn.Module) -> str:
 
 
 def parameters_in_files(folder: Path) -> int:
-    """How many numbers the folder's safetensors hold, read from their headers (no weights are loaded)."""
-    from safetensors import safe_open
-
-    total = 0
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    count = 1
-                    for size in handle.get_slice(name).get_shape():
-                        count *= size
-                    total += count
-        except Exception as problem:  # noqa: BLE001 - a broken header is a broken file
-            raise CheckpointRefused(f"{path.name} is not a readable safetensors file ({str(problem)[:120]})") from None
-    return total
+    """How many numbers the weights transformers would read hold, from their headers (no weights are loaded)."""
+    folder = Path(folder)
+    return preflight.parameters_of(preflight.resolve_weights(folder, link_rule_for(folder))[2])
 
 
-def _check_size_before_loading(config, folder: Path) -> str:
+def _check_size_before_loading(config, in_files: int, progress=None) -> str:
     """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
-    transformers builds it: a tiny upload must not make the server allocate a huge random model."""
+    transformers builds it: a tiny upload must not make the server allocate a huge random model. The config's
+    numbers were bounded already (:func:`attnviz.models.preflight.check_config_numbers`), so this build of its
+    skeleton on the meta device takes well under a second."""
     from transformers import AutoModel
 
-    in_files = parameters_in_files(folder)
     try:
-        with LOADING, torch.device("meta"):  # shapes only, no memory
+        with loading_lock(progress), torch.device("meta"):  # shapes only, no memory
             skeleton = AutoModel.from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
     described = sum(p.numel() for p in skeleton.parameters())
+    buffers = sum(b.numel() for b in skeleton.buffers())
     if described > MAX_PARAMETERS:
         raise CheckpointRefused(
             f"config.json describes a model of {described / 1e9:.1f}B parameters; this app loads up to "
@@ -272,6 +285,9 @@ def _check_size_before_loading(config, folder: Path) -> str:
             f"config.json describes {described / 1e6:.1f}M parameters but the safetensors hold only "
             f"{in_files / 1e6:.1f}M: the weights do not belong to this config (wrong architecture, or missing shards?)"
         )
+    if buffers > max(described, 50_000_000):  # tables a model computes at build time (positions, RoPE caches)
+        raise CheckpointRefused(f"config.json asks for {buffers / 1e6:.0f}M numbers of tables computed when the model "
+                                f"is built, more than its {described / 1e6:.0f}M parameters")
     _check_inputs(skeleton, config.model_type)
     return capture_path_of(skeleton, config.model_type)
 
@@ -293,20 +309,16 @@ def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
                                 f"vision transformers it lists ({', '.join(sorted(VISION_TYPES))})")
 
 
-def _read_checked_config(folder: Path):
-    """config.json, refused if unsafe, unknown to transformers or describing far more than its weights hold."""
+def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=None):
+    """The config transformers makes of the checked config.json, refused if transformers cannot read it or it
+    describes far more than its weights hold; and the capture path its skeleton takes."""
     from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    model_type = read_config(folder)["model_type"]
-    if model_type not in CONFIG_MAPPING:
-        raise CheckpointRefused(f"transformers does not know the architecture {model_type!r}")
-    check_weights(folder)
     try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(view, local_files_only=True, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot read this config.json: {_first_line(problem)}") from None
-    return config, _check_size_before_loading(config, folder)
+    return config, _check_size_before_loading(config, checked.parameters, progress)
 
 
 def _first_line(problem: Exception, limit: int = 200) -> str:
@@ -315,7 +327,7 @@ def _first_line(problem: Exception, limit: int = 200) -> str:
 
 
 def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | None = None,
-                  path: str = "interface") -> torch.nn.Module:
+                  path: str = "interface", progress=None) -> torch.nn.Module:
     """The model on attnviz's recorded fast path (``path`` "interface"), or on transformers' eager attention for
     the models that compute attention in their own code ("hooks", "weights": see :mod:`attnviz.models.eager`),
     from safetensors only, refused if its weights do not fit."""
@@ -326,7 +338,9 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     tower = VISION_TOWERS.get(config.model_type)
     loader = getattr(importlib.import_module("transformers"), tower) if tower else AutoModel
     try:
-        with LOADING:
+        with loading_lock(progress):
+            if progress:
+                progress("Reading the weights…")
             model, info = loader.from_pretrained(
                 folder,
                 **({} if tower else {"config": config}),  # a tower reads its part of the full config itself
@@ -364,28 +378,18 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     return model.eval()
 
 
-def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
-    """The folder's own tokenizer, or a marked stand-in when it has none or it cannot be read:
-    ``(tokenizer, note for the page)``."""
-    from transformers import AutoTokenizer
-
-    from attnviz.models.safety import MAX_TOKENIZER_BYTES
-
-    present = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    problem = "This checkpoint has no tokenizer files"
-    if present:
-        too_big = [path.name for path in present if path.stat().st_size > MAX_TOKENIZER_BYTES]
-        if too_big:
-            problem = (f"Its tokenizer file {too_big[0]} is larger than {MAX_TOKENIZER_BYTES // 1024**2} MB, so it "
-                       "was not read")
-        else:
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-                if len(tokenizer) > 0:
-                    return tokenizer, None
-                problem = "Its tokenizer files hold no vocabulary"
-            except Exception as failure:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
-                problem = f"Its tokenizer files could not be read ({_first_line(failure, 120)})"
+def _load_tokenizer(checked: preflight.CheckedFolder, view: Path, config) -> tuple[object, str | None]:
+    """The folder's own tokenizer (read from the view of its checked files), or a marked stand-in when it has
+    none or it cannot be used: ``(tokenizer, note for the page)``."""
+    problem = checked.tokenizer_problem or "This checkpoint has no tokenizer files"
+    if checked.tokenizer_problem is None and any(checked.has(name) for name in TOKENIZER_FILES):
+        try:
+            tokenizer = _tokenizer_of(view)
+            problem = _tokenizer_problem(tokenizer, int(getattr(config, "vocab_size", 0) or 0))
+            if problem is None:
+                return tokenizer, None
+        except Exception as failure:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
+            problem = f"Its tokenizer files could not be read ({_first_line(failure, 120)})"
     note = (
         f"{problem}, so words are split on whitespace and mapped to arbitrary ids. The attention shows the model's "
         "mechanics, not what it learned about these words."
@@ -393,47 +397,134 @@ def _load_tokenizer(folder: Path, config) -> tuple[object, str | None]:
     return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
 
 
+def _tokenizer_problem(tokenizer, vocab_size: int) -> str | None:
+    """Why a tokenizer that loaded cannot be used with this model (None if it can): it must give tokens for a
+    test sentence, with ids the model's embeddings have."""
+    if len(tokenizer) == 0:
+        return "Its tokenizer files hold no vocabulary"
+    ids = tokenizer(TEST_SENTENCE)["input_ids"]
+    if not ids:
+        return "Its tokenizer gives no tokens for a test sentence (its files do not fit together)"
+    if vocab_size and max(ids) >= vocab_size:
+        return (f"Its tokenizer gives token ids up to {max(ids):,}, but the model's vocabulary has {vocab_size:,} "
+                "entries")
+    return None
+
+
+def _tokenizer_of(view: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(view, local_files_only=True, trust_remote_code=False)
+
+
+TEST_SENTENCE = "Attention is all you need."
+
+
+def _test_inputs(bundle: ModelBundle) -> dict:
+    """A short sentence (or a grey image) as the model's inputs, for :func:`check_it_runs`."""
+    model = bundle.model
+    config = model.config
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    if bundle.modality == "image":
+        size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+        channels = int(getattr(config, "num_channels", 3) or 3)
+        dtype = next(model.parameters()).dtype
+        return {"pixel_values": torch.zeros(1, channels, size, size, dtype=dtype, device=device)}
+    if isinstance(bundle.tokenizer, FallbackTokenizer):
+        tokens = bundle.tokenizer.tokenize(TEST_SENTENCE)
+        inputs = {"input_ids": torch.tensor([bundle.tokenizer.ids(tokens, TEST_SENTENCE)])}
+    else:
+        inputs = dict(bundle.tokenizer(TEST_SENTENCE, return_tensors="pt"))
+    if bundle.architecture == "encoder-decoder":
+        inputs["decoder_input_ids"] = inputs["input_ids"]
+    accepted = set(inspect.signature(model.forward).parameters)
+    return {name: value.to(device) for name, value in inputs.items() if name in accepted}
+
+
+def check_it_runs(bundle: ModelBundle) -> None:
+    """Run the loaded model once on a test sentence: a model that cannot run (a config transformers reads but its
+    code cannot use) is refused here, with the reason, rather than on every page later; one whose outputs are
+    NaN or infinite is kept and marked (``bundle.nonfinite_outputs``), so that every page can say so."""
+    try:
+        inputs = _test_inputs(bundle)
+        with torch.no_grad():
+            outputs = bundle.model(**inputs)
+    except Exception as problem:  # noqa: BLE001 - whatever the model's code raises, the model cannot be shown
+        raise CheckpointRefused(f"the model does not run on a test sentence ({type(problem).__name__}: "
+                                f"{_first_line(problem, 160)})") from None
+    tensors = [value for value in (outputs.values() if hasattr(outputs, "values") else [outputs])
+               if isinstance(value, torch.Tensor) and value.is_floating_point()]
+    if any(not bool(torch.isfinite(t).all()) for t in tensors):
+        bundle.nonfinite_outputs = f"its outputs on the test sentence “{TEST_SENTENCE}”"
+
+
 def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored",
                    max_memory: dict | None = None, offload_folder: str | None = None,
-                   timings: dict | None = None) -> ModelBundle:
+                   timings: dict | None = None, progress=None) -> ModelBundle:
     """Load a Hugging Face model folder safely (sharded safetensors too), in its stored dtype or in fp32
     (``dtype`` one of :data:`DTYPES`), placed by :func:`placement`. Raises :class:`CheckpointRefused` with a
-    reason to show. ``timings``: a dict that receives each step's seconds (for ``python -m attnviz.bench
-    startup``)."""
+    reason to show, whatever goes wrong. ``timings``: a dict that receives each step's seconds (for ``python -m
+    attnviz.bench startup``); ``progress(text)``: called at each step (and while waiting for another load).
+
+    Every file transformers reads is checked first (:func:`attnviz.models.preflight.inspect`), and transformers
+    reads them through a view that holds nothing else (:func:`attnviz.models.preflight.make_view`)."""
+    try:
+        return _load_model_dir(Path(folder), name, dtype, max_memory, offload_folder,
+                               {} if timings is None else timings, progress or (lambda text: None))
+    except CheckpointRefused:
+        raise
+    except Exception as problem:  # noqa: BLE001 - a crafted checkpoint can make transformers raise anything
+        raise CheckpointRefused(f"it could not be loaded ({type(problem).__name__}: {_first_line(problem, 160)})"
+                                ) from None
+
+
+def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timings: dict, progress) -> ModelBundle:
     import time
 
-    timings = {} if timings is None else timings
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointRefused(f"{folder} is not a folder on the server")
+    try:
+        if not folder.is_dir():
+            raise CheckpointRefused(f"{preflight.shown(folder, 200)} is not a folder on the server")
+    except OSError:
+        raise CheckpointRefused(f"{preflight.shown(folder, 200)} is not a folder on the server") from None
     if dtype not in DTYPES:
         raise CheckpointRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     mark = time.perf_counter()
-    config, path = _read_checked_config(folder)
-    timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    where = placement(folder, max_memory=max_memory, offload_folder=offload_folder)
-    timings["  placement (accelerate)"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    model = _load_weights(folder, config, dtype, where, path)
+    progress("Checking the files…")
+    checked = preflight.inspect(folder, link_rule_for(folder))
+    view = preflight.make_view(checked)
+    try:
+        progress("Checking the config against the weights…")
+        config, path = _read_checked_config(checked, view, progress)
+        timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        where = placement(view, max_memory=max_memory, offload_folder=offload_folder,
+                          size=sum(f.size for f in checked.weights))
+        timings["  placement (accelerate)"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        model = _load_weights(view, config, dtype, where, path, progress)
+    except BaseException:
+        preflight.remove_view(view)
+        raise
+    preflight.keep_view_while(view, model)  # accelerate may read offloaded weights through it later
     config = model.config  # a CLIP or SigLIP checkpoint: its vision tower's config from here on
     timings["  weights (from_pretrained)"] = time.perf_counter() - mark
     mark = time.perf_counter()
+    progress("Reading the tokenizer…")
     from attnviz.vision import VISION_TYPES, load_image_processor
 
     modality = "image" if config.model_type in VISION_TYPES else "text"
     if modality == "image":
         tokenizer = None
-        image_processor, tokenizer_note = load_image_processor(folder, config)
+        image_processor, tokenizer_note = load_image_processor(view, config)
     else:
         image_processor = None
-        tokenizer, tokenizer_note = _load_tokenizer(folder, config)
+        tokenizer, tokenizer_note = _load_tokenizer(checked, view, config)
     timings["  tokenizer"] = time.perf_counter() - mark
     mark = time.perf_counter()
     nonfinite = nonfinite_weights(model)
     timings["  NaN / Inf scan of the weights"] = time.perf_counter() - mark
     n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    return ModelBundle(
+    bundle = ModelBundle(
         name=name or folder.name,
         folder=folder,
         model=model,
@@ -453,7 +544,13 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
         capture_path=path,
         modality=modality,
         image_processor=image_processor,
+        notes=list(checked.notes),
     )
+    mark = time.perf_counter()
+    progress("Running it once on a test sentence…")
+    check_it_runs(bundle)
+    timings["  a test sentence"] = time.perf_counter() - mark
+    return bundle
 
 
 # Types whose position ids start after the padding index (fairseq's convention): positions padding_idx + 1 on.
@@ -489,14 +586,31 @@ def load_default_model() -> ModelBundle:
 def load_causal_lm(folder: str | Path):
     """The folder's causal LM (with its LM head), or its encoder-decoder LM (T5, BART, ...), and tokenizer, with
     eager attention so each step's weights come back (generation, and measuring the bundled GPT's heads);
-    safetensors only, nothing from the hub, no code from the checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    checked as :func:`load_model_dir` checks (safetensors only, nothing from the hub, no code from the
+    checkpoint, every file bounded). Raises :class:`CheckpointRefused`, whatever goes wrong."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    loader = AutoModelForSeq2SeqLM if architecture_of_folder(folder) == "encoder-decoder" else AutoModelForCausalLM
-    with LOADING:
-        model = loader.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
-                                       use_safetensors=True, trust_remote_code=False).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    folder = Path(folder)
+    checked = preflight.inspect(folder, link_rule_for(folder))
+    if checked.tokenizer_problem or not any(checked.has(name) for name in TOKENIZER_FILES):
+        raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text needs "
+                                "the model's own tokenizer")
+    view = preflight.make_view(checked)
+    try:
+        encoder_decoder = architecture_of_folder(folder) == "encoder-decoder"
+        loader = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
+        with loading_lock():
+            model = loader.from_pretrained(view, attn_implementation="eager", local_files_only=True,
+                                           use_safetensors=True, trust_remote_code=False).eval()
+        tokenizer = _tokenizer_of(view)
+    except CheckpointRefused:
+        preflight.remove_view(view)
+        raise
+    except Exception as problem:  # noqa: BLE001 - whatever transformers raises: this folder cannot generate
+        preflight.remove_view(view)
+        raise CheckpointRefused(f"it could not be loaded with its language-model head ({type(problem).__name__}: "
+                                f"{_first_line(problem, 160)})") from None
+    preflight.keep_view_while(view, model)
     return model, tokenizer
 
 

@@ -2,46 +2,98 @@
 
 Each ``prepare_*`` returns ``(folder, owned, notes)``: the folder to load, whether it is a temporary folder of
 ours (deleted when the model is removed), and notes for the page (for example the files that were skipped).
+
+An upload is written into a workspace of its own (:func:`attnviz.models.disk.new_workspace`), after reserving the
+most it may write against the server's limit for all uploads (:func:`attnviz.models.disk.reserve`), and only
+the files a model needs are written: ``config.json``, the weights transformers will read (``model.safetensors``,
+or the shards the index names), the tokenizer's files and the generation and image-processor configs, each
+within its size bound (:mod:`attnviz.models.preflight`). Everything else is skipped, and the notes say so.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
+import json
 import os
 import re
 import shutil
-import tempfile
-from pathlib import Path
+import stat
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
+from attnviz.models import disk, preflight
+from attnviz.models.preflight import CONFIG, SINGLE_WEIGHTS, WEIGHTS_INDEX, LinkRule, shown
 from attnviz.models.safety import (
-    ALLOWED_SUFFIXES,
+    ARCHIVE_SUFFIXES,
     CODE_SUFFIXES,
+    MAX_EXTRACTED_BYTES,
+    MAX_MEMBERS,
     MAX_UPLOAD_BYTES,
     PICKLE_SUFFIXES,
     CheckpointRefused,
-    extract_zip,
-    find_model_folder,
-    name_problem,
 )
 
 MODEL_ROOT_VARIABLE = "ATTNVIZ_MODEL_ROOT"  # folders typed on the Checkpoints page must lie inside this one
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+# A zip of safetensors hardly compresses (bf16 weights: 10-20%); one that unpacks to far more than its own size is
+# a bomb, or mostly zeros. It may unpack to this many times its size, and at least this much.
+MAX_EXPANSION = 8
+REQUIRED_BOUNDED = {CONFIG, WEIGHTS_INDEX}  # too large, and the upload is refused (others are left out)
+MIN_EXTRACTED_ALLOWANCE = 512 * 1024**2
 
 
-def _workspace() -> Path:
-    """A temporary folder for one upload; removed when the model is removed, and at the latest when the app exits."""
-    workspace = Path(tempfile.mkdtemp(prefix="attnviz-upload-"))
-    atexit.register(shutil.rmtree, workspace, ignore_errors=True)
-    return workspace
+# ---------------------------------------------------------------------------------------------------------------
+# Which files a model needs
 
 
-def _check_size(size: int, what: str) -> None:
-    if size > MAX_UPLOAD_BYTES:
-        raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MB")
-    if size == 0:
-        raise CheckpointRefused(f"{what} is empty")
+def bounded_names() -> dict[str, int]:
+    """Every file a model folder may need besides its weights, with its size bound."""
+    return {**preflight.CONFIG_LIMITS, **preflight.IMAGE_PROCESSOR_FILES, **preflight.TOKENIZER_LIMITS}
+
+
+def size_bound(name: str) -> int | None:
+    """The most bytes ``name`` may have (None: a weights file, bounded by the upload's total only)."""
+    if name.endswith(".tiktoken"):
+        return preflight.TIKTOKEN_LIMIT
+    return bounded_names().get(name)
+
+
+def needed_names(names: set[str], read_index) -> tuple[set[str], list[str]]:
+    """Of the plain ``names`` in a model folder, those a model needs, and notes on what it leaves out.
+    ``read_index()`` gives the index's JSON (called only for a sharded checkpoint)."""
+    needed = {name for name in names if name in bounded_names() or name.endswith(".tiktoken")}
+    needed.discard(WEIGHTS_INDEX)
+    notes = []
+    if SINGLE_WEIGHTS in names:
+        needed.add(SINGLE_WEIGHTS)
+    elif WEIGHTS_INDEX in names:
+        weight_map = preflight._check_index(read_index())
+        shards = set(weight_map.values())
+        missing = sorted(shards - names)
+        if missing:
+            raise CheckpointRefused(f"{WEIGHTS_INDEX} names the shard {shown(missing[0])}, which is not in the upload")
+        needed |= shards | {WEIGHTS_INDEX}
+    unused = sorted(name for name in names if name.endswith(".safetensors") and name not in needed)
+    if unused:
+        notes.append(f"Not used (the weights transformers reads are {SINGLE_WEIGHTS} or the shards of "
+                     f"{WEIGHTS_INDEX}): {', '.join(shown(n) for n in unused[:4])}" + (" …" if len(unused) > 4 else ""))
+    return needed, notes
+
+
+def _skip_reason(name: str) -> str:
+    suffix = PurePosixPath(name).suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        return "pickle format: never loaded, it could run code"
+    if suffix in CODE_SUFFIXES:
+        return "code: never run"
+    if suffix in ARCHIVE_SUFFIXES:
+        return "an archive inside the archive: not opened"
+    return "not a file the model needs"
 
 
 def _model_name(filename: str) -> str:
@@ -52,24 +104,210 @@ def _model_name(filename: str) -> str:
     return SAFE_NAME.sub("-", stem).strip("-._")[:60] or "uploaded-model"
 
 
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_UPLOAD_BYTES:
+        raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MB")
+    if size == 0:
+        raise CheckpointRefused(f"{what} is empty")
+
+
+def _workspace() -> Path:
+    """A private folder for one upload, counted against the server's limit; removed when the model is removed,
+    and at the latest when the app exits."""
+    workspace = disk.new_workspace()
+    atexit.register(shutil.rmtree, workspace, ignore_errors=True)
+    return workspace
+
+
+def _also_counted() -> list[Path]:
+    from attnviz.models.keep import keep_root
+
+    return [keep_root()]
+
+
+def _skipped_note(skipped: list[str]) -> list[str]:
+    return [f"Skipped {len(skipped)} file(s): " + "; ".join(skipped[:6]) + (" …" if len(skipped) > 6 else "")] \
+        if skipped else []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Zips
+
+
+@dataclass
+class ExtractionReport:
+    root: Path
+    files: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "name (why)"
+    notes: list[str] = field(default_factory=list)
+
+
+def _member_path(name: str) -> PurePosixPath:
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise CheckpointRefused(f"the zip holds an absolute path ({shown(name)!r}); refusing it")
+    if ".." in path.parts:
+        raise CheckpointRefused(f"the zip holds a path that climbs out of its folder ({shown(name)!r}); refusing it")
+    return path
+
+
+def _is_link(info: zipfile.ZipInfo) -> bool:
+    return stat.S_ISLNK(info.external_attr >> 16)
+
+
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
+    if info.file_size > limit:
+        raise CheckpointRefused(f"{shown(info.filename)} is larger than {limit / 1024**2:g} MB")
+    with archive.open(info) as member:
+        data = member.read(limit + 1)
+    if len(data) > limit:
+        raise CheckpointRefused(f"{shown(info.filename)} unpacks to more than {limit / 1024**2:g} MB")
+    return data
+
+
+def _zip_problem(problem: BaseException) -> CheckpointRefused:
+    """What a damaged or unusual zip raised while it was read, said to the user."""
+    if isinstance(problem, CheckpointRefused):
+        return problem
+    if isinstance(problem, RuntimeError) and "encrypt" in str(problem).lower():
+        return CheckpointRefused("the zip is encrypted; upload an unencrypted zip")
+    if isinstance(problem, NotImplementedError):
+        return CheckpointRefused(f"the zip uses a compression method this server cannot read ({str(problem)[:80]}); "
+                                 "zip it again with the standard one (deflate)")
+    if isinstance(problem, (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, ValueError)):
+        return CheckpointRefused(f"the zip is damaged ({str(problem)[:100] or type(problem).__name__}); "
+                                 "make it again")
+    if isinstance(problem, OSError):
+        return CheckpointRefused(f"the zip could not be unpacked on this server ({problem.strerror or problem})")
+    return CheckpointRefused(f"the zip could not be read ({type(problem).__name__})")
+
+
+def extract_zip(source, destination: Path, *, max_bytes: int = MAX_EXTRACTED_BYTES,
+                max_members: int = MAX_MEMBERS, reserve=None) -> ExtractionReport:
+    """Extract the model of a checkpoint zip (path or file object) into ``destination``, as plain files.
+
+    The model's folder is the one that holds ``config.json`` (at the top, or inside one wrapper folder or more);
+    of its files only those a model needs are written (:func:`needed_names`), each within its size bound, and
+    at most ``max_bytes`` in total. ``reserve(n)`` (a context manager; :func:`attnviz.models.disk.reserve`) is
+    called with the bytes the needed files declare before anything is written, and writing stops at that number
+    (counted while writing, so a lying header cannot fool it). Refuses absolute or
+    climbing paths, links, repeated names, more than ``max_members`` entries, and damaged, encrypted or
+    unusually compressed zips with a message; every file left out is reported with its reason.
+    """
+    destination = Path(destination)
+    try:
+        archive = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as problem:
+        raise CheckpointRefused(f"this file is not a readable zip archive ({str(problem)[:100]})") from None
+    try:
+        with archive:
+            return _extract(archive, destination, max_bytes, max_members, reserve or _no_reservation)
+    except Exception as problem:  # noqa: BLE001 - whatever a crafted zip raises becomes a refusal
+        raise _zip_problem(problem) from None
+
+
+@contextlib.contextmanager
+def _no_reservation(size: int):
+    yield
+
+
+def _extract(archive: zipfile.ZipFile, destination: Path, max_bytes: int, max_members: int,
+             reserve) -> ExtractionReport:
+    members = archive.infolist()
+    if len(members) > max_members:
+        raise CheckpointRefused(f"the zip has {len(members)} entries; a checkpoint needs far fewer "
+                                f"(limit {max_members})")
+    report = ExtractionReport(root=destination)
+    files: dict[PurePosixPath, zipfile.ZipInfo] = {}
+    for info in members:
+        path = _member_path(info.filename)
+        if _is_link(info):
+            raise CheckpointRefused(f"the zip holds a symbolic link ({shown(info.filename)!r}); refusing it")
+        if info.is_dir() or any(part.startswith("__MACOSX") for part in path.parts) or path.name.startswith("._"):
+            continue
+        if path in files:
+            raise CheckpointRefused(f"the zip holds {shown(info.filename)!r} twice; refusing it")
+        files[path] = info
+    configs = sorted(path.parent for path in files if path.name == CONFIG)
+    if not configs:
+        raise CheckpointRefused("no config.json found: a Hugging Face model folder needs one")
+    if len(configs) > 1:
+        names = ", ".join(shown(str(c)) for c in configs[:4])
+        raise CheckpointRefused(f"several config.json files found ({names}); upload one model at a time")
+    model_folder = configs[0]
+    inside = {path.name: info for path, info in files.items() if path.parent == model_folder}
+    for path, info in files.items():
+        if path.parent != model_folder:
+            report.skipped.append(f"{shown(info.filename)} (outside the model's folder)")
+    usable = {}
+    for name, info in inside.items():
+        problem = preflight.plain_name_problem(name)
+        if problem:
+            report.skipped.append(f"{shown(info.filename, 80)} ({problem})")
+        else:
+            usable[name] = info
+
+    def read_index():
+        return json.loads(_read_member(archive, usable[WEIGHTS_INDEX], preflight.CONFIG_LIMITS[WEIGHTS_INDEX]))
+
+    try:
+        needed, report.notes = needed_names(set(usable), read_index)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CheckpointRefused(f"{WEIGHTS_INDEX} is not valid JSON") from None
+    chosen = []
+    for name, info in sorted(usable.items()):
+        bound = size_bound(name)
+        if name not in needed:
+            report.skipped.append(f"{shown(info.filename)} ({_skip_reason(name)})")
+        elif bound is not None and info.file_size > bound and name in REQUIRED_BOUNDED:
+            raise CheckpointRefused(f"{name} is {info.file_size / 1024**2:.1f} MB; more than {bound / 1024**2:g} MB "
+                                    "is not a file a checkpoint needs")
+        elif bound is not None and info.file_size > bound:
+            report.skipped.append(f"{shown(info.filename)} (larger than {bound / 1024**2:g} MB: not a file a model "
+                                  "needs at that size)")
+        else:
+            chosen.append((name, info))
+    declared = sum(info.file_size for _, info in chosen)
+    if declared > max_bytes:
+        raise CheckpointRefused(
+            f"the zip unpacks to {declared / 1024**3:.2f} GiB, more than {max_bytes / 1024**3:.2f} GiB for a zip of "
+            "its size (a zip bomb, or a model too large for this app); refusing it")
+    destination.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with reserve(declared):
+        for name, info in chosen:
+            with archive.open(info) as member, open(destination / name, "xb") as out:
+                while chunk := member.read(1024 * 1024):
+                    written += len(chunk)
+                    if written > declared:
+                        raise CheckpointRefused("the zip unpacks to more than its entries say (a zip bomb); "
+                                                "refusing it")
+                    out.write(chunk)
+            report.files.append(name)
+    return report
+
+
 def prepare_zip(data, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:
     """A zip of a model folder: ``data`` as bytes or a binary file object (an upload, read in place: a 2 GB
     upload is not copied once more in memory)."""
     source = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
     source.seek(0, io.SEEK_END)
-    _check_size(source.tell(), "the zip")
+    size = source.tell()
+    _check_size(size, "the zip")
     source.seek(0)
+    allowance = min(MAX_EXTRACTED_BYTES, max(MAX_EXPANSION * size, MIN_EXTRACTED_ALLOWANCE))
     workspace = _workspace()
     try:
-        report = extract_zip(source, workspace / "extracted")
-        found = find_model_folder(report.root)
-        folder = workspace / _model_name(filename)
-        found.rename(folder)
+        report = extract_zip(source, workspace / _model_name(filename), max_bytes=allowance,
+                             reserve=lambda size: disk.reserve(workspace, size, _also_counted()))
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
-    notes = [f"Skipped {len(report.skipped)} file(s): " + "; ".join(report.skipped[:6])] if report.skipped else []
-    return folder, True, notes
+    return report.root, True, _skipped_note(report.skipped) + report.notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files uploaded one by one
 
 
 def _size_of(data) -> int:
@@ -81,47 +319,98 @@ def _size_of(data) -> int:
     return size
 
 
+def _read_small(data, limit: int, what: str) -> bytes:
+    if _size_of(data) > limit:
+        raise CheckpointRefused(f"{what} is larger than {limit / 1024**2:g} MB")
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data)
+    content = data.read()
+    data.seek(0)
+    return content
+
+
 def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, list[str]]:
     """``.safetensors`` files (one, or the shards with their index) with ``config.json`` (and optional tokenizer
     files), uploaded together; each file as bytes or a binary file object, copied to disk without a second copy
-    in memory."""
-    names = [Path(name).name for name, _ in files]
-    if "config.json" not in names:
+    in memory. Names from the browser are reduced to their last part; only the files a model needs are written."""
+    named: dict[str, object] = {}
+    for name, data in files:
+        base = name.replace("\\", "/").rsplit("/", 1)[-1]  # never a path from the browser
+        problem = preflight.plain_name_problem(base)
+        if problem:
+            raise CheckpointRefused(f"a file cannot be used: {problem} ({shown(base)})")
+        if base in named:
+            raise CheckpointRefused(f"two files are named {shown(base)}; upload each file once")
+        named[base] = data
+    if CONFIG not in named:
         raise CheckpointRefused("config.json is missing: upload it together with the .safetensors file")
-    weights = [n for n in names if n.lower().endswith(".safetensors")]
+    weights = sorted(n for n in named if n.lower().endswith(".safetensors"))
     if not weights:
         raise CheckpointRefused("no .safetensors file among the uploaded files")
-    _check_size(sum(_size_of(data) for _, data in files), "the upload")
-    for base in names:  # never a path from the browser: base names only, checked before anything is written
-        problem = name_problem(base)
-        if problem:
-            raise CheckpointRefused(f"a file cannot be used: {problem} ({base.encode('unicode_escape').decode()[:60]})")
+    _check_size(sum(_size_of(data) for data in named.values()), "the upload")
+    renamed = {}
+    if len(weights) == 1 and SINGLE_WEIGHTS not in named and (WEIGHTS_INDEX not in named or weights[0] not in
+                                                                 _shards_of(named)):
+        renamed[SINGLE_WEIGHTS] = weights[0]  # one weights file, however it is called, is the model's weights
+        named[SINGLE_WEIGHTS] = named.pop(weights[0])
+    elif len(weights) > 1 and SINGLE_WEIGHTS not in named and WEIGHTS_INDEX not in named:
+        raise CheckpointRefused(f"{len(weights)} .safetensors files but no {WEIGHTS_INDEX} to say how they fit "
+                                "together; add it (save_pretrained writes it beside the shards)")
+    needed, notes = needed_names(set(named), lambda: _json_of(named[WEIGHTS_INDEX]))
+    skipped = []
+    total = 0
+    for name in sorted(named):
+        bound = size_bound(name)
+        if name not in needed:
+            skipped.append(f"{shown(renamed.get(name, name))} ({_skip_reason(name)})")
+        elif bound is not None and _size_of(named[name]) > bound and name in REQUIRED_BOUNDED:
+            raise CheckpointRefused(f"{name} is {_size_of(named[name]) / 1024**2:.1f} MB; more than "
+                                    f"{bound / 1024**2:g} MB is not a file a checkpoint needs")
+        elif bound is not None and _size_of(named[name]) > bound:
+            skipped.append(f"{shown(name)} (larger than {bound / 1024**2:g} MB: not a file a model needs at that size)")
+        else:
+            total += _size_of(named[name])
     workspace = _workspace()
     try:
-        folder = workspace / _model_name(weights[0])
-        folder.mkdir()
-        notes = _write_files(files, folder, single_weights=len(weights) == 1)
+        with disk.reserve(workspace, total, _also_counted()):
+            folder = workspace / _model_name(renamed.get(SINGLE_WEIGHTS, weights[0]))
+            folder.mkdir()
+            for name in sorted(needed):
+                bound = size_bound(name)
+                if bound is not None and _size_of(named[name]) > bound:
+                    continue
+                _write(named[name], folder / name)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
-    return folder, True, notes
+    return folder, True, _skipped_note(skipped) + notes
 
 
-def _write_files(files: list[tuple[str, object]], folder: Path, *, single_weights: bool) -> list[str]:
-    notes = []
-    for name, data in files:
-        base = Path(name).name
-        suffix = Path(base).suffix.lower()
-        if suffix in PICKLE_SUFFIXES or suffix in CODE_SUFFIXES or suffix not in ALLOWED_SUFFIXES:
-            notes.append(f"Skipped {base}: not a file type a checkpoint needs (pickles and code are never loaded).")
-            continue
-        target = folder / ("model.safetensors" if suffix == ".safetensors" and single_weights else base)
-        with open(target, "wb") as out:
-            if isinstance(data, (bytes, bytearray)):
-                out.write(data)
-            else:
-                shutil.copyfileobj(data, out, length=1024 * 1024)
-    return notes
+def _shards_of(named: dict) -> set[str]:
+    try:
+        return set(preflight._check_index(_json_of(named[WEIGHTS_INDEX])).values())
+    except CheckpointRefused:
+        return set()
+
+
+def _json_of(data) -> object:
+    try:
+        return json.loads(_read_small(data, preflight.CONFIG_LIMITS[WEIGHTS_INDEX], WEIGHTS_INDEX))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CheckpointRefused(f"{WEIGHTS_INDEX} is not valid JSON") from None
+
+
+def _write(data, target: Path) -> None:
+    with open(target, "xb") as out:
+        if isinstance(data, (bytes, bytearray)):
+            out.write(data)
+        else:
+            data.seek(0)
+            shutil.copyfileobj(data, out, length=1024 * 1024)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Folders on the server
 
 
 def model_root() -> Path | None:
@@ -130,14 +419,26 @@ def model_root() -> Path | None:
     return Path(root).expanduser().resolve() if root else None
 
 
-def _inside_uploads(folder: Path) -> bool:
-    """Whether a path lies in an upload's workspace or in the folder of kept uploads (attnviz.models.keep)."""
+def _private_roots() -> list[Path]:
+    """Where uploads live: every upload's workspace and the kept uploads (attnviz.models.keep)."""
     from attnviz.models.keep import keep_root
 
+    return [Path(os.path.realpath(disk.uploads_root())), Path(os.path.realpath(keep_root()))]
+
+
+def inside_uploads(folder: Path) -> bool:
+    """Whether a path lies in an upload's workspace or in the folder of kept uploads."""
     resolved = Path(os.path.realpath(folder))
-    kept = Path(os.path.realpath(keep_root()))
-    return (resolved == kept or kept in resolved.parents
-            or any(part.startswith("attnviz-upload-") for part in resolved.parts))
+    return (any(resolved == root or root in resolved.parents for root in _private_roots())
+            or any(part.startswith(disk.WORKSPACE_PREFIX) for part in resolved.parts))
+
+
+def link_rule_for(folder: Path) -> LinkRule:
+    """Uploads hold no links; a server folder's links must stay inside ``ATTNVIZ_MODEL_ROOT`` when it is set, and
+    never lead into anyone's uploads."""
+    if inside_uploads(folder):
+        return LinkRule(allowed=False)
+    return LinkRule(allowed=True, root=model_root(), forbidden=tuple(_private_roots()))
 
 
 def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, bool, list[str]]:
@@ -150,6 +451,9 @@ def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, boo
     if not text:
         raise CheckpointRefused("type the path of a model folder")
     root = model_root() if root is None else root
+    if "\0" in text or any(ord(ch) < 32 for ch in text):
+        raise CheckpointRefused("a folder path cannot hold control characters" + (
+            f"; folders are read from {root} on this server" if root else ""))
     folder = Path(text).expanduser()
     if root is not None:
         candidate = (root / folder) if not folder.is_absolute() else folder
@@ -157,11 +461,14 @@ def prepare_folder_path(typed: str, root: Path | None = None) -> tuple[Path, boo
         if resolved != root and root not in resolved.parents:
             raise CheckpointRefused(f"folders are read from {root} on this server; give a path inside it")
         folder = resolved
-    if _inside_uploads(folder):
+    if inside_uploads(folder):
         raise CheckpointRefused("uploaded checkpoints open only in the session or browser that added them, "
                                 "not by their path")
-    if not folder.exists():
-        raise CheckpointRefused(f"{folder} does not exist on this server")
-    if not folder.is_dir():
-        raise CheckpointRefused(f"{folder} is a file; give the folder that holds config.json")
-    return folder.resolve(), False, []
+    try:
+        if not folder.exists():
+            raise CheckpointRefused(f"{shown(folder, 200)} does not exist on this server")
+        if not folder.is_dir():
+            raise CheckpointRefused(f"{shown(folder, 200)} is a file; give the folder that holds config.json")
+        return folder.resolve(), False, []
+    except OSError as problem:
+        raise CheckpointRefused(f"{shown(folder, 200)} cannot be read ({problem.strerror})") from None

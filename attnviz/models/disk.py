@@ -1,0 +1,163 @@
+"""The disk that uploads take on the server, all browsers together, accounted for atomically.
+
+Every upload is written into a workspace inside one private folder, :func:`uploads_root`; kept models live in the
+keep root (:mod:`attnviz.models.keep`). Before an upload writes anything it reserves the most it may write
+(:func:`reserve`); the check "what is on disk + what others have reserved + this <= the limit" and the
+reservation happen under one lock (:func:`locked`: a file lock, so it holds across threads and processes), and so
+do the moves of uploads into the keep root. Three browsers uploading at once, with room for one, get one upload
+and two refusals.
+
+``ATTNVIZ_UPLOADS_GB`` (40 by default) bounds everything uploads occupy at once: kept, with their session only,
+and being written. ``ATTNVIZ_KEEP_GB`` (:mod:`attnviz.models.keep`) bounds the kept share of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+from attnviz.models.safety import CheckpointRefused
+
+LIMIT_VARIABLE = "ATTNVIZ_UPLOADS_GB"
+DEFAULT_LIMIT_GB = 40.0
+WORKSPACE_PREFIX = "attnviz-upload-"  # one upload's folder (a model folder inside it)
+RESERVATIONS = ".reservations"
+
+
+def uploads_limit_bytes() -> int:
+    try:
+        return int(max(0.0, float(os.environ.get(LIMIT_VARIABLE, DEFAULT_LIMIT_GB))) * 1024**3)
+    except ValueError:
+        return int(DEFAULT_LIMIT_GB * 1024**3)
+
+
+def uploads_root() -> Path:
+    """The private folder every upload's workspace is made in (``attnviz-uploads-<uid>`` in the system's temporary
+    folder). Refused (no uploads on this server) if it is a link, belongs to another account or others may write
+    to it: in a shared /tmp another account could have made it first."""
+    root = _checked(str(Path(tempfile.gettempdir()) / f"attnviz-uploads-{os.getuid()}"))
+    if root is None or not root.is_dir():
+        _checked.cache_clear()
+        root = _checked(str(Path(tempfile.gettempdir()) / f"attnviz-uploads-{os.getuid()}"))
+    if root is None:
+        raise CheckpointRefused("this server cannot store uploads safely (its folder for them in the temporary "
+                                "directory is a link, or belongs to another account); ask its operator")
+    return root
+
+
+@functools.lru_cache(maxsize=8)
+def _checked(path: str) -> Path | None:
+    root = Path(path)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(root)
+    except OSError:
+        return None
+    if os.path.islink(root) or not os.path.isdir(root) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return root
+
+
+def new_workspace() -> Path:
+    """A private folder for one upload, inside :func:`uploads_root` (so that its bytes are counted)."""
+    return Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX, dir=uploads_root()))
+
+
+@contextlib.contextmanager
+def locked():
+    """One change of what uploads occupy at a time, across threads, sessions and processes."""
+    with open(uploads_root() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the regular files under ``folder`` (links not followed)."""
+    total = 0
+    for directory, _, files in os.walk(folder):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(directory, name))
+            except OSError:
+                continue
+            total += info.st_size if not os.path.islink(os.path.join(directory, name)) else 0
+    return total
+
+
+def _pending(root: Path) -> int:
+    """What live reservations may still write: each one's bytes less what its workspace holds already."""
+    pending = 0
+    folder = root / RESERVATIONS
+    if not folder.is_dir():
+        return 0
+    for entry in folder.iterdir():
+        try:
+            pid, _token, size = entry.name.split("-")
+            workspace = Path(entry.read_text())
+        except (ValueError, OSError):
+            continue
+        if not _alive(int(pid)):
+            entry.unlink(missing_ok=True)  # a process that died mid-upload
+            continue
+        pending += max(0, int(size) - (folder_bytes(workspace) if workspace.is_dir() else 0))
+    return pending
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def in_use(also: list[Path] = ()) -> int:
+    """Bytes uploads occupy or have reserved: the uploads root, the folders in ``also`` (the keep root), and
+    what reservations may still write. Call inside :func:`locked` for a number that stays true."""
+    root = uploads_root()
+    return folder_bytes(root) + sum(folder_bytes(p) for p in also if p.is_dir()) + _pending(root)
+
+
+class Reservation:
+    """Room for one upload: ``size`` bytes it may write into ``workspace``. Release it once the files are
+    written (they are counted on disk from then on)."""
+
+    def __init__(self, entry: Path, size: int):
+        self.entry, self.size = entry, size
+
+    def release(self) -> None:
+        self.entry.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def reserve(workspace: Path, size: int, also: list[Path] = ()) -> Reservation:
+    """Reserve ``size`` bytes for what an upload writes into ``workspace``, or refuse with the numbers when
+    every upload together would pass :func:`uploads_limit_bytes`."""
+    limit = uploads_limit_bytes()
+    with locked():
+        used = in_use(also)
+        if used + size > limit:
+            raise CheckpointRefused(
+                f"this server's space for uploads is full ({used / 1024**3:.2f} of {limit / 1024**3:g} GiB in use by "
+                f"everyone's models; this one needs up to {size / 1024**3:.2f} GiB). Remove a model you added, or try "
+                "again later")
+        folder = uploads_root() / RESERVATIONS
+        folder.mkdir(mode=0o700, exist_ok=True)
+        entry = folder / f"{os.getpid()}-{secrets.token_hex(6)}-{int(size)}"
+        entry.write_text(str(workspace))
+    return Reservation(entry, size)
