@@ -31,6 +31,7 @@ def main() -> None:
         registered_models,
         restore_sidebar_choices,
         show_notices,
+        show_unexpected_error,
         start_janitor,
         story_links,
     )
@@ -99,6 +100,8 @@ def main() -> None:
         with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: benchmarks, operators
             navigation.run()
             story_links({page.title: page for page in pages}, navigation.title)
+    except Exception as problem:  # noqa: BLE001 - never a traceback in the page (st.stop and reruns pass through)
+        show_unexpected_error(problem, navigation.title)
     finally:
         SESSION_RAN.set()  # however the run ended (st.stop and reruns end it by raising)
 

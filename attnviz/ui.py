@@ -523,26 +523,29 @@ def adopt_upload(folder: Path) -> Path:
     return folder if moved is None else moved
 
 
-def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = None):
+def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = None, progress=None):
     """Prepare a folder (``prepare``: one of attnviz.models.uploads' ``prepare_*``), keep it for this browser if it
     is an upload, load it (which validates it) and register it. Returns ``(registered name, bundle, notes)``;
-    raises with the reason, leaving nothing on disk."""
+    raises with the reason, leaving nothing on disk. ``progress(text)`` hears each step."""
     # Before anything is extracted or loaded:
     if len(registered_models()) - len(bundled_models()) >= MAX_UPLOADED_MODELS:
         raise CheckpointRefused(f"this session already holds {MAX_UPLOADED_MODELS} added models, the most one "
                                 "session may keep on the server. Remove one below first")
     folder, owned, notes = None, False, []
     try:
+        if progress:
+            progress("Reading the upload…")
         folder, owned, notes = prepare(*args)
         name = name or folder.name or "uploaded model"
         if str(folder) in registered_models().values():
             raise CheckpointRefused("this folder is already loaded")
         if owned:
             folder = adopt_upload(folder)
-        bundle = load_bundle(str(folder), name, dtype)
+        bundle = load_bundle(str(folder), name, dtype, progress)
         registered = register_model(name, folder, owned=owned, dtype=dtype)
         if registered != name:  # the cache key must match the registered name
             forget_loaded(str(folder), name, dtype)
+        notes = [*notes, *bundle.notes]
         kept = str(folder) in st.session_state.get("kept_folders", set())
         if owned and not kept and browser_store() is not None:
             notes = [*notes, "This upload stays with this session only: this browser (or the server) already keeps "
@@ -580,8 +583,8 @@ def _bundled_model() -> ModelBundle:
 
 
 @st.cache_resource(max_entries=MAX_LOADED_UPLOADS, show_spinner="Loading the model (first time only)…")
-def _added_model(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
-    return load_model_dir(folder, name=name, dtype=dtype)
+def _added_model(folder: str, name: str, dtype: str = "stored", _progress=None) -> ModelBundle:
+    return load_model_dir(folder, name=name, dtype=dtype, progress=_progress)
 
 
 @st.cache_resource(max_entries=1, show_spinner="Loading the tiny GPT (first time only)…")
@@ -589,14 +592,15 @@ def _bundled_gpt(folder: str) -> ModelBundle:
     return load_model_dir(folder, name=BUNDLED_GPT_NAME)
 
 
-def load_bundle(folder: str, name: str, dtype: str = "stored") -> ModelBundle:
+def load_bundle(folder: str, name: str, dtype: str = "stored", progress=None) -> ModelBundle:
     """A model, loaded once per process. The bundled models have their own slots, so that many sessions' uploads
-    never push them out; the others share :data:`MAX_LOADED_UPLOADS` slots."""
+    never push them out; the others share :data:`MAX_LOADED_UPLOADS` slots. ``progress(text)`` hears each step
+    of a load (and a wait for another one)."""
     if name == DEFAULT_MODEL_NAME and Path(folder) == default_model_dir():
         return _bundled_model()
     if name == BUNDLED_GPT_NAME and Path(folder) == bundled_models().get(BUNDLED_GPT_NAME):
         return _bundled_gpt(folder)
-    return _added_model(folder, name, dtype)
+    return _added_model(folder, name, dtype, _progress=progress)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head…")
@@ -664,8 +668,9 @@ def current_bundle() -> ModelBundle:
     name = current_model_name()
     try:
         return load_bundle(registered_models()[name], name, model_dtype(name))
-    except CheckpointRefused as problem:
-        st.error(f"Could not load {name}: {problem}.")
+    except Exception as problem:  # noqa: BLE001 - load_model_dir refuses with a reason; anything else, in words too
+        st.error(f"Could not load {name}: {problem_text(problem)}. Choose another model in the sidebar, or remove "
+                 "this one on the Checkpoints page.", icon=":material/error:")
         st.stop()
 
 
@@ -799,13 +804,56 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
     try:
         result = cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback,
                                 max_tokens, model_dtype(name))
-    except (ValueError, RuntimeError, IndexError) as problem:
-        st.error(f"The model could not run on this text: {problem}")
+    except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, the page says so in words
+        st.error(f"{name} could not run on this text: {problem_text(problem)}. Try another text, or choose another "
+                 "model in the sidebar.", icon=":material/error:")
         st.stop()
+    warn_if_not_finite(bundle, result)
     if notice and max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
         st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
                 "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
     return bundle, result
+
+
+def problem_text(problem: BaseException) -> str:
+    """An exception as one line a person can read (its type when it has no message)."""
+    text = str(problem).strip().splitlines()[0][:200] if str(problem).strip() else ""
+    return text if isinstance(problem, (ValueError, CheckpointRefused)) and text else (
+        f"{type(problem).__name__}{': ' + text if text else ''}")
+
+
+STRICT_ERRORS = "ATTNVIZ_STRICT_ERRORS"  # set by the tests: a page's unexpected exception fails them
+
+
+def show_unexpected_error(problem: BaseException, page: str) -> None:
+    """The last line of defence: an exception no page caught becomes a message in words (and a line in the
+    server's log with the traceback), never a traceback in the browser. With ``ATTNVIZ_STRICT_ERRORS=1`` (the
+    tests) it is raised instead, so that a bug cannot hide behind this message."""
+    import logging
+    import os
+
+    if os.environ.get(STRICT_ERRORS) == "1":
+        raise problem
+    logging.getLogger("attnviz").error("Unexpected error on %s", page, exc_info=problem)
+    st.error(f"Something went wrong on this page ({problem_text(problem)}). Try another text, model or setting, or "
+             "reload the page; the server's log has the details.", icon=":material/error:")
+
+
+def warn_if_not_finite(bundle: ModelBundle, capture=None) -> None:
+    """Say, in words, when the model's weights, its outputs at load or this capture hold NaN or infinity: the
+    figures then show blanks, and no number computed from them means anything."""
+    parts = []
+    if bundle.nonfinite:
+        parts.append(f"{len(bundle.nonfinite)} of its weight tensors (for example `{bundle.nonfinite[0]}`)")
+    if capture is not None and capture.nonfinite:
+        parts += capture.nonfinite
+    elif capture is None and bundle.nonfinite_outputs:
+        parts.append(bundle.nonfinite_outputs)
+    if parts:
+        st.warning(f"**Not finite:** NaN or infinity in {'; '.join(parts)} of {bundle.name}. Heatmaps leave those "
+                   "cells blank, and statistics or checks computed from them mean nothing. The checkpoint's weights "
+                   "or config (a huge weight, a zero rope_theta, a NaN epsilon) make its arithmetic overflow.",
+                   icon=":material/warning:")
 
 
 def queries_unavailable(bundle, record, what: str) -> bool:

@@ -11,6 +11,7 @@ from attnviz.ui import (
     add_checkpoint,
     load_bundle,
     model_dtype,
+    problem_text,
     registered_models,
     remove_model,
     server_folders_allowed,
@@ -56,29 +57,42 @@ def limits() -> None:
 
 
 def add_model(prepare, *args) -> None:
-    """Prepare a folder, load it (which validates it), register it; show a message either way."""
+    """Prepare a folder, load it (which validates it), register it; show each step while it runs, and a message
+    either way."""
     dtype = st.session_state.get("ckpt_dtype", "stored")
-    try:
-        registered, bundle, notes = add_checkpoint(prepare, *args, dtype=dtype)
-    except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing behind
-        first_line = str(problem).splitlines()[0][:200] if str(problem).strip() else ""
-        reason = problem if isinstance(problem, safety.CheckpointRefused) else (
-            f"it could not be read ({type(problem).__name__}: {first_line})")
+    with st.status("Adding the model…", expanded=False) as status:
+        try:
+            registered, bundle, notes = add_checkpoint(prepare, *args, dtype=dtype,
+                                                       progress=lambda text: status.update(label=text))
+        except Exception as problem:  # noqa: BLE001 - whatever went wrong, the page says so and leaves nothing
+            status.update(label="Not loaded", state="error")
+            failed = problem
+        else:
+            status.update(label=f"Loaded {registered}", state="complete")
+            failed = None
+    if failed is not None:
+        reason = (failed if isinstance(failed, safety.CheckpointRefused)
+                  else f"it could not be read ({problem_text(failed)})")
         st.error(f"Not loaded: {reason}.", icon=":material/block:")
         return
     # The sidebar's model widget already exists in this run: hand the new choice to the next run.
     st.session_state["pending_model"] = registered
     st.session_state["ckpt_messages"] = [f"Loaded **{registered}**: {bundle.describe()}. It is now the current model."]
     st.session_state["ckpt_messages"] += notes + ([bundle.tokenizer_note] if bundle.tokenizer_note else [])
-    if bundle.nonfinite:
+    if bundle.nonfinite or bundle.nonfinite_outputs:
         st.session_state["ckpt_messages"].append(nonfinite_warning(bundle))
     st.rerun()
 
 
 def nonfinite_warning(bundle) -> str:
-    names = ", ".join(f"`{name}`" for name in bundle.nonfinite[:3]) + (" …" if len(bundle.nonfinite) > 3 else "")
-    return (f":material/warning: {len(bundle.nonfinite)} weight tensor(s) hold NaN or infinity ({names}): the model "
-            "loaded, but its outputs and attention may be NaN.")
+    parts = []
+    if bundle.nonfinite:
+        names = ", ".join(f"`{name}`" for name in bundle.nonfinite[:3]) + (" …" if len(bundle.nonfinite) > 3 else "")
+        parts.append(f"{len(bundle.nonfinite)} weight tensor(s) hold NaN or infinity ({names})")
+    if bundle.nonfinite_outputs:
+        parts.append(f"{bundle.nonfinite_outputs} hold NaN or infinity")
+    return (f":material/warning: **Not finite:** {'; '.join(parts)}. The model loaded, but its attention and outputs "
+            "may be NaN; every page says so where they are.")
 
 
 def messages() -> None:
@@ -134,8 +148,8 @@ def loaded_models() -> None:
         columns = st.columns([5, 1])
         try:
             description = load_bundle(folder, name, model_dtype(name)).describe()
-        except safety.CheckpointRefused as problem:
-            description = f"cannot be loaded: {problem}"
+        except Exception as problem:  # noqa: BLE001 - refused, or anything else: said in words
+            description = f"cannot be loaded: {problem_text(problem)}"
         current = " · **current**" if st.session_state.get("model", DEFAULT_MODEL_NAME) == name else ""
         columns[0].markdown(f"**{name}**{current}  \n{description}")
         if name not in bundled_models() and columns[1].button("Remove", key=f"ckpt_remove_{name}"):

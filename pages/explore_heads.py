@@ -2,6 +2,7 @@
 
 import dataclasses
 import hashlib
+import math
 
 import streamlit as st
 
@@ -17,12 +18,14 @@ from attnviz.ui import (
     current_model_name,
     current_sentence,
     model_dtype,
+    problem_text,
     queries_unavailable,
     registered_models,
     show_figure,
     start_page,
     text_capture_key,
     transient_status,
+    warn_if_not_finite,
 )
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
@@ -91,6 +94,13 @@ def replay_check(capture_key: tuple, kind: str, record, model) -> None:
             capture_key, kind, record,
             _progress=lambda layer, n: status.update(label=f"Replay check: layer {layer + 1} of {n}…"), _model=model,
         )
+    if not math.isfinite(difference):
+        st.markdown(
+            ":material/error: **Replay check: not finite.** The model's attention output, or attnviz's, holds NaN or "
+            "infinity in at least one layer, so there is nothing to compare (see the warning above).",
+            help="The check compares attnviz's weights @ V with the model's own kernel, layer by layer; NaN never "
+                 "counts as agreement.")
+        return
     tolerance = replay_tolerance(record)
     verdict = ":material/check_circle:" if difference <= tolerance else ":material/warning:"
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
@@ -555,9 +565,11 @@ def image_main(bundle) -> None:
     folder = registered_models()[name]
     try:
         capture = cached_image_capture(folder, name, model_dtype(name), image_key, bundle, image, image_name)
-    except (ValueError, RuntimeError) as problem:
-        st.error(f"The model could not run on this image: {problem}")
+    except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, said in words
+        st.error(f"{name} could not run on this image: {problem_text(problem)}. Try another image, or choose another "
+                 "model in the sidebar.", icon=":material/error:")
         st.stop()
+    warn_if_not_finite(bundle, capture)
     capture_key = (folder, name, model_dtype(name), image_key)
     st.caption(f"**{name}** · {bundle.describe()} · {len(capture.tokens)} tokens: "
                + (f"{', '.join(capture.layout.prefix)} and " if capture.layout.prefix else "")
@@ -581,9 +593,6 @@ def main() -> None:
     if bundle.modality == "image":
         image_main(bundle)
         return
-    if bundle.nonfinite:
-        st.warning(f"{len(bundle.nonfinite)} weight tensor(s) of {bundle.name} hold NaN or infinity (for example "
-                   f"`{bundle.nonfinite[0]}`): its attention may be NaN.", icon=":material/warning:")
     if bundle.uses_fallback_tokenizer:
         st.warning(bundle.tokenizer_note, icon=":material/warning:")
         st.radio(

@@ -15,6 +15,7 @@ from attnviz.ui import (
     current_model_name,
     generation_model,
     load_bundle,
+    problem_text,
     queries_unavailable,
     registered_models,
     show_figure,
@@ -357,7 +358,12 @@ def main() -> None:
         return
     name, folder = choice
     request = request_form()
-    model, tokenizer = generation_model(folder, name)
+    try:
+        model, tokenizer = generation_model(folder, name)
+    except Exception as problem:  # noqa: BLE001 - refused with a reason, or anything else: said in words
+        st.error(f"{name} cannot generate here: {problem_text(problem)}. Choose another decoder.",
+                 icon=":material/error:")
+        return
     try:
         tabs = dict(zip(TABS, st.tabs(TABS, key="gen_tab", on_change="rerun", bind="query-params"), strict=True))
         bodies = {"Generation": lambda: generation_tab(folder, name, request, model, tokenizer),
@@ -367,9 +373,11 @@ def main() -> None:
             if tabs[title].open:
                 with tabs[title]:
                     body()
+        circuits_section(folder, name)
     except ValueError as problem:
-        st.warning(str(problem))
-    circuits_section(folder, name)
+        st.warning(str(problem), icon=":material/warning:")
+    except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, said in words
+        st.error(f"{name} could not generate from this prompt: {problem_text(problem)}.", icon=":material/error:")
 
 
 main()

@@ -8,6 +8,8 @@ import pytest
 from attnviz.runtime import configure_environment
 
 configure_environment()  # offline; no GPU here or in CI, so Triton kernels run in the interpreter
+# An exception no page caught fails the test, instead of becoming a message (attnviz.ui.show_unexpected_error).
+os.environ["ATTNVIZ_STRICT_ERRORS"] = "1"
 # Models "this browser" keeps (attnviz.models.keep) go to a folder of the test run's own, never the system's.
 KEPT = tempfile.mkdtemp(prefix="attnviz-test-kept-")
 os.environ["ATTNVIZ_KEEP_DIR"] = KEPT

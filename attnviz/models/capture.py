@@ -37,6 +37,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -313,6 +314,7 @@ class Capture:
     decoder_special: list[bool] | None = None
     layout: object = None  # a vision model's attnviz.vision.PatchLayout: which token is which patch
     image: object = None  # ... and the image as it saw it, [H, W, 3] uint8
+    nonfinite: list[str] = field(default_factory=list)  # what held NaN or infinity: "the queries of layers 0-1", ...
 
     def special_of(self, tokens: list[str]) -> list[bool]:
         """Which of ``tokens`` (the encoder's or the decoder's list) are special tokens."""
@@ -464,9 +466,9 @@ def capture(
     device = _device_of(bundle.model)
     inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
     if bundle.capture_path == "interface":
-        calls, eager_weights = _recorded_calls(bundle.model, inputs), {}
+        (calls, outputs_finite), eager_weights = _recorded_calls(bundle.model, inputs), {}
     else:
-        eager_weights, calls = eager.run(bundle.model, bundle.model_type, inputs, encoder_decoder)
+        eager_weights, calls, outputs_finite = eager.run(bundle.model, bundle.model_type, inputs, encoder_decoder)
         calls = [_to_cpu(call) for call in calls]
 
     result = Capture(
@@ -494,7 +496,41 @@ def capture(
             causal = kind != "cross" and len(query_tokens) > 1 and all(
                 not bool(w.triu(diagonal=1 + w.shape[-1] - w.shape[-2]).any()) for w in weights)
             result.records[kind] = _weights_record(kind, weights, query_tokens, key_tokens, causal)
+    result.nonfinite = nonfinite_parts(result.records, outputs_finite)
     return result
+
+
+def _layers_text(layers: list[int]) -> str:
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    return f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else (
+        "layers " + ", ".join(str(layer) for layer in layers[:6]) + (" …" if len(layers) > 6 else ""))
+
+
+def nonfinite_parts(records: dict[str, AttentionRecord], outputs_finite: bool = True) -> list[str]:
+    """What in a capture holds NaN or infinity, in words ("the queries of self-attention layers 0–5", "the model's
+    outputs"): empty when everything is finite. Reads the recorded tensors (and the eager weights), not the N x N
+    weights attnviz replays; a finite Q and K can still give infinite scores, which the replay check names."""
+    parts = []
+    for kind, record in records.items():
+        where = "" if len(records) == 1 else f"{kind}-attention "
+        stacks = ({"weights": record.eager} if not record.replayable else
+                  {"queries": record.queries, "keys": record.keys, "values": record.values})
+        for what, stack in stacks.items():
+            layers = [layer for layer in range(len(stack)) if not bool(torch.isfinite(stack[layer]).all())]
+            if layers:
+                parts.append(f"the {what} of {where}{_layers_text(layers)}")
+        biases = [b for b in (record.biases or []) if b is not None] if record.replayable else []
+        if any(not bool(torch.isfinite(b).all()) for b in biases):
+            parts.append(f"the {where}position bias")
+    if not outputs_finite:
+        parts.append("the model's outputs")
+    return parts
+
+
+def _finite_outputs(outputs) -> bool:
+    values = outputs.values() if hasattr(outputs, "values") else (outputs if isinstance(outputs, tuple) else [outputs])
+    return all(bool(torch.isfinite(v).all()) for v in values if isinstance(v, torch.Tensor) and v.is_floating_point())
 
 
 def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
@@ -506,7 +542,8 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
         raise ValueError(f"{bundle.name} reads text, not images")
     pixels = vision.pixel_values(bundle.image_processor, image)  # [1, 3, H, W]
     dtype = next(bundle.model.parameters()).dtype
-    calls = _recorded_calls(bundle.model, {"pixel_values": pixels.to(device=_device_of(bundle.model), dtype=dtype)})
+    calls, outputs_finite = _recorded_calls(bundle.model, {"pixel_values": pixels.to(device=_device_of(bundle.model),
+                                                                                      dtype=dtype)})
     n = calls[0].query.shape[-2]
     layout = vision.layout_of(bundle.model.config, n, pixels.shape[-2], pixels.shape[-1])
     labels = layout.labels()
@@ -514,16 +551,18 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
                      special=[i < len(layout.prefix) for i in range(n)], n_tokens_before_truncation=n,
                      layout=layout, image=vision.seen_image(pixels, bundle.image_processor))
     result.records["self"] = _record_of("self", calls, labels, labels)
+    result.nonfinite = nonfinite_parts(result.records, outputs_finite)
     return result
 
 
-def _recorded_calls(model: torch.nn.Module, inputs: dict) -> list[AttentionCall]:
-    """Run ``model`` on ``inputs`` while recording: its attention calls, in order, with their tensors on the CPU."""
+def _recorded_calls(model: torch.nn.Module, inputs: dict) -> tuple[list[AttentionCall], bool]:
+    """Run ``model`` on ``inputs`` while recording: its attention calls, in order, with their tensors on the CPU,
+    and whether its outputs are finite."""
     with torch.no_grad(), recording(model) as recorder:
-        model(**inputs)
+        outputs = model(**inputs)
     if not recorder.calls:
         raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
-    return [_to_cpu(call) for call in recorder.calls]
+    return [_to_cpu(call) for call in recorder.calls], _finite_outputs(outputs)
 
 
 def _weights_record(kind: str, weights: list[torch.Tensor], query_tokens: list[str], key_tokens: list[str],
@@ -603,7 +642,10 @@ def layer_output_difference(record: AttentionRecord, layer: int, block: int | No
     for start in range(0, record.n_q, block):
         end = min(record.n_q, start + block)
         ours = record.layer_weights(layer, start, end) @ values  # [heads, rows, d_v]
-        worst = max(worst, (ours - kernel[:, start:end]).abs().max().item())
+        difference = (ours - kernel[:, start:end]).abs().max().item()  # NaN if either side has one
+        if not math.isfinite(difference):
+            return math.nan  # nothing to compare: see nonfinite_parts
+        worst = max(worst, difference)
     return worst
 
 
@@ -617,13 +659,17 @@ def replay_tolerance(record: AttentionRecord) -> float:
 def replay_difference(record: AttentionRecord, progress=None, model: torch.nn.Module | None = None) -> float:
     """Max |attnviz's attention output - the model's| over every layer: the weights attnviz shows, times V, are
     what the model's own kernel computed. ``progress(layer, n_layers)`` is called before each layer; ``model``
-    is the loaded model, should the copy the capture came from have been unloaded."""
+    is the loaded model, should the copy the capture came from have been unloaded. NaN when a layer's attention
+    output (attnviz's or the model's) is not finite."""
     record._require_replay("The replay check")
     worst = 0.0
     for layer in range(record.n_layers):
         if progress:
             progress(layer, record.n_layers)
-        worst = max(worst, layer_output_difference(record, layer, model=model))
+        difference = layer_output_difference(record, layer, model=model)
+        if not math.isfinite(difference):
+            return math.nan  # NaN or infinity in this layer's attention or output: "not finite", never "exactly"
+        worst = max(worst, difference)
     return worst
 
 
@@ -684,7 +730,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
 
     def first_layer(model_inputs) -> torch.Tensor:
         model_inputs = {name: value.to(device) for name, value in model_inputs.items()}
-        record = _record_of("self", _recorded_calls(bundle.model, model_inputs)[:1], tokens, tokens)
+        record = _record_of("self", _recorded_calls(bundle.model, model_inputs)[0][:1], tokens, tokens)
         return record.layer_weights(0)  # [heads, n, n]
 
     silenced = _positions_silenced(table) if remove_positions else contextlib.nullcontext()

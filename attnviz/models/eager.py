@@ -216,7 +216,8 @@ def check_weights_come_back(model: torch.nn.Module, model_type: str, encoder_dec
 def run(model: torch.nn.Module, model_type: str, inputs: dict, encoder_decoder: bool):
     """Run the model on eager attention with ``output_attentions``: ``(weights, calls)`` where ``weights`` maps
     each attention kind to its per-layer ``[heads, n_q, n_k]`` weights (batch item 0) and ``calls`` is the list of
-    recorded :class:`AttentionCall` (self-attention of a hooked type; empty on the weights path)."""
+    recorded :class:`AttentionCall` (self-attention of a hooked type; empty on the weights path), and whether the
+    model's outputs are finite: ``(weights, calls, outputs_finite)``."""
     adapter = ADAPTERS.get(model_type)
     hooks = _hooks(model, adapter) if adapter else contextlib.nullcontext([])
     with hooks as seen:
@@ -237,4 +238,6 @@ def run(model: torch.nn.Module, model_type: str, inputs: dict, encoder_decoder: 
             kernel=EagerKernel(weights["self"][layer], entry["name"], mask),
             mask=mask, is_causal=causal, scaling=adapter.scaling(module), position_bias=bias,
         ))
-    return weights, calls
+    outputs_finite = all(bool(torch.isfinite(value).all()) for value in outputs.values()
+                         if isinstance(value, torch.Tensor) and value.is_floating_point())
+    return weights, calls, outputs_finite

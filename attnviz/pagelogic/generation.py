@@ -230,6 +230,10 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
             output = model(**inputs, use_cache=False, output_attentions=True)
         logits = output.logits[0, -1]
         logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16: read in fp32
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError(f"Not finite: the model's next-token logits at step {step + 1} hold NaN or infinity "
+                             f"({int((~torch.isfinite(logits)).sum()):,} of {len(logits):,}), so no token can be drawn "
+                             "from them. The checkpoint's weights or config make its arithmetic overflow.")
         if banned:
             logits[banned] = float("-inf")
         if step == 0 and forced_first is not None:  # e.g. BART's <s>, mBART-50's target language
