@@ -4,7 +4,7 @@ import streamlit as st
 
 from attnviz import kvcache
 from attnviz.pagelogic.heads_kv_cache import cache_table, cross_attention_example, variants_of
-from attnviz.ui import current_bundle, current_sentence, show_figure, start_page
+from attnviz.ui import current_bundle, current_sentence, problem_text, show_figure, start_page
 from attnviz.units import DTYPE_BYTES, human_bytes
 from attnviz.viz.charts import bar_chart
 from attnviz.viz.heads import head_sharing
@@ -113,7 +113,14 @@ def cross_attention_section(bundle) -> None:
     except ValueError as problem:
         st.warning(str(problem))
         return
+    except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's tokenizer or embeddings raise, in words
+        st.error(f"{bundle.name}'s embeddings could not be read for these texts: {problem_text(problem)}.",
+                 icon=":material/error:")
+        return
     weights = example["weights"]
+    if not example["finite"]:
+        st.warning(f"**Not finite:** {bundle.name}'s token embeddings give NaN or infinity here, so these weights "
+                   "are not numbers (its weights hold NaN or infinity, or overflow).", icon=":material/warning:")
     source_labels, target_labels = token_labels(example["source_tokens"]), token_labels(example["target_tokens"])
     shown = list(range(min(heads, 4)))
     show_figure(

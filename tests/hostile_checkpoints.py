@@ -40,6 +40,7 @@ class Case:
     nonfinite: bool = False  # loads, and capture must name NaN/inf and the replay check must say so
     fallback_tokenizer: bool = False  # loads with the stand-in tokenizer
     absent: list[str] = field(default_factory=list)  # files that must not be in the prepared folder
+    causal: bool = False  # loaded as the Generation page loads a decoder (load_causal_lm), not load_model_dir
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -136,8 +137,9 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     tensors = load_file(tiny / "model.safetensors")
     save_file({n: torch.full_like(t, SENTINEL_VALUE) for n, t in tensors.items()}, secret / "secret.safetensors",
               metadata={"format": "pt"})
-    vocab = (tiny / "vocab.txt").read_text().splitlines()
-    (secret / "vocab.txt").write_text("\n".join([SENTINEL_TOKEN, *vocab[1:]]) + "\n")
+    vocab = (tiny / "vocab.txt").read_text().splitlines()  # the sentinel takes an unused token's place: read, it
+    vocab[vocab.index("[unused0]")] = SENTINEL_TOKEN       # would be a vocabulary that fits the model
+    (secret / "vocab.txt").write_text("\n".join(vocab) + "\n")
     marker = root / "unpickled-marker"
     payload = pickle_bytes(marker)
     base = folder_files(tiny)
@@ -184,8 +186,10 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     moved[next(iter(moved))] = shard_names[1] if moved[next(iter(moved))] == shard_names[0] else shard_names[0]
     zip_case("index: disagrees with its shards", {**sharded, "model.safetensors.index.json": index_json(moved)},
              match="disagree")
-    zip_case("index: 1,000,001 entries", {**sharded, "model.safetensors.index.json": index_json(
-        {f"t{i}": shard_names[0] for i in range(1_000_001)})}, match="larger than|lists 1,000,001")
+    entries = ",".join(f'"t{i}":"{shard_names[0]}"' for i in range(1_000_001))  # written as text: json is slow
+    zip_case("index: 1,000,001 entries", {**sharded, "model.safetensors.index.json":
+                                          f'{{"metadata":{{}},"weight_map":{{{entries}}}}}'.encode()},
+             match="larger than|lists 1,000,001")
     # 2. Pickles, whatever they are called
     zip_case("index: the first shard a pickle named a.txt", {**pointing("a.txt"), "a.txt": payload},
              match="must be a .safetensors file")
@@ -225,6 +229,11 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     zip_case("config: dtype names a torch function", with_config(base, torch_dtype="load"), match="dtype", fast=True)
     zip_case("config: an empty text_config", with_config(base, text_config={}),
              match="does not run on a test sentence")
+    zip_case("config: 512 experts of a 262,144-wide feed-forward", with_config(base, num_local_experts=512,
+                                                                              n_inner=262_144),
+             match="safetensors hold only", fast=True)
+    zip_case("config: a 262,144-wide feed-forward", with_config(base, n_inner=262_144), match="safetensors hold only",
+             fast=True)
     zip_case("config: 3 key/value heads for 4 heads (llama)", with_config(base, num_key_value_heads=3),
              match="key/value heads", fast=True)
     # 4. Tokenizer files of any size
@@ -243,10 +252,37 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     tokenizer_config = json.loads(base["tokenizer_config.json"])
     zip_case("tokenizer_config: vocab_file outside (the sentinel)", {**base, "tokenizer_config.json": json.dumps(
         {**tokenizer_config, "vocab_file": str(secret / "vocab.txt")}).encode()}, expect="loads",
-        fallback_tokenizer=True, match="vocab_file names a path")
+        match="Left out of tokenizer_config.json: vocab_file")
     zip_case("tokenizer_config: fast_tokenizer_files climbing out", {**base, "tokenizer_config.json": json.dumps(
         {**tokenizer_config, "fast_tokenizer_files": ["tokenizer./../../../secret/x.json"]}).encode()},
-        expect="loads", fallback_tokenizer=True, match="names a path")
+        expect="loads", match="Left out of tokenizer_config.json: fast_tokenizer_files")
+    no_fast = {n: d for n, d in base.items() if n != "tokenizer.json"}  # the vocabulary then comes from the config
+    for key, target, said in [("vocab", str(secret / "vocab.txt"), "the sentinel's path"),
+                              ("vocab", "/dev/zero", "/dev/zero"), ("merges", "/dev/zero", "/dev/zero"),
+                              ("vocab", "vocab.txt", "a name relative to the server's folder"),
+                              ("rewriting_rules", "/dev/zero", "/dev/zero")]:
+        zip_case(f"tokenizer_config: {key} = {said} (no tokenizer.json)", {**no_fast, "tokenizer_config.json":
+                 json.dumps({**tokenizer_config, key: target}).encode()}, expect="loads",
+                 match=f"Left out of tokenizer_config.json: {key}")
+    zip_case("special_tokens_map: a path-valued entry", {**base, "special_tokens_map.json": json.dumps(
+        {"unk_token": "[UNK]", "vocab": "/dev/zero"}).encode()}, expect="loads",
+        match="Left out of special_tokens_map.json: vocab")
+    fast = json.loads(base["tokenizer.json"])
+    marker = "ZZVOCABULARYZZ"
+    start = len(fast["model"]["vocab"])
+    more = ",".join(f'"{i:x}":{start + i}' for i in range(2_200_000))  # written as text: json is slow
+    text = json.dumps({**fast, "model": {**fast["model"], "vocab": {**fast["model"]["vocab"], marker: 0}}})
+    zip_case("tokenizer.json of 2.2M entries (under its byte bound)", {**base, "tokenizer.json": text.replace(
+        f'"{marker}": 0', more).encode()}, expect="loads", fallback_tokenizer=True,
+        match="more than 2,097,152 entries")
+    far = dict(fast["model"]["vocab"], zebra=10_000_000)
+    zip_case("tokenizer.json: an id far past the model's vocabulary", {**base, "tokenizer.json": json.dumps(
+        {**fast, "model": {**fast["model"], "vocab": far}}).encode()}, expect="loads", fallback_tokenizer=True,
+        match="token ids up to 10,000,000")
+    zip_case("tokenizer.model: pieces of 60,000 characters (hours of conversion)", {
+        **no_fast, "tokenizer.model": _sentencepiece([("a" * (60_000 - k)) for k in range(20)]),
+        "tokenizer_config.json": json.dumps({"tokenizer_class": "LlamaTokenizer"}).encode()}, expect="loads",
+        fallback_tokenizer=True, match="take hours")
     zip_case("generation_config.json of 2 MB", {**base, "generation_config.json": json.dumps(
         {"x": "y" * 2 * MiB}).encode()}, expect="loads", match="generation_config.json \\(larger than")
     # 5. Zips that are damaged or odd
@@ -296,6 +332,15 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
              expect="loads", nonfinite=True)
     zip_case("config: layer_norm_epsilon NaN", with_config(base, layer_norm_epsilon=float("nan")), expect="loads",
              nonfinite=True)
+
+    # The Generation page's loader: the same checks
+    neo = _tiny_gpt_neo(root / "gpt-neo", max_position_embeddings=30_000)
+    zip_case("load_causal_lm: gpt_neo with 30,000 positions (9e8-number tables per layer)", folder_files(neo),
+             match="tables", causal=True)
+    zip_case("load_causal_lm: an index climbing out", pointing("../../secret/secret.safetensors", True),
+             match="cannot be a shard", causal=True)
+    zip_case("load_causal_lm: tokenizer_config vocab = /dev/zero", {**no_fast, "tokenizer_config.json": json.dumps(
+        {**tokenizer_config, "vocab": "/dev/zero"}).encode()}, expect="loads", causal=True)
 
     # The files tab
     def files_case(name: str, files: dict[str, bytes], **expect) -> None:
@@ -364,6 +409,45 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     (root / "tmp").mkdir()
     _plant_upload(root / "tmp", tiny, shard_names[0], sharded)
     return cases, facts
+
+
+def _sentencepiece(pieces: list[str]) -> bytes:
+    """A sentencepiece BPE model (protobuf, written by hand: field 1 repeated pieces {1: piece, 2: score, 3: type},
+    field 2 trainer_spec {3: model_type = BPE})."""
+    def varint(value: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+            value >>= 7
+            if not value:
+                return bytes(out)
+
+    def field(number: int, payload: bytes) -> bytes:
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+    def piece(text: str, kind: int) -> bytes:
+        return field(1, text.encode()) + varint(2 << 3 | 5) + struct.pack("<f", -1.0) + varint(3 << 3) + varint(kind)
+
+    specials = [piece("<unk>", 2), piece("<s>", 3), piece("</s>", 3), piece("a", 1), piece("b", 1)]
+    return (b"".join(field(1, p) for p in specials) + b"".join(field(1, piece(p, 1)) for p in pieces)
+            + field(2, varint(3 << 3) + varint(2)))
+
+
+def _tiny_gpt_neo(folder: Path, max_position_embeddings: int) -> Path:
+    """A tiny GPT-Neo whose config and position table say ``max_position_embeddings`` (built small, then the
+    table and config grown on disk: building it at that size takes the very time and memory the case is about)."""
+    from safetensors.torch import load_file, save_file
+
+    from attnviz.bench.tiny import make_tiny_checkpoint
+
+    make_tiny_checkpoint("gpt_neo", folder)
+    weights = load_file(folder / "model.safetensors")
+    name = next(n for n in weights if n.endswith("wpe.weight"))
+    weights[name] = torch.randn(max_position_embeddings, weights[name].shape[1])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": max_position_embeddings}))
+    return folder
 
 
 def _cache_layout(folder: Path, files: dict[str, bytes]) -> None:

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 MEMORY_CAP = 6 * 1024**3  # address space: torch and transformers reserve ~1 GB; /dev/zero would take it all
 
@@ -130,6 +131,12 @@ def run_case(case: dict, facts: dict) -> dict:
             folder, owned, notes = _prepare(case)
             result["notes"] += notes
             result["absent_present"] = [name for name in case["absent"] if (folder / name).exists()]
+            if case["causal"]:  # the Generation page's loader: a model with its LM head, and its tokenizer
+                model, tokenizer = loading.load_causal_lm(folder)
+                result.update(seconds=time.perf_counter() - started, outcome="loaded", notes=result["notes"],
+                              fallback_tokenizer=False, replay_finite=True,
+                              leaked=_leaked(SimpleNamespace(model=model, tokenizer=tokenizer), facts))
+                return
             bundle = loading.load_model_dir(folder)
             result["seconds"] = time.perf_counter() - started
             result["outcome"] = "loaded"

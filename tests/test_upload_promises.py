@@ -28,10 +28,12 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def own_temporary(tmp_path, monkeypatch):
-    """Uploads of this test only: a temporary folder (and so an uploads root) of its own."""
+    """Uploads of this test only: a temporary folder (and so an uploads root) and a keep root of its own (both
+    count against ATTNVIZ_UPLOADS_GB)."""
     folder = tmp_path / "temporary"
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("ATTNVIZ_KEEP_DIR", str(tmp_path / "kept"))
     return folder
 
 
@@ -280,3 +282,22 @@ def test_an_unexpected_error_becomes_a_message_not_a_traceback(monkeypatch, clea
     monkeypatch.setenv("ATTNVIZ_STRICT_ERRORS", "1")
     at.run()
     assert at.exception
+
+
+def test_token_ids_past_the_embeddings_are_refused_in_words(tmp_path):
+    """A tokenizer that does not fit its model: the load falls back to the stand-in, and capture, given such a
+    tokenizer anyway, refuses in words instead of indexing past the embedding table."""
+    import dataclasses
+
+    from transformers import GPT2Config
+
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "small-vocab", config=GPT2Config(
+        vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
+    bundle = load_model_dir(folder)
+    assert bundle.uses_fallback_tokenizer and "token ids up to" in bundle.tokenizer_note
+    from attnviz.models.loading import _tokenizer_of
+
+    mismatched = dataclasses.replace(bundle, tokenizer=_tokenizer_of(folder))
+    with pytest.raises(ValueError, match="does not fit it"):
+        capture(mismatched, "The cat sat on the mat.")
+    assert capture(bundle, "The cat sat on the mat.").tokens  # the stand-in's ids are the model's

@@ -463,6 +463,7 @@ def capture(
     inputs, tokens, segments, special, total, decoder_tokens, decoder_special = _model_inputs(
         bundle, text, text_pair, limit, fallback_tokenizer
     )
+    _check_ids(bundle.model, inputs)
     device = _device_of(bundle.model)
     inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
     if bundle.capture_path == "interface":
@@ -498,6 +499,20 @@ def capture(
             result.records[kind] = _weights_record(kind, weights, query_tokens, key_tokens, causal)
     result.nonfinite = nonfinite_parts(result.records, outputs_finite)
     return result
+
+
+def _check_ids(model: torch.nn.Module, inputs: dict) -> None:
+    """Refuse, in words, token ids past the model's embedding table (a tokenizer that does not fit its model):
+    looked up, they raise an IndexError on the CPU and break the whole process on a GPU."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return
+    for name in ("input_ids", "decoder_input_ids"):
+        ids = inputs.get(name)
+        if ids is not None and ids.numel() and int(ids.max()) >= rows:
+            raise ValueError(f"the tokenizer gave token id {int(ids.max()):,} for this text, but the model has only "
+                             f"{rows:,} token embeddings: its tokenizer does not fit it")
 
 
 def _layers_text(layers: list[int]) -> str:

@@ -402,6 +402,10 @@ def _tokenizer_problem(tokenizer, vocab_size: int) -> str | None:
     test sentence, with ids the model's embeddings have."""
     if len(tokenizer) == 0:
         return "Its tokenizer files hold no vocabulary"
+    largest = max(tokenizer.get_vocab().values(), default=0)
+    if vocab_size and largest >= vocab_size:
+        return (f"Its tokenizer has token ids up to {largest:,}, but the model's vocabulary has {vocab_size:,} "
+                "entries")
     ids = tokenizer(TEST_SENTENCE)["input_ids"]
     if not ids:
         return "Its tokenizer gives no tokens for a test sentence (its files do not fit together)"
@@ -497,8 +501,8 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
         config, path = _read_checked_config(checked, view, progress)
         timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        where = placement(view, max_memory=max_memory, offload_folder=offload_folder,
-                          size=sum(f.size for f in checked.weights))
+        where = placement(view, max_memory=max_memory, offload_folder=offload_folder or str(view / "offload"),
+                          size=sum(f.size for f in checked.weights))  # offloaded weights go with the view
         timings["  placement (accelerate)"] = time.perf_counter() - mark
         mark = time.perf_counter()
         model = _load_weights(view, config, dtype, where, path, progress)
@@ -591,23 +595,27 @@ def load_causal_lm(folder: str | Path):
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     folder = Path(folder)
-    checked = preflight.inspect(folder, link_rule_for(folder))
-    if checked.tokenizer_problem or not any(checked.has(name) for name in TOKENIZER_FILES):
-        raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text needs "
-                                "the model's own tokenizer")
-    view = preflight.make_view(checked)
+    view = None
     try:
-        encoder_decoder = architecture_of_folder(folder) == "encoder-decoder"
+        checked = preflight.inspect(folder, link_rule_for(folder))
+        if checked.tokenizer_problem or not any(checked.has(name) for name in TOKENIZER_FILES):
+            raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text "
+                                    "needs the model's own tokenizer")
+        view = preflight.make_view(checked)
+        config, _ = _read_checked_config(checked, view)  # the same size checks as load_model_dir, before building
+        encoder_decoder = getattr(config, "is_encoder_decoder", False)
         loader = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
         with loading_lock():
             model = loader.from_pretrained(view, attn_implementation="eager", local_files_only=True,
                                            use_safetensors=True, trust_remote_code=False).eval()
         tokenizer = _tokenizer_of(view)
     except CheckpointRefused:
-        preflight.remove_view(view)
+        if view is not None:
+            preflight.remove_view(view)
         raise
     except Exception as problem:  # noqa: BLE001 - whatever transformers raises: this folder cannot generate
-        preflight.remove_view(view)
+        if view is not None:
+            preflight.remove_view(view)
         raise CheckpointRefused(f"it could not be loaded with its language-model head ({type(problem).__name__}: "
                                 f"{_first_line(problem, 160)})") from None
     preflight.keep_view_while(view, model)

@@ -89,6 +89,7 @@ class CheckedFile:
     name: str  # its plain name inside the folder
     real: Path  # the regular file it is (a link's target)
     size: int
+    replacement: bytes | None = None  # what the view holds instead (a tokenizer config with path keys left out)
 
 
 @dataclass
@@ -390,13 +391,22 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
         # Every layer holds at least two tensors (attention's projections and the MLP's); ALBERT's share one set.
         raise CheckpointRefused(f"{path} describes {layers} layers, but the weights hold only {tensors} tensors (each "
                                 "layer has several): the weights do not belong to this config")
-    # A lower bound on what the config describes: the token embeddings and, per layer, at least two width x width
-    # projections (queries and output). Far above the weights, and it cannot be built (nor should it be tried).
+    # A lower bound on what the config describes: the token embeddings; per layer, two width x width projections
+    # (queries and output) and a feed-forward's two width x intermediate ones; for a mixture of experts, every
+    # expert of one layer. Far above the weights, and it cannot be built (nor should it be tried).
     vocabulary = _first(config, VOCABULARY_KEYS) or 0
     width = width or 0
     embedding = min(width, config["embedding_size"]) if _whole(config.get("embedding_size")) else width
     shared = model_type in SHARED_LAYER_TYPES
-    described = vocabulary * embedding + (0 if shared else (layers or 0) * 2 * width**2)
+    feed_forward = _first(config, ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim",
+                                   "hidden_dim")) or 0
+    experts = _first(config, ("num_local_experts", "num_experts", "n_routed_experts")) or 0
+    expert_size = config["moe_intermediate_size"] if _whole(config.get("moe_intermediate_size")) else feed_forward
+    if experts:
+        feed_forward = min(feed_forward, experts * expert_size)  # a MoE layer's experts may replace the dense one
+    per_layer = 2 * width**2 + 2 * width * feed_forward
+    described = (vocabulary * embedding + (0 if shared else (layers or 0) * per_layer)
+                 + 2 * width * expert_size * experts)
     if described > 1.5 * parameters + 1_000_000:
         raise CheckpointRefused(
             f"{path} describes at least {described / 1e6:,.1f}M parameters but the safetensors hold only "
@@ -448,65 +458,162 @@ def check_config(config: object) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizer and other optional files
 
-# tokenizer_config.json keys that name files: a value must be a plain name (transformers 5.24 ignores such keys
-# for the files it knows, but a tokenizer class may take others, and fast_tokenizer_files is joined onto the folder).
+# tokenizer_config.json and special_tokens_map.json can name files: keys ending so (transformers 5.24 resolves the
+# ones it knows from the folder itself, whatever the config says, but a tokenizer class may open others), and
+# ``vocab`` / ``merges`` / ``rewriting_rules`` given as a string, which a tokenizer opens as a path (the Rust
+# tokenizer reads /dev/zero until the process aborts). transformers reads a copy with such keys left out.
 FILE_KEY_SUFFIXES = ("_file", "_files", "_path", "_dir", "_directory")
+PATH_VALUED_KEYS = {"vocab", "merges", "rewriting_rules"}
 LABEL_KEYS = {"name_or_path", "_name_or_path"}  # where a checkpoint came from: a label that transformers replaces
+TEXT_KEYS = {"chat_template"}  # free text, never opened
 
 
-def _file_names_problem(value, key: str = "") -> str | None:
-    if isinstance(value, dict):
-        return next((p for k, v in value.items() if (p := _file_names_problem(v, str(k)))), None)
-    if isinstance(value, list):
-        return next((p for v in value if (p := _file_names_problem(v, key))), None)
-    if isinstance(value, str) and key.endswith(FILE_KEY_SUFFIXES) and key not in LABEL_KEYS and plain_name_problem(
-            value):
-        return f"its {shown(key, 30)} names a path ({shown(value, 40)})"
-    return None
+def _looks_like_a_path(value: str) -> bool:
+    parts = value.replace("\\", "/").split("/")
+    return (value.startswith(("/", "~", "\\")) or (len(value) > 1 and value[1] == ":" and value[0].isalpha())
+            or ".." in parts)
+
+
+def sanitised_tokenizer_config(content: object) -> tuple[dict, list[str]]:
+    """A tokenizer config without the keys that could make a tokenizer open a file by path, and the keys left out
+    that named one (for the page); raises CheckpointRefused if it is not a JSON object."""
+    if not isinstance(content, dict):
+        raise CheckpointRefused("is not a JSON object")
+    kept, named = {}, []
+    for key, value in content.items():
+        names_files = key.endswith(FILE_KEY_SUFFIXES) and key not in LABEL_KEYS
+        path_valued = key in PATH_VALUED_KEYS and isinstance(value, str)
+        path_like = (isinstance(value, str) and key not in LABEL_KEYS | TEXT_KEYS and not key.endswith("_token")
+                     and _looks_like_a_path(value))
+        if key == "auto_map" or names_files or path_valued or path_like:
+            if value not in (None, "", [], {}) and key != "auto_map":
+                named.append(shown(key, 30))
+            continue
+        kept[key] = value
+    return kept, named
 
 
 def _count_entries(checked: CheckedFile) -> int:
-    """Lines of a text vocabulary, or keys of a JSON one (``"...":``), counted in chunks."""
-    marker = b'":' if checked.name.endswith(".json") else b"\n"
+    """Entries of a vocabulary, counted in chunks without parsing it: lines of a text file; in JSON, keys
+    (``"…":``, a vocabulary's entries) and closing brackets followed by a comma (``],``: a unigram vocabulary's
+    pairs, a merges list's pairs)."""
+    markers = (b'":', b"],") if checked.name.endswith(".json") else (b"\n",)
     count = 0
     with open(checked.real, "rb") as file:
+        tail = b""
         while chunk := file.read(MiB):
-            count += chunk.count(marker)
+            window = tail + chunk
+            count += sum(window.count(marker) for marker in markers) - sum(tail.count(m) for m in markers)
+            tail = chunk[-1:]
     return count
 
 
-def check_tokenizer(folder: Path, links: LinkRule) -> tuple[list[CheckedFile], str | None]:
-    """The folder's tokenizer files, each a checked regular file within its bound, or ``([], why)``: then no
-    tokenizer file is read at all (a stand-in tokenizer is used, and the page says why)."""
-    found = []
+MAX_PIECE_WORK = 1_000_000_000  # sum of squared piece lengths: converting a sentencepiece model costs about this
+
+
+def sentencepiece_problem(checked: CheckedFile) -> str | None:
+    """Why a sentencepiece model (a protobuf) is too costly to read: too many pieces, or pieces so long that
+    transformers' conversion to a fast tokenizer (every split of every piece, in Python) would run for hours."""
+    data = checked.real.read_bytes()
+    pieces = work = 0
+    position = 0
+    try:
+        while position < len(data):
+            key, position = _varint(data, position)
+            field_number, wire = key >> 3, key & 7
+            if wire == 2:
+                length, position = _varint(data, position)
+                if field_number == 1:  # a SentencePiece message: its field 1 is the piece
+                    pieces += 1
+                    piece_length = _first_string_length(data, position, position + length)
+                    work += piece_length * piece_length
+                position += length
+            elif wire == 0:
+                _, position = _varint(data, position)
+            elif wire in (1, 5):
+                position += 8 if wire == 1 else 4
+            else:
+                return "it is not a sentencepiece model"
+    except IndexError:
+        return "it is not a sentencepiece model"
+    if pieces > MAX_VOCABULARY_ENTRIES:
+        return f"it has more than {MAX_VOCABULARY_ENTRIES:,} pieces"
+    if work > MAX_PIECE_WORK:
+        return "its pieces are so long that reading them would take hours"
+    return None
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
+
+
+def _first_string_length(data: bytes, start: int, end: int) -> int:
+    position = start
+    while position < end:
+        key, position = _varint(data, position)
+        if key & 7 == 2:
+            length, position = _varint(data, position)
+            if key >> 3 == 1:
+                return length
+            position += length
+        elif key & 7 == 0:
+            _, position = _varint(data, position)
+        else:
+            position += 8 if key & 7 == 1 else 4
+    return 0
+
+
+SENTENCEPIECE_SUFFIXES = (".model", ".spm")
+COUNTED_JSON = {"tokenizer.json", "tekken.json", "vocab.json", "target_vocab.json", "vocab-src.json", "vocab-tgt.json"}
+
+
+def check_tokenizer(folder: Path, links: LinkRule) -> tuple[list[CheckedFile], str | None, list[str]]:
+    """The folder's tokenizer files, each a checked regular file within its bound, or ``([], why, notes)``: then
+    no tokenizer file is read at all (a stand-in tokenizer is used, and the page says why). The tokenizer configs
+    are replaced in the view by copies without keys that name files (listed in the notes)."""
+    found, notes = [], []
     names = list(TOKENIZER_LIMITS) + sorted(p.name for p in folder.iterdir() if p.name.endswith(".tiktoken"))
     for name in names:
         limit = TOKENIZER_LIMITS.get(name, TIKTOKEN_LIMIT)
         try:
             checked = regular_file(folder, name, links)
         except CheckpointRefused as problem:
-            return [], f"Its tokenizer file {problem}"
+            return [], f"Its tokenizer file {problem}", notes
         if checked is None:
             continue
         if checked.size > limit:
             return [], (f"Its tokenizer file {shown(name)} is {checked.size / MiB:.1f} MB, larger than "
-                        f"{limit / MiB:g} MB, so it was not read")
-        if name.endswith((".txt", ".codes", ".tiktoken")) or name in ("vocab.json", "target_vocab.json",
-                                                                       "vocab-src.json", "vocab-tgt.json"):
-            if _count_entries(checked) > MAX_VOCABULARY_ENTRIES:
-                return [], (f"Its tokenizer file {shown(name)} has more than {MAX_VOCABULARY_ENTRIES:,} entries, so "
-                            "it was not read")
-        found.append(checked)
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        checked = next((f for f in found if f.name == name), None)
-        if checked is not None:
-            try:
-                problem = _file_names_problem(read_json(checked, TOKENIZER_LIMITS[name]))
-            except CheckpointRefused as refused:
-                return [], f"Its tokenizer file {refused}"
+                        f"{limit / MiB:g} MB, so it was not read"), notes
+        counted = name.endswith((".txt", ".codes", ".tiktoken")) or name in COUNTED_JSON
+        # A merges list holds about one pair per vocabulary entry: JSON vocabularies may hold both.
+        allowed = 2 * MAX_VOCABULARY_ENTRIES if name in ("tokenizer.json", "tekken.json") else MAX_VOCABULARY_ENTRIES
+        if counted and _count_entries(checked) > allowed:
+            return [], (f"Its tokenizer file {shown(name)} has more than {allowed:,} entries, so it was not "
+                        "read"), notes
+        if name.endswith(SENTENCEPIECE_SUFFIXES):
+            problem = sentencepiece_problem(checked)
             if problem:
-                return [], f"Its {name} cannot be used: {problem}"
-    return found, None
+                return [], f"Its tokenizer file {shown(name)} cannot be used: {problem}", notes
+        if name in ("tokenizer_config.json", "special_tokens_map.json"):
+            try:
+                content, named = sanitised_tokenizer_config(read_json(checked, limit))
+            except CheckpointRefused as refused:
+                return [], f"Its tokenizer file {name} {refused}", notes
+            if named:
+                notes.append(f"Left out of {name}: {', '.join(named)} (it named files by path; the tokenizer reads "
+                             "its files from the checkpoint's own folder only)")
+            checked.replacement = json.dumps(content).encode()
+        found.append(checked)
+    return found, None, notes
 
 
 def check_optional(folder: Path, links: LinkRule, name: str, limit: int) -> tuple[CheckedFile | None, str | None]:
@@ -549,7 +656,8 @@ def inspect(folder: str | Path, links: LinkRule) -> CheckedFolder:
             checked.others.append(optional)
         elif note:
             checked.notes.append(note + ".")
-    checked.tokenizer, checked.tokenizer_problem = check_tokenizer(folder, links)
+    checked.tokenizer, checked.tokenizer_problem, notes = check_tokenizer(folder, links)
+    checked.notes += notes
     return checked
 
 
@@ -564,8 +672,11 @@ def make_view(checked: CheckedFolder) -> Path:
     except CheckpointRefused:
         place = None  # the system's temporary folder: the name still marks it as an upload's, never opened by path
     view = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}view-", dir=place))
-    for name, real in {f.name: f.real for f in checked.files}.items():
-        os.symlink(real, view / name)
+    for checked_file in checked.files:
+        if checked_file.replacement is not None:
+            (view / checked_file.name).write_bytes(checked_file.replacement)
+        else:
+            os.symlink(checked_file.real, view / checked_file.name)
     return view
 
 

@@ -34,7 +34,7 @@ def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, 
 
     ``projections="identity"``: W_Q = W_K = W_V = W_O = I, so a head attends by embedding similarity on its slice
     of dimensions (words with related meanings align). ``"random"``: seeded random projections, as an untrained
-    layer has. Returns tokens and weights ``[heads, n_target, n_source]``.
+    layer has. Returns tokens, weights ``[heads, n_target, n_source]`` and whether they are all finite.
     """
     source_tokens, memory = token_embeddings(bundle, source)
     target_tokens, queries = token_embeddings(bundle, target)
@@ -52,7 +52,8 @@ def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, 
     normalise = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) * d_model**0.5  # noqa: E731
     with torch.no_grad():
         _, weights = layer(normalise(queries).unsqueeze(0), normalise(memory).unsqueeze(0))
-    return {"source_tokens": source_tokens, "target_tokens": target_tokens, "weights": weights[0]}
+    return {"source_tokens": source_tokens, "target_tokens": target_tokens, "weights": weights[0],
+            "finite": bool(torch.isfinite(weights).all())}
 
 
 # ---------------------------------------------------------------------------------------------------------------
