@@ -206,9 +206,8 @@ def test_a_nul_in_a_typed_folder_is_refused_in_words(tmp_path):
         prepare_folder_path(str(tmp_path) + "\0/etc")
 
 
-def test_nan_is_named_and_never_compared_as_exact(tiny, tmp_path):
-    """Finite weights that overflow: the capture names what is not finite, the replay check returns NaN (never
-    0.0, "exactly"), and the load marks the model."""
+def _overflowing(tiny: Path, tmp_path: Path) -> Path:
+    """The tiny GPT-2 with query/key/value weights of 1e38: finite weights whose attention overflows."""
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "overflow"
@@ -217,7 +216,13 @@ def test_nan_is_named_and_never_compared_as_exact(tiny, tmp_path):
     name = next(n for n in weights if n.endswith("attn.c_attn.weight"))
     weights[name] = torch.full_like(weights[name], 1e38)
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    bundle = load_model_dir(folder)
+    return folder
+
+
+def test_nan_is_named_and_never_compared_as_exact(tiny, tmp_path):
+    """Finite weights that overflow: the capture names what is not finite, the replay check returns NaN (never
+    0.0, "exactly"), and the load marks the model."""
+    bundle = load_model_dir(_overflowing(tiny, tmp_path))
     assert bundle.nonfinite == [] and bundle.nonfinite_outputs  # the weights are finite; what they give is not
     captured = capture(bundle, "The cat sat on the mat.")
     assert any("queries" in part or "outputs" in part for part in captured.nonfinite), captured.nonfinite
@@ -228,15 +233,7 @@ def test_nan_is_named_and_never_compared_as_exact(tiny, tmp_path):
 
 
 def _overflowing_zip(tiny: Path, tmp_path: Path) -> bytes:
-    from safetensors.torch import load_file, save_file
-
-    folder = tmp_path / "overflow"
-    shutil.copytree(tiny, folder)
-    weights = load_file(folder / "model.safetensors")
-    name = next(n for n in weights if n.endswith("attn.c_attn.weight"))
-    weights[name] = torch.full_like(weights[name], 1e38)
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return zip_folder(folder, tmp_path / "overflow.zip").read_bytes()
+    return zip_folder(_overflowing(tiny, tmp_path), tmp_path / "overflow.zip").read_bytes()
 
 
 def test_the_pages_say_not_finite(tiny, tmp_path, clean_streamlit_caches):

@@ -50,17 +50,23 @@ def uploads_root() -> Path:
     return root
 
 
-@functools.lru_cache(maxsize=8)
-def _checked(path: str) -> Path | None:
-    root = Path(path)
+def private_folder(path: Path, forbidden_mode: int = 0o077) -> Path | None:
+    """``path`` as a folder of this account's, created 0700 if need be; None if it is a link, belongs to another
+    account, or has any of ``forbidden_mode``'s permission bits (in a shared /tmp another account could have made
+    it first, to read or plant files)."""
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(root)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(path)
     except OSError:
         return None
-    if os.path.islink(root) or not os.path.isdir(root) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+    if os.path.islink(path) or not os.path.isdir(path) or info.st_uid != os.getuid() or info.st_mode & forbidden_mode:
         return None
-    return root
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def _checked(path: str) -> Path | None:
+    return private_folder(Path(path))
 
 
 def new_workspace() -> Path:

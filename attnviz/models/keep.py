@@ -78,16 +78,10 @@ def usable_root(root: Path | None = None) -> Path | None:
 def _checked_root(root: str) -> Path | None:
     """None for a link, or a folder someone else owns or others may write to (in a shared /tmp another account
     could have made it first)."""
-    root = Path(root)
-    try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(root)
-    except OSError:
-        return None
-    if not os.path.isdir(root) or os.path.islink(root) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        return None
-    (root / MARKER).touch(exist_ok=True)
-    return root
+    checked = disk.private_folder(Path(root), forbidden_mode=0o022)
+    if checked is not None:
+        (checked / MARKER).touch(exist_ok=True)
+    return checked
 
 
 def new_key() -> str:
