@@ -850,7 +850,7 @@ def warn_if_not_finite(bundle: ModelBundle, capture=None) -> None:
     elif capture is None and bundle.nonfinite_outputs:
         parts.append(bundle.nonfinite_outputs)
     if parts:
-        st.warning(f"**Not finite:** NaN or infinity in {'; '.join(parts)} of {bundle.name}. Heatmaps leave those "
+        st.warning(f"**Not finite:** {bundle.name} gives NaN or infinity in {'; '.join(parts)}. Heatmaps leave those "
                    "cells blank, and statistics or checks computed from them mean nothing. The checkpoint's weights "
                    "or config (a huge weight, a zero rope_theta, a NaN epsilon) make its arithmetic overflow.",
                    icon=":material/warning:")

@@ -98,7 +98,10 @@ def nonfinite_warning(bundle) -> str:
 def messages() -> None:
     """What the last upload or removal did (set before the rerun that shows it)."""
     for index, message in enumerate(st.session_state.pop("ckpt_messages", [])):
-        (st.success if index == 0 else st.info)(message)
+        if message.startswith(":material/warning:"):
+            st.warning(message.removeprefix(":material/warning:").strip(), icon=":material/warning:")
+        else:
+            (st.success if index == 0 else st.info)(message)
 
 
 def add_forms() -> None:
