@@ -12,6 +12,7 @@ refused without being expanded).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ VISION_TYPES = frozenset(TESTED_VISION_TYPES)  # read as images (the tested type
 VISION_TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
 MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
+# What a model may be shown: real processors resize to 224-518 pixels a side (DINOv2: 518, 1,370 tokens). A
+# processor config that asks for more (a crafted size of 20,000) would take gigabytes and hours per image.
+MAX_MODEL_IMAGE_SIDE = 4096
+MAX_IMAGE_TOKENS = 16_384
 FORMATS = ("PNG", "JPEG", "MPO")  # MPO: a JPEG with more pictures in it (phones' HDR gain maps), read as JPEG
 SAMPLE_IMAGES = {"China (scikit-learn sample)": "china.jpg", "Flower (scikit-learn sample)": "flower.jpg"}
 UPLOAD_HINT = ("No pretrained vision checkpoint ships offline. For a real one, upload a zip of a Hugging Face ViT "
@@ -154,13 +159,76 @@ def load_image_processor(folder, config) -> tuple[object, str | None]:
     if (Path(folder) / "preprocessor_config.json").is_file():
         try:
             processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-            return processor, None
+            problem = processor_problem(processor, config)
+            if problem is None:
+                return processor, None
+            note = f"Its preprocessor_config.json cannot be used ({problem})"
         except Exception as problem:  # noqa: BLE001 - any failure means: use the stand-in, and say so
             note = f"Its preprocessor_config.json could not be read ({str(problem)[:120]})"
     else:
         note = "This checkpoint has no preprocessor_config.json"
     return FallbackImageProcessor(size), (f"{note}: images are resized to {size} x {size} and normalised with mean "
                                           "and std 0.5 (ViT's defaults), which may not be how this model was trained.")
+
+
+def test_image():
+    """A small grey picture, as a processor is tried on at load."""
+    from PIL import Image
+
+    return Image.new("RGB", (64, 48), (128, 128, 128))
+
+
+def image_tokens(config, height: int, width: int) -> int:
+    """How many tokens a vision model of ``config`` makes of ``height x width`` pixels (without its prefix)."""
+    patch = config.patch_size if not isinstance(config.patch_size, (tuple, list)) else config.patch_size[0]
+    return (height // max(1, int(patch))) * (width // max(1, int(patch)))
+
+
+def check_pixels(pixels: torch.Tensor, config) -> None:
+    """Refuse, in words, pixels a model should not be shown: not ``[1, channels, H, W]``, not finite, or so large
+    that the model would read more than :data:`MAX_IMAGE_TOKENS` patches."""
+    channels = int(getattr(config, "num_channels", 3) or 3)
+    if pixels.dim() != 4 or pixels.shape[0] != 1 or pixels.shape[1] != channels:
+        raise ValueError(f"the image processor gives pixels shaped {list(pixels.shape)}, not [1, {channels}, H, W]")
+    height, width = pixels.shape[-2:]
+    if max(height, width) > MAX_MODEL_IMAGE_SIDE or image_tokens(config, height, width) > MAX_IMAGE_TOKENS:
+        raise ValueError(f"the image processor makes the image {width} x {height} pixels, "
+                         f"{image_tokens(config, height, width):,} patches; attnviz shows models up to "
+                         f"{MAX_MODEL_IMAGE_SIDE:,} pixels a side and {MAX_IMAGE_TOKENS:,} patches")
+    if not bool(torch.isfinite(pixels).all()):
+        raise ValueError("the image processor gives pixels that are NaN or infinite (its mean or std?)")
+
+
+SIZE_SETTINGS = ("size", "crop_size", "pad_size", "max_size")  # what a processor resizes, crops or pads to
+
+
+def _sizes(value, key: str = "") -> list[tuple[str, object]]:
+    """Every number in a processor's size setting, with its key: a number, a dict, a list or transformers'
+    ``SizeDict`` (a dataclass of height, width, edges and pixel counts)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return [pair for name, item in value.items() for pair in _sizes(item, str(name))]
+    if isinstance(value, (list, tuple)):
+        return [pair for item in value for pair in _sizes(item, key)]
+    return [] if value is None else [(key, value)]
+
+
+def processor_problem(processor, config) -> str | None:
+    """Why a checkpoint's image processor cannot be used (None if it can). Its sizes are read first (a crafted
+    size of 20,000 would allocate gigabytes on the first image, this test's included); then, tried on a small
+    grey image, it must give ``[1, channels, H, W]`` finite pixels of a size the model can read in bounded time."""
+    for name in (*SIZE_SETTINGS, "max_pixels", "min_pixels"):
+        for key, size in _sizes(getattr(processor, name, None), name):
+            largest = MAX_MODEL_IMAGE_SIDE**2 if "pixels" in key else MAX_MODEL_IMAGE_SIDE
+            if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= largest:
+                return (f"its {name} {key if key != name else ''} is {str(size)[:30]}; attnviz shows models "
+                        f"images of 1 to {MAX_MODEL_IMAGE_SIDE:,} pixels a side").replace("  ", " ")
+    try:
+        check_pixels(pixel_values(processor, test_image()), config)
+    except Exception as problem:  # noqa: BLE001 - whatever the processor raises: it cannot be used
+        return str(problem)[:160] or type(problem).__name__
+    return None
 
 
 def pixel_values(processor, image) -> torch.Tensor:

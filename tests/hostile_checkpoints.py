@@ -41,6 +41,7 @@ class Case:
     fallback_tokenizer: bool = False  # loads with the stand-in tokenizer
     absent: list[str] = field(default_factory=list)  # files that must not be in the prepared folder
     causal: bool = False  # loaded as the Generation page loads a decoder (load_causal_lm), not load_model_dir
+    image: bool = False  # a vision transformer: captured on an image
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -342,6 +343,38 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     zip_case("load_causal_lm: tokenizer_config vocab = /dev/zero", {**no_fast, "tokenizer_config.json": json.dumps(
         {**tokenizer_config, "vocab": "/dev/zero"}).encode()}, expect="loads", causal=True)
 
+    for name, settings, match in [
+        ("forced_bos_token_id = 10,000,000", {"forced_bos_token_id": 10_000_000}, "forced_bos_token_id"),
+        ("forced_bos_token_id = -1 (silently the last token)", {"forced_bos_token_id": -1}, "forced_bos_token_id"),
+        ("suppress_tokens past the vocabulary", {"suppress_tokens": [10_000_000]}, "suppress_tokens"),
+        ("bad_words_ids negative", {"bad_words_ids": [[-99_999_999]]}, "bad_words_ids"),
+    ]:
+        zip_case(f"load_causal_lm: generation_config {name}", {**base, "generation_config.json": json.dumps(
+            settings).encode()}, match=match, causal=True)
+    t5 = _tiny_seq2seq(root / "t5")
+    t5_files = folder_files(t5)
+    zip_case("load_causal_lm: t5 decoder_start_token_id past the vocabulary", with_config(
+        t5_files, decoder_start_token_id=10_000_000), match="decoder_start_token_id", causal=True)
+
+    # Vision transformers: what the image processor asks for is bounded too
+    from attnviz.bench.tiny import make_tiny_vision_checkpoint
+
+    vit = folder_files(make_tiny_vision_checkpoint("vit", root / "vit", image_size=32))
+    processor = json.loads(vit["preprocessor_config.json"])
+    for name, changes, match in [
+        ("size 20,000 x 20,000", {"size": {"height": 20_000, "width": 20_000}}, "size height is 20000"),
+        ("crop_size 10^9", {"crop_size": {"height": 10**9, "width": 10**9}, "do_center_crop": True}, "crop_size"),
+        ("size 2,048 (65,536 patches)", {"size": {"height": 2048, "width": 2048}}, "16,384 patches"),
+        ("rescale_factor a string", {"rescale_factor": "x"}, "cannot be used"),
+        ("image_mean of one number", {"image_mean": [0.5]}, "cannot be used"),
+        ("image_std of zeros", {"image_std": [0, 0, 0]}, "NaN or infinite"),
+        ("another model's processor class", {"image_processor_type": "Qwen2VLImageProcessor"}, "cannot be used"),
+    ]:
+        zip_case(f"vision: preprocessor {name}", {**vit, "preprocessor_config.json": json.dumps(
+            {**processor, **changes}).encode()}, expect="loads", match=match, image=True)
+    zip_case("vision: images of 512 pixels in patches of 1 (262,144 tokens)", with_config(
+        vit, image_size=512, patch_size=1), match="tokens", fast=True)
+
     # The files tab
     def files_case(name: str, files: dict[str, bytes], **expect) -> None:
         folder = root / "files" / f"{len(cases):03d}"
@@ -448,6 +481,12 @@ def _tiny_gpt_neo(folder: Path, max_position_embeddings: int) -> Path:
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": max_position_embeddings}))
     return folder
+
+
+def _tiny_seq2seq(folder: Path) -> Path:
+    from attnviz.bench.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint("t5", folder, seq2seq_lm=True)
 
 
 def _cache_layout(folder: Path, files: dict[str, bytes]) -> None:

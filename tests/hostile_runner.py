@@ -143,7 +143,13 @@ def run_case(case: dict, facts: dict) -> dict:
             result["notes"] += bundle.notes + ([bundle.tokenizer_note] if bundle.tokenizer_note else [])
             result["fallback_tokenizer"] = bundle.uses_fallback_tokenizer
             result["leaked"] = _leaked(bundle, facts)
-            if case["nonfinite"]:
+            if case["image"]:
+                from attnviz import vision
+                from attnviz.models.capture import capture_image
+
+                captured = capture_image(bundle, vision.test_image())
+                result["replay_finite"] = math.isfinite(replay_difference(captured.records["self"]))
+            elif case["nonfinite"]:
                 captured = capture(bundle, "The cat sat on the mat.")
                 result["capture_nonfinite"] = captured.nonfinite
                 result["replay"] = repr(replay_difference(captured.records["self"]))

@@ -556,6 +556,7 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
     if bundle.modality != "image":
         raise ValueError(f"{bundle.name} reads text, not images")
     pixels = vision.pixel_values(bundle.image_processor, image)  # [1, 3, H, W]
+    vision.check_pixels(pixels, bundle.model.config)  # before the model runs: a bounded number of patches
     dtype = next(bundle.model.parameters()).dtype
     calls, outputs_finite = _recorded_calls(bundle.model, {"pixel_values": pixels.to(device=_device_of(bundle.model),
                                                                                       dtype=dtype)})

@@ -261,7 +261,7 @@ def parameters_in_files(folder: Path) -> int:
     return preflight.parameters_of(preflight.resolve_weights(folder, link_rule_for(folder))[2])
 
 
-def _check_size_before_loading(config, in_files: int, progress=None) -> str:
+def _check_size_before_loading(config, in_files: int, progress=None, builder=None) -> str:
     """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
     transformers builds it: a tiny upload must not make the server allocate a huge random model. The config's
     numbers were bounded already (:func:`attnviz.models.preflight.check_config_numbers`), so this build of its
@@ -270,7 +270,7 @@ def _check_size_before_loading(config, in_files: int, progress=None) -> str:
 
     try:
         with loading_lock(progress), torch.device("meta"):  # shapes only, no memory
-            skeleton = AutoModel.from_config(config, trust_remote_code=False)
+            skeleton = (builder or AutoModel).from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
     described = sum(p.numel() for p in skeleton.parameters())
@@ -309,16 +309,17 @@ def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
                                 f"vision transformers it lists ({', '.join(sorted(VISION_TYPES))})")
 
 
-def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=None):
+def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=None, builder=None):
     """The config transformers makes of the checked config.json, refused if transformers cannot read it or it
-    describes far more than its weights hold; and the capture path its skeleton takes."""
+    describes far more than its weights hold (built as ``builder``, e.g. with an LM head; default ``AutoModel``);
+    and the capture path its skeleton takes."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(view, local_files_only=True, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
         raise CheckpointRefused(f"transformers cannot read this config.json: {_first_line(problem)}") from None
-    return config, _check_size_before_loading(config, checked.parameters, progress)
+    return config, _check_size_before_loading(config, checked.parameters, progress, builder)
 
 
 def _first_line(problem: Exception, limit: int = 200) -> str:
@@ -427,13 +428,12 @@ TEST_SENTENCE = "Attention is all you need."
 def _test_inputs(bundle: ModelBundle) -> dict:
     """A short sentence (or a grey image) as the model's inputs, for :func:`check_it_runs`."""
     model = bundle.model
-    config = model.config
     device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    if bundle.modality == "image":
-        size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
-        channels = int(getattr(config, "num_channels", 3) or 3)
-        dtype = next(model.parameters()).dtype
-        return {"pixel_values": torch.zeros(1, channels, size, size, dtype=dtype, device=device)}
+    if bundle.modality == "image":  # through the processor, as every image goes (it was checked at load)
+        from attnviz import vision
+
+        pixels = vision.pixel_values(bundle.image_processor, vision.test_image())
+        return {"pixel_values": pixels.to(device=device, dtype=next(model.parameters()).dtype)}
     if isinstance(bundle.tokenizer, FallbackTokenizer):
         tokens = bundle.tokenizer.tokenize(TEST_SENTENCE)
         inputs = {"input_ids": torch.tensor([bundle.tokenizer.ids(tokens, TEST_SENTENCE)])}
@@ -602,12 +602,15 @@ def load_causal_lm(folder: str | Path):
             raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text "
                                     "needs the model's own tokenizer")
         view = preflight.make_view(checked)
-        config, _ = _read_checked_config(checked, view)  # the same size checks as load_model_dir, before building
-        encoder_decoder = getattr(config, "is_encoder_decoder", False)
+        encoder_decoder = architecture_of_folder(folder) == "encoder-decoder"
         loader = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
+        _read_checked_config(checked, view, builder=loader)  # the same size checks as load_model_dir, LM head too
         with loading_lock():
             model = loader.from_pretrained(view, attn_implementation="eager", local_files_only=True,
                                            use_safetensors=True, trust_remote_code=False).eval()
+        problem = generation_ids_problem(model)
+        if problem:
+            raise CheckpointRefused(problem)
         tokenizer = _tokenizer_of(view)
     except CheckpointRefused:
         if view is not None:
@@ -620,6 +623,30 @@ def load_causal_lm(folder: str | Path):
                                 f"{_first_line(problem, 160)})") from None
     preflight.keep_view_while(view, model)
     return model, tokenizer
+
+
+GENERATION_IDS = ("forced_bos_token_id", "forced_eos_token_id", "decoder_start_token_id", "suppress_tokens",
+                  "begin_suppress_tokens", "bad_words_ids")
+
+
+def generation_ids_problem(model) -> str | None:
+    """Why the token ids a model's generation config (or config) forces, suppresses or starts from cannot be
+    used (None if they can): each must be a whole number among the model's output tokens; indexed, one past them
+    raises deep in a generation step, and a negative one silently means another token."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocabulary = int(getattr(head, "out_features", 0) or getattr(model.config, "vocab_size", 0) or 0)
+    for source, settings in (("generation_config.json", getattr(model, "generation_config", None)),
+                             ("config.json", model.config)):
+        for name in GENERATION_IDS:
+            value = getattr(settings, name, None) if settings is not None else None
+            ids = value if isinstance(value, (list, tuple)) else ([] if value is None else [value])
+            flat = [i for item in ids for i in (item if isinstance(item, (list, tuple)) else [item])]
+            bad = next((i for i in flat if isinstance(i, bool) or not isinstance(i, int)
+                        or not 0 <= i < max(vocabulary, 1)), None)
+            if flat and bad is not None:
+                return (f"{source}: {name} names {preflight.shown(bad, 30)}, which is not a token of the model's "
+                        f"vocabulary (0 to {vocabulary - 1:,})")
+    return None
 
 
 def bundled_models() -> dict[str, Path]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnviz.models.safety import MAX_NAME_BYTES, PICKLE_SUFFIXES, CheckpointRefused
+from attnviz.vision import MAX_IMAGE_TOKENS
 
 MiB = 1024**2
 
@@ -412,6 +413,12 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
             f"{path} describes at least {described / 1e6:,.1f}M parameters but the safetensors hold only "
             f"{parameters / 1e6:,.1f}M: the weights do not belong to this config (wrong architecture, or missing "
             "shards?)")
+    image, patch = config.get("image_size"), config.get("patch_size")
+    image = max(image) if isinstance(image, list) and image and all(_whole(v) for v in image) else image
+    patch = min(patch) if isinstance(patch, list) and patch and all(_whole(v) for v in patch) else patch
+    if _whole(image) and _whole(patch) and (image // patch) ** 2 > MAX_IMAGE_TOKENS:
+        raise CheckpointRefused(f"{path}: images of {image} pixels in patches of {patch} make "
+                                f"{(image // patch) ** 2:,} tokens; attnviz reads up to {MAX_IMAGE_TOKENS:,}")
     for key in ("id2label", "label2id"):
         if isinstance(config.get(key), dict) and len(config[key]) > MAX_LABELS:
             raise CheckpointRefused(f"{path}: {key} has more than {MAX_LABELS:,} labels")

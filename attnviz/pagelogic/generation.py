@@ -15,7 +15,7 @@ import torch
 
 from attnviz import circuits
 from attnviz.flash.ring import ring_attention
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.loading import BUNDLED_GPT_DIR, generation_ids_problem
 from attnviz.paged_kv import PagedKVCache
 from attnviz.units import human_bytes
 
@@ -160,7 +160,12 @@ def decoder_start_token(model) -> int:
     for name in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
         value = _setting(model, name)
         if value is not None:
-            return int(value[0] if isinstance(value, (list, tuple)) else value)
+            token = value[0] if isinstance(value, (list, tuple)) else value
+            vocabulary = int(getattr(model.config, "vocab_size", 0) or 0)
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < (vocabulary or token + 1):
+                raise ValueError(f"the decoder would start from {name} = {token!r}, which is not a token of the "
+                                 f"model's vocabulary of {vocabulary:,}")
+            return token
     raise ValueError("this encoder-decoder names no decoder start token (decoder_start_token_id, bos, pad)")
 
 
@@ -169,6 +174,9 @@ def _generation_rules(model) -> tuple[int | None, list[int]]:
     config = getattr(model, "generation_config", None)
     if config is None:
         return None, []
+    problem = generation_ids_problem(model)  # refused at load; said again here for a model loaded another way
+    if problem:
+        raise ValueError(problem)
     banned = list(getattr(config, "suppress_tokens", None) or [])
     banned += [ids[0] for ids in (getattr(config, "bad_words_ids", None) or []) if len(ids) == 1]
     return getattr(config, "forced_bos_token_id", None), sorted(set(int(i) for i in banned))
