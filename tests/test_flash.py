@@ -224,3 +224,19 @@ def test_dispatch_names_the_interpreter():
     result = attention(q, k, v, MaskSpec(48, 48, causal=True), backend="triton")
     assert result.backend == "triton (interpreter)"
     torch.testing.assert_close(result.output.double(), reference(q, k, v, masks.causal(48)), atol=1e-5, rtol=0)
+
+
+def test_a_backend_is_one_entry_of_the_table(monkeypatch):
+    """attention() looks backends up by name in BACKEND_FUNCTIONS: registering one is all it takes."""
+    from attnviz.flash import dispatch
+
+    def doubled(q, k, v, spec, scale, **options):
+        return dispatch.Result(2 * dispatch._naive(q, k, v, spec, scale).output, "doubled")
+
+    monkeypatch.setitem(dispatch.BACKEND_FUNCTIONS, "doubled", doubled)
+    q = k = v = torch.randn(1, 2, 8, 4)
+    result = attention(q, k, v, backend="doubled")
+    assert result.backend == "doubled"
+    torch.testing.assert_close(result.output, 2 * attention(q, k, v, backend="naive").output)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attention(q, k, v, backend="nonexistent")

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from attnviz.masks import MaskSpec
 
-BACKENDS = ("naive", "tiled", "sdpa", "triton", "flex")
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
 
 
@@ -51,35 +50,73 @@ class Result:
     backend: str  # what ran, e.g. "sdpa/flash" or "triton (interpreter)"
 
 
-def _naive(q, k, v, spec: MaskSpec, scale):
+def _naive(q, k, v, spec: MaskSpec, scale, **options) -> Result:
     from attnviz.attention import repeat_kv, scaled_dot_product_attention
 
     group = q.shape[1] // k.shape[1]
     mask = None if spec.is_full else spec.dense().to(q.device)
     output, _ = scaled_dot_product_attention(q, repeat_kv(k, group), repeat_kv(v, group), mask, scale=scale)
-    return output
+    return Result(output, "naive")
 
 
-def _sdpa(q, k, v, spec: MaskSpec, scale, kernel):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def _tiled(q, k, v, spec: MaskSpec, scale, *, block_q: int = 128, block_k: int = 128, **options) -> Result:
+    from attnviz.flash.tiled import tiled_attention
 
+    output, _, _ = tiled_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
+    return Result(output, "tiled")
+
+
+def _sdpa(q, k, v, spec: MaskSpec, scale, *, sdpa_kernel: str = "flash", **options) -> Result:
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import sdpa_kernel as only_kernels
+
+    if sdpa_kernel not in SDPA_KERNELS:
+        raise ValueError(f"sdpa_kernel must be one of {SDPA_KERNELS}, got {sdpa_kernel!r}")
     backend = {
         "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "math": SDPBackend.MATH,
-    }[kernel]
+    }[sdpa_kernel]
     kwargs = {"scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
     if spec.causal and spec.window is None and spec.n_q == spec.n_k:
         kwargs["is_causal"] = True  # SDPA's is_causal is top-left aligned: the same as ours only when square
     elif not spec.is_full:
         kwargs["attn_mask"] = spec.dense().to(q.device)  # a dense boolean mask, True = may attend
     try:
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        with only_kernels([backend]):
+            return Result(F.scaled_dot_product_attention(q, k, v, **kwargs), f"sdpa/{sdpa_kernel}")
     except RuntimeError as problem:
         reason = str(problem).strip().splitlines()[0][:200]
-        raise BackendUnavailable(f"SDPA's {kernel} kernel cannot run these inputs here: {reason}") from None
+        raise BackendUnavailable(f"SDPA's {sdpa_kernel} kernel cannot run these inputs here: {reason}") from None
+
+
+def _triton(q, k, v, spec: MaskSpec, scale, **options) -> Result:
+    try:
+        from attnviz.flash import triton_kernel
+    except ImportError:
+        raise BackendUnavailable("Triton is not installed (pip install triton; Linux x86_64 wheels only)") from None
+    try:
+        output, _ = triton_kernel.triton_attention(q, k, v, spec, scale=scale)
+    except triton_kernel.TritonUnavailable as problem:
+        raise BackendUnavailable(str(problem)) from None
+    return Result(output, "triton (interpreter)" if triton_kernel.INTERPRETED else "triton")
+
+
+def _flex(q, k, v, spec: MaskSpec, scale, **options) -> Result:
+    from attnviz.flash.flex import flex_attention
+
+    try:
+        return Result(flex_attention(q, k, v, spec, scale), "flex")
+    except Exception as problem:  # noqa: BLE001 - torch.compile raises many types; all mean "not here"
+        reason = str(problem).strip().splitlines()[0][:200] if str(problem).strip() else type(problem).__name__
+        raise BackendUnavailable(f"FlexAttention could not compile here: {reason}") from None
+
+
+# Every backend by name: ``function(q, k, v, spec, scale, **options) -> Result`` (options: the tiled backend's
+# block_q/block_k, SDPA's sdpa_kernel). A new backend is one function and one entry here (and a Contender).
+BACKEND_FUNCTIONS = {"naive": _naive, "tiled": _tiled, "sdpa": _sdpa, "triton": _triton, "flex": _flex}
+BACKENDS = tuple(BACKEND_FUNCTIONS)
 
 
 def run_contender(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskSpec | None = None) -> Result:
@@ -106,33 +143,7 @@ def attention(
     if (spec.n_q, spec.n_k) != (q.shape[2], k.shape[2]):
         raise ValueError(f"the mask is for {spec.n_q} x {spec.n_k} but the inputs are {q.shape[2]} x {k.shape[2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if backend == "naive":
-        return Result(_naive(q, k, v, spec, scale), "naive")
-    if backend == "tiled":
-        from attnviz.flash.tiled import tiled_attention
-
-        output, _, _ = tiled_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
-        return Result(output, "tiled")
-    if backend == "sdpa":
-        if sdpa_kernel not in SDPA_KERNELS:
-            raise ValueError(f"sdpa_kernel must be one of {SDPA_KERNELS}, got {sdpa_kernel!r}")
-        return Result(_sdpa(q, k, v, spec, scale, sdpa_kernel), f"sdpa/{sdpa_kernel}")
-    if backend == "triton":
-        try:
-            from attnviz.flash import triton_kernel
-        except ImportError:
-            raise BackendUnavailable("Triton is not installed (pip install triton; Linux x86_64 wheels only)") from None
-        try:
-            output, _ = triton_kernel.triton_attention(q, k, v, spec, scale=scale)
-        except triton_kernel.TritonUnavailable as problem:
-            raise BackendUnavailable(str(problem)) from None
-        return Result(output, "triton (interpreter)" if triton_kernel.INTERPRETED else "triton")
-    if backend == "flex":
-        from attnviz.flash.flex import flex_attention
-
-        try:
-            return Result(flex_attention(q, k, v, spec, scale), "flex")
-        except Exception as problem:  # noqa: BLE001 - torch.compile raises many types; all mean "not here"
-            reason = str(problem).strip().splitlines()[0][:200] if str(problem).strip() else type(problem).__name__
-            raise BackendUnavailable(f"FlexAttention could not compile here: {reason}") from None
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in BACKEND_FUNCTIONS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return BACKEND_FUNCTIONS[backend](q, k, v, spec, scale, sdpa_kernel=sdpa_kernel, block_q=block_q,
+                                      block_k=block_k)
