@@ -4,6 +4,7 @@ their downloads, presentation mode. Only this module, ``streamlit_compat`` and t
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import weakref
@@ -134,118 +135,20 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
     st.caption(caption)
 
 
-# Adds a "Download as SVG" button to every Plotly toolbar, in the browser: Plotly draws SVG itself, so nothing
-# is installed or sent to a server. Streamlit's bundled plotly.js is window.Plotly once a chart has loaded.
-# The script holds no markup: Streamlit's sanitiser (DOMPurify) drops a script whose text looks like tags.
-_SVG_DOWNLOADS = """
+# The page scripts live in assets/*.js (read once per process): an SVG download on every Plotly toolbar, and the
+# lines view's hover highlight. The hidden element is where they are installed from (in the sidebar).
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+PAGE_SCRIPTS = ("svg_downloads.js", "lines_highlight.js")
+_SCRIPT_HOST = """
 <div id="attnviz-svg-downloads"></div>
 <style>div[data-testid="stElementContainer"]:has(#attnviz-svg-downloads) { display: none; }</style>
-<script>
-(function () {
-  if (window.__attnvizSvgDownloads) { return; }
-  window.__attnvizSvgDownloads = true;
-  var SVG_NS = 'http://www.w3.org/2000/svg';
-  function icon() {  // a down arrow over the letters SVG, drawn with DOM calls (no markup in this script)
-    var svg = document.createElementNS(SVG_NS, 'svg');
-    svg.setAttribute('viewBox', '0 0 24 24');
-    svg.setAttribute('width', '16');
-    svg.setAttribute('height', '16');
-    svg.setAttribute('class', 'icon');
-    var arrow = document.createElementNS(SVG_NS, 'path');
-    arrow.setAttribute('d', 'M11 2h2v9l3-3 1.4 1.4L12 14.8 6.6 9.4 8 8l3 3z');
-    arrow.setAttribute('fill', 'currentColor');
-    var label = document.createElementNS(SVG_NS, 'text');
-    label.setAttribute('x', '12');
-    label.setAttribute('y', '23');
-    label.setAttribute('font-size', '8');
-    label.setAttribute('text-anchor', 'middle');
-    label.setAttribute('fill', 'currentColor');
-    label.textContent = 'SVG';
-    svg.appendChild(arrow);
-    svg.appendChild(label);
-    return svg;
-  }
-  function addButton(plot) {
-    var bar = plot.querySelector('.modebar');
-    if (!bar || bar.querySelector('[data-attnviz-svg]')) { return; }
-    var group = document.createElement('div');
-    group.className = 'modebar-group';
-    var button = document.createElement('a');
-    button.className = 'modebar-btn';
-    button.setAttribute('rel', 'tooltip');
-    button.setAttribute('data-title', 'Download as SVG');
-    button.setAttribute('aria-label', 'Download as SVG');
-    button.setAttribute('data-attnviz-svg', '1');
-    button.appendChild(icon());
-    button.addEventListener('click', function () {
-      var options = (plot._context && plot._context.toImageButtonOptions) || {};
-      var layout = plot._fullLayout || {};
-      window.Plotly.downloadImage(plot, {format: 'svg', filename: options.filename || 'attnviz-figure',
-                                         width: layout.width, height: layout.height});
-    });
-    group.appendChild(button);
-    bar.insertBefore(group, bar.firstChild);
-  }
-  function addButtons() { document.querySelectorAll('.js-plotly-plot').forEach(addButton); }
-  new MutationObserver(addButtons).observe(document.body, {childList: true, subtree: true});
-  addButtons();
-})();
-</script>
 """
 
 
-# The lines view, as in bertviz: hovering a query (or key) token draws its lines dark and dims the others. The
-# figure's layout.meta lists the drawn lines (attnviz.viz.heads.attention_lines); nothing goes to the server.
-_LINES_HIGHLIGHT = """
-<script>
-(function () {
-  if (window.__attnvizLinesHighlight) { return; }
-  window.__attnvizLinesHighlight = true;
-  function meta(plot) {
-    var m = plot.layout && plot.layout.meta;
-    return m && m.attnviz === 'lines' ? m : null;
-  }
-  function show(plot, side, row) {
-    var m = meta(plot);
-    if (!m) { return; }
-    var xs = [], ys = [];
-    m.lines.forEach(function (line) {
-      if ((side === 'queries' && line[0] === row) || (side === 'keys' && line[1] === row)) {
-        xs.push(0, 1, null);
-        ys.push(line[0], line[1], null);
-      }
-    });
-    window.Plotly.restyle(plot, {x: [xs], y: [ys]}, [m.highlight]);
-    if (m.line_traces.length) { window.Plotly.restyle(plot, {opacity: 0.12}, m.line_traces); }
-    plot.__attnvizHighlighted = true;
-  }
-  function clear(plot) {
-    var m = meta(plot);
-    if (!m || !plot.__attnvizHighlighted) { return; }
-    plot.__attnvizHighlighted = false;
-    window.Plotly.restyle(plot, {x: [[]], y: [[]]}, [m.highlight]);
-    var opacities = m.line_traces.map(function (index) { return plot.__attnvizOpacity[index]; });
-    if (m.line_traces.length) { window.Plotly.restyle(plot, {opacity: opacities}, m.line_traces); }
-  }
-  function bind(plot) {
-    if (!meta(plot) || plot.__attnvizLinesBound || typeof plot.on !== 'function') { return; }
-    plot.__attnvizLinesBound = true;
-    plot.on('plotly_hover', function (event) {
-      var point = event.points && event.points[0];
-      if (!point || (point.data.name !== 'queries' && point.data.name !== 'keys')) { return; }
-      if (!plot.__attnvizHighlighted) {  // the opacities to restore, read before any dimming
-        plot.__attnvizOpacity = plot.data.map(function (trace) { return trace.opacity; });
-      }
-      show(plot, point.data.name, point.pointIndex);
-    });
-    plot.on('plotly_unhover', function () { clear(plot); });
-  }
-  function bindAll() { document.querySelectorAll('.js-plotly-plot').forEach(bind); }
-  new MutationObserver(bindAll).observe(document.body, {childList: true, subtree: true});
-  bindAll();
-})();
-</script>
-"""
+@functools.lru_cache(maxsize=1)
+def page_scripts() -> str:
+    """The page scripts as the HTML that installs them."""
+    return _SCRIPT_HOST + "".join(f"<script>\n{(ASSETS / name).read_text()}</script>\n" for name in PAGE_SCRIPTS)
 
 
 def install_page_scripts() -> None:
@@ -253,7 +156,7 @@ def install_page_scripts() -> None:
     browser gets (or renews) its key cookie, so that a reload finds the models it added."""
     store = browser_store()
     with st.sidebar:
-        st.html(_SVG_DOWNLOADS + _LINES_HIGHLIGHT + browser_cookie_script(store), unsafe_allow_javascript=True)
+        st.html(page_scripts() + browser_cookie_script(store), unsafe_allow_javascript=True)
     if store is not None:
         store.touch()  # a visit: the browser's models are kept keep_hours() after the last one
 
