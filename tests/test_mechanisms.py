@@ -413,3 +413,26 @@ def test_toy_rope_separates_repeated_words():
     plain, rotated = positional.toy_attention_with_and_without_rope(q, q.clone())
     torch.testing.assert_close(plain, torch.full((3, 3), 1 / 3, dtype=torch.float64))
     assert not torch.allclose(rotated[0], rotated[2])
+
+
+@pytest.mark.parametrize("kind", ["gpt_oss", "gemma2"])
+def test_the_scaling_and_positional_panels_are_the_models_weights_with_sinks_and_softcapping(tiny_checkpoint, kind):
+    """One scoring path: the Scaling page's "model" panel and the Positional page's "the model's head" are the
+    weights the model computes, attention sinks (gpt-oss: rows sum to less than 1) and soft-capping (Gemma 2)
+    included; a zero ALiBi bias changes nothing and a real one still moves weight toward neighbours."""
+    from attnviz.models.capture import capture
+    from attnviz.models.loading import load_model_dir
+
+    record = capture(load_model_dir(tiny_checkpoint(kind)), "The cat sat on the mat because it was tired."
+                     ).records["self"]
+    for layer in range(record.n_layers):
+        for head in range(record.n_heads):
+            model, unscaled, same = real_head_scalings(record, layer, head, temperature=1.0).values()
+            torch.testing.assert_close(model, record.weights[layer, head])
+            torch.testing.assert_close(same, model)
+            before, zero = alibi_on_real_head(record, layer, head, torch.zeros(record.n_q, record.n_k))
+            torch.testing.assert_close(before, record.weights[layer, head])
+            torch.testing.assert_close(zero, before)
+    if kind == "gpt_oss":
+        assert (record.weights.sum(-1) < 1 - 1e-3).any()  # the sinks take a share of the row: not renormalised away
+        assert (real_head_scalings(record, 0, 0, 1.0)["no scaling"].sum(-1) < 1 - 1e-6).any()

@@ -208,9 +208,12 @@ class AttentionRecord:
         return None if bias is None else bias[:, start:end].float()  # [heads, rows, n_k]
 
     def scores(self, layer: int, start: int = 0, end: int | None = None, *, heads: list[int] | None = None,
-               scale: float | None = None, temperature: float = 1.0) -> torch.Tensor:
-        """The logits the softmax sees for query rows ``start:end``: ``[heads, rows, n_k]`` fp32, before masking.
-        ``scale`` replaces the model's scaling and ``temperature`` divides every logit (the what-if)."""
+               scale: float | None = None, temperature: float = 1.0,
+               extra_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits the softmax sees for query rows ``start:end``: ``[heads, rows, n_k]`` fp32, before masking:
+        q·k times the scaling, soft-capped, plus the model's position bias. ``scale`` replaces the model's scaling,
+        ``extra_bias`` (``[rows or n_q, n_k]``, e.g. an ALiBi bias) is added after the model's, and
+        ``temperature`` divides every logit (the what-if)."""
         self._require_replay("The scores")
         heads = list(range(self.n_heads)) if heads is None else heads
         q = self.queries[layer, heads, start:end].float()  # [h, rows, d]
@@ -222,20 +225,25 @@ class AttentionRecord:
         bias = self.bias_rows(layer, start, end)
         if bias is not None:
             logits = logits + bias[heads]
+        if extra_bias is not None:
+            rows = extra_bias[start:end] if extra_bias.shape[0] == self.n_q else extra_bias
+            logits = logits + rows.float()
         return logits / temperature
 
     def layer_weights(self, layer: int, start: int = 0, end: int | None = None, *, heads: list[int] | None = None,
                       mask: torch.Tensor | None = None, scale: float | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
-        """Attention weights of ``heads`` (default all) for query rows ``start:end``: ``[heads, rows, n_k]`` fp32.
+                      temperature: float = 1.0, extra_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention weights of ``heads`` (default all) for query rows ``start:end``: ``[heads, rows, n_k]`` fp32,
+        as the model computes them (:meth:`scores`, then the softmax over the allowed keys and any sink column).
+        The one place the score formula lives: the what-if, the Scaling and Positional pages call it too.
 
         ``mask`` (bool ``[rows, n_k]`` or ``[n_q, n_k]``, True = may attend) replaces the model's mask."""
         end = self.n_q if end is None else end
         allowed = self.mask_rows(layer, start, end) if mask is None else (
             mask[start:end] if mask.shape[0] == self.n_q and end - start != self.n_q else mask)
         if not self.replayable:
-            if scale is not None or temperature != 1.0:
-                self._require_replay("Another scale or temperature")
+            if scale is not None or temperature != 1.0 or extra_bias is not None:
+                self._require_replay("Another scale, temperature or bias")
             chosen = list(range(self.n_heads)) if heads is None else heads
             weights = self.eager[layer, chosen, start:end].float()  # [heads, rows, n_k]
             if mask is None:
@@ -246,7 +254,8 @@ class AttentionRecord:
                 self._require_replay("A mask that lets a query see keys the model's mask hides")
             kept = weights * allowed
             return kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
-        logits = self.scores(layer, start, end, heads=heads, scale=scale, temperature=temperature)
+        logits = self.scores(layer, start, end, heads=heads, scale=scale, temperature=temperature,
+                             extra_bias=extra_bias)
         sinks = self.sinks[layer] if self.sinks else None
         if sinks is None:
             return masked_softmax(logits, allowed)

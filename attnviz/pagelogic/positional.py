@@ -9,16 +9,14 @@ import math
 import torch
 
 from attnviz import positional
-from attnviz.attention import masked_softmax
-from attnviz.models.capture import AttentionRecord, head_bias, head_scores
+from attnviz.models.capture import AttentionRecord
 
 
 def alibi_on_real_head(record: AttentionRecord, layer: int, head: int, bias: torch.Tensor):
-    """A real head's weights (its own scale, mask and any position bias, as the model computes them), and the
-    same scores plus an ALiBi bias ``[n_q, n_k]``."""
-    raw, allowed = head_scores(record, layer, head)
-    scores = raw * record.scales[layer] + head_bias(record, layer, head)
-    return masked_softmax(scores, allowed), masked_softmax(scores + bias, allowed)
+    """A real head's weights ``[n_q, n_k]`` as the model computes them (its scale, mask, position bias,
+    soft-capping and sink: :meth:`AttentionRecord.layer_weights`), and the same with an ALiBi bias ``[n_q, n_k]``
+    added to its scores."""
+    return record.head_weights(layer, head), record.head_weights(layer, head, extra_bias=bias)
 
 
 def model_alibi(record: AttentionRecord, layer: int, head: int) -> dict | None:

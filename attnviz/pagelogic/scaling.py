@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.attention import masked_softmax
-from attnviz.models.capture import AttentionRecord, head_bias, head_scores
+from attnviz.models.capture import AttentionRecord
 
 
 def real_head_scalings(record: AttentionRecord, layer: int, head: int, temperature: float) -> dict[str, torch.Tensor]:
-    """A real head's weights with the model's scaling, without it, and with the model's scaling over a temperature.
-    Any position bias the model adds (T5) is kept in all three."""
-    raw, allowed = head_scores(record, layer, head)
-    scale, bias = record.scales[layer], head_bias(record, layer, head)
+    """A real head's weights ``[n_q, n_k]`` with the model's scaling, without it, and with the model's scaling over
+    a temperature, each as the model computes its weights (:meth:`AttentionRecord.layer_weights`): any position
+    bias (T5), soft-capping (Gemma 2) and attention sink (gpt-oss) are kept in all three."""
+    scale = record.scales[layer]
     return {
-        f"model (× {scale:.3g})": masked_softmax(raw * scale + bias, allowed),
-        "no scaling": masked_softmax(raw + bias, allowed),
-        f"model scale, T = {temperature:g}": masked_softmax((raw * scale + bias) / temperature, allowed),
+        f"model (× {scale:.3g})": record.head_weights(layer, head),
+        "no scaling": record.head_weights(layer, head, scale=1.0),
+        f"model scale, T = {temperature:g}": record.head_weights(layer, head, temperature=temperature),
     }
 
 
