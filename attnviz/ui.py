@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import os
 import re
 import shutil
 import weakref
@@ -381,7 +383,6 @@ def start_janitor(every: float | None = None) -> None:
         return
     _JANITOR["started"] = True
     import gc
-    import os
     import threading
     import time
 
@@ -520,7 +521,6 @@ def forget_loaded(folder: str, name: str, dtype: str) -> None:
 
 def server_folders_allowed() -> bool:
     """Whether models may be read from folders on the server's disk (``ATTNVIZ_SERVER_FOLDERS=0`` says no)."""
-    import os
 
     return os.environ.get("ATTNVIZ_SERVER_FOLDERS", "1") != "0"
 
@@ -732,9 +732,6 @@ def show_unexpected_error(problem: BaseException, page: str) -> None:
     """The last line of defence: an exception no page caught becomes a message in words (and a line in the
     server's log with the traceback), never a traceback in the browser. With ``ATTNVIZ_STRICT_ERRORS=1`` (the
     tests) it is raised instead, so that a bug cannot hide behind this message."""
-    import logging
-    import os
-
     if os.environ.get(STRICT_ERRORS) == "1":
         raise problem
     logging.getLogger("attnviz").error("Unexpected error on %s", page, exc_info=problem)

@@ -291,9 +291,9 @@ def test_token_ids_past_the_embeddings_are_refused_in_words(tmp_path):
         vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4))
     bundle = load_model_dir(folder)
     assert bundle.uses_fallback_tokenizer and "token ids up to" in bundle.tokenizer_note
-    from attnviz.models.loading import _tokenizer_of
+    from attnviz.models.text_tokenizers import tokenizer_of
 
-    mismatched = dataclasses.replace(bundle, tokenizer=_tokenizer_of(folder))
+    mismatched = dataclasses.replace(bundle, tokenizer=tokenizer_of(folder))
     with pytest.raises(ValueError, match="does not fit it"):
         capture(mismatched, "The cat sat on the mat.")
     assert capture(bundle, "The cat sat on the mat.").tokens  # the stand-in's ids are the model's

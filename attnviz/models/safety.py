@@ -34,3 +34,9 @@ CODE_SUFFIXES = {".py", ".pyc", ".so", ".sh", ".ipynb"}
 
 class CheckpointRefused(ValueError):
     """A checkpoint (or upload) that attnviz will not load; the message says why and what to do."""
+
+
+def first_line(problem: BaseException, limit: int = 200) -> str:
+    """An exception's first line, shortened (its type's name when it has no message): what a refusal quotes."""
+    text = str(problem).strip()
+    return text.splitlines()[0][:limit] if text else type(problem).__name__

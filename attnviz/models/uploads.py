@@ -72,7 +72,7 @@ def needed_names(names: set[str], read_index) -> tuple[set[str], list[str]]:
     if SINGLE_WEIGHTS in names:
         needed.add(SINGLE_WEIGHTS)
     elif WEIGHTS_INDEX in names:
-        weight_map = preflight._check_index(read_index())
+        weight_map = preflight.check_index(read_index())
         shards = set(weight_map.values())
         missing = sorted(shards - names)
         if missing:
@@ -348,17 +348,16 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
     if not weights:
         raise CheckpointRefused("no .safetensors file among the uploaded files")
     _check_size(sum(_size_of(data) for data in named.values()), "the upload")
+    index = _json_of(named[WEIGHTS_INDEX]) if WEIGHTS_INDEX in named else None  # read once
     renamed = {}
-    if len(weights) == 1 and SINGLE_WEIGHTS not in named and (WEIGHTS_INDEX not in named or weights[0] not in
-                                                                 _shards_of(named)):
+    if len(weights) == 1 and SINGLE_WEIGHTS not in named and weights[0] not in _shards_of(index):
         renamed[SINGLE_WEIGHTS] = weights[0]  # one weights file, however it is called, is the model's weights
         named[SINGLE_WEIGHTS] = named.pop(weights[0])
     elif len(weights) > 1 and SINGLE_WEIGHTS not in named and WEIGHTS_INDEX not in named:
         raise CheckpointRefused(f"{len(weights)} .safetensors files but no {WEIGHTS_INDEX} to say how they fit "
                                 "together; add it (save_pretrained writes it beside the shards)")
-    needed, notes = needed_names(set(named), lambda: _json_of(named[WEIGHTS_INDEX]))
-    skipped = []
-    total = 0
+    needed, notes = needed_names(set(named), lambda: index)
+    skipped, written = [], []
     for name in sorted(named):
         bound = size_bound(name)
         if name not in needed:
@@ -369,16 +368,13 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
         elif bound is not None and _size_of(named[name]) > bound:
             skipped.append(f"{shown(name)} (larger than {bound / 1024**2:g} MB: not a file a model needs at that size)")
         else:
-            total += _size_of(named[name])
+            written.append(name)
     workspace = _workspace()
     try:
-        with disk.reserve(workspace, total, _also_counted()):
+        with disk.reserve(workspace, sum(_size_of(named[name]) for name in written), _also_counted()):
             folder = workspace / _model_name(renamed.get(SINGLE_WEIGHTS, weights[0]))
             folder.mkdir()
-            for name in sorted(needed):
-                bound = size_bound(name)
-                if bound is not None and _size_of(named[name]) > bound:
-                    continue
+            for name in written:
                 _write(named[name], folder / name)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
@@ -386,9 +382,10 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
     return folder, True, _skipped_note(skipped) + notes
 
 
-def _shards_of(named: dict) -> set[str]:
+def _shards_of(index: object) -> set[str]:
+    """The shard names of an index (none if there is no index, or it is refused: needed_names says why)."""
     try:
-        return set(preflight._check_index(_json_of(named[WEIGHTS_INDEX])).values())
+        return set() if index is None else set(preflight.check_index(index).values())
     except CheckpointRefused:
         return set()
 

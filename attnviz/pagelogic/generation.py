@@ -15,7 +15,7 @@ import torch
 
 from attnviz import circuits
 from attnviz.flash.ring import ring_attention
-from attnviz.models.loading import BUNDLED_GPT_DIR, generation_ids_problem
+from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.paged_kv import PagedKVCache
 from attnviz.units import human_bytes
 
@@ -174,9 +174,6 @@ def _generation_rules(model) -> tuple[int | None, list[int]]:
     config = getattr(model, "generation_config", None)
     if config is None:
         return None, []
-    problem = generation_ids_problem(model)  # refused at load; said again here for a model loaded another way
-    if problem:
-        raise ValueError(problem)
     banned = list(getattr(config, "suppress_tokens", None) or [])
     banned += [ids[0] for ids in (getattr(config, "bad_words_ids", None) or []) if len(ids) == 1]
     return getattr(config, "forced_bos_token_id", None), sorted(set(int(i) for i in banned))
