@@ -11,6 +11,7 @@ import re
 import shutil
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
 import streamlit as st
 import torch
@@ -690,8 +691,17 @@ def warm_up_later() -> None:
 MECHANISM_TOKENS = 96  # the mechanism pages draw N x N masks and heads: they read the first this-many tokens
 
 
+class CurrentCapture(NamedTuple):
+    """The sidebar model, its capture of a text, and the key that names that capture (what its replay check and
+    statistics are cached by)."""
+
+    bundle: ModelBundle
+    capture: object  # attnviz.models.capture.Capture
+    key: tuple
+
+
 def capture_current(text: str, text_pair: str | None = None, max_tokens: int | None = None, *,
-                    notice: bool = True):
+                    notice: bool = True) -> CurrentCapture:
     """Capture the sidebar model on ``text`` (its first ``max_tokens`` tokens, if given, with a notice when that
     cuts it, unless ``notice`` is off); an error in the page (not a traceback) if that fails."""
     bundle = current_bundle()
@@ -704,9 +714,9 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
         st.warning("The text is empty. Type a sentence in the sidebar.")
         st.stop()
     fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
+    folder, dtype = registered_models()[name], model_dtype(name)
     try:
-        result = cached_capture(registered_models()[name], name, text, text_pair or None, bundle, fallback,
-                                max_tokens, model_dtype(name))
+        result = cached_capture(folder, name, text, text_pair or None, bundle, fallback, max_tokens, dtype)
     except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, the page says so in words
         st.error(f"{name} could not run on this text: {problem_text(problem)}. Try another text, or choose another "
                  "model in the sidebar.", icon=":material/error:")
@@ -715,7 +725,7 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
     if notice and max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
         st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
                 "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
-    return bundle, result
+    return CurrentCapture(bundle, result, text_capture_key(folder, name, dtype, text, text_pair, max_tokens, fallback))
 
 
 def problem_text(problem: BaseException) -> str:

@@ -23,7 +23,6 @@ from attnviz.ui import (
     registered_models,
     show_figure,
     start_page,
-    text_capture_key,
     transient_status,
     warn_if_not_finite,
 )
@@ -318,7 +317,7 @@ def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions
     )
     if not other_text.strip():
         return
-    _, other = capture_current(other_text, text_pair, max_tokens, notice=False)
+    _, other, _ = capture_current(other_text, text_pair, max_tokens, notice=False)
     try:
         figures, caption = explore.compare_figures(capture, other, options.kind, options.layer, options.head)
     except TooLongForDense as problem:
@@ -609,11 +608,8 @@ def main() -> None:
         pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
     text_pair = pair_column.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help,
                                        bind="query-params")
-    bundle, capture = capture_current(text, text_pair, max_tokens, notice=False)
+    bundle, capture, capture_key = capture_current(text, text_pair, max_tokens, notice=False)
     name = current_model_name()
-    folder = registered_models()[name]
-    fallback = st.session_state.get("fallback_tokenizer") if bundle.uses_fallback_tokenizer else None
-    capture_key = text_capture_key(folder, name, model_dtype(name), text, text_pair, max_tokens, fallback)
     st.caption(f"**{name}** · {bundle.describe()}")
     if bundle.capture_note:
         st.info(bundle.capture_note, icon=":material/route:")

@@ -162,7 +162,7 @@ def main() -> None:
         "A mask decides which keys each query may see. Sparse patterns trade reach for cost: compare them on your "
         "sentence, then apply one to a real head."
     )
-    bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
+    bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     labels = style.token_labels(record.key_tokens)
     n = len(labels)

@@ -271,7 +271,7 @@ def model_alibi_section(bundle, record, own: dict, layer: int, head: int, labels
 
 def alibi_tab() -> None:
     """ALiBi: the slopes, the bias, the bias on a real head's scores, and behaviour past the training length."""
-    bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
+    bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     columns = st.columns(4)
     n_heads = columns[0].slider("Heads", 1, 32, 8, key="pos_alibi_heads")

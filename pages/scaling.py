@@ -138,7 +138,7 @@ def saturation_section(seed: int) -> None:
 
 def real_head_section() -> None:
     st.subheader("3 · The same on a real head")
-    bundle, capture = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
+    bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     if queries_unavailable(bundle, record, "Rescaling a real head"):
         return
