@@ -35,20 +35,6 @@ def row_entropy(weights: torch.Tensor) -> torch.Tensor:
     return -(weights * logs).sum(-1)
 
 
-def mean_attended_distance(weights: torch.Tensor) -> torch.Tensor:
-    """For each head: mean over queries of sum_j w_ij |i - j| (positions), ``[...]``."""
-    n_q, n_k = weights.shape[-2:]
-    offset = n_k - n_q  # queries aligned to the end of the keys (decoder with a cache)
-    distance = (torch.arange(n_q).unsqueeze(1) + offset - torch.arange(n_k).unsqueeze(0)).abs().to(weights.dtype)
-    return (weights * distance).sum(-1).mean(-1)
-
-
-def _diagonal_share(weights: torch.Tensor, offset: int) -> torch.Tensor:
-    """Mean over the queries that have such a key of w[i, i + offset], ``[...]``."""
-    diagonal = torch.diagonal(weights, offset=offset, dim1=-2, dim2=-1)
-    return diagonal.mean(-1) if diagonal.shape[-1] else torch.zeros(weights.shape[:-2])
-
-
 @dataclass(frozen=True)
 class HeadStats:
     layer: int

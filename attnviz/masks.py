@@ -139,16 +139,6 @@ def expand_block_layout(layout: torch.Tensor, block_size: int) -> torch.Tensor:
     return layout.repeat_interleave(block_size, dim=0).repeat_interleave(block_size, dim=1)
 
 
-def block_layout_of(mask: torch.Tensor, block_q: int, block_k: int | None = None) -> torch.Tensor:
-    """Which ``[block_q x block_k]`` tiles of a ``[n_q, n_k]`` mask contain at least one allowed pair."""
-    block_k = block_q if block_k is None else block_k
-    n_q, n_k = mask.shape[-2:]
-    n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
-    padded = torch.zeros(n_qb * block_q, n_kb * block_k, dtype=torch.bool)
-    padded[:n_q, :n_k] = mask
-    return padded.view(n_qb, block_q, n_kb, block_k).any(dim=3).any(dim=1)
-
-
 def dilated_sliding_window(n: int, window: int, dilation: int, *, causal: bool = True) -> torch.Tensor:
     """Longformer's dilated window: query ``i`` sees ``window`` keys spaced ``dilation`` apart, ``i - k * dilation``
     for ``k = 0 .. window - 1`` (and the mirror image ahead when not ``causal``). Returns ``[n, n]`` bool."""

@@ -1,4 +1,5 @@
-"""The one place where attnviz reaches into Streamlit beyond its public API, with the version it was checked on.
+"""The one place where attnviz reaches into Streamlit beyond its public API; every reach here was checked on
+Streamlit 1.67.0.
 
 First, the legacy ``pages/`` mode. The product keeps its page files in ``pages/`` beside ``app.py``. Streamlit
 treats such a folder as its legacy multipage layout until some run calls ``st.navigation``, so on a freshly
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-CHECKED_ON_STREAMLIT = "1.67.0"
 SCRIPT_CONTEXT_LOGGER = "streamlit.runtime.scriptrunner_utils.script_run_context"
 _left_in_this_process = False  # the mode is process-wide: leaving it once is enough
 

@@ -33,6 +33,7 @@ import torch
 
 from attnviz import circuits
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.tiny_gpt_text import HELD_OUT_SHARE, documentation_text, split_text
 
 BUNDLED_DIR = BUNDLED_GPT_DIR
 EOS = "<|endoftext|>"
@@ -77,7 +78,7 @@ class Recipe:
     # At each triple's middle token the next one is exactly the token before it: a head that reads only i-1
     # predicts it, one that mixes in i-2 (the previous triple) does not.
     echo_share: float = 0.0
-    held_out_share: float = 0.1
+    held_out_share: float = HELD_OUT_SHARE
     seed: int = 0
     # Options tried for a sharper previous-token head (docs/benchmarks.md); the defaults are the shipped recipe.
     position_init: str = "learned"  # or "sinusoidal": GPT-2's positions start as the original Transformer's
@@ -90,13 +91,6 @@ class Recipe:
     # GPT-2 only: False drops the 1/sqrt(d_head) of the scores (GPT2Config.scale_attn_weights), so that the same
     # weights give logits sqrt(d_head) times larger: a sharp pattern costs less weight (and weight decay).
     scale_attention: bool = True
-
-
-def documentation_text() -> str:
-    """Python's documentation topics (the text ``help()`` shows), in a fixed order."""
-    import pydoc_data.topics
-
-    return "\n\n".join(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics))
 
 
 def standard_library_docstrings(min_chars: int = 80) -> str:
@@ -131,12 +125,6 @@ def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency)
     return table
-
-
-def split_text(text: str, held_out_share: float) -> tuple[str, str]:
-    """(training text, held-out text): the last ``held_out_share`` of the text is never trained on."""
-    split = int(len(text) * (1 - held_out_share))
-    return text[:split], text[split:]
 
 
 def train_tokenizer(text: str, vocab_size: int):

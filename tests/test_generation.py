@@ -79,7 +79,7 @@ def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):
     second_half = range(31, 61)
     assert sum(float(weights[i, i - 29]) for i in second_half) / 30 >= 0.4
     # The held-out text (the card's loss, the previous-token score) is the documentation's end, not trained on.
-    from attnviz.train_tiny import documentation_text
+    from attnviz.tiny_gpt_text import documentation_text
 
     held_out, text = gen.held_out_text(), documentation_text()
     assert len(held_out) > 10_000 and text.endswith(held_out) and held_out[:300] not in text[: -len(held_out)]

@@ -11,8 +11,8 @@ from pathlib import Path
 from attnviz.runtime import configure_environment
 
 
-def main(argv: list[str] | None = None) -> int:
-    configure_environment()
+def build_parser() -> argparse.ArgumentParser:
+    """One sub-command per benchmark, with its own options."""
     parser = argparse.ArgumentParser(prog="python -m attnviz.bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     explore_parser = commands.add_parser("explore", help="the Explore heads page on the default model")
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     flash_parser.add_argument("--causal", action="store_true")
     flash_parser.add_argument("--repeats", type=int, default=3)
     flash_parser.add_argument("--no-memory", action="store_true", help="skip the per-point memory subprocesses")
-    flash_parser.add_argument("--out", type=Path, default=None)
+    flash_parser.add_argument("--out", type=Path, default=None)  # by default named after --gpu
     long_parser = commands.add_parser("long", help="long inputs on a Llama-shaped checkpoint: forward, capture, figure")
     long_parser.add_argument("--lengths", type=int, nargs="+", default=None)
     long_parser.add_argument("--out", type=Path, default=Path("bench-results/long.json"))
@@ -42,54 +42,82 @@ def main(argv: list[str] | None = None) -> int:
     startup_parser = commands.add_parser("startup", help="cold starts of streamlit run app.py to the first chart")
     startup_parser.add_argument("--repeats", type=int, default=3)
     startup_parser.add_argument("--out", type=Path, default=Path("bench-results/startup.json"))
-    args = parser.parse_args(argv)
+    return parser
 
-    from attnviz.measure import environment
 
-    if args.command == "explore":
-        from attnviz.bench import explore
+# Each benchmark: args -> (report, printed lines, where its JSON goes). Each imports its module only when chosen:
+# the flash ones must run on a bare GPU machine, without what the others need (Streamlit, Chromium).
 
-        report = explore.bench_explore(args.repeats)
-        lines = explore.print_explore(report)
-    elif args.command == "pages":
-        from attnviz.bench import pages
 
-        report = pages.bench_pages(args.repeats, args.only)
-        lines = pages.print_pages(report)
-    elif args.command == "load":
-        from attnviz.bench import load
+def _explore(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import explore
 
-        report = load.bench_load(args.sessions, args.rounds)
-        lines = load.print_load(report)
-    elif args.command == "startup":
-        from attnviz.bench import startup
+    report = explore.bench_explore(args.repeats)
+    return report, explore.print_explore(report), args.out
 
-        report = startup.bench_startup(args.repeats)
-        lines = startup.print_startup(report)
-    elif args.command == "long":
-        from attnviz.bench import long
 
-        report = long.bench_long(args.lengths or long.LENGTHS)
-        lines = long.print_long(report)
-    elif args.gpu:
+def _pages(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import pages
+
+    report = pages.bench_pages(args.repeats, args.only)
+    return report, pages.print_pages(report), args.out
+
+
+def _load(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import load
+
+    report = load.bench_load(args.sessions, args.rounds)
+    return report, load.print_load(report), args.out
+
+
+def _startup(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import startup
+
+    report = startup.bench_startup(args.repeats)
+    return report, startup.print_startup(report), args.out
+
+
+def _long(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import long
+
+    report = long.bench_long(args.lengths or long.LENGTHS)
+    return report, long.print_long(report), args.out
+
+
+def _flash(args) -> tuple[dict, list[str], Path]:
+    if args.gpu:
         from attnviz.bench import flash_gpu
 
         report = flash_gpu.bench_gpu(quick=args.quick)
-        lines = flash_gpu.print_gpu(report)
-        args.out = args.out or Path("bench-results/flash-gpu.json")
-    else:
-        from attnviz.bench import flash_cpu
+        return report, flash_gpu.print_gpu(report), args.out or Path("bench-results/flash-gpu.json")
+    from attnviz.bench import flash_cpu
 
-        lengths = [512, 1024] if args.quick else args.lengths
-        report = flash_cpu.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal, repeats=args.repeats,
-                                     memory=not args.no_memory)
-        lines = flash_cpu.print_cpu(report)
-        args.out = args.out or Path("bench-results/flash-cpu.json")
+    lengths = [512, 1024] if args.quick else args.lengths
+    report = flash_cpu.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal, repeats=args.repeats,
+                                 memory=not args.no_memory)
+    return report, flash_cpu.print_cpu(report), args.out or Path("bench-results/flash-cpu.json")
+
+
+BENCHMARKS = {"explore": _explore, "pages": _pages, "load": _load, "startup": _startup, "long": _long,
+              "flash": _flash}
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"JSON written to {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_environment()
+    args = build_parser().parse_args(argv)
+
+    from attnviz.measure import environment
+
+    report, lines, out = BENCHMARKS[args.command](args)
     report["environment"] = environment()
     print("\n".join(lines))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"JSON written to {args.out}")
+    write_report(report, out)
     return 0
 
 

@@ -134,69 +134,111 @@ def check_page(html: str, plan: SessionPlan, others: list[SessionPlan], where: s
     return problems
 
 
-async def run_session(context, url: str, plan: SessionPlan, others: list[SessionPlan],
-                      timeout_ms: int = 120_000) -> SessionResult:
+class StepClock:
+    """Which step a session is at and since when, for the message when a step fails."""
+
+    def __init__(self, name: str):
+        self.start(name)
+
+    def start(self, name: str) -> None:
+        self.name, self.began = name, time.perf_counter()
+
+
+async def _screenshot(page, name: str) -> None:
+    shots = os.environ.get("ATTNVIZ_LOAD_SHOTS")  # a folder for screenshots of what went wrong
+    if shots:
+        await page.screenshot(path=f"{shots}/{name}.png", full_page=True)
+
+
+async def _sidebar_sentence(page) -> str:
+    return await page.locator('[data-testid="stSidebar"]').get_by_role("textbox", name="Sentence").input_value()
+
+
+async def _first_load(page, url: str, plan: SessionPlan, timeout_ms: int) -> float:
+    """Open the app with the session's sentence in the address; the seconds until Explore heads has run once."""
+    start = time.perf_counter()
+    await page.goto(f"{url}/?sentence={urllib.parse.quote(plan.sentence)}", timeout=timeout_ms)
+    await page.get_by_text("Replay check").wait_for(timeout=timeout_ms)  # Explore heads has run once
+    await page.wait_for_selector(browser.IDLE, timeout=timeout_ms)
+    return time.perf_counter() - start
+
+
+async def _upload_checkpoint(page, runs: ScriptRuns, plan: SessionPlan, step: StepClock, result: SessionResult,
+                             timeout_ms: int) -> None:
+    """On the Checkpoints page, upload the session's zip, as a user does; the sidebar must keep its sentence."""
+    step.start("open Checkpoints")
+    await _timed_click(runs, page.get_by_role("link", name="Checkpoints"), timeout_ms)
+    step.start("choose the file")
+    dropzone = page.locator('[data-testid="stFileUploaderDropzoneInput"]').first
+    await dropzone.set_input_files(str(plan.upload), timeout=timeout_ms)
+    await runs.finished_after(step.began, timeout_ms)
+    step.start("load the zip")
+    result.seconds["upload"] = await _timed_click(runs, page.get_by_role("button", name="Load this zip"), timeout_ms)
+    await page.get_by_text(f"Loaded {plan.model}").wait_for(timeout=timeout_ms)
+    sentence = await _sidebar_sentence(page)
+    if sentence != plan.sentence:
+        result.problems.append(f"after the upload the sidebar's sentence is {sentence[:50]!r}, the address "
+                               f"{page.url[-80:]!r}")
+
+
+def _page_link(page, name: str):
+    """What a user clicks to reach one of :data:`PAGES`."""
+    if name == "Explore grid":
+        return page.get_by_text("Grid", exact=True).first  # the View segmented control
+    return page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=name)
+
+
+async def _model_problems(page, html: str, name: str, plan: SessionPlan) -> list[str]:
+    """The sidebar and, on Explore heads, the page must show the session's own model."""
+    problems = []
+    model_box = await page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Model").input_value()
+    if plan.model not in model_box:
+        problems.append(f"{name}: the sidebar's model is not {plan.model}: {model_box!r}")
+    if name.startswith("Explore") and plan.upload and "gpt2 decoder" not in html:
+        problems.append(f"{name}: its uploaded GPT-2 is not the model shown")
+    return problems
+
+
+async def _visit_page(page, runs: ScriptRuns, name: str, plan: SessionPlan, others: list[SessionPlan],
+                      result: SessionResult, timeout_ms: int) -> None:
+    """Go to one of :data:`PAGES` (timed) and check what it shows: :func:`check_page`, then the model."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+    result.seconds[name] = await _timed_click(runs, _page_link(page, name), timeout_ms)
+    if name in SHOWS_TOKENS:  # Plotly draws the axes after the script has finished: give it time
+        with contextlib.suppress(PlaywrightTimeout):
+            await page.wait_for_function("(pattern) => new RegExp(pattern).test(document.body.innerHTML)",
+                                         arg=rf"\d · {plan.noun}\b", timeout=30_000)
+    html = await page.content()
+    found = check_page(html, plan, others, name)
+    if any("own sentence" in problem for problem in found):  # say what the page had instead
+        sentence = await _sidebar_sentence(page)
+        found.append(f"{name}: the sidebar's sentence is {sentence[:50]!r}, the address {page.url[-80:]!r}")
+    result.problems += found
+    if found:
+        await _screenshot(page, f"s{plan.index}-{name}")
+    result.problems += await _model_problems(page, html, name, plan)
+
+
+async def run_session(context, url: str, plan: SessionPlan, others: list[SessionPlan],
+                      timeout_ms: int = 120_000) -> SessionResult:
+    """One user: the first load, an upload if the plan has one, then every page of :data:`PAGES`, checked."""
     result = SessionResult(plan)
     page = await context.new_page()
     runs = ScriptRuns(page)  # before the first load, so that its websocket is watched from the start
-    step, step_began = "first load", time.perf_counter()
+    step = StepClock("first load")
     try:
-        start = time.perf_counter()
-        await page.goto(f"{url}/?sentence={urllib.parse.quote(plan.sentence)}", timeout=timeout_ms)
-        await page.get_by_text("Replay check").wait_for(timeout=timeout_ms)  # Explore heads has run once
-        await page.wait_for_selector(browser.IDLE, timeout=timeout_ms)
-        result.seconds["first load"] = time.perf_counter() - start
+        result.seconds["first load"] = await _first_load(page, url, plan, timeout_ms)
         if plan.upload:
-            step, step_began = "open Checkpoints", time.perf_counter()
-            await _timed_click(runs, page.get_by_role("link", name="Checkpoints"), timeout_ms)
-            step, step_began = "choose the file", time.perf_counter()
-            dropzone = page.locator('[data-testid="stFileUploaderDropzoneInput"]').first
-            await dropzone.set_input_files(str(plan.upload), timeout=timeout_ms)
-            await runs.finished_after(step_began, timeout_ms)
-            step, step_began = "load the zip", time.perf_counter()
-            result.seconds["upload"] = await _timed_click(runs, page.get_by_role("button", name="Load this zip"),
-                                                          timeout_ms)
-            await page.get_by_text(f"Loaded {plan.model}").wait_for(timeout=timeout_ms)
-            sidebar = page.locator('[data-testid="stSidebar"]')
-            sentence = await sidebar.get_by_role("textbox", name="Sentence").input_value()
-            if sentence != plan.sentence:
-                result.problems.append(f"after the upload the sidebar's sentence is {sentence[:50]!r}, the address "
-                                       f"{page.url[-80:]!r}")
+            await _upload_checkpoint(page, runs, plan, step, result, timeout_ms)
         for name in PAGES:
-            step, step_began = name, time.perf_counter()
-            if name == "Explore grid":
-                target = page.get_by_text("Grid", exact=True).first  # the View segmented control
-            else:
-                target = page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=name)
-            result.seconds[name] = await _timed_click(runs, target, timeout_ms)
-            if name in SHOWS_TOKENS:  # Plotly draws the axes after the script has finished: give it time
-                with contextlib.suppress(PlaywrightTimeout):
-                    await page.wait_for_function("(pattern) => new RegExp(pattern).test(document.body.innerHTML)",
-                                                 arg=rf"\d · {plan.noun}\b", timeout=30_000)
-            html = await page.content()
-            found = check_page(html, plan, others, name)
-            sidebar = page.locator('[data-testid="stSidebar"]')
-            if any("own sentence" in problem for problem in found):  # say what the page had instead
-                sentence = await sidebar.get_by_role("textbox", name="Sentence").input_value()
-                found.append(f"{name}: the sidebar's sentence is {sentence[:50]!r}, the address {page.url[-80:]!r}")
-            result.problems += found
-            shots = os.environ.get("ATTNVIZ_LOAD_SHOTS")  # a folder for screenshots of what went wrong
-            if found and shots:
-                await page.screenshot(path=f"{shots}/s{plan.index}-{name}.png", full_page=True)
-            model_box = await sidebar.get_by_role("combobox", name="Model").input_value()
-            if plan.model not in model_box:
-                result.problems.append(f"{name}: the sidebar's model is not {plan.model}: {model_box!r}")
-            if name.startswith("Explore") and plan.upload and "gpt2 decoder" not in html:
-                result.problems.append(f"{name}: its uploaded GPT-2 is not the model shown")
+            step.start(name)
+            await _visit_page(page, runs, name, plan, others, result, timeout_ms)
     except Exception as problem:  # a timeout or a missing element: the session failed, say where
-        result.problems.append(f"failed at {step!r}: {type(problem).__name__}: {str(problem).splitlines()[0]} "
-                               f"(script runs since this step and the one before: {runs.describe(step_began - 60)})")
-        shots = os.environ.get("ATTNVIZ_LOAD_SHOTS")
-        if shots:
-            with contextlib.suppress(Exception):
-                await page.screenshot(path=f"{shots}/s{plan.index}-failed.png", full_page=True)
+        result.problems.append(f"failed at {step.name!r}: {type(problem).__name__}: {str(problem).splitlines()[0]} "
+                               f"(script runs since this step and the one before: {runs.describe(step.began - 60)})")
+        with contextlib.suppress(Exception):
+            await _screenshot(page, f"s{plan.index}-failed")
     finally:
         await page.close()
     return result

@@ -73,6 +73,95 @@ def _tile_is_skipped(mask: MaskSpec, qb: int, kb: int, key_range: tuple[int, int
     return mask.block_layout is not None and not bool(mask.block_layout[qb, kb])
 
 
+def _checked_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskSpec | None) -> MaskSpec:
+    """The rule to follow (None: full attention), once the shapes of ``q``, ``k``, ``v`` and the mask agree."""
+    _, heads, n_q, d = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    if k.shape[-1] != d or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} K/V heads evenly")
+    mask = MaskSpec(n_q, n_k) if mask is None else mask
+    if (mask.n_q, mask.n_k) != (n_q, n_k):
+        raise ValueError(f"the mask is for {mask.n_q} x {mask.n_k} but the inputs are {n_q} x {n_k}")
+    return mask
+
+
+def _blocks(n: int, block: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each block of ``block`` positions covering ``0 .. n`` (the last one may be shorter)."""
+    return [(start, min(n, start + block)) for start in range(0, n, block)]
+
+
+def _empty_row_state(batch: int, heads: int, rows: int, d_v: int, dtype: torch.dtype,
+                     device: torch.device) -> RowState:
+    """A query block's state before any key block: max -inf, sum 0, accumulator 0."""
+    return RowState(
+        running_max=torch.full((batch, heads, rows), float("-inf"), dtype=dtype, device=device),  # [b, h, bq]
+        running_sum=torch.zeros(batch, heads, rows, dtype=dtype, device=device),  # [b, h, bq]
+        accumulator=torch.zeros(batch, heads, rows, d_v, dtype=dtype, device=device),  # [b, h, bq, d]
+    )
+
+
+def _stepper_snapshot(key_block: int, status: str, tile_scores: torch.Tensor, state: RowState) -> OnlineSoftmaxStep:
+    """The traced query block's state after ``key_block``, for batch 0 and head 0."""
+    return OnlineSoftmaxStep(
+        key_block=key_block, status=status, scores=tile_scores,
+        running_max=state.running_max[0, 0].clone(), running_sum=state.running_sum[0, 0].clone(),
+        output=(state.accumulator[0, 0] / state.running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),
+    )
+
+
+def _attend_query_block(
+    state: RowState,
+    q_block: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: MaskSpec,
+    query_block: int,
+    query_rows: tuple[int, int],
+    key_blocks: list[tuple[int, int]],
+    scale: float,
+    steps: list[OnlineSoftmaxStep] | None,
+) -> list[str]:
+    """The inner loop (Dao 2023, Algorithm 1's loop over key blocks; the tutorial's ``_attn_fwd_inner``): fold
+    every key block the rule allows into ``state``. ``q_block [b, h, bq, d]`` in the compute dtype; ``k, v
+    [b, h, n_k, d]`` with one K/V head per query head. Returns each key block's status; appends the state after
+    each block to ``steps`` unless it is None."""
+    q_start, q_end = query_rows
+    key_range = mask.key_range(q_start, q_end)
+    full_lo, full_hi = mask.fully_allowed_range(q_start, q_end)
+    statuses = []
+    for kb, (k_start, k_end) in enumerate(key_blocks):
+        if _tile_is_skipped(mask, query_block, kb, key_range, k_start, k_end):
+            statuses.append(SKIPPED)
+            continue
+        scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(q_block.dtype).transpose(-2, -1))
+        scores.mul_(scale)  # [b, h, bq, bk]; in place: this tile is the largest temporary
+        needs_mask = mask.block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
+        if needs_mask:  # a diagonal or window-edge tile: mask element by element
+            scores.masked_fill_(~mask.tile(q_start, q_end, k_start, k_end).to(q_block.device), float("-inf"))
+        statuses.append(MASKED if needs_mask else COMPUTED)
+        tile_scores = scores[0, 0].clone() if steps is not None else None  # the update overwrites scores
+        online_softmax_update(state, scores, v[:, :, k_start:k_end].to(q_block.dtype))
+        if steps is not None:
+            steps.append(_stepper_snapshot(kb, statuses[-1], tile_scores, state))
+    return statuses
+
+
+def _normalised_rows(state: RowState, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The epilogue: ``(output [b, h, bq, d] in dtype, lse [b, h, bq])`` of a query block's final state. Rows with
+    no allowed key get output 0 and lse -inf."""
+    empty = state.running_sum == 0  # [b, h, bq]
+    normaliser = state.running_sum.clamp_min(1e-30)
+    output = torch.where(
+        empty.unsqueeze(-1), torch.zeros_like(state.accumulator), state.accumulator / normaliser.unsqueeze(-1)
+    ).to(dtype)
+    lse = torch.where(
+        empty, torch.full_like(state.running_max, float("-inf")), state.running_max + torch.log(normaliser)
+    )
+    return output, lse
+
+
 def tiled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -92,69 +181,27 @@ def tiled_attention(
     blocks and only its listed key blocks are visited. ``trace`` records which tiles were computed, masked or
     skipped; ``trace_query_block`` also records that block's online-softmax state after each key block.
     """
-    batch, heads, n_q, d = q.shape
-    kv_heads, n_k = k.shape[1], k.shape[2]
-    if k.shape[-1] != d or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} K/V heads evenly")
-    mask = MaskSpec(n_q, n_k) if mask is None else mask
-    if (mask.n_q, mask.n_k) != (n_q, n_k):
-        raise ValueError(f"the mask is for {mask.n_q} x {mask.n_k} but the inputs are {n_q} x {n_k}")
+    mask = _checked_mask(q, k, v, mask)
     if mask.block_layout is not None:
         block_q = block_k = int(mask.block_size)
+    batch, heads, n_q, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    group = heads // kv_heads
+    group = heads // k.shape[1]  # query heads per K/V head
     k = k.repeat_interleave(group, dim=1) if group > 1 else k  # [b, heads, n_k, d]
     v = v.repeat_interleave(group, dim=1) if group > 1 else v
 
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
-    device = q.device
-    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=q.dtype, device=device)
-    lse = torch.empty(batch, heads, n_q, dtype=compute_dtype, device=device)
-    n_qb, n_kb = -(-n_q // block_q), -(-n_k // block_k)
-    record = TiledTrace(n_qb, n_kb) if trace or trace_query_block is not None else None
+    output = torch.empty(batch, heads, n_q, v.shape[-1], dtype=q.dtype, device=q.device)  # [b, h, n_q, d]
+    lse = torch.empty(batch, heads, n_q, dtype=compute_dtype, device=q.device)  # [b, h, n_q]
+    query_blocks, key_blocks = _blocks(n_q, block_q), _blocks(k.shape[2], block_k)
+    record = TiledTrace(len(query_blocks), len(key_blocks)) if trace or trace_query_block is not None else None
 
-    for qb in range(n_qb):
-        q_start, q_end = qb * block_q, min(n_q, (qb + 1) * block_q)
+    for qb, (q_start, q_end) in enumerate(query_blocks):
         q_block = q[:, :, q_start:q_end].to(compute_dtype)  # [b, h, bq, d]
-        rows = q_end - q_start
-        state = RowState(
-            running_max=torch.full((batch, heads, rows), float("-inf"), dtype=compute_dtype, device=device),
-            running_sum=torch.zeros(batch, heads, rows, dtype=compute_dtype, device=device),
-            accumulator=torch.zeros(batch, heads, rows, v.shape[-1], dtype=compute_dtype, device=device),
-        )
-        key_range = mask.key_range(q_start, q_end)
-        full_lo, full_hi = mask.fully_allowed_range(q_start, q_end)
-        statuses = []
-        for kb in range(n_kb):
-            k_start, k_end = kb * block_k, min(n_k, (kb + 1) * block_k)
-            if _tile_is_skipped(mask, qb, kb, key_range, k_start, k_end):
-                statuses.append(SKIPPED)
-                continue
-            scores = torch.matmul(q_block, k[:, :, k_start:k_end].to(compute_dtype).transpose(-2, -1))
-            scores.mul_(scale)  # [b, h, bq, bk]; in place: this tile is the largest temporary
-            needs_mask = mask.block_layout is None and not (k_start >= full_lo and k_end <= full_hi)
-            if needs_mask:  # a diagonal or window-edge tile: mask element by element
-                scores.masked_fill_(~mask.tile(q_start, q_end, k_start, k_end).to(device), float("-inf"))
-            statuses.append(MASKED if needs_mask else COMPUTED)
-            traced = record is not None and qb == trace_query_block
-            tile_scores = scores[0, 0].clone() if traced else None
-            online_softmax_update(state, scores, v[:, :, k_start:k_end].to(compute_dtype))
-            if traced:
-                record.steps.append(OnlineSoftmaxStep(
-                    key_block=kb, status=statuses[-1], scores=tile_scores,
-                    running_max=state.running_max[0, 0].clone(), running_sum=state.running_sum[0, 0].clone(),
-                    output=(state.accumulator[0, 0] / state.running_sum[0, 0].clamp_min(1e-30).unsqueeze(-1)).clone(),
-                ))
-        empty = state.running_sum == 0  # rows with no allowed key: output 0, lse -inf
-        normaliser = state.running_sum.clamp_min(1e-30)
-        output[:, :, q_start:q_end] = torch.where(
-            empty.unsqueeze(-1), torch.zeros_like(state.accumulator), state.accumulator / normaliser.unsqueeze(-1)
-        ).to(q.dtype)
-        lse[:, :, q_start:q_end] = torch.where(
-            empty, torch.full_like(state.running_max, float("-inf")), state.running_max + torch.log(normaliser)
-        )
+        state = _empty_row_state(batch, heads, q_end - q_start, v.shape[-1], compute_dtype, q.device)
+        steps = record.steps if record is not None and qb == trace_query_block else None
+        statuses = _attend_query_block(state, q_block, k, v, mask, qb, (q_start, q_end), key_blocks, scale, steps)
+        output[:, :, q_start:q_end], lse[:, :, q_start:q_end] = _normalised_rows(state, q.dtype)
         if record is not None:
             record.status.append(statuses)
     return output, lse, record

@@ -17,6 +17,7 @@ from attnviz import circuits
 from attnviz.flash.ring import ring_attention
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.paged_kv import PagedKVCache
+from attnviz.tiny_gpt_text import HELD_OUT_SHARE, documentation_text, split_text
 from attnviz.units import human_bytes
 
 STRATEGIES = {"greedy": "greedy (the most likely token)", "sample": "sample (temperature, top-k, top-p)"}
@@ -188,6 +189,106 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id]) if hasattr(tokenizer, "decode") else str(token_id)
 
 
+def _prompt_ids(model, tokenizer, prompt: str, new_tokens: int, max_positions: int | None) -> torch.Tensor:
+    """The prompt's token ids, ``[1, tokens]``, refused with a reason when they (and ``new_tokens`` more, for a
+    causal LM) do not fit the model's positions."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise ValueError("the prompt has no tokens: type a few words")
+    limit = max_positions or context_length(model.config)
+    encoder_decoder = _is_encoder_decoder(model)
+    if encoder_decoder and ids.shape[1] > limit:
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than the {limit} the encoder reads")
+    if not encoder_decoder and ids.shape[1] + new_tokens > limit:
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
+                         f"{limit} positions this model has")
+    return ids
+
+
+def _is_encoder_decoder(model) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def _forward(model, sequence: torch.Tensor, cache, encoder_outputs, *, use_cache: bool, cache_argument: str):
+    """One forward pass for the next token, with the attention weights. With a cache only the newest token is fed
+    (the whole prompt on the first step); without, the whole sequence again. An encoder-decoder's decoder reads
+    ``sequence`` and the encoder's outputs (``encoder_outputs`` None: a causal LM)."""
+    fed = sequence if cache is None or not use_cache else sequence[:, -1:]  # [1, tokens fed]
+    inputs = {"input_ids": fed} if encoder_outputs is None else {"decoder_input_ids": fed,
+                                                                 "encoder_outputs": encoder_outputs}
+    if use_cache:
+        return model(**inputs, use_cache=True, output_attentions=True, **{cache_argument: cache})
+    return model(**inputs, use_cache=False, output_attentions=True)
+
+
+def _next_token_logits(output, step: int) -> torch.Tensor:
+    """The last position's logits, ``[vocab]``, in fp32 at least; refused when any is NaN or infinite."""
+    logits = output.logits[0, -1]
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16: read in fp32
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(f"Not finite: the model's next-token logits at step {step + 1} hold NaN or infinity "
+                         f"({int((~torch.isfinite(logits)).sum()):,} of {len(logits):,}), so no token can be drawn "
+                         "from them. The checkpoint's weights or config make its arithmetic overflow.")
+    return logits
+
+
+def _follow_generation_rules(logits: torch.Tensor, step: int, forced_first: int | None,
+                             banned: list[int]) -> torch.Tensor:
+    """The logits as the generation config leaves them: banned tokens at -inf, and on the first step only the
+    forced token possible (e.g. BART's <s>, mBART-50's target language)."""
+    if banned:
+        logits[banned] = float("-inf")
+    if step == 0 and forced_first is not None:
+        logits = torch.full_like(logits, float("-inf"))
+        logits[forced_first] = 0.0
+    return logits
+
+
+def _draw(probabilities: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    if sampling.strategy == "greedy":
+        return int(probabilities.argmax())
+    return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def _top_tokens(tokenizer, logits: torch.Tensor, probabilities: torch.Tensor,
+                sampling: Sampling) -> list[tuple[str, float]]:
+    """The :data:`TOP_SHOWN` most likely tokens of the distribution the token was drawn from. Greedy draws from a
+    one-hot: show the model's own distribution it took the top of."""
+    shown = torch.softmax(logits.double(), -1) if sampling.strategy == "greedy" else probabilities
+    top = shown.topk(min(TOP_SHOWN, len(shown)))
+    return [(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True) if p > 0]
+
+
+def _newest_query_attention(output, encoder_decoder: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights of the query that predicted the token: over the decoder's own keys ``[layers, heads, keys]``,
+    and an encoder-decoder's over the source ``[layers, heads, source tokens]`` (None for a causal LM)."""
+    own = output.decoder_attentions if encoder_decoder else output.attentions
+    attention = torch.stack([layer[0, :, -1].float() for layer in own])  # [layers, heads, keys]
+    if not encoder_decoder:
+        return attention, None
+    return attention, torch.stack([layer[0, :, -1].float() for layer in output.cross_attentions])
+
+
+def _step_record(output, cache, tokenizer, *, token_id: int, position: int, top: list[tuple[str, float]],
+                 seconds: float, encoder_decoder: bool) -> Step:
+    """What :class:`Step` shows of one step: the token, its attention, and the cache's tensors after it."""
+    attention, cross = _newest_query_attention(output, encoder_decoder)
+    tensors = _cache_tensors(cache) if cache is not None else []
+    crossing = _cross_tensors(cache) if cache is not None else []
+    return Step(
+        position=position, token_id=token_id, token=_token_text(tokenizer, token_id), top=top,
+        attention=attention,
+        cache_keys=[tuple(k.shape) for k, _ in tensors],
+        cache_values=[tuple(v.shape) for _, v in tensors],
+        layer_bytes=[_bytes([pair]) for pair in tensors],
+        cache_bytes=_bytes(tensors),
+        seconds=seconds,
+        cross_attention=cross,
+        cross_keys=[tuple(k.shape) for k, _ in crossing],
+        cross_bytes=_bytes(crossing),
+    )
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling, *, use_cache: bool = True,
              max_positions: int | None = None, progress=None) -> Generation:
@@ -198,16 +299,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
     the decoder writes from its start token until its end-of-sequence token, and each step also records the new
     query's cross-attention), with eager attention. The model's generation config is followed as
     ``model.generate`` follows it: its forced first token and its suppressed tokens."""
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    if ids.shape[1] == 0:
-        raise ValueError("the prompt has no tokens: type a few words")
-    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
-    limit = max_positions or context_length(model.config)
-    if encoder_decoder and ids.shape[1] > limit:
-        raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than the {limit} the encoder reads")
-    if not encoder_decoder and ids.shape[1] + new_tokens > limit:
-        raise ValueError(f"the prompt has {ids.shape[1]} tokens; with {new_tokens} new ones that is more than the "
-                         f"{limit} positions this model has")
+    ids = _prompt_ids(model, tokenizer, prompt, new_tokens, max_positions)  # [1, prompt tokens]
+    encoder_decoder = _is_encoder_decoder(model)
     generator = torch.Generator().manual_seed(sampling.seed)
     forced_first, banned = _generation_rules(model)
     end_tokens = _end_tokens(model) if encoder_decoder else set()
@@ -219,58 +312,20 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
     result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache,
                         source_tokens=None if source is None else [_token_text(tokenizer, int(i)) for i in source[0]],
                         source_ids=None if source is None else source[0].tolist())
-    cache, sequence = None, ids
+    cache, sequence = None, ids  # sequence: [1, tokens so far]
     cache_argument = _cache_argument(model)
     for step in range(new_tokens):
         started = time.perf_counter()
+        output = _forward(model, sequence, cache, encoder_outputs, use_cache=use_cache, cache_argument=cache_argument)
         if use_cache:
-            fed = sequence if cache is None else sequence[:, -1:]  # with a cache: only the newest token
-            inputs = {"decoder_input_ids": fed, "encoder_outputs": encoder_outputs} if encoder_decoder else {
-                "input_ids": fed}
-            output = model(**inputs, use_cache=True, output_attentions=True, **{cache_argument: cache})
             cache = output.past_key_values
-        else:
-            inputs = {"encoder_outputs": encoder_outputs, "decoder_input_ids": sequence} if encoder_decoder else {
-                "input_ids": sequence}
-            output = model(**inputs, use_cache=False, output_attentions=True)
-        logits = output.logits[0, -1]
-        logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16: read in fp32
-        if not bool(torch.isfinite(logits).all()):
-            raise ValueError(f"Not finite: the model's next-token logits at step {step + 1} hold NaN or infinity "
-                             f"({int((~torch.isfinite(logits)).sum()):,} of {len(logits):,}), so no token can be drawn "
-                             "from them. The checkpoint's weights or config make its arithmetic overflow.")
-        if banned:
-            logits[banned] = float("-inf")
-        if step == 0 and forced_first is not None:  # e.g. BART's <s>, mBART-50's target language
-            logits = torch.full_like(logits, float("-inf"))
-            logits[forced_first] = 0.0
+        logits = _follow_generation_rules(_next_token_logits(output, step), step, forced_first, banned)
         probabilities = sampling_distribution(logits, sampling)
-        token_id = int(torch.multinomial(probabilities, 1, generator=generator)) if sampling.strategy != "greedy" \
-            else int(probabilities.argmax())
+        token_id = _draw(probabilities, sampling, generator)
         seconds = time.perf_counter() - started
-        own = output.decoder_attentions if encoder_decoder else output.attentions
-        attention = torch.stack([layer[0, :, -1].float() for layer in own])  # [layers, heads, keys]
-        cross = torch.stack([layer[0, :, -1].float() for layer in output.cross_attentions]) if encoder_decoder \
-            else None  # [layers, heads, source tokens]
-        # Greedy draws from a one-hot: show the model's own distribution it took the top of.
-        shown = torch.softmax(logits.double(), -1) if sampling.strategy == "greedy" else probabilities
-        top = shown.topk(min(TOP_SHOWN, len(shown)))
-        tensors = _cache_tensors(cache) if cache is not None else []
-        crossing = _cross_tensors(cache) if cache is not None else []
-        result.steps.append(Step(
-            position=sequence.shape[1], token_id=token_id, token=_token_text(tokenizer, token_id),
-            top=[(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True)
-                 if p > 0],
-            attention=attention,
-            cache_keys=[tuple(k.shape) for k, _ in tensors],
-            cache_values=[tuple(v.shape) for _, v in tensors],
-            layer_bytes=[_bytes([pair]) for pair in tensors],
-            cache_bytes=_bytes(tensors),
-            seconds=seconds,
-            cross_attention=cross,
-            cross_keys=[tuple(k.shape) for k, _ in crossing],
-            cross_bytes=_bytes(crossing),
-        ))
+        result.steps.append(_step_record(output, cache, tokenizer, token_id=token_id, position=sequence.shape[1],
+                                         top=_top_tokens(tokenizer, logits, probabilities, sampling),
+                                         seconds=seconds, encoder_decoder=encoder_decoder))
         result.logits.append(logits)
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
         if progress:
@@ -353,9 +408,7 @@ def cache_table(step: Step) -> list[dict]:
 
 def held_out_text() -> str:
     """The part of Python's documentation the bundled GPT never trained on."""
-    from attnviz.train_tiny import Recipe, documentation_text, split_text
-
-    return split_text(documentation_text(), Recipe.held_out_share)[1]
+    return split_text(documentation_text(), HELD_OUT_SHARE)[1]
 
 
 def bundled_training_report() -> dict:

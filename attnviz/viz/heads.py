@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import plotly.graph_objects as go
 import torch
@@ -16,6 +18,113 @@ HEAD_COLOURS = [
 ]
 
 
+@dataclass(frozen=True)
+class _GridPlacement:
+    """Where each head's thumbnail sits on the grid's canvas: a row per layer, a column per head, ``gap`` blank
+    cells apart."""
+
+    layers: int
+    heads: int
+    size_q: int  # thumbnail rows
+    size_k: int  # thumbnail columns
+    gap: int = 1
+
+    def top(self, layer: int) -> int:
+        return layer * (self.size_q + self.gap)
+
+    def left(self, head: int) -> int:
+        return head * (self.size_k + self.gap)
+
+    @property
+    def every_head(self) -> list[tuple[int, int]]:
+        return [(layer, head) for layer in range(self.layers) for head in range(self.heads)]
+
+
+def _thumbnails(weights: torch.Tensor, thumbnail: int, per_head_max: bool) -> np.ndarray:
+    """``weights [layers, heads, n_q, n_k]`` average-pooled to at most ``thumbnail`` cells a side, ``[layers,
+    heads, size_q, size_k]``; ``per_head_max``: each divided by its own maximum."""
+    layers, heads, n_q, n_k = weights.shape
+    size_q, size_k = min(n_q, thumbnail), min(n_k, thumbnail)
+    pooled = F.adaptive_avg_pool2d(weights.float().reshape(layers * heads, 1, n_q, n_k), (size_q, size_k))
+    pooled = pooled.reshape(layers, heads, size_q, size_k)
+    if per_head_max:  # each thumbnail by its own maximum, so sparse heads stay visible; the title says so
+        pooled = pooled / pooled.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    return pooled.numpy()
+
+
+def _grid_canvas(thumbnails: np.ndarray, place: _GridPlacement) -> np.ndarray:
+    """Every thumbnail on one canvas, NaN (blank) in the gaps between them."""
+    canvas = np.full((place.top(place.layers) - place.gap, place.left(place.heads) - place.gap), np.nan,
+                     dtype=np.float32)
+    for layer, head in place.every_head:
+        top, left = place.top(layer), place.left(head)
+        canvas[top : top + place.size_q, left : left + place.size_k] = thumbnails[layer, head]
+    return canvas
+
+
+def _grid_layout(figure: go.Figure, place: _GridPlacement, title: str, row_names: list[str] | None) -> None:
+    """Head names along the top, layer (or ``row_names``) names down the side, about square thumbnails."""
+    layers, heads, size_q, size_k = place.layers, place.heads, place.size_q, place.size_k
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(
+            tickmode="array", tickvals=[place.left(h) + size_k / 2 - 0.5 for h in range(heads)],
+            ticktext=[f"H{h}" for h in range(heads)], side="top", showgrid=False, zeroline=False,
+        ),
+        yaxis=dict(
+            tickmode="array", tickvals=[place.top(layer) + size_q / 2 - 0.5 for layer in range(layers)],
+            ticktext=row_names or [f"L{layer}" for layer in range(layers)], autorange="reversed", showgrid=False,
+            zeroline=False,
+        ),
+        plot_bgcolor="white",
+        margin=dict(l=10, r=10, t=100 if "<br>" in title else 70, b=10),
+        # About square thumbnails in a ~1000 px wide page (a fixed aspect ratio would leave blank bands instead).
+        height=int(min(1400, 90 + 1000 * layers * (size_q + place.gap) / (heads * (size_k + place.gap)))),
+        font=dict(family=style.FONT_FAMILY),
+    )
+
+
+def _add_head_pickers(figure: go.Figure, place: _GridPlacement, row_names: list[str] | None,
+                      notes: list[list[str]] | None, clickable: bool) -> None:
+    """Invisible points at the thumbnails' centres: hovering names the head, and clicking one selects it
+    (Streamlit reports point selections, not heatmap cells)."""
+    centres = place.every_head
+    figure.add_trace(
+        go.Scatter(
+            x=[place.left(h) + (place.size_k - 1) / 2 for _, h in centres],
+            y=[place.top(layer) + (place.size_q - 1) / 2 for layer, _ in centres],
+            mode="markers",
+            marker=dict(size=max(8, 220 // max(place.heads, place.layers)), color="rgba(0,0,0,0)", symbol="square"),
+            customdata=[[layer, head] for layer, head in centres],
+            hovertext=[f"{row_names[layer] if row_names else f'layer {layer}'}, head {head}"
+                       + (f"<br>{notes[layer][head]}" if notes else "")
+                       + ("<br>click to open" if clickable else "") for layer, head in centres],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+
+
+def _add_badges(figure: go.Figure, place: _GridPlacement, badges: list[list[str]]) -> None:
+    """Each head's short label, printed at the bottom of its thumbnail."""
+    centres = place.every_head
+    figure.add_trace(go.Scatter(
+        x=[place.left(h) + (place.size_k - 1) / 2 for _, h in centres],
+        y=[place.top(layer) + place.size_q - 1 for layer, _ in centres],
+        mode="text", text=[badges[layer][head] for layer, head in centres], textposition="top center",
+        textfont=dict(size=10, color="#c2410c"), hoverinfo="skip", showlegend=False,
+    ))
+
+
+def _add_highlight(figure: go.Figure, place: _GridPlacement, layer: int, head: int) -> None:
+    """An orange box around the selected head's thumbnail."""
+    figure.add_shape(
+        type="rect", x0=place.left(head) - 0.8, x1=place.left(head) + place.size_k - 0.2,
+        y0=place.top(layer) - 0.8, y1=place.top(layer) + place.size_q - 0.2,
+        line=dict(color="#ff7f0e", width=3),
+    )
+
+
 def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlight: tuple[int, int] | None = None,
               row_names: list[str] | None = None, clickable: bool = True, per_head_max: bool = True,
               notes: list[list[str]] | None = None, badges: list[list[str]] | None = None) -> go.Figure:
@@ -28,73 +137,110 @@ def head_grid(weights: torch.Tensor, *, title: str, thumbnail: int = 24, highlig
     """
     if isinstance(weights, (list, tuple)):
         weights = torch.stack(list(weights))  # rows given one by one, e.g. [before, after]
-    layers, heads, n_q, n_k = weights.shape
-    size_q, size_k = min(n_q, thumbnail), min(n_k, thumbnail)
-    pooled = F.adaptive_avg_pool2d(weights.float().reshape(layers * heads, 1, n_q, n_k), (size_q, size_k))
-    pooled = pooled.reshape(layers, heads, size_q, size_k)
-    if per_head_max:  # each thumbnail by its own maximum, so sparse heads stay visible; the title says so
-        pooled = pooled / pooled.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
-    pooled = pooled.numpy()
-    gap = 1
-    canvas = np.full((layers * (size_q + gap) - gap, heads * (size_k + gap) - gap), np.nan, dtype=np.float32)
-    for layer in range(layers):
-        for head in range(heads):
-            top, left = layer * (size_q + gap), head * (size_k + gap)
-            canvas[top : top + size_q, left : left + size_k] = pooled[layer, head]
+    thumbnails = _thumbnails(weights, thumbnail, per_head_max)  # [layers, heads, size_q, size_k]
+    place = _GridPlacement(*thumbnails.shape)
     figure = go.Figure(
         go.Heatmap(
-            z=canvas, colorscale=style.WEIGHT_COLORSCALE, zmin=0, zmax=1, showscale=False, hoverinfo="skip",
-            xgap=0, ygap=0,
+            z=_grid_canvas(thumbnails, place), colorscale=style.WEIGHT_COLORSCALE, zmin=0, zmax=1, showscale=False,
+            hoverinfo="skip", xgap=0, ygap=0,
         )
     )
-    figure.update_layout(
-        title=dict(text=title, x=0, xanchor="left"),
-        xaxis=dict(
-            tickmode="array", tickvals=[h * (size_k + gap) + size_k / 2 - 0.5 for h in range(heads)],
-            ticktext=[f"H{h}" for h in range(heads)], side="top", showgrid=False, zeroline=False,
-        ),
-        yaxis=dict(
-            tickmode="array", tickvals=[layer * (size_q + gap) + size_q / 2 - 0.5 for layer in range(layers)],
-            ticktext=row_names or [f"L{layer}" for layer in range(layers)], autorange="reversed", showgrid=False,
-            zeroline=False,
-        ),
-        plot_bgcolor="white",
-        margin=dict(l=10, r=10, t=100 if "<br>" in title else 70, b=10),
-        # About square thumbnails in a ~1000 px wide page (a fixed aspect ratio would leave blank bands instead).
-        height=int(min(1400, 90 + 1000 * layers * (size_q + gap) / (heads * (size_k + gap)))),
-        font=dict(family=style.FONT_FAMILY),
+    _grid_layout(figure, place, title, row_names)
+    _add_head_pickers(figure, place, row_names, notes, clickable)
+    if badges:
+        _add_badges(figure, place, badges)
+    if highlight is not None:
+        _add_highlight(figure, place, *highlight)
+    return figure
+
+
+# Line width and opacity by weight: (from, below, width, opacity)
+LINE_BUCKETS = [(0.0, 0.1, 1.0, 0.25), (0.1, 0.3, 2.5, 0.45), (0.3, 0.6, 4.5, 0.65), (0.6, 1.01, 7.0, 0.85)]
+
+
+def _strongest_lines(head_weights: torch.Tensor, top_k: int | None, min_weight: float,
+                     max_lines: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lines to draw of one head's ``[queries, n_k]`` weights: ``(weights, flat indices)``, strongest first,
+    at least ``min_weight``, at most ``max_lines``; with ``top_k``, only each query's ``top_k`` strongest keys."""
+    n_k = head_weights.shape[-1]
+    if top_k is not None and top_k < n_k:  # only each query's strongest keys
+        threshold = head_weights.topk(top_k, dim=-1).values[:, -1:]  # [queries, 1]
+        head_weights = torch.where(head_weights >= threshold, head_weights, torch.full_like(head_weights, -1.0))
+    values, flat = head_weights.flatten().sort(descending=True)
+    keep = values >= min_weight
+    return values[keep][:max_lines], flat[keep][:max_lines]
+
+
+def _add_head_lines(figure: go.Figure, values: torch.Tensor, flat: torch.Tensor, queries: list[int], n_k: int,
+                    name: int) -> tuple[list[list[float]], list[int]]:
+    """One head's lines (``values`` at ``flat`` indices of its ``[queries, n_k]`` weights), one trace per weight
+    bucket, and its legend entry. Returns the lines drawn (query row, key row, weight) and their traces' indices."""
+    colour = HEAD_COLOURS[name % len(HEAD_COLOURS)]
+    drawn_lines, line_traces = [], []
+    for low, high, width, opacity in LINE_BUCKETS:
+        in_bucket = (values >= low) & (values < high)
+        if not in_bucket.any():
+            continue
+        xs, ys = [], []
+        for index, value in zip(flat[in_bucket].tolist(), values[in_bucket].tolist(), strict=True):
+            query, key = queries[index // n_k], index % n_k
+            xs += [0, 1, None]
+            ys += [query, key, None]
+            drawn_lines.append([query, key, round(value, 3)])
+        line_traces.append(len(figure.data))
+        figure.add_trace(
+            go.Scatter(
+                x=xs, y=ys, mode="lines", line=dict(color=colour, width=width), opacity=opacity,
+                hoverinfo="skip", showlegend=False, legendgroup=f"h{name}",
+            )
+        )
+    figure.add_trace(  # legend entry per head
+        go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=4), name=f"head {name}",
+                   legendgroup=f"h{name}")
     )
-    # Invisible points at the thumbnails' centres: hovering names the head, and clicking one selects it (Streamlit
-    # reports point selections, not heatmap cells).
-    centres = [(layer, head) for layer in range(layers) for head in range(heads)]
+    return drawn_lines, line_traces
+
+
+def _add_token_columns(figure: go.Figure, query_tokens: list[str], key_tokens: list[str], n_q: int, n_k: int,
+                       followed: set[int], query_ids: list[int] | None) -> None:
+    """The ``n_q`` queries' labels on the left (``followed`` rows in red; a click names the ``query_ids``
+    position), the ``n_k`` keys' on the right."""
+    labels_q, labels_k = style.token_labels(query_tokens), style.token_labels(key_tokens)
     figure.add_trace(
         go.Scatter(
-            x=[h * (size_k + gap) + (size_k - 1) / 2 for _, h in centres],
-            y=[layer * (size_q + gap) + (size_q - 1) / 2 for layer, _ in centres],
-            mode="markers", marker=dict(size=max(8, 220 // max(heads, layers)), color="rgba(0,0,0,0)", symbol="square"),
-            customdata=[[layer, head] for layer, head in centres],
-            hovertext=[f"{row_names[layer] if row_names else f'layer {layer}'}, head {head}"
-                       + (f"<br>{notes[layer][head]}" if notes else "")
-                       + ("<br>click to open" if clickable else "") for layer, head in centres],
-            hoverinfo="text",
-            showlegend=False,
+            x=[-0.02] * n_q, y=list(range(n_q)), mode="text+markers", text=labels_q, textposition="middle left",
+            marker=dict(size=12, color="rgba(0,0,0,0)"),
+            customdata=[[position] for position in (query_ids or list(range(n_q)))],
+            hovertext=[f"query {label}: click to follow" for label in labels_q], hoverinfo="text", showlegend=False,
+            textfont=dict(color=["#d62728" if i in followed else "#1b1f24" for i in range(n_q)]),
+            name="queries",
         )
     )
-    if badges:
-        figure.add_trace(go.Scatter(
-            x=[h * (size_k + gap) + (size_k - 1) / 2 for _, h in centres],
-            y=[layer * (size_q + gap) + size_q - 1 for layer, _ in centres],
-            mode="text", text=[badges[layer][head] for layer, head in centres], textposition="top center",
-            textfont=dict(size=10, color="#c2410c"), hoverinfo="skip", showlegend=False,
-        ))
-    if highlight is not None:
-        layer, head = highlight
-        figure.add_shape(
-            type="rect", x0=head * (size_k + gap) - 0.8, x1=head * (size_k + gap) + size_k - 0.2,
-            y0=layer * (size_q + gap) - 0.8, y1=layer * (size_q + gap) + size_q - 0.2,
-            line=dict(color="#ff7f0e", width=3),
+    figure.add_trace(
+        go.Scatter(
+            x=[1.02] * n_k, y=list(range(n_k)), mode="text+markers", text=labels_k, textposition="middle right",
+            marker=dict(size=12, color="rgba(0,0,0,0)"),
+            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False, name="keys",
+            textfont=dict(color="#1b1f24"),
         )
-    return figure
+    )
+
+
+def _lines_layout(figure: go.Figure, title: str, n_q: int, n_k: int, drawn_lines: list[list[float]],
+                  line_traces: list[int]) -> None:
+    """Two columns of tokens, one row each; ``layout.meta`` tells the page's script which lines to highlight (the
+    last trace, ``highlight``, is where it draws them)."""
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        xaxis=dict(range=[-0.6, 1.6], visible=False, fixedrange=True),
+        yaxis=dict(range=[max(n_q, n_k) - 0.5, -0.5], visible=False),
+        height=min(4000, max(320, 70 + 22 * max(n_q, n_k))),
+        margin=dict(l=10, r=10, t=60, b=10),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+        font=dict(family=style.FONT_FAMILY),
+        meta=dict(attnviz="lines", lines=drawn_lines, line_traces=line_traces, highlight=len(figure.data) - 1),
+    )
 
 
 def attention_lines(
@@ -124,75 +270,20 @@ def attention_lines(
     n_q, n_k = weights.shape[-2:]
     figure = go.Figure()
     queries = list(range(n_q)) if not follow else [q for q in follow if 0 <= q < n_q]
-    buckets = [(0.0, 0.1, 1.0, 0.25), (0.1, 0.3, 2.5, 0.45), (0.3, 0.6, 4.5, 0.65), (0.6, 1.01, 7.0, 0.85)]
     drawn_lines: list[list[float]] = []  # [query row, key row, weight] of every line, for the hover highlight
     line_traces: list[int] = []
     for head in heads:
-        head_weights = weights[head][queries]  # [len(queries), n_k]
-        if top_k is not None and top_k < n_k:  # only each query's strongest keys
-            threshold = head_weights.topk(top_k, dim=-1).values[:, -1:]
-            head_weights = torch.where(head_weights >= threshold, head_weights, torch.full_like(head_weights, -1.0))
-        values, flat = head_weights.flatten().sort(descending=True)
-        keep = values >= min_weight
-        values, flat = values[keep][:max_lines_per_head], flat[keep][:max_lines_per_head]
+        values, flat = _strongest_lines(weights[head][queries], top_k, min_weight, max_lines_per_head)
         name = head if head_names is None else head_names[head]
-        colour = HEAD_COLOURS[name % len(HEAD_COLOURS)]
-        for low, high, width, opacity in buckets:
-            in_bucket = (values >= low) & (values < high)
-            if not in_bucket.any():
-                continue
-            xs, ys = [], []
-            for index, value in zip(flat[in_bucket].tolist(), values[in_bucket].tolist(), strict=True):
-                query, key = queries[index // n_k], index % n_k
-                xs += [0, 1, None]
-                ys += [query, key, None]
-                drawn_lines.append([query, key, round(value, 3)])
-            line_traces.append(len(figure.data))
-            figure.add_trace(
-                go.Scatter(
-                    x=xs, y=ys, mode="lines", line=dict(color=colour, width=width), opacity=opacity,
-                    hoverinfo="skip", showlegend=False, legendgroup=f"h{name}",
-                )
-            )
-        figure.add_trace(  # legend entry per head
-            go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=colour, width=4), name=f"head {name}",
-                       legendgroup=f"h{name}")
-        )
-    labels_q, labels_k = style.token_labels(query_tokens), style.token_labels(key_tokens)
-    highlighted = set(queries) if follow else set()
-    figure.add_trace(
-        go.Scatter(
-            x=[-0.02] * n_q, y=list(range(n_q)), mode="text+markers", text=labels_q, textposition="middle left",
-            marker=dict(size=12, color="rgba(0,0,0,0)"),
-            customdata=[[position] for position in (query_ids or list(range(n_q)))],
-            hovertext=[f"query {label}: click to follow" for label in labels_q], hoverinfo="text", showlegend=False,
-            textfont=dict(color=["#d62728" if i in highlighted else "#1b1f24" for i in range(n_q)]),
-            name="queries",
-        )
-    )
-    figure.add_trace(
-        go.Scatter(
-            x=[1.02] * n_k, y=list(range(n_k)), mode="text+markers", text=labels_k, textposition="middle right",
-            marker=dict(size=12, color="rgba(0,0,0,0)"),
-            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False, name="keys",
-            textfont=dict(color="#1b1f24"),
-        )
-    )
+        head_lines, head_traces = _add_head_lines(figure, values, flat, queries, n_k, name)
+        drawn_lines += head_lines
+        line_traces += head_traces
+    _add_token_columns(figure, query_tokens, key_tokens, n_q, n_k, set(queries) if follow else set(), query_ids)
     figure.add_trace(  # filled by the page's script while a token is hovered: that token's lines, drawn dark
         go.Scatter(x=[], y=[], mode="lines", line=dict(color="#111111", width=3), hoverinfo="skip",
                    showlegend=False, name="highlight")
     )
-    figure.update_layout(
-        title=dict(text=title, x=0, xanchor="left"),
-        xaxis=dict(range=[-0.6, 1.6], visible=False, fixedrange=True),
-        yaxis=dict(range=[max(n_q, n_k) - 0.5, -0.5], visible=False),
-        height=min(4000, max(320, 70 + 22 * max(n_q, n_k))),
-        margin=dict(l=10, r=10, t=60, b=10),
-        plot_bgcolor="white",
-        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
-        font=dict(family=style.FONT_FAMILY),
-        meta=dict(attnviz="lines", lines=drawn_lines, line_traces=line_traces, highlight=len(figure.data) - 1),
-    )
+    _lines_layout(figure, title, n_q, n_k, drawn_lines, line_traces)
     return figure
 
 
