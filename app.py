@@ -9,93 +9,97 @@ of `main`.
 import time
 from pathlib import Path
 
-from attnviz.runtime import SESSION_RAN, configure_environment, optional_features, server_lifespan
+from attnviz.runtime import configure_environment, optional_features
+from attnviz.ui.lifespan import SESSION_RAN, server_lifespan
 
 run_started = time.perf_counter()
 
 import streamlit as st  # noqa: E402
 
+PAGES = (  # (script, title, icon); the first is the default page
+    ("pages/explore_heads.py", "Explore heads", ":material/search:"),
+    ("pages/step_by_step.py", "Attention step by step", ":material/calculate:"),
+    ("pages/masks.py", "Masks", ":material/grid_on:"),
+    ("pages/positional.py", "Positional encodings", ":material/pin_drop:"),
+    ("pages/scaling.py", "Scaling and softmax", ":material/functions:"),
+    ("pages/heads_kv_cache.py", "Heads and KV cache", ":material/memory:"),
+    ("pages/flash.py", "Flash vs naive", ":material/bolt:"),
+    ("pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
+    ("pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
+)
+
 
 def main() -> None:
     configure_environment()  # offline, and Triton's interpreter without a GPU: before transformers or triton load
-    from attnviz.ui import (
-        DEFAULT_SENTENCE,
-        MAX_SENTENCE_CHARS,
-        apply_presentation_mode,
-        install_page_scripts,
-        keep_sidebar_choices,
-        logged_run,
-        note_sidebar_edit,
-        open_linked_model,
-        presentation_requested,
-        registered_models,
-        restore_sidebar_choices,
-        show_notices,
-        show_unexpected_error,
-        start_janitor,
-        story_links,
-    )
+    from attnviz.ui.frame import apply_presentation_mode, presentation_requested
+    from attnviz.ui.page_scripts import install_page_scripts
+    from attnviz.ui.session_models import open_linked_model, show_notices
+    from attnviz.ui.session_uploads import start_janitor
+    from attnviz.ui.sidebar import keep_sidebar_choices
 
     st.set_page_config(
         page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
         layout="wide",
         initial_sidebar_state="collapsed" if presentation_requested() else "auto",  # a projector: all width to the page
     )
-
-    pages = [
-        st.Page("pages/explore_heads.py", title="Explore heads", icon=":material/search:", default=True),
-        st.Page("pages/step_by_step.py", title="Attention step by step", icon=":material/calculate:"),
-        st.Page("pages/masks.py", title="Masks", icon=":material/grid_on:"),
-        st.Page("pages/positional.py", title="Positional encodings", icon=":material/pin_drop:"),
-        st.Page("pages/scaling.py", title="Scaling and softmax", icon=":material/functions:"),
-        st.Page("pages/heads_kv_cache.py", title="Heads and KV cache", icon=":material/memory:"),
-        st.Page("pages/flash.py", title="Flash vs naive", icon=":material/bolt:"),
-        st.Page("pages/generation.py", title="Generation and KV cache", icon=":material/edit_note:"),
-        st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/inventory_2:"),
-    ]
+    pages = [st.Page(script, title=title, icon=icon, default=index == 0)
+             for index, (script, title, icon) in enumerate(PAGES)]
     navigation = st.navigation(pages)
     start_janitor()  # uploads are deleted soon after their session ends (or their browser's keep time)
     open_linked_model()  # a link's model=, before the sidebar's model widget reads the URL
-
-    pending = st.session_state.pop("pending_model", None)  # set by the Checkpoints page (upload or removal)
-    if pending in registered_models():
-        st.session_state["model"] = pending
-    restore_sidebar_choices(registered_models(), model_just_set=pending in registered_models())
-
+    apply_pending_model()
     with st.sidebar:
-        models = list(registered_models())
-        st.selectbox(
-            "Model", models, key="model", bind="query-params", on_change=note_sidebar_edit, args=("model",),
-            help="The bundled BERT, or a checkpoint you added on the Checkpoints page.",
-        )
-        st.text_area(
-            "Sentence",
-            value=DEFAULT_SENTENCE,
-            key="sentence",
-            max_chars=MAX_SENTENCE_CHARS,
-            height=100,
-            bind="query-params",
-            on_change=note_sidebar_edit,
-            args=("sentence",),
-            help="The text every page works on. Pages that need few tokens take the first words.",
-        )
-        st.toggle("Presentation mode", key="presentation_mode", bind="query-params",
-                  help="Larger text and figures for a projector, and the full width of the screen (close this "
-                       "sidebar). Kept in the URL: a prepared link opens in presentation mode.")
-        with st.expander("This installation"):
-            for feature in optional_features():
-                if feature.available:
-                    st.markdown(f":material/check: **{feature.package}** {feature.version or ''}: "
-                                f"{feature.needed_for}.")
-                else:
-                    st.markdown(
-                        f":material/block: **{feature.package}** is not installed: {feature.needed_for} is unavailable."
-                    )
-
+        sidebar()
     keep_sidebar_choices()
     apply_presentation_mode(st.session_state.get("presentation_mode", False))
     install_page_scripts()
     show_notices()
+    run_page(navigation, pages)
+
+
+def apply_pending_model() -> None:
+    """A model the Checkpoints page added or removed becomes the sidebar's (before its widget exists), and the
+    sidebar gets back the choices this session last showed."""
+    from attnviz.ui.session_models import registered_models
+    from attnviz.ui.sidebar import restore_sidebar_choices
+
+    pending = st.session_state.pop("pending_model", None)
+    if pending in registered_models():
+        st.session_state["model"] = pending
+    restore_sidebar_choices(registered_models(), model_just_set=pending in registered_models())
+
+
+def sidebar() -> None:
+    """The global sidebar: the model and the sentence every page reads, presentation mode, this installation."""
+    from attnviz.ui.session_models import registered_models
+    from attnviz.ui.sidebar import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, note_sidebar_edit
+
+    st.selectbox(
+        "Model", list(registered_models()), key="model", bind="query-params", on_change=note_sidebar_edit,
+        args=("model",), help="The bundled BERT, or a checkpoint you added on the Checkpoints page.",
+    )
+    st.text_area(
+        "Sentence", value=DEFAULT_SENTENCE, key="sentence", max_chars=MAX_SENTENCE_CHARS, height=100,
+        bind="query-params", on_change=note_sidebar_edit, args=("sentence",),
+        help="The text every page works on. Pages that need few tokens take the first words.",
+    )
+    st.toggle("Presentation mode", key="presentation_mode", bind="query-params",
+              help="Larger text and figures for a projector, and the full width of the screen (close this "
+                   "sidebar). Kept in the URL: a prepared link opens in presentation mode.")
+    with st.expander("This installation"):
+        for feature in optional_features():
+            if feature.available:
+                st.markdown(f":material/check: **{feature.package}** {feature.version or ''}: {feature.needed_for}.")
+            else:
+                st.markdown(f":material/block: **{feature.package}** is not installed: {feature.needed_for} is "
+                            "unavailable.")
+
+
+def run_page(navigation, pages) -> None:
+    """The chosen page, then its story links; an exception no page caught becomes a message in words."""
+    from attnviz.ui.frame import logged_run, story_links
+    from attnviz.ui.messages import show_unexpected_error
+
     try:
         with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: benchmarks, operators
             navigation.run()

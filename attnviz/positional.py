@@ -1,5 +1,6 @@
-"""Positional encodings: sinusoidal (Vaswani et al.), learned (read from a checkpoint), RoPE (Su et al.) and
-ALiBi (Press et al.), with the properties each one is known for, computed rather than asserted."""
+"""Positional encodings: sinusoidal (Vaswani et al.), RoPE (Su et al.) and ALiBi (Press et al.), with the
+properties each one is known for, computed rather than asserted. A checkpoint's learned table is read by
+:func:`attnviz.models.support.learned_position_table`, which knows where each architecture keeps it."""
 
 from __future__ import annotations
 
@@ -50,29 +51,6 @@ def dot_by_distance(table: torch.Tensor, origin: int = 0) -> torch.Tensor:
 def cosine_by_distance(table: torch.Tensor, origin: int = 0) -> torch.Tensor:
     normed = table / table.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return dot_by_distance(normed, origin)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Learned: the table a checkpoint trained
-
-
-def learned_position_table(model: torch.nn.Module) -> tuple[str, torch.Tensor] | None:
-    """The learned absolute position embeddings of a model (BERT, RoBERTa, GPT-2, BART, ...) as
-    ``(parameter name, [max_positions, d_model])``, or None when it has none (RoPE, ALiBi, T5's relative bias)."""
-    candidates = []
-    for name, parameter in model.named_parameters():
-        lowered = name.lower()
-        if parameter.dim() == 2 and ("position_embeddings" in lowered or lowered.endswith("wpe.weight")
-                                     or "embed_positions" in lowered):
-            candidates.append((name, parameter.detach().float()))
-    if not candidates:
-        return None
-    # Prefer the encoder's (or the only) table.
-    candidates.sort(key=lambda item: ("decoder" in item[0], item[0]))
-    name, table = candidates[0]
-    if "embed_positions" in name and table.shape[0] > 2:  # BART stores two unused offset rows first
-        table = table[2:]
-    return name, table
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,18 +12,12 @@ refused without being expanded).
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from attnviz.models.support import TESTED_VISION_TYPES
-
-VISION_TYPES = frozenset(TESTED_VISION_TYPES)  # read as images (the tested types; attnviz.models.support)
-# Image-text checkpoints whose vision tower attnviz loads on its own (transformers reads it from the full folder)
-VISION_TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
 MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
 # What a model may be shown: real processors resize to 224-518 pixels a side (DINOv2: 518, 1,370 tokens). A
@@ -116,59 +110,21 @@ class PatchLayout:
         return None if index < 0 else divmod(index, self.cols)
 
 
-def layout_of(config, n_tokens: int, height: int, width: int) -> PatchLayout:
+def layout_of(config, n_tokens: int, height: int, width: int,
+              prefix_names: tuple[str, ...] = ("[CLS]",)) -> PatchLayout:
     """The token layout of a vision model of ``config`` that read ``height x width`` pixels as ``n_tokens``
-    tokens."""
+    tokens. The tokens before the patches are named ``prefix_names`` when there are that many (the model's own:
+    DeiT's ``[CLS]``, ``[DIST]``), else ``[CLS]`` and register tokens."""
     patch = int(config.patch_size if not isinstance(config.patch_size, (tuple, list)) else config.patch_size[0])
     rows, cols = height // patch, width // patch
     n_prefix = n_tokens - rows * cols
     if n_prefix < 0:
         raise ValueError(f"{n_tokens} tokens cannot hold a {rows} x {cols} grid of patches")
-    names = {0: (), 1: ("[CLS]",)}
-    if config.model_type == "deit" and n_prefix == 2:
-        prefix = ("[CLS]", "[DIST]")
+    if n_prefix == len(prefix_names):
+        prefix = tuple(prefix_names)
     else:
-        prefix = names.get(n_prefix, ("[CLS]",) + tuple(f"[REG {i}]" for i in range(n_prefix - 1)))
+        prefix = () if n_prefix == 0 else ("[CLS]",) + tuple(f"[REG {i}]" for i in range(n_prefix - 1))
     return PatchLayout(prefix, rows, cols, patch, (height, width))
-
-
-class FallbackImageProcessor:
-    """For a checkpoint without ``preprocessor_config.json``: resize to the model's square and normalise with
-    mean = std = 0.5 (ViT's defaults). The page says the checkpoint's own processor was not found."""
-
-    def __init__(self, image_size: int):
-        self.image_size = image_size
-
-    def __call__(self, images, return_tensors="pt"):
-        from PIL import Image
-
-        resized = images.convert("RGB").resize((self.image_size, self.image_size), Image.BICUBIC)
-        array = np.asarray(resized, dtype=np.float32) / 255.0  # [H, W, 3]
-        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, 3, H, W]
-        return {"pixel_values": pixels}
-
-
-def load_image_processor(folder, config) -> tuple[object, str | None]:
-    """The folder's own image processor (no code from the checkpoint), or a marked stand-in: ``(processor,
-    note)``."""
-    from pathlib import Path
-
-    from transformers import AutoImageProcessor
-
-    size = int(config.image_size if not isinstance(config.image_size, (tuple, list)) else config.image_size[0])
-    if (Path(folder) / "preprocessor_config.json").is_file():
-        try:
-            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-            problem = processor_problem(processor, config)
-            if problem is None:
-                return processor, None
-            note = f"Its preprocessor_config.json cannot be used ({problem})"
-        except Exception as problem:  # noqa: BLE001 - any failure means: use the stand-in, and say so
-            note = f"Its preprocessor_config.json could not be read ({str(problem)[:120]})"
-    else:
-        note = "This checkpoint has no preprocessor_config.json"
-    return FallbackImageProcessor(size), (f"{note}: images are resized to {size} x {size} and normalised with mean "
-                                          "and std 0.5 (ViT's defaults), which may not be how this model was trained.")
 
 
 def test_image():
@@ -197,38 +153,6 @@ def check_pixels(pixels: torch.Tensor, config) -> None:
                          f"{MAX_MODEL_IMAGE_SIDE:,} pixels a side and {MAX_IMAGE_TOKENS:,} patches")
     if not bool(torch.isfinite(pixels).all()):
         raise ValueError("the image processor gives pixels that are NaN or infinite (its mean or std?)")
-
-
-SIZE_SETTINGS = ("size", "crop_size", "pad_size", "max_size")  # what a processor resizes, crops or pads to
-
-
-def _sizes(value, key: str = "") -> list[tuple[str, object]]:
-    """Every number in a processor's size setting, with its key: a number, a dict, a list or transformers'
-    ``SizeDict`` (a dataclass of height, width, edges and pixel counts)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return [pair for name, item in value.items() for pair in _sizes(item, str(name))]
-    if isinstance(value, (list, tuple)):
-        return [pair for item in value for pair in _sizes(item, key)]
-    return [] if value is None else [(key, value)]
-
-
-def processor_problem(processor, config) -> str | None:
-    """Why a checkpoint's image processor cannot be used (None if it can). Its sizes are read first (a crafted
-    size of 20,000 would allocate gigabytes on the first image, this test's included); then, tried on a small
-    grey image, it must give ``[1, channels, H, W]`` finite pixels of a size the model can read in bounded time."""
-    for name in (*SIZE_SETTINGS, "max_pixels", "min_pixels"):
-        for key, size in _sizes(getattr(processor, name, None), name):
-            largest = MAX_MODEL_IMAGE_SIDE**2 if "pixels" in key else MAX_MODEL_IMAGE_SIDE
-            if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= largest:
-                return (f"its {name} {key if key != name else ''} is {str(size)[:30]}; attnviz shows models "
-                        f"images of 1 to {MAX_MODEL_IMAGE_SIDE:,} pixels a side").replace("  ", " ")
-    try:
-        check_pixels(pixel_values(processor, test_image()), config)
-    except Exception as problem:  # noqa: BLE001 - whatever the processor raises: it cannot be used
-        return str(problem)[:160] or type(problem).__name__
-    return None
 
 
 def pixel_values(processor, image) -> torch.Tensor:

@@ -4,18 +4,18 @@
 import streamlit as st
 
 from attnviz.models import keep, safety, support
-from attnviz.models.capture import DENSE_LIMIT
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS, bundled_models
+from attnviz.models.record import DENSE_LIMIT
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
-from attnviz.ui import (
+from attnviz.ui.frame import start_page
+from attnviz.ui.loaded_models import load_bundle
+from attnviz.ui.messages import problem_text
+from attnviz.ui.session_models import (
     add_checkpoint,
-    load_bundle,
     model_dtype,
-    problem_text,
     registered_models,
     remove_model,
     server_folders_allowed,
-    start_page,
     upload_limit_bytes,
 )
 

@@ -6,26 +6,43 @@ import math
 
 import streamlit as st
 
-from attnviz import analysis, vision
-from attnviz.models.capture import TooLongForDense, replay_tolerance
-from attnviz.pagelogic import explore_heads as explore
-from attnviz.ui import (
-    cached_image_capture,
-    cached_replay_difference,
-    cached_statistics,
-    capture_current,
-    current_bundle,
-    current_model_name,
-    current_sentence,
-    model_dtype,
-    problem_text,
-    queries_unavailable,
-    registered_models,
-    show_figure,
-    start_page,
-    transient_status,
-    warn_if_not_finite,
+from attnviz import analysis, mask_patterns, vision
+from attnviz.models.capture import replay_tolerance
+from attnviz.models.record import TooLongForDense
+from attnviz.pagelogic.explore_heads.bertviz_view import bertviz_html
+from attnviz.pagelogic.explore_heads.compare import compare_figures
+from attnviz.pagelogic.explore_heads.export import capture_npz, figure_html, matrix_csv, matrix_json, shown_matrix
+from attnviz.pagelogic.explore_heads.grid import filtered_thumbnails, has_thumbnails, labels_heads
+from attnviz.pagelogic.explore_heads.long_texts import sample_text
+from attnviz.pagelogic.explore_heads.matrices import POOL_LIMIT, ZOOM_SIZES, head_heatmap
+from attnviz.pagelogic.explore_heads.options import BLOCKS, GRID_SCALES, KIND_NAMES, SCALES, VIEWS, ViewOptions
+from attnviz.pagelogic.explore_heads.qk import query_key, query_key_figures
+from attnviz.pagelogic.explore_heads.statistics import (
+    MAPPABLE_STATISTICS,
+    has_statistics,
+    label_rules_text,
+    statistic_figure,
+    statistics_column_config,
+    statistics_table,
 )
+from attnviz.pagelogic.explore_heads.views import view_figure, zoom_figure
+from attnviz.pagelogic.explore_heads.whatif import (
+    MODEL_OWN_MASK,
+    what_if,
+    what_if_caption,
+    what_if_effect,
+    what_if_mask,
+    what_if_mask_label,
+    what_if_masks,
+)
+from attnviz.ui.captures import cached_image_capture, capture_current
+from attnviz.ui.explore_cache import cached_replay_difference, cached_statistics
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page, transient_status
+from attnviz.ui.messages import problem_text, queries_unavailable, warn_if_not_finite
+from attnviz.ui.pattern_widgets import pattern_widgets
+from attnviz.ui.session_models import current_bundle, current_model_name, model_dtype, registered_models
+from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
 from attnviz.viz.matrix import HALF_WIDTH
@@ -121,100 +138,148 @@ def keep_hidden_choices(*keys: str) -> None:
             st.session_state[key] = st.session_state[key]
 
 
-def view_options(capture, record, kind: str, text_pair: str, architecture: str) -> explore.ViewOptions:
+def requested_view() -> str:
+    """The view asked for, read before the View control: Layer and Head, drawn left of it, depend on it."""
+    view = st.session_state.get("view") or st.query_params.get("view")
+    return view if view in VIEWS else "head"
+
+
+def layer_control(column, record, view: str) -> int:
+    """The Layer box; for rollout, the layer its product runs through (rollout has its own box)."""
+    if view != "rollout":
+        return int(column.number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params"))
+    return int(column.number_input(
+        "Rollout through layer", 0, record.n_layers - 1, record.n_layers - 1, key="explore_rollout_layer",
+        bind="query-params", help="Rollout multiplies the layers' attention from layer 0 up to this one."))
+
+
+def head_control(column, record, view: str) -> int:
+    """The Head box, for the views of one head (average and rollout mix every head: 0 there)."""
+    if view in ("average", "rollout"):
+        return 0
+    # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
+    return int(column.number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
+                                   bind="query-params"))
+
+
+def layer_fields(view: str, layer: int) -> dict:
+    """The ViewOptions fields of the layer box: rollout's box is its last layer, and the layer the other views
+    and tabs show stays the Layer box's (hidden while rollout is on)."""
+    if view != "rollout":
+        return {"layer": layer}
+    return {"layer": int(st.session_state.get("layer", 0)), "rollout_layer": layer}
+
+
+def filter_controls(columns, kind: str, text_pair: str, architecture: str) -> dict:
+    """Hide special tokens, renormalise rows, and (for a sentence pair) the A/B block."""
+    fields = {
+        "hide_special": columns[0].toggle("Hide special tokens", key="explore_hide_special", bind="query-params",
+                                          help="[CLS], [SEP], <s>, padding"),
+        "renormalise": columns[1].toggle(
+            "Renormalise rows", value=True, key="explore_renormalise", bind="query-params",
+            help="After hiding tokens, rescale each row to sum to 1 again (on), or keep the model's weights (off).",
+        ),
+    }
+    if text_pair and kind in ("self", "encoder") and architecture != "encoder-decoder":
+        fields["block"] = columns[2].selectbox("Sentence block", BLOCKS, key="explore_block",
+                                               help="query → key", bind="query-params")
+    return fields
+
+
+def lines_controls(column, record, head: int) -> dict:
+    """The lines view's tokens to follow, heads to draw, and strongest keys per query."""
+    follow = column.multiselect(
+        "Follow query tokens", list(range(len(record.query_tokens))),
+        format_func=lambda i: style.token_label(i, record.query_tokens[i]),
+        key="explore_follow", help="Draw only these queries' lines (or click a query token).",
+    )
+    columns = st.columns([6, 2])
+    line_heads = columns[0].multiselect("Heads to draw", list(range(record.n_heads)), default=[head],
+                                        key="explore_line_heads", help="One colour per head.")
+    top_k = columns[1].number_input("Strongest keys per query (0: all)", 0, record.n_k, 0, key="explore_top_k")
+    return {"follow": follow, "line_heads": line_heads, "top_k": int(top_k) or None}
+
+
+def colour_control(column, view: str) -> dict:
+    """The colour scale: the grid's own choices, the weights heatmaps' for the others (the lines view has none)."""
+    if view == "grid":
+        return {"grid_scale": column.selectbox(
+            "Colour", list(GRID_SCALES), format_func=GRID_SCALES.get, key="explore_grid_scale",
+            help="Each head to its own maximum shows faint heads; 0–1 compares heads as the head view does.",
+        )}
+    if view == "lines":
+        return {}
+    return {"scale": column.selectbox(
+        "Colour", list(SCALES), format_func=SCALES.get, key="explore_scale",
+        help="0–1 compares heads; this head's maximum stretches a faint head; at long lengths most weights are "
+             "tiny: scale each row to its maximum, or use a log scale, to see structure. The title says which "
+             "is on.",
+    )}
+
+
+def pooling_controls(record) -> dict:
+    """Above POOL_LIMIT tokens a side: how cells are pooled, and the zoom window at full resolution."""
+    columns = st.columns([2, 2, 2, 2])
+    pooling = columns[0].radio(
+        "Pool cells by", list(analysis.POOLINGS), horizontal=True, key="explore_pooling",
+        help=f"More than {POOL_LIMIT} tokens a side: each cell shows the max (peaks stay visible) "
+             "or the mean of a block of weights.",
+    )
+    zoom_size = columns[1].select_slider("Zoom window", ZOOM_SIZES, 128, key="explore_zoom_size")
+    zoom_query = columns[2].number_input("Zoom: first query", 0, max(0, record.n_q - 1), 0, step=zoom_size,
+                                         key="explore_zoom_query")
+    zoom_key = columns[3].number_input("Zoom: first key", 0, max(0, record.n_k - 1), 0, step=zoom_size,
+                                       key="explore_zoom_key")
+    return {"pooling": pooling, "zoom_size": zoom_size, "zoom_query": int(zoom_query), "zoom_key": int(zoom_key)}
+
+
+def view_options(capture, record, kind: str, text_pair: str, architecture: str) -> ViewOptions:
+    """The controls above the tabs, as one ViewOptions: only those that act on the chosen view are drawn."""
     keep_hidden_choices("layer", "head", "explore_follow", "explore_top_k", "explore_rollout_layer",
                         "explore_line_heads", "explore_scale", "explore_grid_scale")
-    view = st.session_state.get("view") or st.query_params.get("view")  # before the View control, which is below
-    view = view if view in explore.VIEWS else "head"
+    asked = requested_view()
     controls = st.columns([2, 2, 6, 3])
-    layer = head = 0
-    if view != "rollout":  # rollout has its own "through layer"
-        layer = controls[0].number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params")
-    else:
-        layer = controls[0].number_input(
-            "Rollout through layer", 0, record.n_layers - 1, record.n_layers - 1, key="explore_rollout_layer",
-            bind="query-params", help="Rollout multiplies the layers' attention from layer 0 up to this one.")
-    if view not in ("average", "rollout"):  # both mix every head
-        # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
-        head = controls[1].number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
-                                        bind="query-params")
+    layer = layer_control(controls[0], record, asked)
+    head = head_control(controls[1], record, asked)
     view = controls[2].segmented_control(
-        "View", list(explore.VIEWS), format_func=explore.VIEWS.get, default="head", key="view", required=True,
+        "View", list(VIEWS), format_func=VIEWS.get, default="head", key="view", required=True,
         bind="query-params",
     )
     filters = st.columns([3, 3, 2, 4])
-    hide_special = filters[0].toggle("Hide special tokens", key="explore_hide_special", bind="query-params",
-                                     help="[CLS], [SEP], <s>, padding")
-    renormalise = filters[1].toggle(
-        "Renormalise rows", value=True, key="explore_renormalise", bind="query-params",
-        help="After hiding tokens, rescale each row to sum to 1 again (on), or keep the model's weights (off).",
-    )
-    block = "all"
-    if text_pair and kind in ("self", "encoder") and architecture != "encoder-decoder":
-        block = filters[2].selectbox("Sentence block", explore.BLOCKS, key="explore_block", help="query → key",
-                                     bind="query-params")
-    options = explore.ViewOptions(kind=kind, layer=int(layer), head=int(head), view=view, hide_special=hide_special,
-                                  renormalise=renormalise, block=block)
-    if view == "rollout":
-        options.layer, options.rollout_layer = int(st.session_state.get("layer", 0)), int(layer)
+    fields = {**layer_fields(view, layer), **filter_controls(filters, kind, text_pair, architecture)}
     if view == "lines":
-        options.follow = filters[3].multiselect(
-            "Follow query tokens", list(range(len(record.query_tokens))),
-            format_func=lambda i: style.token_label(i, record.query_tokens[i]),
-            key="explore_follow", help="Draw only these queries' lines (or click a query token).",
-        )
-        columns = st.columns([6, 2])
-        options.line_heads = columns[0].multiselect("Heads to draw", list(range(record.n_heads)), default=[int(head)],
-                                                    key="explore_line_heads", help="One colour per head.")
-        top_k = columns[1].number_input("Strongest keys per query (0: all)", 0, record.n_k, 0, key="explore_top_k")
-        options.top_k = int(top_k) or None
-    if view == "grid":
-        options.grid_scale = controls[3].selectbox(
-            "Colour", list(explore.GRID_SCALES), format_func=explore.GRID_SCALES.get, key="explore_grid_scale",
-            help="Each head to its own maximum shows faint heads; 0–1 compares heads as the head view does.",
-        )
-    elif view != "lines":
-        options.scale = controls[3].selectbox(
-            "Colour", list(explore.SCALES), format_func=explore.SCALES.get, key="explore_scale",
-            help="0–1 compares heads; this head's maximum stretches a faint head; at long lengths most weights are "
-                 "tiny: scale each row to its maximum, or use a log scale, to see structure. The title says which "
-                 "is on.",
-        )
-    if view in ("head", "average") and max(record.n_q, record.n_k) > explore.POOL_LIMIT:
-        scale_columns = st.columns([2, 2, 2, 2])
-        options.pooling = scale_columns[0].radio(
-            "Pool cells by", list(analysis.POOLINGS), horizontal=True, key="explore_pooling",
-            help=f"More than {explore.POOL_LIMIT} tokens a side: each cell shows the max (peaks stay visible) "
-                 "or the mean of a block of weights.",
-        )
-        options.zoom_size = scale_columns[1].select_slider("Zoom window", explore.ZOOM_SIZES, 128,
-                                                           key="explore_zoom_size")
-        options.zoom_query = int(scale_columns[2].number_input(
-            "Zoom: first query", 0, max(0, record.n_q - 1), 0, step=options.zoom_size, key="explore_zoom_query"))
-        options.zoom_key = int(scale_columns[3].number_input(
-            "Zoom: first key", 0, max(0, record.n_k - 1), 0, step=options.zoom_size, key="explore_zoom_key"))
-    return options
+        fields.update(lines_controls(filters[3], record, head))
+    fields.update(colour_control(controls[3], view))
+    if view in ("head", "average") and max(record.n_q, record.n_k) > POOL_LIMIT:
+        fields.update(pooling_controls(record))
+    return ViewOptions(kind=kind, head=head, view=view, **fields)
 
 
-def view_tab(capture, record, options: explore.ViewOptions) -> None:
+def prepare_grid(capture, record, options: ViewOptions) -> None:
+    """The grid's slow parts, each computed once per record with its progress shown: every head's thumbnails, and
+    the head statistics its labels come from."""
+    if not has_thumbnails(capture, record, options):
+        with transient_status("Pooling every head into thumbnails…") as status:
+            filtered_thumbnails(capture, record, options, progress=lambda layer, n: status.update(
+                label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
+    if labels_heads(record) and not has_statistics(record):
+        with transient_status("Labelling every head…") as status:
+            statistics_table(capture, options.kind, progress=lambda layer, n: status.update(
+                label=f"Labelling every head: layer {layer + 1} of {n}…"))
+
+
+def view_tab(capture, record, options: ViewOptions) -> None:
     try:
-        if options.view == "grid" and not explore.has_thumbnails(capture, record, options):
-            with transient_status("Pooling every head into thumbnails…") as status:
-                explore.filtered_thumbnails(capture, record, options, progress=lambda layer, n: status.update(
-                    label=f"Pooling every head into thumbnails: layer {layer + 1} of {n}…"))
-        if (options.view == "grid" and record.n_q == record.n_k <= explore.GRID_NOTES_LIMIT
-                and "statistics" not in record.memo):
-            with transient_status("Labelling every head…") as status:
-                explore.statistics_table(capture, options.kind, progress=lambda layer, n: status.update(
-                    label=f"Labelling every head: layer {layer + 1} of {n}…"))
-        figure, caption = explore.view_figure(capture, options)
+        if options.view == "grid":
+            prepare_grid(capture, record, options)
+        figure, caption = view_figure(capture, options)
     except ValueError as problem:
         st.warning(str(problem))
     else:
         show_figure(figure, caption, key="explore_main_figure",
                     on_select=on_figure_click if options.view in ("grid", "lines") else None)
-        if options.view in ("head", "average") and max(record.n_q, record.n_k) > explore.POOL_LIMIT:
-            zoom, zoom_caption = explore.zoom_figure(capture, options)
+        if options.view in ("head", "average") and max(record.n_q, record.n_k) > POOL_LIMIT:
+            zoom, zoom_caption = zoom_figure(capture, options)
             show_figure(zoom, zoom_caption, key="explore_zoom_figure")
     if record.n_kv_heads != record.n_heads:
         show_figure(
@@ -243,7 +308,7 @@ def on_statistic_click() -> None:
             return
 
 
-def statistics_tab(capture, capture_key: tuple, kind: str, options: explore.ViewOptions) -> None:
+def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions) -> None:
     try:
         with transient_status("Computing head statistics…") as status:
             table = cached_statistics(capture_key, kind, capture, _progress=lambda layer, n: status.update(
@@ -252,31 +317,31 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: explore.View
         st.info(str(problem))
         return
     columns = st.columns([2, 5])
-    statistic = columns[0].selectbox("Statistic to map", explore.MAPPABLE_STATISTICS, key="explore_stats_map",
+    statistic = columns[0].selectbox("Statistic to map", MAPPABLE_STATISTICS, key="explore_stats_map",
                                      help="Every head of every layer, coloured by this column of the table.")
     labels = sorted(table["label"].unique())
     chosen_labels = columns[1].multiselect("Show heads labelled", labels, default=labels, key="explore_stats_labels",
                                            help="Filters the map (others greyed) and the table.")
-    figure, caption = explore.statistic_figure(table, statistic, chosen_labels, (options.layer, options.head))
+    figure, caption = statistic_figure(table, statistic, chosen_labels, (options.layer, options.head))
     show_figure(figure, caption, key="explore_stats_heatmap", on_select=on_statistic_click)
-    st.markdown("Labels: " + explore.label_rules_text())
+    st.markdown("Labels: " + label_rules_text())
     shown = table[table["label"].isin(chosen_labels)].reset_index(drop=True)
     st.session_state["explore_stats_shown"] = list(zip(shown["layer"].astype(int), shown["head"].astype(int),
                                                        strict=True))
     st.dataframe(
         shown, key="explore_stats_table", on_select=on_table_select, selection_mode="single-row", hide_index=True,
-        height=min(420, 40 + 35 * len(shown)), column_config=explore.statistics_column_config(st.column_config),
+        height=min(420, 40 + 35 * len(shown)), column_config=statistics_column_config(st.column_config),
     )
     st.caption(f"{len(shown)} of {len(table)} heads. Select a row to make it the page's Layer and Head (now layer "
                f"{options.layer}, head {options.head}).")
     st.button("Open this head in the View tab", key="explore_open_button", on_click=open_head,
               args=(options.layer, options.head))
-    figure, caption = explore.view_figure(capture, explore.ViewOptions(kind=kind, layer=options.layer,
+    figure, caption = view_figure(capture, ViewOptions(kind=kind, layer=options.layer,
                                                                        head=options.head))
     show_figure(figure, caption, key="explore_stats_figure")
 
 
-def query_key_tab(bundle, record, options: explore.ViewOptions) -> None:
+def query_key_tab(bundle, record, options: ViewOptions) -> None:
     if queries_unavailable(bundle, record, "The Q·K view"):
         return
     st.markdown("How one score is made, in the head chosen above: the query and key vectors as the model's attention "
@@ -289,8 +354,8 @@ def query_key_tab(bundle, record, options: explore.ViewOptions) -> None:
     key = columns[1].selectbox("Key token", list(range(record.n_k)), index=int(weights.argmax()),
                                format_func=lambda j: style.token_label(j, record.key_tokens[j]), key="qk_key",
                                help="Starts on the key this query attends to most.")
-    anatomy = explore.query_key(record, options.layer, options.head, int(query), int(key))
-    vectors, row, caption = explore.query_key_figures(anatomy, record, options.layer, options.head, int(query),
+    anatomy = query_key(record, options.layer, options.head, int(query), int(key))
+    vectors, row, caption = query_key_figures(anatomy, record, options.layer, options.head, int(query),
                                                       int(key))
     show_figure(vectors, "Red and blue: positive and negative entries; where q and k agree in sign, q∘k is red and "
                          "adds to the score.", key="qk_vectors")
@@ -308,7 +373,7 @@ def needs_every_head(record) -> bool:
     return True
 
 
-def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions, max_tokens: int | None) -> None:
+def compare_tab(capture, text: str, text_pair: str, options: ViewOptions, max_tokens: int | None) -> None:
     if needs_every_head(capture.records[options.kind]):
         return
     other_text = st.text_input(
@@ -317,9 +382,9 @@ def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions
     )
     if not other_text.strip():
         return
-    _, other, _ = capture_current(other_text, text_pair, max_tokens, notice=False)
+    other = capture_current(other_text, text_pair, max_tokens, notice=False).capture
     try:
-        figures, caption = explore.compare_figures(capture, other, options.kind, options.layer, options.head)
+        figures, caption = compare_figures(capture, other, options.kind, options.layer, options.head)
     except TooLongForDense as problem:
         st.info(f"{problem}.")
         return
@@ -332,21 +397,7 @@ def compare_tab(capture, text: str, text_pair: str, options: explore.ViewOptions
         st.info(caption)
 
 
-def what_if_parameters(mask_key: str, columns, n_k: int) -> dict:
-    params = {}
-    if mask_key == "sliding_window":
-        params["left"] = columns[2].number_input("Keys to the left", 0, n_k, 2, key="whatif_left")
-        params["right"] = columns[2].number_input("Keys to the right", 0, n_k, 0, key="whatif_right")
-    if mask_key == "bigbird":
-        params["block_size"] = columns[2].number_input("Block size", 1, 64, 2, key="whatif_block")
-        params["window_blocks"] = columns[2].number_input("Window blocks", 0, 15, 3, key="whatif_window")
-        params["global_blocks"] = columns[3].number_input("Global blocks", 0, 8, 1, key="whatif_global")
-        params["random_blocks"] = columns[3].number_input("Random blocks", 0, 8, 1, key="whatif_random")
-        params["seed"] = columns[3].number_input("Seed", 0, 10_000, 0, key="whatif_seed")
-    return {name: int(value) for name, value in params.items()}
-
-
-def what_if_tab(bundle, capture, record, options: explore.ViewOptions) -> None:
+def what_if_tab(bundle, capture, record, options: ViewOptions) -> None:
     if needs_every_head(record) or queries_unavailable(bundle, record, "The what-if"):
         return
     st.markdown(
@@ -354,40 +405,33 @@ def what_if_tab(bundle, capture, record, options: explore.ViewOptions) -> None:
         "Before = the model; after = the same Q and K under your rule."
     )
     columns = st.columns(4)
-    mask_key = columns[0].selectbox("Mask", explore.WHAT_IF_MASKS, format_func=explore.what_if_mask_label,
-                                    key="whatif_mask")
+    mask_key = columns[0].selectbox("Mask", what_if_masks(), format_func=what_if_mask_label, key="whatif_mask")
     unscaled = columns[1].toggle("Remove the 1/√d_k scaling", key="whatif_unscaled")
     temperature = columns[1].slider("Temperature", 0.1, 5.0, 1.0, 0.1, key="whatif_temperature")
     n_q, n_k = record.n_q, record.n_k
-    params = what_if_parameters(mask_key, columns, n_k)
+    params = {} if mask_key == MODEL_OWN_MASK else pattern_widgets(
+        mask_key, mask_patterns.WHAT_IF, columns[2:], n_k, prefix="whatif")
     layer, head = options.layer, options.head
     try:
-        new_mask = explore.what_if_mask(mask_key, n_q, n_k, **params)
-        before, after = explore.what_if(record, layer, new_mask, unscaled=unscaled, temperature=temperature)
+        new_mask = what_if_mask(mask_key, n_q, n_k, **params)
+        before, after = what_if(record, layer, new_mask, unscaled=unscaled, temperature=temperature)
     except ValueError as problem:
         st.warning(str(problem))
         return
-    effect = explore.what_if_effect(record, layer, before, after, new_mask)
+    effect = what_if_effect(record, layer, before, after, new_mask)
     left, right = st.columns(2)
     with left:
-        matrix = explore.with_segments(
-            explore.dense_matrix(before[head], record.query_tokens, record.key_tokens, how="max"), capture, record,
-            list(range(n_q)), list(range(n_k)))
         show_figure(
-            explore.weights_heatmap(matrix, explore._pooled_title(f"Before: layer {layer}, head {head} (the model)",
-                                                                  matrix), "fixed", width=HALF_WIDTH),
+            head_heatmap(capture, record, before[head], f"Before: layer {layer}, head {head} (the model)",
+                         width=HALF_WIDTH),
             "The model's own weights.", key="whatif_before",
         )
     with right:
-        rule = (explore.what_if_mask_label(mask_key) + (", no √d_k scaling" if unscaled else "")
+        rule = (what_if_mask_label(mask_key) + (", no √d_k scaling" if unscaled else "")
                 + (f", T = {temperature:g}" if temperature != 1 else ""))
-        matrix = explore.with_segments(
-            explore.dense_matrix(after[head], record.query_tokens, record.key_tokens, how="max"), capture, record,
-            list(range(n_q)), list(range(n_k)))
         show_figure(
-            explore.weights_heatmap(matrix, explore._pooled_title(f"After: {rule}", matrix), "fixed",
-                                    width=HALF_WIDTH),
-            explore.what_if_caption(effect, unscaled, temperature),
+            head_heatmap(capture, record, after[head], f"After: {rule}", width=HALF_WIDTH),
+            what_if_caption(effect, unscaled, temperature),
             key="whatif_after",
         )
     show_figure(
@@ -410,38 +454,38 @@ def bertviz_tab(capture, kind: str) -> None:
         st.warning("bertviz becomes unusable beyond about 128 tokens; use the grid or lines view instead.")
     elif st.button("Build the bertviz view", key="explore_bertviz_build"):
         try:
-            html = explore.bertviz_html(capture, kind, which)
+            html = bertviz_html(capture, kind, which)
         except ImportError:
             st.error("bertviz is not installed here: pip install bertviz.")
         else:
             st.iframe(html, height=900 if which == "model view" else 650)
 
 
-def export_tab(capture, record, options: explore.ViewOptions) -> None:
+def export_tab(capture, record, options: ViewOptions) -> None:
     st.markdown("Download what you see: the figure as a self-contained HTML file, the numbers of the head view as "
                 "shown (after filters, pooling and colour scale), and every captured tensor.")
     columns = st.columns(4)
     layer, head, view = options.layer, options.head, options.view
     try:
-        figure, _ = explore.view_figure(capture, options)
+        figure, _ = view_figure(capture, options)
         columns[0].download_button(
-            "Figure (HTML)", lambda: explore.figure_html(figure), f"attnviz_{view}_L{layer}H{head}.html", "text/html",
+            "Figure (HTML)", lambda: figure_html(figure), f"attnviz_{view}_L{layer}H{head}.html", "text/html",
             key="export_html",
         )
     except ValueError:
         columns[0].caption("No figure to export with these filters.")
     columns[1].download_button(
-        "All tensors (.npz)", lambda: explore.capture_npz(capture), "attnviz_capture.npz", "application/octet-stream",
+        "All tensors (.npz)", lambda: capture_npz(capture), "attnviz_capture.npz", "application/octet-stream",
         key="export_npz", help="Q, K and V of every layer (and every head's weights up to 1,024 tokens).",
     )
     table_options = options if view in ("head", "average") else dataclasses.replace(options, view="head")
     columns[2].download_button(
-        "This head as shown (CSV)", lambda: explore.matrix_csv(explore.shown_matrix(capture, table_options)),
+        "This head as shown (CSV)", lambda: matrix_csv(shown_matrix(capture, table_options)),
         f"attnviz_L{layer}H{head}.csv", "text/csv", key="export_csv",
     )
     columns[3].download_button(
         "This head as shown (JSON)",
-        lambda: explore.matrix_json(capture, table_options, explore.shown_matrix(capture, table_options)),
+        lambda: matrix_json(capture, table_options, shown_matrix(capture, table_options)),
         f"attnviz_L{layer}H{head}.json", "application/json", key="export_json",
     )
     st.caption("Link to this view: copy the address bar; it holds the model, the sentence and sentence B, the layer, "
@@ -471,7 +515,7 @@ def text_source(bundle) -> tuple[str, int | None]:
         lengths = [n for n in SAMPLE_LENGTHS if n <= bundle.max_positions] or [bundle.max_positions]
         tokens = st.select_slider("Tokens", lengths, min(1024, lengths[-1]), key="explore_sample_tokens",
                                   bind="query-params", help="The first tokens of Python's own documentation.")
-        return explore.sample_text(), int(tokens)
+        return sample_text(), int(tokens)
     return current_sentence(), None
 
 
@@ -520,7 +564,7 @@ def on_patch_click(layout: vision.PatchLayout) -> None:
             return
 
 
-def image_tab(capture, options: explore.ViewOptions) -> None:
+def image_tab(capture, options: ViewOptions) -> None:
     record, layout = capture.records["self"], capture.layout
     columns = st.columns([3, 2])
     mode = columns[0].segmented_control("Heads", vision.OVERLAY_MODES, format_func=vision.OVERLAY_NAMES.get,
@@ -622,7 +666,7 @@ def main() -> None:
     kind = capture.kinds[0]
     if len(capture.kinds) > 1:
         kind = st.segmented_control("Attention", capture.kinds, default=capture.kinds[0],
-                                    format_func=explore.KIND_NAMES.get, key="explore_kind", required=True)
+                                    format_func=KIND_NAMES.get, key="explore_kind", required=True)
     record = capture.records[kind]
     replay_check(capture_key, kind, record, bundle.model)
     options = view_options(capture, record, kind, text_pair, bundle.architecture)

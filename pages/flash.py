@@ -8,11 +8,14 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from attnviz import measure
+from attnviz import mask_patterns, measure
 from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
-from attnviz.ui import shared_measurements, show_figure, start_page, transient_status
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page, transient_status
+from attnviz.ui.pattern_widgets import pattern_widgets
+from attnviz.ui.shared_measurements import shared_measurements
 from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
 from attnviz.viz.charts import line_chart
 from attnviz.viz.matrix import mask_heatmap, matrix_heatmap
@@ -35,17 +38,14 @@ def controls(gpu: bool) -> dict:
     ) or chosen["heads"]
     chosen["dtype"] = columns[4].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
     # Causal by default: the mask whose skipped tiles show why flash attention is fast.
-    chosen["mask"] = columns[5].selectbox("Mask", flash_page.FLASH_MASKS, format_func=flash_page.mask_label,
-                                          index=flash_page.FLASH_MASKS.index("causal"), key="flash_mask",
-                                          bind="query-params")
+    flash_masks = flash_page.flash_masks()
+    chosen["mask"] = columns[5].selectbox("Mask", flash_masks, format_func=flash_page.mask_label,
+                                          index=flash_masks.index("causal"), key="flash_mask", bind="query-params")
     columns = st.columns([4, 2, 2])
     chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
                                              format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
-    chosen["window"] = chosen["block_size"] = 64
-    if chosen["mask"] == "sliding_causal":
-        chosen["window"] = columns[1].select_slider("Window W (keys)", [16, 32, 64, 128, 256], 64, key="flash_window")
-    if chosen["mask"] == "bigbird":
-        chosen["block_size"] = columns[1].select_slider("Block", [16, 32, 64, 128], 64, key="flash_bigbird_block")
+    chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.FLASH, columns[1:2], chosen["n"],
+                                            prefix="flash")
     chosen["interpreter"] = False
     if not gpu:
         chosen["interpreter"] = columns[2].toggle(
@@ -167,8 +167,9 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
     if not steps:
         st.info("This query block attends to no key block under this mask.")
         return
-    # From the first step: "so far" differs from "final" until the last key block is in.
-    step = st.slider("Step: key blocks consumed", 1, len(steps), 1, key="flash_step")
+    # From the first step: "so far" differs from "final" until the last key block is in. A mask whose query block
+    # sees a single key block (block-diagonal chunks) has one step: no slider then (Streamlit refuses a 1..1 one).
+    step = st.slider("Step: key blocks consumed", 1, len(steps), 1, key="flash_step") if len(steps) > 1 else 1
     state = steps[step - 1]
     final = output[0, 0, trace_block * block_q : (trace_block + 1) * block_q]
     rows_shown = min(8, state.running_max.shape[0])
@@ -207,13 +208,14 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
         )
 
 
-def tiling_section(case, chosen: dict) -> None:
+def tiling_section(case) -> None:
     st.subheader("The tiling")
     columns = st.columns(3)
     block_q = columns[0].select_slider("Query block", [16, 32, 64, 128], 64, key="flash_block_q")
     block_k = columns[1].select_slider("Key block", [16, 32, 64, 128], 64, key="flash_block_k")
-    if chosen["mask"] == "bigbird":
-        block_q = block_k = chosen["block_size"]  # block-sparse tiles are the layout's blocks
+    layout_block = flash_page.layout_block_size(case)
+    if layout_block:
+        block_q = block_k = layout_block  # block-sparse tiles are the layout's blocks
     n_query_blocks = -(-case.n // block_q)
     trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1, min(n_query_blocks - 1, 2),
                                     key="flash_trace_block")
@@ -321,14 +323,16 @@ def main() -> None:
     )
     gpu = torch.cuda.is_available()
     chosen = controls(gpu)
-    if chosen["mask"] == "bigbird" and chosen["n"] % chosen["block_size"]:
-        st.warning(f"BigBird blocks of {chosen['block_size']} need N to be a multiple of {chosen['block_size']}.")
-        st.stop()
     case = flash_page.page_case(chosen["n"], chosen["d"], chosen["heads"], chosen["kv_heads"], chosen["dtype"],
-                                chosen["mask"], window=chosen["window"], block_size=chosen["block_size"])
+                                chosen["mask"], chosen["mask_params"])
+    layout_block = flash_page.layout_block_size(case)
+    if layout_block and case.n % layout_block:
+        st.warning(f"{flash_page.mask_label(case.mask)}: blocks of {layout_block} need N to be a multiple of "
+                   f"{layout_block}.")
+        st.stop()
     results_section(case, chosen, gpu)
     memory_metrics(case)
-    tiling_section(case, chosen)
+    tiling_section(case)
     scaling_section(chosen)
 
 

@@ -11,17 +11,11 @@ from attnviz.flash.ring import ring_memory
 from attnviz.models.capture import capture
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import generation as gen
-from attnviz.ui import (
-    current_model_name,
-    generation_model,
-    load_bundle,
-    problem_text,
-    queries_unavailable,
-    registered_models,
-    show_figure,
-    start_page,
-    transient_status,
-)
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page, transient_note
+from attnviz.ui.loaded_models import generation_model, load_bundle
+from attnviz.ui.messages import problem_text, queries_unavailable
+from attnviz.ui.session_models import current_model_name, registered_models
 from attnviz.units import human_bytes
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.inference import block_table_figure, memory_map_figure, ring_figure
@@ -128,7 +122,7 @@ def show_text(generation: gen.Generation, step: int, tokenizer) -> None:
 
 
 def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> None:
-    with transient_status("Generating with the KV cache, then again without it…"):
+    with transient_note("Generating with the KV cache, then again without it…"):
         cached = run(folder, name, request)
         uncached = run(folder, name, request, use_cache=False)
     n_steps = len(cached.steps)
@@ -182,7 +176,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
                 "2023): a head that keeps a large share there is a sink."
                 + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
                    "puts 1 on it." if cached.encoder_decoder else ""), key="gen_sink")
-    with transient_status("Checking the cache again in float64…"):
+    with transient_note("Checking the cache again in float64…"):
         float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
                                        sampling_key(sampling_of(request)))
     cache_section(cached, uncached, step, float64)
@@ -282,7 +276,7 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
         "table per sequence, the prompt's blocks shared until a sequence writes into one (copy-on-write)."
     )
     sampled = dict(request, strategy="sample", temperature=max(1.0, request["temperature"]))
-    with transient_status("Sampling the prompt three times…"):
+    with transient_note("Sampling the prompt three times…"):
         samples = [run(folder, name, sampled, seed_offset=offset) for offset in range(3)]
     layers = len(samples[0].kv)
     layer = int(st.number_input("Layer", 0, layers - 1, 0, key="gen_paged_layer"))

@@ -4,7 +4,11 @@ import streamlit as st
 
 from attnviz import kvcache
 from attnviz.pagelogic.heads_kv_cache import cache_table, cross_attention_example, variants_of
-from attnviz.ui import current_bundle, current_sentence, problem_text, show_figure, start_page
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page
+from attnviz.ui.messages import problem_text
+from attnviz.ui.session_models import current_bundle
+from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES, human_bytes
 from attnviz.viz.charts import bar_chart
 from attnviz.viz.heads import head_sharing

@@ -6,44 +6,31 @@ import torch
 
 from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
-from attnviz.ui import MECHANISM_TOKENS, capture_current, current_sentence, show_figure, start_page
+from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page
+from attnviz.ui.pattern_widgets import pattern_widgets
+from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES
 from attnviz.viz import style
 from attnviz.viz.matrix import BLOCK_COLOURS, heatmap_row, mask_heatmap
 
 
 def pattern_parameters(key: str, n: int, record) -> dict:
-    """The sliders of the chosen pattern; returns its parameters."""
-    params = {}
-    columns = st.columns(3)
-    if key == "sliding_causal":
-        params["window"] = columns[0].slider("Window W (keys, itself included)", 1, max(2, n), min(3, n),
-                                             key="masks_window")
-    if key in ("sliding_bidirectional", "global_local"):
-        params["radius"] = columns[0].slider("Keys on each side r", 0, max(1, n - 1), 1, key="masks_radius")
-    if key == "dilated":
-        params["window"] = columns[0].slider("Keys on each side W (itself included)", 1, max(2, n), min(3, n),
-                                             key="masks_window")
-        params["dilation"] = columns[1].slider("Dilation d", 1, 8, 2, key="masks_dilation")
-    if key == "global_local":
-        params["global_tokens"] = columns[1].slider("Global tokens G", 0, max(1, n // 2), 1, key="masks_global")
-    if key == "bigbird":
-        params["block_size"] = columns[0].slider("Block size b", 1, 16, 2, key="masks_block")
-        n_blocks = -(-n // params["block_size"])
-        params["global_blocks"] = columns[1].slider("Global blocks g", 0, n_blocks, min(1, n_blocks), key="masks_gb")
-        params["window_blocks"] = columns[2].slider("Window blocks w", 0, 9, 3, key="masks_wb")
-        params["random_blocks"] = columns[0].slider("Random blocks r", 0, 8, 1, key="masks_rb")
-    if key == "lsh":
-        params["n_buckets"] = columns[0].select_slider("Buckets", [2, 4, 8, 16], 4, key="masks_buckets")
-        params["n_rounds"] = columns[1].slider("Hash rounds", 1, 8, 2, key="masks_rounds")
-        if record.replayable:
-            keys = record.keys[0, 0]  # shared query/key vectors: the model's own layer-0 keys, head 0
-        else:  # eager weights only: no keys to hash, so seeded random vectors stand in (the caption says so)
-            keys = torch.randn(n, 16, generator=torch.Generator().manual_seed(0))
-        params["vectors"] = keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    if key in ("bigbird", "lsh"):
-        params["seed"] = int(columns[2].number_input("Seed", 0, 10_000, 0, key="masks_seed"))
+    """The widgets of the chosen pattern (from the registry); returns its parameters."""
+    params = pattern_widgets(key, mask_patterns.GALLERY, st.columns(3), n, prefix="masks")
+    if "vectors" in mask_patterns.parameters_of(key):  # a pattern that hashes vectors (LSH) gets the model's own
+        params["vectors"] = key_vectors(record, n)
     return params
+
+
+def key_vectors(record, n: int) -> torch.Tensor:
+    """``[n, d]`` unit vectors for LSH: the model's own layer-0 keys of head 0 (shared query/key vectors)."""
+    if record.replayable:
+        keys = record.keys[0, 0]
+    else:  # eager weights only: no keys to hash, so seeded random vectors stand in (the caption says so)
+        keys = torch.randn(n, 16, generator=torch.Generator().manual_seed(0))
+    return keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
 def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str]) -> None:
@@ -167,8 +154,9 @@ def main() -> None:
     labels = style.token_labels(record.key_tokens)
     n = len(labels)
     controls = st.columns([3, 5])
-    key = controls[0].selectbox("Pattern", masks_page.GALLERY, index=2, format_func=mask_patterns.label,
-                                key="masks_pattern", bind="query-params")
+    gallery = masks_page.gallery_patterns()
+    key = controls[0].selectbox("Pattern", gallery, index=gallery.index("sliding_causal"),
+                                format_func=mask_patterns.label, key="masks_pattern", bind="query-params")
     with controls[1]:
         params = pattern_parameters(key, n, record)
     built = mask_patterns.build(key, n, **params)

@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import positional, stepwise
-from attnviz.models.capture import is_causal, word_order_experiment
+from attnviz.models import support
+from attnviz.models.word_order import word_order_experiment
 from attnviz.pagelogic.positional import (
     alibi_on_real_head,
     alibi_slopes_caption,
@@ -15,15 +16,12 @@ from attnviz.pagelogic.positional import (
     model_alibi,
     repeated_words,
 )
-from attnviz.ui import (
-    MECHANISM_TOKENS,
-    capture_current,
-    current_bundle,
-    current_sentence,
-    queries_unavailable,
-    show_figure,
-    start_page,
-)
+from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page
+from attnviz.ui.messages import queries_unavailable
+from attnviz.ui.session_models import current_bundle
+from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.matrix import HALF_WIDTH, heatmap_row, matrix_heatmap
@@ -92,7 +90,7 @@ def sinusoidal_tab() -> None:
 def learned_tab() -> None:
     """The current checkpoint's learned position table, if it has one."""
     bundle = current_bundle()
-    found = positional.learned_position_table(bundle.model)
+    found = support.learned_position_table(bundle.model)
     if found is None:
         st.info(f"{bundle.name} has no learned absolute position table (it uses RoPE, ALiBi or a relative bias).")
         return
@@ -232,7 +230,7 @@ def extrapolation_figure(bundle):
         "ALiBi bias −m·k (any m: scaled to [−1, 0])": (-distances / distances.max()).tolist(),
         "sinusoidal: cos(PE(0), PE(k))": sinus.tolist(),
     }
-    found = positional.learned_position_table(bundle.model)
+    found = support.learned_position_table(bundle.model)
     if found is not None:
         learned = positional.cosine_by_distance(found[1]).tolist()
         series["learned: cos(PE(0), PE(k))"] = learned + [None] * (len(distances) - len(learned))
@@ -287,7 +285,7 @@ def alibi_tab() -> None:
             alibi_slopes_caption(n_heads),
             key="pos_alibi_slopes",
         )
-    causal = is_causal(record, layer)  # the attention shown: a decoder's causal, an encoder's both ways
+    causal = record.is_causal(layer)  # the attention shown: a decoder's causal, an encoder's both ways
     bias = positional.alibi_bias(n_heads, record.weights.shape[-1], causal=causal)
     labels = style.token_labels(record.key_tokens)
     with right:

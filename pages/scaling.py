@@ -7,20 +7,19 @@ import streamlit as st
 
 from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
-from attnviz.ui import (
-    MECHANISM_TOKENS,
+from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page
+from attnviz.ui.messages import queries_unavailable
+from attnviz.ui.scaling_cache import (
     SCALING_DEFAULTS,
     STABILITY_DTYPES,
-    capture_current,
-    current_sentence,
-    queries_unavailable,
     scaling_dot_samples,
     scaling_saturation_rows,
     scaling_stability_rows,
     scaling_variance_rows,
-    show_figure,
-    start_page,
 )
+from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, histogram, line_chart
 from attnviz.viz.matrix import heatmap_row

@@ -7,12 +7,14 @@ import pandas as pd
 import streamlit as st
 
 from attnviz import mask_patterns, masks, stepwise
-from attnviz.ui import current_sentence, show_figure, start_page
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import start_page
+from attnviz.ui.pattern_widgets import pattern_widgets
+from attnviz.ui.sidebar import current_sentence
 from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, matrix_heatmap
 from attnviz.viz.style import format_number, token_labels
 
 SIDE_BY_SIDE_KEYS = 6  # up to this many keys, two steps sit side by side with their numbers readable
-STEP_MASKS = ("full", "causal", "sliding_window")  # keys of attnviz.mask_patterns.PATTERNS
 STEP_1_CAPTIONS = {
     "scaled_dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
     "dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
@@ -45,12 +47,10 @@ def controls() -> dict:
         help="With typed matrices, d_k is the number of columns you type; this only sets the example they start from."
         if typed else None,
     )
-    chosen["mask"] = columns[2].selectbox("Mask", STEP_MASKS, format_func=mask_patterns.label, key="sbs_mask",
-                                          bind="query-params")
-    chosen["left"] = chosen["right"] = 0
-    if chosen["mask"] == "sliding_window":
-        chosen["left"] = columns[3].slider("Keys to the left", 0, stepwise.MAX_TOKENS - 1, 2, key="sbs_left")
-        chosen["right"] = columns[3].slider("Keys to the right", 0, stepwise.MAX_TOKENS - 1, 0, key="sbs_right")
+    chosen["mask"] = columns[2].selectbox("Mask", mask_patterns.shown_in(mask_patterns.STEP),
+                                          format_func=mask_patterns.label, key="sbs_mask", bind="query-params")
+    chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.STEP, [columns[3]], stepwise.MAX_TOKENS,
+                                            prefix="sbs")
     chosen["seed"] = int(columns[4].number_input("Seed", 0, 2**31 - 1, 0, key="sbs_seed",
                                                  help="Seeds the random projections."))
     st.radio(
@@ -183,7 +183,7 @@ def main() -> None:
     except stepwise.InputError as problem:
         st.error(f"{problem}")
         st.stop()
-    params = {"left": chosen["left"], "right": chosen["right"]} if chosen["mask"] == "sliding_window" else {}
+    params = chosen["mask_params"]
     mask = None
     if chosen["mask"] != "full":
         mask = mask_patterns.build(chosen["mask"], q.shape[0], k.shape[0], **params).mask

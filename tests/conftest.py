@@ -30,9 +30,9 @@ def clean_streamlit_caches():
 @pytest.fixture(scope="module")
 def bert():
     """The bundled BERT, loaded once per test module."""
-    from attnviz.models.loading import load_default_model
+    from tests.tiny_models import bundled_bert
 
-    return load_default_model()
+    return bundled_bert()
 
 
 @pytest.fixture(scope="module")

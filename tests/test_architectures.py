@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from attnviz.models import support
-from attnviz.models.capture import DENSE_CELLS, NotReplayable, capture, replay, replay_difference
+from attnviz.models.capture import DENSE_CELLS, capture, replay_difference
 from attnviz.models.eager import token_limit
 from attnviz.models.loading import load_model_dir
+from attnviz.models.record import NotReplayable
 from tests.test_models import eager_attentions
 
 TEXT, PAIR = "The quick brown fox jumps over the lazy dog.", "A dog sleeps."
@@ -41,6 +42,10 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
             assert replay_difference(record) < 1e-5, f"{kind} {record.kind}"
             check_query_key_view(record, reference[record.kind], f"{kind} {record.kind}")
     assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
+    record = support.ARCHITECTURES[kind]
+    table = support.learned_position_table(bundle.model)  # where the record says the table is, or none
+    assert (table is not None) == (record.position_table is not None), kind
+    assert table is None or table[0].endswith(record.position_table)
 
 
 def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:
@@ -79,6 +84,60 @@ def test_the_readme_and_checkpoints_page_show_the_tested_list():
     assert {support.path_of(kind) for kind in support.TESTED_MODEL_TYPES} == {"interface", "hooks", "weights"}
 
 
+def test_the_records_are_the_one_list_of_what_attnviz_knows_per_type():
+    from pathlib import Path
+
+    records = support.RECORDS
+    assert len({record.model_type for record in records}) == len(records) == len(support.ARCHITECTURES)
+    listed = [record for record in records if record.listed]
+    assert list(support.TESTED_MODEL_TYPES) + list(support.TESTED_VISION_TYPES) == [r.model_type for r in listed]
+    for record in records:
+        positions_in_a_table = record.positions in ("learned", "sinusoidal", "learned + relative")
+        assert record.position_table is None or positions_in_a_table, record.model_type
+        assert (record.vision_tower is not None) <= (record.role == "vision")
+    # No other module names a model type: loading, capture, eager, vision and positions ask the records
+    package = Path(__file__).resolve().parents[1] / "attnviz"
+    sources = {name: (package / name).read_text() for name in (
+        "models/loading.py", "models/capture.py", "models/eager.py", "models/config_numbers.py",
+        "models/record.py", "models/scoring.py", "vision.py", "positional.py")}
+    for record in records:
+        for name, source in sources.items():
+            assert f'"{record.model_type}"' not in source, f"{name} names {record.model_type}: use its record"
+
+
+def test_a_changed_record_changes_how_a_type_is_loaded_and_captured(checkpoint, monkeypatch):
+    from dataclasses import replace
+
+    mpnet = support.ARCHITECTURES["mpnet"]
+    assert load_model_dir(checkpoint("mpnet")).capture_path == "hooks"
+    monkeypatch.setitem(support.ARCHITECTURES, "mpnet", replace(
+        mpnet, adapter=None, weights_only_reason="a test took its adapter away", position_table=None))
+    bundle = load_model_dir(checkpoint("mpnet"))
+    assert bundle.capture_path == "weights" and "a test took its adapter away" in bundle.capture_note
+    assert not capture(bundle, TEXT).records["self"].replayable
+    assert support.learned_position_table(bundle.model) is None
+
+    bert = support.ARCHITECTURES["bert"]
+    monkeypatch.setitem(support.ARCHITECTURES, "bert", replace(bert, role="decoder", positions_after_padding=True))
+    bundle = load_model_dir(checkpoint("bert"))
+    assert bundle.architecture == "decoder" and bundle.max_positions == 64 - 1  # after the padding row (id 0)
+
+
+def test_a_record_names_its_cross_attention_and_image_prefix(monkeypatch):
+    from dataclasses import replace
+
+    assert support.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "cross"
+    assert support.attention_kind("decoder.block.0.layer.1.EncDecAttention", "t5", True) == "cross"
+    assert support.attention_kind("encoder.layers.0.self_attn", "bart", True) == "encoder"
+    assert support.attention_kind("decoder.layers.0.self_attn", "bart", False) == "self"
+    monkeypatch.setitem(support.ARCHITECTURES, "bart", replace(support.ARCHITECTURES["bart"],
+                                                               cross_attention=("source_attn",)))
+    assert support.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "decoder"
+    assert support.attention_kind("decoder.layers.1.source_attn", "bart", True) == "cross"
+    assert support.attention_kind("decoder.layers.1.encoder_attn", "no-record", True) == "cross"  # the convention
+    assert support.image_prefix("deit") == ("[CLS]", "[DIST]") and support.image_prefix("no-record") == ("[CLS]",)
+
+
 def test_bloom_alibi_is_recorded_as_a_score_bias_and_replay_needs_it(checkpoint):
     from dataclasses import replace
 
@@ -96,10 +155,10 @@ def test_bloom_alibi_is_recorded_as_a_score_bias_and_replay_needs_it(checkpoint)
     seen = torch.ones(n, n, dtype=torch.bool).tril()  # causal: the bias is shown where the model attends
     torch.testing.assert_close(own["bias"].double()[seen], (own["slopes"][1] * distance)[seen], atol=1e-5, rtol=0)
     assert own["bias"][~seen].isnan().all()
-    without = replay(replace(record, biases=[None] * record.n_layers, memo={}))
+    without = replace(record, biases=[None] * record.n_layers, memo={}).weights
     assert (without - record.weights).abs().max() > 1e-3  # ALiBi changes the weights: replay must apply it
     # and the what-if works on it: no scaling changes the weights, like any replayable model
-    assert (replay(record, scale=1.0) - record.weights).abs().max() > 1e-4
+    assert (record.layer_weights(0, scale=1.0) - record.weights[0]).abs().max() > 1e-4
 
 
 def test_a_relative_bias_is_not_taken_for_alibi(checkpoint):
@@ -129,7 +188,7 @@ def test_the_weights_path_says_what_it_cannot_do(checkpoint):
     with pytest.raises(NotReplayable):
         record.scores(0)
     with pytest.raises(NotReplayable):
-        replay(record, scale=1.0)
+        record.layer_weights(0, scale=1.0)
     with pytest.raises(NotReplayable):
         replay_difference(record)
     # A mask that only takes keys away is exact without Q and K: the model's softmax renormalised over them
@@ -224,7 +283,7 @@ def test_sessions_capturing_one_hooked_model_at_once_never_see_each_others_calls
 
 
 def test_the_word_order_experiment_says_why_it_cannot_run_on_a_hooked_model(checkpoint):
-    from attnviz.models.capture import word_order_experiment
+    from attnviz.models.word_order import word_order_experiment
 
     bundle = load_model_dir(checkpoint("mpnet"))  # an encoder with a learned position table, read by hooks
     with pytest.raises(ValueError, match="mpnet does not use"):

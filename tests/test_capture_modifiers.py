@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnviz.models.attention_hook import ATTENTION_NAME, recording
-from attnviz.models.capture import _record_of, _to_cpu, capture, replay_difference
+from attnviz.models.capture import _to_cpu, capture, record_from_calls, replay_difference
 from attnviz.models.loading import load_model_dir
 from tests.test_models import eager_attentions
 from tests.tiny_models import VOCAB, make_tiny_checkpoint
@@ -68,7 +68,7 @@ def test_padding_is_recorded_from_the_models_own_mask(tmp_path):
     with torch.no_grad(), recording(bundle.model) as recorder:
         bundle.model(input_ids=ids, attention_mask=attention_mask)
     tokens = [str(i) for i in ids[0].tolist()]
-    record = _record_of("self", [_to_cpu(c) for c in recorder.calls], tokens, tokens)
+    record = record_from_calls("self", [_to_cpu(c) for c in recorder.calls], tokens, tokens)
     assert record.layer_masks[0].rule is None and not record.mask_rows(0)[:, :2].any()  # pads never attended
     reference = AutoModel.from_pretrained(folder, attn_implementation="eager", local_files_only=True).eval()
     with torch.no_grad():
@@ -78,9 +78,9 @@ def test_padding_is_recorded_from_the_models_own_mask(tmp_path):
 
 
 def test_sessions_capture_at_once_and_never_see_each_others_calls():
-    from attnviz.models.loading import load_default_model
+    from tests.tiny_models import bundled_bert
 
-    bundle = load_default_model()
+    bundle = bundled_bert()
     assert bundle.model.config._attn_implementation == ATTENTION_NAME
     texts = {0: "one two three", 1: " ".join(["word"] * 40)}
     results, errors = {}, []
@@ -108,18 +108,18 @@ def test_sessions_capture_at_once_and_never_see_each_others_calls():
 def test_capture_changes_nothing_global():
     import transformers.models.bert.modeling_bert as modeling_bert
 
-    from attnviz.models.loading import load_default_model
+    from tests.tiny_models import bundled_bert
 
     before = modeling_bert.eager_attention_forward
-    capture(load_default_model(), "nothing is patched")
+    capture(bundled_bert(), "nothing is patched")
     assert modeling_bert.eager_attention_forward is before
 
 
 def test_word_order_experiment_leaves_the_shared_model_untouched():
-    from attnviz.models.capture import word_order_experiment
-    from attnviz.models.loading import load_default_model
+    from attnviz.models.word_order import word_order_experiment
+    from tests.tiny_models import bundled_bert
 
-    bundle = load_default_model()
+    bundle = bundled_bert()
     table = bundle.model.embeddings.position_embeddings.weight.detach().clone()
     result = word_order_experiment(bundle, "the cat sat on the mat", seed=3)
     assert result["max_difference"] < 1e-5

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import masks
+from attnviz import analysis, masks
 from attnviz.models.capture import capture
 from attnviz.pagelogic import explore_heads as explore
 from tests.apptest_helpers import plotly_array
@@ -28,20 +28,21 @@ def test_head_view_is_the_captured_matrix(pair):
 def test_hiding_special_tokens_and_renormalising(pair):
     options = explore.ViewOptions(view="head", layer=0, head=0, hide_special=True, renormalise=True)
     record = pair.records["self"]
-    weights, q_labels, k_labels, _, _ = explore.filtered(record.weights[0, 0], pair, record, options)
-    assert not any("[CLS]" in label or "[SEP]" in label for label in q_labels + k_labels)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(len(q_labels)))
+    kept = explore.filtered(record.weights[0, 0], pair, record, options)
+    assert not any("[CLS]" in label or "[SEP]" in label for label in kept.query_labels + kept.key_labels)
+    torch.testing.assert_close(kept.weights.sum(-1), torch.ones(len(kept.query_labels)))
     options.renormalise = False
-    raw, _, _, _, _ = explore.filtered(pair.records["self"].weights[0, 0], pair, pair.records["self"], options)
+    raw = explore.filtered(pair.records["self"].weights[0, 0], pair, pair.records["self"], options).weights
     assert torch.all(raw.sum(-1) < 1)
 
 
 def test_sentence_blocks(pair):
     record = pair.records["self"]
     options = explore.ViewOptions(block="A→B")
-    _, q_labels, k_labels, q, k = explore.filtered(record.weights[0, 0], pair, record, options)
-    assert all(pair.segments[i] == 0 for i in q) and all(pair.segments[j] == 1 for j in k)
-    assert "9 · it" in k_labels and "1 · the" in q_labels
+    kept = explore.filtered(record.weights[0, 0], pair, record, options)
+    assert all(pair.segments[i] == 0 for i in kept.query_positions)
+    assert all(pair.segments[j] == 1 for j in kept.key_positions)
+    assert "9 · it" in kept.key_labels and "1 · the" in kept.query_labels
 
 
 def test_filters_that_leave_nothing_say_so(bert):
@@ -68,7 +69,7 @@ def test_statistics_table(pair):
     table = explore.statistics_table(pair, "self")
     assert len(table) == 72 and set(table.columns) >= {"layer", "head", "label", "entropy (nats)", "previous token"}
     assert table["label"].isin(
-        list(explore.analysis.LABEL_RULES) + ["broad head", "mixed"]
+        list(analysis.LABEL_RULES) + ["broad head", "mixed"]
     ).all()
 
 

@@ -9,7 +9,6 @@ import torch
 
 from attnviz import analysis
 from attnviz.models.capture import capture
-from attnviz.models.loading import load_default_model
 from attnviz.pagelogic import explore_heads as explore
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid, statistic_heatmap
@@ -22,6 +21,7 @@ from attnviz.viz.matrix import (
     ranks_in_rows,
     wrap_title,
 )
+from tests.tiny_models import bundled_bert
 
 
 def test_ranks_in_rows_match_an_independent_ranking():
@@ -73,7 +73,7 @@ def test_sentence_pairs_colour_the_labels_and_mark_where_b_starts(pair):
     assert {shape.y0 for shape in lines if shape.y0 == shape.y1} == {start_of_b - 0.5}
     ticks = list(figure.layout.xaxis.ticktext)
     assert all("#c2410c" in tick for tick in ticks[start_of_b:]) and "#c2410c" not in ticks[0]
-    single = capture(pair_model := load_default_model(), "The cat sat on the mat.")
+    single = capture(pair_model := bundled_bert(), "The cat sat on the mat.")
     assert pair_model is not None
     figure, _ = explore.view_figure(single, explore.ViewOptions(view="head"))
     assert not figure.layout.shapes and "span" not in "".join(figure.layout.xaxis.ticktext)

@@ -14,10 +14,10 @@ import torch
 
 from attnviz.models import preflight
 from attnviz.models.capture import capture, replay_difference
-from attnviz.models.loading import load_default_model, load_model_dir
+from attnviz.models.loading import load_model_dir
 from attnviz.models.safety import CheckpointRefused
 from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
-from tests.tiny_models import make_tiny_checkpoint
+from tests.tiny_models import bundled_bert, make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ HEADERS = {
 def test_broken_safetensors_are_refused_and_the_bundled_model_still_works(tiny, no_leftovers, case):
     with pytest.raises(CheckpointRefused, match="not a readable safetensors file"):
         _load_upload(_with_weights(tiny, HEADERS[case]))
-    bert = load_default_model()
+    bert = bundled_bert()
     assert replay_difference(capture(bert, "still here").records["self"]) < 1e-5
 
 
@@ -188,4 +188,4 @@ def test_a_refused_upload_leaves_nothing_on_disk_and_the_page_says_so(tiny, tmp_
     assert not at.exception
     assert any("not a readable safetensors file" in e.value for e in at.error)
     assert leftovers(uploads) == []
-    assert torch.is_tensor(load_default_model().model.embeddings.word_embeddings.weight)
+    assert torch.is_tensor(bundled_bert().model.embeddings.word_embeddings.weight)

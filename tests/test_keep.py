@@ -25,6 +25,15 @@ def upload(tmp_path):
     return make
 
 
+def keep_upload(store: keep.BrowserStore, name: str, folder: Path, dtype: str) -> Path | None:
+    """What a session does with an upload: adopt it into the browser's folder before loading, record it once
+    loaded (attnviz.ui's session models)."""
+    moved = store.adopt_upload(folder)
+    if moved is not None:
+        assert store.record(name, "upload", moved, dtype)
+    return moved
+
+
 def test_keys_are_random_and_only_their_hash_is_on_disk(tmp_path, upload):
     key, other = keep.new_key(), keep.new_key()
     assert key != other and keep.valid_key(key) and len(key) == 43
@@ -33,7 +42,7 @@ def test_keys_are_random_and_only_their_hash_is_on_disk(tmp_path, upload):
         with pytest.raises(ValueError):
             keep.BrowserStore(bad, tmp_path / "kept")
     store = keep.BrowserStore(key, tmp_path / "kept")
-    store.keep_upload("tiny-gpt2", upload(), "stored")
+    keep_upload(store, "tiny-gpt2", upload(), "stored")
     assert [p.name for p in (tmp_path / "kept").iterdir()] == [hashlib.sha256(key.encode()).hexdigest()[:40]]
     assert key not in "".join(str(p) for p in (tmp_path / "kept").rglob("*"))
     assert key not in (store.folder / keep.MANIFEST).read_text()
@@ -43,7 +52,7 @@ def test_an_upload_moves_into_its_browser_and_comes_back(tmp_path, upload):
     key = keep.new_key()
     folder = upload()
     workspace = folder.parent
-    moved = keep.BrowserStore(key, tmp_path / "kept").keep_upload("tiny-gpt2", folder, "fp32")
+    moved = keep_upload(keep.BrowserStore(key, tmp_path / "kept"), "tiny-gpt2", folder, "fp32")
     assert moved is not None and (moved / "config.json").is_file() and not workspace.exists()
     (model, path), = keep.BrowserStore(key, tmp_path / "kept").models()  # a reload: a new store object, the same key
     assert (model.name, model.kind, model.dtype, path) == ("tiny-gpt2", "upload", "fp32", moved)
@@ -53,7 +62,7 @@ def test_an_upload_moves_into_its_browser_and_comes_back(tmp_path, upload):
 def test_a_server_folder_is_kept_by_path_and_never_deleted(tmp_path):
     served = make_tiny_checkpoint("bert", tmp_path / "served" / "local-bert")
     store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
-    assert store.keep_folder("local-bert", served, "stored")
+    assert store.record("local-bert", "folder", served, "stored")
     ((model, path),) = store.models()
     assert model.kind == "folder" and path == served
     store.forget(served)
@@ -62,8 +71,8 @@ def test_a_server_folder_is_kept_by_path_and_never_deleted(tmp_path):
 
 def test_forget_deletes_an_uploads_files(tmp_path, upload):
     store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
-    moved = store.keep_upload("tiny-gpt2", upload(), "stored")
-    other = store.keep_upload("another", upload(), "stored")
+    moved = keep_upload(store, "tiny-gpt2", upload(), "stored")
+    other = keep_upload(store, "another", upload(), "stored")
     store.forget(moved)
     assert [m.name for m, _ in store.models()] == ["another"] and not moved.exists() and not moved.parent.exists()
     assert other.exists()
@@ -72,18 +81,18 @@ def test_forget_deletes_an_uploads_files(tmp_path, upload):
 def test_bounds_per_browser_and_in_total(tmp_path, upload, monkeypatch):
     store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
     for index in range(keep.MAX_KEPT_MODELS):
-        assert store.keep_upload(f"m{index}", upload(), "stored") is not None
+        assert keep_upload(store, f"m{index}", upload(), "stored") is not None
     extra = upload()
-    assert store.keep_upload("one too many", extra, "stored") is None and extra.exists()  # left to its session
+    assert keep_upload(store, "one too many", extra, "stored") is None and extra.exists()  # left to its session
     monkeypatch.setenv("ATTNVIZ_KEEP_GB", str(keep.root_bytes(tmp_path / "kept") / 1024**3))  # full to the byte
     other = upload()
-    assert keep.BrowserStore(keep.new_key(), tmp_path / "kept").keep_upload("no room", other, "stored") is None
+    assert keep_upload(keep.BrowserStore(keep.new_key(), tmp_path / "kept"), "no room", other, "stored") is None
     assert other.exists()
 
 
 def test_files_whose_folder_went_are_dropped_from_the_list(tmp_path, upload):
     store = keep.BrowserStore(keep.new_key(), tmp_path / "kept")
-    moved = store.keep_upload("tiny-gpt2", upload(), "stored")
+    moved = keep_upload(store, "tiny-gpt2", upload(), "stored")
     (moved / "config.json").unlink()
     assert store.models() == []
     assert store._read() == []
@@ -92,8 +101,8 @@ def test_files_whose_folder_went_are_dropped_from_the_list(tmp_path, upload):
 def test_expired_browsers_are_deleted_and_recent_ones_stay(tmp_path, upload):
     root = keep.usable_root(tmp_path / "kept")
     old, recent = (keep.BrowserStore(keep.new_key(), root) for _ in range(2))
-    old_files = old.keep_upload("tiny-gpt2", upload(), "stored")
-    recent.keep_upload("tiny-gpt2", upload(), "stored")
+    old_files = keep_upload(old, "tiny-gpt2", upload(), "stored")
+    keep_upload(recent, "tiny-gpt2", upload(), "stored")
     day_ago = time.time() - 25 * 3600
     os.utime(old.folder, (day_ago, day_ago))
     unrelated = root / "not-a-browser-folder"
@@ -234,14 +243,15 @@ def test_two_tabs_recording_at_once_lose_nothing(tmp_path):
     store_path = tmp_path / "kept"
     key = keep.new_key()
     folders = [make_tiny_checkpoint("bert", tmp_path / f"served-{i}") for i in range(3)]
-    threads = [threading.Thread(target=keep.BrowserStore(key, store_path).keep_folder, args=(f"m{i}", f, "stored"))
+    threads = [threading.Thread(target=keep.BrowserStore(key, store_path).record,
+                                args=(f"m{i}", "folder", f, "stored"))
                for i, f in enumerate(folders)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert keep.BrowserStore(key, store_path).names() == {"m0", "m1", "m2"}
-    assert not keep.BrowserStore(key, store_path).keep_folder("m0", folders[0], "stored")  # names stay unique
+    assert not keep.BrowserStore(key, store_path).record("m0", "folder", folders[0], "stored")  # names stay unique
 
 
 def test_kept_uploads_cannot_be_opened_by_their_path(tmp_path, upload, monkeypatch):
@@ -249,7 +259,7 @@ def test_kept_uploads_cannot_be_opened_by_their_path(tmp_path, upload, monkeypat
     from attnviz.models.uploads import prepare_folder_path
 
     monkeypatch.setenv("ATTNVIZ_KEEP_DIR", str(tmp_path / "kept"))
-    moved = keep.BrowserStore(keep.new_key()).keep_upload("tiny-gpt2", upload(), "stored")
+    moved = keep_upload(keep.BrowserStore(keep.new_key()), "tiny-gpt2", upload(), "stored")
     with pytest.raises(CheckpointRefused, match="not by their path"):
         prepare_folder_path(str(moved))
     with pytest.raises(CheckpointRefused, match="not by their path"):

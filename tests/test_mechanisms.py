@@ -86,17 +86,18 @@ def test_alibi_bias():
 
 
 def test_learned_position_table_of_the_bundled_bert():
-    from attnviz.models.loading import load_default_model
+    from attnviz.models.support import learned_position_table
+    from tests.tiny_models import bundled_bert
 
-    name, table = positional.learned_position_table(load_default_model().model)
+    name, table = learned_position_table(bundled_bert().model)
     assert name == "embeddings.position_embeddings.weight" and table.shape == (512, 384)
 
 
 def test_word_order_without_positions_is_a_permutation():
-    from attnviz.models.capture import word_order_experiment
-    from attnviz.models.loading import load_default_model
+    from attnviz.models.word_order import word_order_experiment
+    from tests.tiny_models import bundled_bert
 
-    bundle = load_default_model()
+    bundle = bundled_bert()
     text = "The cat sat on the mat because it was tired."
     without = word_order_experiment(bundle, text, seed=3, remove_positions=True)
     assert without["order"] != list(range(len(without["tokens"])))
@@ -375,10 +376,10 @@ def test_attention_parameters_match_our_module():
 
 
 def test_cross_attention_example_aligns_related_words():
-    from attnviz.models.loading import load_default_model
     from attnviz.pagelogic.heads_kv_cache import cross_attention_example
+    from tests.tiny_models import bundled_bert
 
-    result = cross_attention_example(load_default_model(), "the cat sat on the mat", "a kitten rested")
+    result = cross_attention_example(bundled_bert(), "the cat sat on the mat", "a kitten rested")
     weights = result["weights"]
     assert weights.shape == (1, 3, 6)
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 3))
@@ -386,11 +387,12 @@ def test_cross_attention_example_aligns_related_words():
 
 
 def test_real_head_helpers_reproduce_the_model():
-    from attnviz.models.capture import capture, head_scores
-    from attnviz.models.loading import load_default_model
+    from attnviz.models.capture import capture
+    from tests.tiny_models import bundled_bert
 
-    record = capture(load_default_model(), "The cat sat on the mat.").records["self"]
-    raw, allowed = head_scores(record, 2, 5)
+    record = capture(bundled_bert(), "The cat sat on the mat.").records["self"]
+    raw = record.scores(2, heads=[5], scale=1.0, dtype=torch.float64)[0]  # unscaled q.k in fp64
+    allowed = record.mask_rows(2)
     assert allowed.all() and raw.shape == (9, 9)
     versions = real_head_scalings(record, 2, 5, temperature=1.0)
     model, unscaled, same = versions.values()

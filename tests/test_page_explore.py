@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from attnviz.models.capture import capture
-from attnviz.models.loading import load_default_model
 from tests.apptest_helpers import figures, open_page, plotly_array
-from tests.tiny_models import make_tiny_checkpoint, zip_folder
+from tests.tiny_models import bundled_bert, make_tiny_checkpoint, zip_folder
 
 EXPLORE = "pages/explore_heads.py"
 CHECKPOINTS = "pages/checkpoints.py"
@@ -51,7 +50,7 @@ def test_type_a_sentence_and_change_layer_head_view():
     assert not at.exception
     spec = main_figure(at)
     assert spec["layout"]["title"]["text"].startswith("Layer 3, head 7")
-    expected = capture(load_default_model(), "Dogs chase cats in the garden.").records["self"].weights[3, 7]
+    expected = capture(bundled_bert(), "Dogs chase cats in the garden.").records["self"].weights[3, 7]
     np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), expected.numpy(), atol=1e-6)
     assert "1 · dogs" in spec["layout"]["yaxis"]["ticktext"]
     for view, title in (("grid", "All 6 x 12 heads"), ("lines", "Layer 3: self-attention, head 7"),
@@ -250,7 +249,7 @@ def test_a_second_checkpoint_with_the_same_name_gets_its_own(tmp_path):
 
 
 def test_one_session_holds_at_most_four_uploads(tmp_path):
-    from attnviz.ui import MAX_UPLOADED_MODELS as MAX_SESSION_UPLOADS
+    from attnviz.ui.session_models import MAX_UPLOADED_MODELS as MAX_SESSION_UPLOADS
 
     at = open_page(CHECKPOINTS)
     for index in range(MAX_SESSION_UPLOADS + 1):

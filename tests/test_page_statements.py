@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnviz import kvcache, mask_patterns, masks, positional
-from attnviz.models.capture import capture, head_bias, is_causal
+from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.pagelogic import explore_heads, heads_kv_cache
 from attnviz.pagelogic import masks as masks_page
@@ -66,7 +66,7 @@ def test_t5_heads_are_redrawn_with_their_position_bias_and_without_a_scale(tiny)
         n = record.weights.shape[-1]
         before, _ = alibi_on_real_head(record, 1, 2, torch.zeros(n, n, dtype=torch.float64))
         torch.testing.assert_close(before.float(), record.weights[1, 2], atol=1e-5, rtol=0)
-        assert isinstance(head_bias(record, 1, 2), torch.Tensor)
+        assert isinstance(record.bias_rows(1)[2], torch.Tensor)
     before, after = explore_heads.what_if(result.records["encoder"], 0, None, unscaled=True)
     effect = explore_heads.what_if_effect(result.records["encoder"], 0, before, after, None)
     assert effect.scale_is_one and effect.largest_change < 1e-6
@@ -75,9 +75,9 @@ def test_t5_heads_are_redrawn_with_their_position_bias_and_without_a_scale(tiny)
 
 def test_causality_is_read_from_the_attention_shown(tiny):
     bart = capture(tiny["bart"], TEXT)
-    assert not is_causal(bart.records["encoder"]) and is_causal(bart.records["decoder"])
-    assert not is_causal(bart.records["cross"])
-    assert is_causal(capture(tiny["gpt2"], TEXT).records["self"])
+    assert not bart.records["encoder"].is_causal() and bart.records["decoder"].is_causal()
+    assert not bart.records["cross"].is_causal()
+    assert capture(tiny["gpt2"], TEXT).records["self"].is_causal()
 
 
 def test_the_alibi_tab_uses_a_bidirectional_bias_on_an_encoder_of_an_encoder_decoder(tiny):

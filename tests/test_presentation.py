@@ -3,7 +3,7 @@ Next / Previous links are checked in Chromium, tests/e2e/test_presentation_in_br
 
 from streamlit.testing.v1 import AppTest
 
-from attnviz import ui
+from attnviz.ui import frame
 from tests.apptest_helpers import ROOT
 
 SCRIPTS = {"Attention step by step": "pages/step_by_step.py", "Scaling and softmax": "pages/scaling.py",
@@ -13,13 +13,13 @@ SCRIPTS = {"Attention step by step": "pages/step_by_step.py", "Scaling and softm
 
 
 def test_the_story_runs_from_the_mechanism_to_the_systems():
-    assert ui.STORY[0] == "Attention step by step" and ui.STORY[-1] == "Generation and KV cache"
-    assert ui.story_neighbours("Attention step by step") == (None, "Scaling and softmax")
-    assert ui.story_neighbours("Explore heads") == ("Positional encodings", "Heads and KV cache")
-    assert ui.story_neighbours("Flash vs naive") == ("Heads and KV cache", "Generation and KV cache")
-    assert ui.story_neighbours("Generation and KV cache") == ("Flash vs naive", None)
-    assert ui.story_neighbours("Checkpoints") == (None, None)
-    assert set(ui.STORY) == set(SCRIPTS)
+    assert frame.STORY[0] == "Attention step by step" and frame.STORY[-1] == "Generation and KV cache"
+    assert frame.story_neighbours("Attention step by step") == (None, "Scaling and softmax")
+    assert frame.story_neighbours("Explore heads") == ("Positional encodings", "Heads and KV cache")
+    assert frame.story_neighbours("Flash vs naive") == ("Heads and KV cache", "Generation and KV cache")
+    assert frame.story_neighbours("Generation and KV cache") == ("Flash vs naive", None)
+    assert frame.story_neighbours("Checkpoints") == (None, None)
+    assert set(frame.STORY) == set(SCRIPTS)
 
 
 def test_presentation_mode_comes_from_the_link():

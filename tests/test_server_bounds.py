@@ -5,49 +5,51 @@ import time
 
 import pytest
 
-from attnviz import ui
-from attnviz.models.loading import default_model_dir
+from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir
+from attnviz.ui import loaded_models
+from attnviz.ui.frame import logged_run
+from attnviz.ui.shared_measurements import SharedMeasurements
 from tests.tiny_models import make_tiny_checkpoint
 
 
 @pytest.fixture
 def fresh_model_caches():
-    ui._bundled_model.clear()
-    ui._added_model.clear()
+    loaded_models._bundled_model.clear()
+    loaded_models._added_model.clear()
     yield
-    ui._added_model.clear()
+    loaded_models._added_model.clear()
 
 
 def test_uploads_never_push_the_bundled_model_out(tmp_path, fresh_model_caches):
-    bundled = ui.load_bundle(str(default_model_dir()), ui.DEFAULT_MODEL_NAME)
+    bundled = loaded_models.load_bundle(str(default_model_dir()), DEFAULT_MODEL_NAME)
     added = []
-    for index in range(ui.MAX_LOADED_UPLOADS + 2):  # more uploaded models than the cache holds
+    for index in range(loaded_models.MAX_LOADED_UPLOADS + 2):  # more uploaded models than the cache holds
         folder = make_tiny_checkpoint("gpt2", tmp_path / f"tiny-{index}", seed=index)
-        added.append((str(folder), f"tiny-{index}", ui.load_bundle(str(folder), f"tiny-{index}")))
-    assert ui.load_bundle(str(default_model_dir()), ui.DEFAULT_MODEL_NAME) is bundled  # the same object, not reloaded
+        added.append((str(folder), f"tiny-{index}", loaded_models.load_bundle(str(folder), f"tiny-{index}")))
+    assert loaded_models.load_bundle(str(default_model_dir()), DEFAULT_MODEL_NAME) is bundled  # not reloaded
     # The most recent uploads are still held; the oldest was evicted and comes back as a fresh load.
     newest_folder, newest_name, newest = added[-1]
-    assert ui.load_bundle(newest_folder, newest_name) is newest
+    assert loaded_models.load_bundle(newest_folder, newest_name) is newest
     oldest_folder, oldest_name, oldest = added[0]
-    assert ui.load_bundle(oldest_folder, oldest_name) is not oldest
+    assert loaded_models.load_bundle(oldest_folder, oldest_name) is not oldest
 
 
 def test_forget_loaded_drops_only_that_model(tmp_path, fresh_model_caches):
     first = make_tiny_checkpoint("gpt2", tmp_path / "first", seed=1)
     second = make_tiny_checkpoint("gpt2", tmp_path / "second", seed=2)
-    kept = ui.load_bundle(str(first), "first")
-    dropped = ui.load_bundle(str(second), "second")
-    ui.forget_loaded(str(second), "second", "stored")
-    assert ui.load_bundle(str(first), "first") is kept
-    assert ui.load_bundle(str(second), "second") is not dropped
+    kept = loaded_models.load_bundle(str(first), "first")
+    dropped = loaded_models.load_bundle(str(second), "second")
+    loaded_models.forget_loaded(str(second), "second", "stored")
+    assert loaded_models.load_bundle(str(first), "first") is kept
+    assert loaded_models.load_bundle(str(second), "second") is not dropped
 
 
 def test_the_run_log_records_page_time_and_ending_and_nothing_else(tmp_path, monkeypatch):
     log = tmp_path / "runs.jsonl"
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(log))
-    with ui.logged_run("Masks", time.perf_counter() - 0.25):
+    with logged_run("Masks", time.perf_counter() - 0.25):
         pass
-    with pytest.raises(KeyError), ui.logged_run("Flash vs naive", time.perf_counter()):
+    with pytest.raises(KeyError), logged_run("Flash vs naive", time.perf_counter()):
         raise KeyError("a secret sentence")
     first, second = (json.loads(line) for line in log.read_text().splitlines())
     assert first["page"] == "Masks" and first["ending"] == "finished" and first["seconds"] >= 0.25
@@ -59,7 +61,7 @@ def test_the_run_log_records_page_time_and_ending_and_nothing_else(tmp_path, mon
 def test_no_run_log_unless_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("ATTNVIZ_RUN_LOG", raising=False)
     monkeypatch.chdir(tmp_path)
-    with ui.logged_run("Masks", time.perf_counter()):
+    with logged_run("Masks", time.perf_counter()):
         pass
     assert list(tmp_path.iterdir()) == []
 
@@ -67,7 +69,7 @@ def test_no_run_log_unless_asked(tmp_path, monkeypatch):
 def test_shared_measurements_run_one_at_a_time_and_reuse_results():
     import threading
 
-    store = ui.SharedMeasurements(limit=3)
+    store = SharedMeasurements(limit=3)
     running, overlaps, calls = [], [], []
 
     def measure(key):

@@ -263,14 +263,14 @@ def test_an_unexpected_error_becomes_a_message_not_a_traceback(monkeypatch, clea
     in AppTest; a page opened with switch_page runs alone there.)"""
     from streamlit.testing.v1 import AppTest
 
-    from attnviz.pagelogic import explore_heads
+    from attnviz.pagelogic.explore_heads import views
     from tests.apptest_helpers import ROOT
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
 
     monkeypatch.setenv("ATTNVIZ_STRICT_ERRORS", "0")
-    monkeypatch.setattr(explore_heads, "view_figure", broken)
+    monkeypatch.setattr(views, "view_figure", broken)  # the page imports it from there
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Something went wrong on this page (KeyError: 'a bug')" in e.value for e in at.error), (

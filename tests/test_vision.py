@@ -57,6 +57,17 @@ def test_every_vision_type_matches_transformers_eager_weights(vision_checkpoint,
     assert replay_difference(record) < 1e-5
 
 
+def test_a_vision_record_names_the_prefix_tokens(vision_checkpoint, photo, monkeypatch):
+    from dataclasses import replace
+
+    from attnviz.models import support
+
+    deit = support.ARCHITECTURES["deit"]
+    monkeypatch.setitem(support.ARCHITECTURES, "deit", replace(deit, image_prefix=("[FIRST]", "[SECOND]")))
+    bundle = load_model_dir(vision_checkpoint("deit"))
+    assert capture_image(bundle, photo).tokens[:3] == ["[FIRST]", "[SECOND]", "(0,0)"]
+
+
 def test_overlays_put_each_patch_where_it_is(vision_checkpoint, photo):
     result = capture_image(load_model_dir(vision_checkpoint("deit")), photo)
     layout = result.layout

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from attnviz import runtime
+from attnviz.ui import captures, explore_cache, lifespan, loaded_models
 from tests.apptest_helpers import ROOT, open_page
+
+warm_up_module = importlib.import_module("attnviz.ui.warm_up")  # the module, not its function
 
 
 def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
@@ -36,7 +38,7 @@ def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
     spec.loader.exec_module(module)
     assert isinstance(module.app, st.App)
     assert Path(module.app.script_path).resolve() == ROOT / "app.py"
-    assert module.app._user_lifespan is runtime.server_lifespan
+    assert module.app._user_lifespan is lifespan.server_lifespan
 
 
 def _enter_and_leave(lifespan) -> None:
@@ -57,11 +59,11 @@ def test_lifespan_returns_at_once_and_warms_up_in_a_thread(monkeypatch):
         started.set()
         release.wait(10)
 
-    monkeypatch.setattr(runtime, "_warm_up", slow_warm_up)
+    monkeypatch.setattr(lifespan, "_warm_up", slow_warm_up)
     monkeypatch.delenv("ATTNVIZ_WARM_UP", raising=False)
-    _enter_and_leave(runtime.server_lifespan)  # returns while the warm-up is still running: the server answers
+    _enter_and_leave(lifespan.server_lifespan)  # returns while the warm-up is still running: the server answers
     assert started.wait(5)
-    (thread,) = [t for t in threading.enumerate() if t.name == runtime.WARM_UP_THREAD]
+    (thread,) = [t for t in threading.enumerate() if t.name == lifespan.WARM_UP_THREAD]
     assert thread.daemon and thread.is_alive()  # never holds the server's shutdown
     release.set()
     thread.join(5)
@@ -69,26 +71,25 @@ def test_lifespan_returns_at_once_and_warms_up_in_a_thread(monkeypatch):
 
 def test_warm_up_can_be_turned_off(monkeypatch):
     called = []
-    monkeypatch.setattr(runtime, "_warm_up", lambda: called.append(True))
+    monkeypatch.setattr(lifespan, "_warm_up", lambda: called.append(True))
     monkeypatch.setenv("ATTNVIZ_WARM_UP", "0")
-    _enter_and_leave(runtime.server_lifespan)
-    assert not called and not [t for t in threading.enumerate() if t.name == runtime.WARM_UP_THREAD]
+    _enter_and_leave(lifespan.server_lifespan)
+    assert not called and not [t for t in threading.enumerate() if t.name == lifespan.WARM_UP_THREAD]
 
 
 def test_a_failed_second_part_is_logged_as_itself(monkeypatch, tmp_path, caplog):
-    import attnviz.ui
 
     def broken():
         raise OSError("no memory left")
 
-    monkeypatch.setattr(attnviz.ui, "warm_up", lambda: None)
-    monkeypatch.setattr(attnviz.ui, "warm_up_later", broken)
+    monkeypatch.setattr(warm_up_module, "warm_up", lambda: None)
+    monkeypatch.setattr(warm_up_module, "warm_up_later", broken)
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
-    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)
-    runtime._warm_up()
+    monkeypatch.setattr(lifespan, "VISITOR_WAIT_S", 0)
+    lifespan._warm_up()
     lines = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(line["page"], line["ending"]) for line in lines] == [
-        (runtime.WARM_UP_LINE, "finished"), (runtime.WARM_UP_LATER_LINE, "failed")]
+        (lifespan.WARM_UP_LINE, "finished"), (lifespan.WARM_UP_LATER_LINE, "failed")]
     assert "warm-up of the other pages failed" in caplog.text and "no memory left" in caplog.text
 
 
@@ -97,26 +98,25 @@ def test_the_lifespan_opens_a_browser_only_when_not_headless(monkeypatch):
 
     opened = []
     monkeypatch.setattr(cli_util, "open_browser", opened.append)
-    monkeypatch.setattr(runtime, "_warm_up", lambda: None)
+    monkeypatch.setattr(lifespan, "_warm_up", lambda: None)
     for headless in (True, False):
         monkeypatch.setattr(config, "get_option", lambda name, headless=headless, real=config.get_option: (
             headless if name == "server.headless" else real(name)))
-        _enter_and_leave(runtime.server_lifespan)
+        _enter_and_leave(lifespan.server_lifespan)
     (url,) = opened
     assert url.startswith("http://localhost:")
 
 
 def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
-    import attnviz.ui
 
     def broken():
         raise OSError("disk gone")
 
-    monkeypatch.setattr(attnviz.ui, "warm_up", broken)
+    monkeypatch.setattr(warm_up_module, "warm_up", broken)
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
-    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)
-    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
-    runtime._warm_up()
+    monkeypatch.setattr(lifespan, "VISITOR_WAIT_S", 0)
+    monkeypatch.setattr(lifespan, "DRAWING_WAIT_S", 0)
+    lifespan._warm_up()
     (line,) = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert line["page"] == "(warm-up at server start)" and line["ending"] == "failed"
     assert "warm-up at server start failed" in caplog.text and "disk gone" in caplog.text
@@ -125,19 +125,18 @@ def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
 def test_the_second_part_waits_for_the_first_visitor(monkeypatch):
     """The Scaling experiments (seconds of CPU) start only once a session has run (plus a moment for its browser
     to draw), not while the first visitor's page is being made and drawn."""
-    import attnviz.ui
 
     first_done, second_done = threading.Event(), threading.Event()
-    monkeypatch.setattr(attnviz.ui, "warm_up", first_done.set)
-    monkeypatch.setattr(attnviz.ui, "warm_up_later", second_done.set)
-    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 60)
-    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
-    monkeypatch.setattr(runtime, "SESSION_RAN", threading.Event())
-    thread = threading.Thread(target=runtime._warm_up)
+    monkeypatch.setattr(warm_up_module, "warm_up", first_done.set)
+    monkeypatch.setattr(warm_up_module, "warm_up_later", second_done.set)
+    monkeypatch.setattr(lifespan, "VISITOR_WAIT_S", 60)
+    monkeypatch.setattr(lifespan, "DRAWING_WAIT_S", 0)
+    monkeypatch.setattr(lifespan, "SESSION_RAN", threading.Event())
+    thread = threading.Thread(target=lifespan._warm_up)
     thread.start()
     assert first_done.wait(10)
     assert not second_done.wait(0.5) and thread.is_alive()  # waiting for a visitor
-    runtime.SESSION_RAN.set()  # app.py does this after every run
+    lifespan.SESSION_RAN.set()  # app.py does this after every run
     assert second_done.wait(10)
     thread.join(10)
     assert not thread.is_alive()
@@ -146,27 +145,25 @@ def test_the_second_part_waits_for_the_first_visitor(monkeypatch):
 def test_app_py_says_when_a_session_has_run(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    monkeypatch.setattr(runtime, "SESSION_RAN", threading.Event())
+    monkeypatch.setattr(lifespan, "SESSION_RAN", threading.Event())
     AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
-    assert runtime.SESSION_RAN.is_set()
+    assert lifespan.SESSION_RAN.is_set()
 
 
 @pytest.mark.usefixtures("clean_streamlit_caches")
 def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
     """After the warm-up, a new session's Explore heads neither loads the model, nor captures, nor replays: the
     warm-up made the very cache entries the page reads."""
-    import attnviz.models.capture as capture_module
-    import attnviz.ui
 
     monkeypatch.setenv("ATTNVIZ_RUN_LOG", str(tmp_path / "runs.jsonl"))
-    monkeypatch.setattr(runtime, "VISITOR_WAIT_S", 0)  # no visitor to wait for: both parts at once
-    monkeypatch.setattr(runtime, "DRAWING_WAIT_S", 0)
-    thread = threading.Thread(target=runtime._warm_up, name=runtime.WARM_UP_THREAD)
+    monkeypatch.setattr(lifespan, "VISITOR_WAIT_S", 0)  # no visitor to wait for: both parts at once
+    monkeypatch.setattr(lifespan, "DRAWING_WAIT_S", 0)
+    thread = threading.Thread(target=lifespan._warm_up, name=lifespan.WARM_UP_THREAD)
     thread.start()
     thread.join(300)
     lines = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(line["page"], line["ending"]) for line in lines] == [
-        (runtime.WARM_UP_LINE, "finished"), (runtime.WARM_UP_LATER_LINE, "finished")]
+        (lifespan.WARM_UP_LINE, "finished"), (lifespan.WARM_UP_LATER_LINE, "finished")]
 
     calls = []
 
@@ -176,10 +173,9 @@ def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
             return function(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(attnviz.ui, "load_model_dir", counted("load", attnviz.ui.load_model_dir))
-    monkeypatch.setattr(capture_module, "capture", counted("capture", capture_module.capture))
-    monkeypatch.setattr(capture_module, "replay_difference",
-                        counted("replay", capture_module.replay_difference))
+    monkeypatch.setattr(loaded_models, "load_model_dir", counted("load", loaded_models.load_model_dir))
+    monkeypatch.setattr(captures, "capture", counted("capture", captures.capture))
+    monkeypatch.setattr(explore_cache, "replay_difference", counted("replay", explore_cache.replay_difference))
     at = open_page("pages/explore_heads.py")
     assert any("Replay check" in m.value for m in at.markdown)  # the page did show what the warm-up computed
     assert at.get("plotly_chart")

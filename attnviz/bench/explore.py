@@ -20,11 +20,11 @@ def sentence_of(n_tokens: int, tokenizer) -> str:
 
 def bench_explore(repeats: int) -> dict:
     from attnviz.models.capture import capture, replay_difference
-    from attnviz.models.loading import load_default_model
+    from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir, load_model_dir
     from attnviz.pagelogic import explore_heads as explore
 
     start = time.perf_counter()
-    bundle = load_default_model()
+    bundle = load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
     load_seconds = time.perf_counter() - start
     rows = []
     for n_tokens in TOKEN_COUNTS:

@@ -131,7 +131,7 @@ def bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> d
 
 
 def bench_pages(repeats: int = 5, only: list[str] | None = None, sentence: str | None = None) -> dict:
-    from attnviz.ui import DEFAULT_SENTENCE
+    from attnviz.ui.sidebar import DEFAULT_SENTENCE
 
     visits = [v for v in PAGES if not only or any(name.lower() in v.title.lower() for name in only)]
     rows = [bench_page(visit, repeats, sentence) for visit in visits]

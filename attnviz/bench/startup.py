@@ -48,7 +48,7 @@ configure_environment()
 import streamlit
 steps["import streamlit"] = time.perf_counter() - start
 mark = time.perf_counter()
-import attnviz.ui, attnviz.pagelogic.explore_heads, attnviz.viz.heads
+import attnviz.ui.warm_up, attnviz.pagelogic.explore_heads, attnviz.viz.heads
 steps["import attnviz (torch, transformers, plotly)"] = time.perf_counter() - mark
 from attnviz.models import loading
 mark = time.perf_counter()

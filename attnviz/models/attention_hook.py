@@ -100,7 +100,7 @@ def recording(model: torch.nn.Module):
         _RECORDER.reset(token)
 
 
-def _batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """The mask of batch item 0 as ``[n_q, n_k]`` bool (True = may attend); transformers' additive float masks
     (0 / large negative) are converted."""
     if attention_mask is None:
@@ -151,7 +151,7 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
             query=query[0].detach(), key=key[0].detach(), value=value[0].detach(),
             kernel=KernelCall(weakref.ref(module), recorder.names.get(id(module), ""), attention_mask, scaling,
                               dict(kwargs), query.device),
-            mask=_batch_zero_mask(attention_mask),
+            mask=batch_zero_mask(attention_mask),
             is_causal=bool(getattr(module, "is_causal", False) if is_causal is None else is_causal),
             scaling=float(scale),
             position_bias=None if bias is None else bias.reshape(-1, *bias.shape[-3:])[0].detach(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from attnviz.models import support
 from attnviz.models.checked_files import DTYPE_NAMES, SINGLE_WEIGHTS, WEIGHTS_INDEX, shown, whole_number
 from attnviz.models.safety import CheckpointRefused
 from attnviz.vision import MAX_IMAGE_TOKENS
@@ -35,7 +36,6 @@ BOUNDS = {  # (keys, smallest, largest)
     "experts": (EXPERT_KEYS, 0, 512),
     "image sizes": (IMAGE_KEYS, 1, 8_192),
 }
-SHARED_LAYER_TYPES = {"albert"}  # one set of layer weights used by every layer: their count is not in the files
 MAX_LABELS = 100_000  # id2label / label2id entries (a classification head)
 MAX_NESTING = 8
 
@@ -47,23 +47,44 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
     JSON is walked, nothing is built."""
     if depth > MAX_NESTING:
         raise CheckpointRefused(f"{path} nests sub-configs more than {MAX_NESTING} deep")
-    model_type = config.get("model_type")
     if depth == 0 or "model_type" in config:
-        if not isinstance(model_type, str) or not model_type:
-            raise CheckpointRefused(f"{path}'s model_type must be a name (a string), not {type(model_type).__name__}")
+        _check_model_type(config, path)
+    _check_bounds(config, path)
+    _check_heads_and_layers(config, tensors, path)
+    _check_described_size(config, parameters, path)
+    _check_image_tokens(config, path)
+    _check_labels_and_dtype(config, path)
+    for key, value in config.items():
+        if isinstance(value, dict) and (key.endswith("_config") or "model_type" in value):
+            check_config_numbers(value, tensors, parameters, f"{path} → {key}", depth + 1)
+
+
+def _check_model_type(config: dict, path: str) -> None:
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise CheckpointRefused(f"{path}'s model_type must be a name (a string), not {type(model_type).__name__}")
+
+
+def _check_bounds(config: dict, path: str) -> None:
+    """Every size the config names is a whole number within its :data:`BOUNDS` (a list of image or patch sizes:
+    its largest)."""
     for what, (keys, smallest, largest) in BOUNDS.items():
         for key in keys:
             value = config.get(key)
             if value is None:
                 continue
-            if key == "image_size" and isinstance(value, list) and value and all(whole_number(v) for v in value):
-                value = max(value)
-            if key == "patch_size" and isinstance(value, list) and value and all(whole_number(v) for v in value):
+            if key in ("image_size", "patch_size") and isinstance(value, list) and value and all(
+                    whole_number(v) for v in value):
                 value = max(value)
             if not whole_number(value, minimum=smallest) or value > largest:
                 raise CheckpointRefused(
                     f"{path}: {key} = {shown(json.dumps(value), 40)} is not a valid number of {what} (a whole number "
                     f"from {smallest} to {largest:,})")
+
+
+def _check_heads_and_layers(config: dict, tensors: int, path: str) -> None:
+    """Heads that fit the width, key/value heads that divide the heads, and no more layers than the weights hold
+    tensors for."""
     heads = _first(config, HEAD_KEYS)
     kv_heads = _first(config, KV_HEAD_KEYS)
     width = _first(config, ("hidden_size", "n_embd", "d_model", "dim"))
@@ -72,17 +93,21 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
     if heads and kv_heads and (kv_heads > heads or heads % kv_heads):
         raise CheckpointRefused(f"{path}: {kv_heads} key/value heads must divide the {heads} query heads")
     layers = _first(config, LAYER_KEYS)
-    if layers and model_type not in SHARED_LAYER_TYPES and layers > max(tensors // 2, 1):
+    if layers and not support.shares_layers(config.get("model_type")) and layers > max(tensors // 2, 1):
         # Every layer holds at least two tensors (attention's projections and the MLP's); ALBERT's share one set.
         raise CheckpointRefused(f"{path} describes {layers} layers, but the weights hold only {tensors} tensors (each "
                                 "layer has several): the weights do not belong to this config")
-    # A lower bound on what the config describes: the token embeddings; per layer, two width x width projections
-    # (queries and output) and a feed-forward's two width x intermediate ones; for a mixture of experts, every
-    # expert of one layer. Far above the weights, and it cannot be built (nor should it be tried).
+
+
+def _check_described_size(config: dict, parameters: int, path: str) -> None:
+    """A lower bound on what the config describes: the token embeddings; per layer, two width x width projections
+    (queries and output) and a feed-forward's two width x intermediate ones; for a mixture of experts, every
+    expert of one layer. Far above the weights, and it cannot be built (nor should it be tried)."""
     vocabulary = _first(config, VOCABULARY_KEYS) or 0
-    width = width or 0
+    width = _first(config, ("hidden_size", "n_embd", "d_model", "dim")) or 0
     embedding = min(width, config["embedding_size"]) if whole_number(config.get("embedding_size")) else width
-    shared = model_type in SHARED_LAYER_TYPES
+    shared = support.shares_layers(config.get("model_type"))
+    layers = _first(config, LAYER_KEYS)
     feed_forward = _first(config, ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim",
                                    "hidden_dim")) or 0
     experts = _first(config, ("num_local_experts", "num_experts", "n_routed_experts")) or 0
@@ -97,21 +122,25 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
             f"{path} describes at least {described / 1e6:,.1f}M parameters but the safetensors hold only "
             f"{parameters / 1e6:,.1f}M: the weights do not belong to this config (wrong architecture, or missing "
             "shards?)")
+
+
+def _check_image_tokens(config: dict, path: str) -> None:
+    """No more patches than attnviz reads (the largest image side in the smallest patches)."""
     image, patch = config.get("image_size"), config.get("patch_size")
     image = max(image) if isinstance(image, list) and image and all(whole_number(v) for v in image) else image
     patch = min(patch) if isinstance(patch, list) and patch and all(whole_number(v) for v in patch) else patch
     if whole_number(image) and whole_number(patch) and (image // patch) ** 2 > MAX_IMAGE_TOKENS:
         raise CheckpointRefused(f"{path}: images of {image} pixels in patches of {patch} make "
                                 f"{(image // patch) ** 2:,} tokens; attnviz reads up to {MAX_IMAGE_TOKENS:,}")
+
+
+def _check_labels_and_dtype(config: dict, path: str) -> None:
     for key in ("id2label", "label2id"):
         if isinstance(config.get(key), dict) and len(config[key]) > MAX_LABELS:
             raise CheckpointRefused(f"{path}: {key} has more than {MAX_LABELS:,} labels")
     for key in ("dtype", "torch_dtype"):
         if config.get(key) is not None and config[key] not in DTYPE_NAMES:
             raise CheckpointRefused(f"{path}: {key} = {shown(config[key], 30)} is not a dtype attnviz loads")
-    for key, value in config.items():
-        if isinstance(value, dict) and (key.endswith("_config") or "model_type" in value):
-            check_config_numbers(value, tensors, parameters, f"{path} → {key}", depth + 1)
 
 
 def _first(config: dict, keys) -> int | None:

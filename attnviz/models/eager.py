@@ -7,6 +7,7 @@ two paths, and the pages say which:
 * **hooks** (GPT-Neo, MPNet, BLOOM): the model runs on transformers' eager attention; forward hooks read Q, K and
   V where the model makes them (its projections) and the score terms it passes its attention module (MPNet's
   relative position bias, BLOOM's ALiBi), so replay, the Q.K view and the what-if work as for any other model.
+  The type's record (:mod:`attnviz.models.support`) names its adapter (:mod:`attnviz.models.adapters`).
   The replay check compares attnviz's weights with the eager weights the model returned (``output_attentions``).
 * **weights** (DeBERTa-v2, Falcon, and any other type attnviz does not know): transformers' eager weights
   (``output_attentions=True``, what bertviz shows) and nothing else; the pages that need Q and K say why they
@@ -21,90 +22,11 @@ import contextlib
 import contextvars
 import inspect
 import math
-from dataclasses import dataclass
 
 import torch
 
-from attnviz.models.attention_hook import AttentionCall, _batch_zero_mask
-
-
-def _heads(tensor: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``[1, n, heads * d]`` -> ``[heads, n, d]`` (batch item 0)."""
-    n = tensor.shape[1]
-    return tensor[0].view(n, n_heads, -1).transpose(0, 1)
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """Where one model type's attention module keeps what replay needs."""
-
-    attention_class: str  # the module that takes hidden states and returns the attention output
-    projections: tuple[str, ...]  # its child Linear(s) whose outputs hold Q, K, V
-    note: str  # how the model forms its scores, for the page
-
-    def split(self, module, outputs: list[torch.Tensor]):
-        """(query, key, value), each ``[heads, n, d]``."""
-        if len(outputs) == 3:
-            n_heads = getattr(module, "num_heads", None) or module.num_attention_heads
-            return tuple(_heads(t, n_heads) for t in outputs)
-        fused = outputs[0]  # BLOOM: [1, n, heads * 3 * d], interleaved per head as (q, k, v)
-        n = fused.shape[1]
-        fused = fused[0].view(n, module.num_heads, 3, module.head_dim)
-        return tuple(fused[:, :, i].transpose(0, 1) for i in range(3))
-
-    def scaling(self, module) -> float:
-        if self.attention_class == "GPTNeoSelfAttention":
-            return 1.0  # GPT-Neo does not scale its scores
-        if self.attention_class == "BloomAttention":
-            return float(module.inv_norm_factor)
-        return 1.0 / math.sqrt(module.attention_head_size)
-
-    def score_terms(self, module, arguments: dict, n_q: int, n_k: int):
-        """(mask bool or None, causal, position bias ``[heads, n_q or 1, n_k]`` or None) of one call."""
-        if self.attention_class == "GPTNeoSelfAttention":
-            # The module's own causal buffer (a sliding window in its local layers), as its _attn slices it
-            return module.bias[0, 0, n_k - n_q : n_k, :n_k].clone(), True, None
-        mask = _batch_zero_mask(arguments.get("attention_mask"))
-        if self.attention_class == "BloomAttention":
-            alibi = arguments["alibi"]  # [batch * heads, 1, n_k]: slope x key position (softmax drops the offset)
-            bias = alibi.view(-1, module.num_heads, *alibi.shape[-2:])[0] * module.beta
-            return mask, True, bias.detach()
-        bias = arguments.get("position_bias")  # MPNet: [batch, heads, n_q, n_k]
-        return mask, False, None if bias is None else bias[0].detach()
-
-
-ADAPTERS = {
-    "gpt_neo": Adapter("GPTNeoSelfAttention", ("q_proj", "k_proj", "v_proj"),
-                       "GPT-Neo's scores are q.k unscaled; its local layers see a sliding window"),
-    "mpnet": Adapter("MPNetSelfAttention", ("q", "k", "v"),
-                     "MPNet adds a relative position bias (T5's buckets) to q.k / sqrt(d)"),
-    "bloom": Adapter("BloomAttention", ("query_key_value",),
-                     "BLOOM adds ALiBi (a per-head slope times the key position) to q.k / sqrt(d)"),
-}
-HOOKED_TYPES = frozenset(ADAPTERS)
-
-WEIGHTS_ONLY_REASONS = {
-    "deberta-v2": "DeBERTa adds disentangled content-to-position and position-to-content terms, computed inside "
-                  "its own attention code from relative position embeddings, which no hook can read",
-    "falcon": "Falcon applies its rotary embedding (or ALiBi) to Q and K inside its own attention code, after the "
-              "projections a hook can read",
-}
-
-
-def capture_note(model_type: str, path: str) -> str | None:
-    """One paragraph for the pages: which path a model took and what it allows; None for the interface path."""
-    if path == "interface":
-        return None
-    if path == "hooks":
-        return (f"{model_type} computes attention in its own code, not through transformers' attention interface: "
-                f"attnviz reads its Q, K, V and score terms with hooks ({ADAPTERS[model_type].note}), so replay, "
-                "the Q.K view and the what-if work; the replay check compares with the model's own eager weights. "
-                f"Inputs are capped at a length where every layer's weights fit at once.")
-    reason = WEIGHTS_ONLY_REASONS.get(model_type, "it computes attention in its own code")
-    return (f"{model_type} does not route attention through transformers' attention interface, and {reason}. "
-            "attnviz shows transformers' own eager attention weights (output_attentions, as bertviz does): every "
-            "head view works, but replay, the Q.K view, the what-if and the scaling and position experiments on "
-            "this model are not available. Inputs are capped at a length where every layer's weights fit at once.")
+from attnviz.models.adapters import Adapter
+from attnviz.models.attention_hook import AttentionCall
 
 
 def token_limit(n_layers: int, n_heads: int, cells: int, dense_limit: int) -> int:
@@ -213,12 +135,12 @@ def check_weights_come_back(model: torch.nn.Module, model_type: str, encoder_dec
 
 
 @torch.no_grad()
-def run(model: torch.nn.Module, model_type: str, inputs: dict, encoder_decoder: bool):
+def run(model: torch.nn.Module, adapter: Adapter | None, inputs: dict, encoder_decoder: bool):
     """Run the model on eager attention with ``output_attentions``: ``(weights, calls)`` where ``weights`` maps
     each attention kind to its per-layer ``[heads, n_q, n_k]`` weights (batch item 0) and ``calls`` is the list of
-    recorded :class:`AttentionCall` (self-attention of a hooked type; empty on the weights path), and whether the
-    model's outputs are finite: ``(weights, calls, outputs_finite)``."""
-    adapter = ADAPTERS.get(model_type)
+    recorded :class:`AttentionCall` (self-attention read through ``adapter`` on the hooks path; empty on the
+    weights path, ``adapter`` None), and whether the model's outputs are finite: ``(weights, calls,
+    outputs_finite)``."""
     hooks = _hooks(model, adapter) if adapter else contextlib.nullcontext([])
     with hooks as seen:
         outputs = model(**inputs, output_attentions=True)

@@ -211,16 +211,6 @@ class BrowserStore:
             self._write(models)
         return True
 
-    def keep_upload(self, name: str, folder: Path, dtype: str) -> Path | None:
-        """:meth:`adopt_upload` and :meth:`record` in one step."""
-        moved = self.adopt_upload(folder)
-        if moved is not None:
-            self.record(name, "upload", moved, dtype)
-        return moved
-
-    def keep_folder(self, name: str, folder: Path, dtype: str) -> bool:
-        return self.record(name, "folder", folder, dtype)
-
     def forget(self, folder: str | Path) -> None:
         """Remove the model kept at ``folder`` from this browser (matched by where it is, not by its name, which
         another tab may show differently); an upload's files are deleted."""

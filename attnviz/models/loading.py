@@ -11,15 +11,16 @@ import contextlib
 import importlib
 import inspect
 import logging
-import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from attnviz.models import preflight
+from attnviz.models import eager, preflight, support
 from attnviz.models.attention_hook import ATTENTION_NAME
+from attnviz.models.image_processors import load_image_processor
 from attnviz.models.safety import CheckpointRefused, first_line
 from attnviz.models.text_tokenizers import (  # noqa: F401 - FallbackTokenizer: used from here by pages and tests
     TOKENIZER_FILES,
@@ -105,9 +106,7 @@ class ModelBundle:
     @property
     def capture_note(self) -> str | None:
         """What the page says about a model that does not use transformers' attention interface."""
-        from attnviz.models.eager import capture_note
-
-        return capture_note(self.model_type, self.capture_path)
+        return support.capture_note(self.model_type, self.capture_path)
 
     @property
     def uses_fallback_tokenizer(self) -> bool:
@@ -123,27 +122,10 @@ class ModelBundle:
 
 
 def _architecture_of(config) -> str:
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder"
-    if getattr(config, "is_decoder", False) or config.model_type in DECODER_TYPES or _only_causal(config.model_type):
-        return "decoder"
-    return "encoder"
-
-
-def _only_causal(model_type: str) -> bool:
-    """A type transformers builds as a causal LM and never as a masked LM is a decoder (gemma3_text, olmo2, ...);
-    BERT-likes have both heads."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
-    return (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            and model_type not in BIDIRECTIONAL_TYPES)
-
-
-# Types transformers builds as causal LMs whose attention is bidirectional by default
-BIDIRECTIONAL_TYPES = {"xlnet", "bert-generation"}
+    """"encoder", "decoder" or "encoder-decoder" (:func:`attnviz.models.support.architecture_of`)."""
+    return support.architecture_of(config.model_type,
+                                   is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
+                                   is_decoder=bool(getattr(config, "is_decoder", False)))
 
 
 def architecture_of_folder(folder: str | Path) -> str | None:
@@ -159,37 +141,9 @@ def architecture_of_folder(folder: str | Path) -> str | None:
 
 def architecture_of_config(config: dict) -> str:
     """"encoder", "decoder" or "encoder-decoder" from a config.json's content."""
-    from types import SimpleNamespace
-
-    return _architecture_of(SimpleNamespace(is_encoder_decoder=bool(config.get("is_encoder_decoder")),
-                                            is_decoder=bool(config.get("is_decoder")),
-                                            model_type=str(config.get("model_type", ""))))
-
-
-DECODER_TYPES = {
-    "gpt2", "gpt_neo", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
-    "phi", "phi3", "olmo", "opt", "bloom", "falcon", "starcoder2", "codegen", "gpt_bigcode", "stablelm",
-}
-
-
-def _capturable(model: torch.nn.Module) -> bool:
-    """True when the model's attention goes through transformers' attention interface, which attnviz records."""
-    for module in model.modules():
-        source = sys.modules.get(type(module).__module__)
-        if source is not None and hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
-            return True
-    return False
-
-
-def capture_path_of(model: torch.nn.Module, model_type: str) -> str:
-    """"interface" when the model's attention goes through transformers' attention interface (recorded and
-    replayed); else "hooks" when attnviz knows where the model's own attention code keeps Q, K and its score
-    terms, or "weights" (transformers' eager ``output_attentions`` weights, as bertviz shows them)."""
-    from attnviz.models.eager import HOOKED_TYPES
-
-    if _capturable(model):
-        return "interface"
-    return "hooks" if model_type in HOOKED_TYPES else "weights"
+    return support.architecture_of(str(config.get("model_type", "")),
+                                   is_encoder_decoder=bool(config.get("is_encoder_decoder")),
+                                   is_decoder=bool(config.get("is_decoder")))
 
 
 DTYPES = {"stored": "auto", "fp32": torch.float32}  # what the Checkpoints page offers
@@ -270,15 +224,13 @@ def _check_size_before_loading(config, in_files: int, progress=None, builder=Non
         raise CheckpointRefused(f"config.json asks for {buffers / 1e6:.0f}M numbers of tables computed when the model "
                                 f"is built, more than its {described / 1e6:.0f}M parameters")
     _check_inputs(skeleton, config.model_type)
-    return capture_path_of(skeleton, config.model_type)
+    return support.capture_path_of(skeleton, config.model_type)
 
 
 def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
     """Refuse, naming the type and the reason, a model that reads neither token ids nor (for the vision types)
     images: speech and other inputs this app has no page for."""
-    from attnviz.vision import VISION_TOWERS, VISION_TYPES
-
-    if model_type in VISION_TYPES or model_type in VISION_TOWERS:
+    if support.reads_images(model_type):
         return
     accepted = set(inspect.signature(model.forward).parameters)
     if "input_ids" not in accepted:
@@ -287,7 +239,7 @@ def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
         what = {"input_features": "audio features", "input_values": "raw audio", "pixel_values": "images"}.get(
             reads, reads)
         raise CheckpointRefused(f"{model_type} models read {what}, not text; attnviz reads text models and the "
-                                f"vision transformers it lists ({', '.join(sorted(VISION_TYPES))})")
+                                f"vision transformers it lists ({', '.join(sorted(support.TESTED_VISION_TYPES))})")
 
 
 def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=None, builder=None):
@@ -310,9 +262,7 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
-    from attnviz.vision import VISION_TOWERS
-
-    tower = VISION_TOWERS.get(config.model_type)
+    tower = support.vision_tower(config.model_type)
     loader = getattr(importlib.import_module("transformers"), tower) if tower else AutoModel
     try:
         with loading_lock(progress):
@@ -342,14 +292,13 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
         )
     if info.get("mismatched_keys"):
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
-    if capture_path_of(model, config.model_type) != path:
+    if support.capture_path_of(model, config.model_type) != path:
         raise CheckpointRefused(f"the {config.model_type} model built differently from its skeleton")
     if path != "interface":
-        from attnviz.models.eager import check_weights_come_back
-
         try:
-            check_weights_come_back(model.eval(), config.model_type, bool(getattr(config, "is_encoder_decoder", False)),
-                                    int(getattr(config, "vocab_size", 0) or 0))
+            eager.check_weights_come_back(model.eval(), config.model_type,
+                                          bool(getattr(config, "is_encoder_decoder", False)),
+                                          int(getattr(config, "vocab_size", 0) or 0))
         except ValueError as problem:
             raise CheckpointRefused(f"attnviz cannot show this model: {problem}") from None
     return model.eval()
@@ -376,8 +325,33 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
 
 
 def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timings: dict, progress) -> ModelBundle:
-    import time
+    _check_request(folder, dtype)
+    checked, view, model, path = _checked_model(folder, dtype, max_memory, offload_folder, timings, progress)
+    config = model.config  # a CLIP or SigLIP checkpoint: its vision tower's config from here on
+    with _timed(timings, "  tokenizer"):
+        progress("Reading the tokenizer…")
+        modality = "image" if support.reads_images(config.model_type) else "text"
+        if modality == "image":
+            tokenizer, (image_processor, tokenizer_note) = None, load_image_processor(view, config)
+        else:
+            image_processor, (tokenizer, tokenizer_note) = None, load_tokenizer(checked, view, config)
+    with _timed(timings, "  NaN / Inf scan of the weights"):
+        nonfinite = nonfinite_weights(model)
+    bundle = ModelBundle(
+        name=name or folder.name, folder=folder, model=model, tokenizer=tokenizer, tokenizer_note=tokenizer_note,
+        **_shape_of(config), n_parameters=sum(p.numel() for p in model.parameters()),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."), placement=_placement_text(model),
+        nonfinite=nonfinite, capture_path=path, modality=modality, image_processor=image_processor,
+        notes=list(checked.notes),
+    )
+    with _timed(timings, "  a test sentence"):
+        progress("Running it once on a test sentence…")
+        check_it_runs(bundle)
+    return bundle
 
+
+def _check_request(folder: Path, dtype: str) -> None:
+    """Refuse a path that is not a folder on the server, or a dtype attnviz does not offer."""
     try:
         if not folder.is_dir():
             raise CheckpointRefused(f"{preflight.shown(folder, 200)} is not a folder on the server")
@@ -385,6 +359,11 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
         raise CheckpointRefused(f"{preflight.shown(folder, 200)} is not a folder on the server") from None
     if dtype not in DTYPES:
         raise CheckpointRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+
+
+def _checked_model(folder: Path, dtype: str, max_memory, offload_folder, timings: dict, progress):
+    """Every file checked, then the model built from a view of them: ``(checked, view, model, capture path)``.
+    The view outlives this call as long as the model does (accelerate may read offloaded weights through it)."""
     mark = time.perf_counter()
     progress("Checking the files…")
     checked = preflight.inspect(folder, link_rule_for(folder))
@@ -393,40 +372,30 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
         progress("Checking the config against the weights…")
         config, path = _read_checked_config(checked, view, progress)
         timings["  checks: config, headers, size on the meta device"] = time.perf_counter() - mark
-        mark = time.perf_counter()
-        where = placement(view, max_memory=max_memory, offload_folder=offload_folder or str(view / "offload"),
-                          size=sum(f.size for f in checked.weights))  # offloaded weights go with the view
-        timings["  placement (accelerate)"] = time.perf_counter() - mark
-        mark = time.perf_counter()
-        model = _load_weights(view, config, dtype, where, path, progress)
+        with _timed(timings, "  placement (accelerate)"):
+            where = placement(view, max_memory=max_memory, offload_folder=offload_folder or str(view / "offload"),
+                              size=sum(f.size for f in checked.weights))  # offloaded weights go with the view
+        with _timed(timings, "  weights (from_pretrained)"):
+            model = _load_weights(view, config, dtype, where, path, progress)
     except BaseException:
         preflight.remove_view(view)
         raise
-    preflight.keep_view_while(view, model)  # accelerate may read offloaded weights through it later
-    config = model.config  # a CLIP or SigLIP checkpoint: its vision tower's config from here on
-    timings["  weights (from_pretrained)"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    progress("Reading the tokenizer…")
-    from attnviz.vision import VISION_TYPES, load_image_processor
+    preflight.keep_view_while(view, model)
+    return checked, view, model, path
 
-    modality = "image" if config.model_type in VISION_TYPES else "text"
-    if modality == "image":
-        tokenizer = None
-        image_processor, tokenizer_note = load_image_processor(view, config)
-    else:
-        image_processor = None
-        tokenizer, tokenizer_note = load_tokenizer(checked, view, config)
-    timings["  tokenizer"] = time.perf_counter() - mark
+
+@contextlib.contextmanager
+def _timed(timings: dict, step: str):
+    """``timings[step]``: the seconds the block took (for ``python -m attnviz.bench startup``)."""
     mark = time.perf_counter()
-    nonfinite = nonfinite_weights(model)
-    timings["  NaN / Inf scan of the weights"] = time.perf_counter() - mark
+    yield
+    timings[step] = time.perf_counter() - mark
+
+
+def _shape_of(config) -> dict:
+    """The ModelBundle fields read from the config: type, architecture and sizes."""
     n_heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    bundle = ModelBundle(
-        name=name or folder.name,
-        folder=folder,
-        model=model,
-        tokenizer=tokenizer,
-        tokenizer_note=tokenizer_note,
+    return dict(
         model_type=config.model_type,
         architecture=_architecture_of(config),
         n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
@@ -434,25 +403,7 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
         d_model=int(getattr(config, "hidden_size", 0) or 0),
         max_positions=_max_positions(config),
-        n_parameters=sum(p.numel() for p in model.parameters()),
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-        placement=_placement_text(model),
-        nonfinite=nonfinite,
-        capture_path=path,
-        modality=modality,
-        image_processor=image_processor,
-        notes=list(checked.notes),
     )
-    mark = time.perf_counter()
-    progress("Running it once on a test sentence…")
-    check_it_runs(bundle)
-    timings["  a test sentence"] = time.perf_counter() - mark
-    return bundle
-
-
-# Types whose position ids start after the padding index (fairseq's convention): positions padding_idx + 1 on.
-OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "roberta-prelayernorm",
-                         "xmod", "ibert", "markuplm"}
 
 
 def _max_positions(config) -> int:
@@ -462,10 +413,9 @@ def _max_positions(config) -> int:
     if hasattr(config, "image_size") and hasattr(config, "patch_size"):
         size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
         patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
-        prefix = {"deit": 2, "siglip_vision_model": 0}.get(config.model_type, 1)  # [CLS] (DeiT: and [DIST])
-        return (size // patch) ** 2 + prefix
+        return (size // patch) ** 2 + len(support.image_prefix(config.model_type))  # [CLS] (DeiT: and [DIST])
     rows = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
-    if config.model_type in OFFSET_POSITION_TYPES:
+    if support.positions_after_padding(config.model_type):
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return rows
 
@@ -474,10 +424,6 @@ def nonfinite_weights(model: torch.nn.Module) -> list[str]:
     """Names of the weights that hold NaN or infinity (offloaded weights are not on hand and are not read)."""
     return [name for name, parameter in model.named_parameters()
             if parameter.device.type != "meta" and not bool(torch.isfinite(parameter).all())]
-
-
-def load_default_model() -> ModelBundle:
-    return load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
 
 
 def load_causal_lm(folder: str | Path):

@@ -1,67 +1,154 @@
-"""Which checkpoints attnviz reads: the model types its tests load from tiny random checkpoints and check
-against transformers' own eager attention weights, and how each is observed. The Checkpoints page and the
-README show this list (a test keeps the README in step, and the tests are parametrised by it)."""
+"""What attnviz knows about each model type, one :class:`Architecture` record per type, in :data:`ARCHITECTURES`.
+
+A record says what the model is (encoder, decoder, encoder-decoder or vision), how it encodes positions and where
+its position table is, how attnviz observes its attention (transformers' attention interface, hooks with their
+adapter, or eager weights only, and why), and, for image models, its vision tower and prefix tokens. Loading,
+capture, the vision and position pages ask these records; adding an architecture is one record here plus its
+test. Types without a record load too when transformers builds them: their facts come from transformers' own
+tables and naming conventions (:func:`architecture_of`, :func:`learned_position_table`).
+
+The listed records are the types attnviz's tests load from tiny random checkpoints and check against
+transformers' own eager attention weights: the Checkpoints page and the README show that list (a test keeps the
+README in step, and the tests are parametrised by :data:`TESTED_MODEL_TYPES` and :data:`TESTED_VISION_TYPES`).
+"""
 
 from __future__ import annotations
 
-from attnviz.models.eager import HOOKED_TYPES, WEIGHTS_ONLY_REASONS
+import sys
+from dataclasses import dataclass
 
-# model_type -> what it stands for. tests/test_architectures.py loads every one (a tiny random checkpoint made in
-# the test) and compares attnviz's weights with transformers' eager attention; tests/test_capture_modifiers.py
-# adds windows, soft-capping and sinks.
-TESTED_MODEL_TYPES = {
-    "bert": "encoder",
-    "roberta": "encoder",
-    "xlm-roberta": "encoder",
-    "distilbert": "encoder",
-    "albert": "encoder, shared layers",
-    "electra": "encoder",
-    "deberta-v2": "encoder, disentangled attention",
-    "mpnet": "encoder, relative position bias",
-    "gpt2": "decoder",
-    "gpt_neo": "decoder, local and global layers",
-    "gpt_neox": "decoder",
-    "gptj": "decoder",
-    "opt": "decoder",
-    "bloom": "decoder, ALiBi",
-    "falcon": "decoder",
-    "llama": "decoder, grouped-query attention",
-    "mistral": "decoder, sliding window",
-    "mixtral": "decoder, mixture of experts",
-    "qwen2": "decoder",
-    "qwen3": "decoder",
-    "gemma": "decoder",
-    "gemma2": "decoder, logit soft-capping and sliding window",
-    "gemma3_text": "decoder",
-    "phi": "decoder, partial rotary",
-    "phi3": "decoder",
-    "stablelm": "decoder",
-    "olmo": "decoder",
-    "starcoder2": "decoder",
-    "gpt_oss": "decoder, attention sinks",
-    "t5": "encoder-decoder, relative position bias",
-    "bart": "encoder-decoder",
-    "mbart": "encoder-decoder",
-    "marian": "encoder-decoder",
-    "pegasus": "encoder-decoder",
-}
+import torch
+
+from attnviz.models.adapters import Adapter, BloomAdapter, GPTNeoAdapter, MPNetAdapter
+
+ROLES = ("encoder", "decoder", "encoder-decoder", "vision")
+# How a type encodes positions: an absolute table (trained, or sinusoidal and fixed), a rotation of Q and K, a
+# per-head linear bias (ALiBi), relative terms added to the scores (T5's bias, DeBERTa's disentangled terms), or both
+POSITION_SCHEMES = ("learned", "sinusoidal", "rotary", "ALiBi", "relative", "learned + relative")
+# transformers' names of a decoder layer's cross-attention module (BART-likes, T5-likes, BERT as a decoder),
+# matched in lower case anywhere in the module's name
+CROSS_ATTENTION_NAMES = ("encoder_attn", "encdecattention", "crossattention")
 
 
-# Vision transformers (images in, patches as tokens): tests/test_vision.py loads each the same way
-TESTED_VISION_TYPES = {
-    "vit": "image encoder",
-    "deit": "image encoder, distillation token",
-    "dinov2": "image encoder",
-    "clip_vision_model": "image encoder",
-    "siglip_vision_model": "image encoder, no [CLS]",
-}
+@dataclass(frozen=True)
+class Architecture:
+    """Everything attnviz needs to know about one ``model_type`` that transformers' config does not say."""
+
+    model_type: str
+    role: str  # one of ROLES; "vision": an image encoder (patches in, read as tokens)
+    traits: str = ""  # what sets it apart, in the supported list: "ALiBi", "shared layers"
+    positions: str = "learned"  # one of POSITION_SCHEMES
+    position_table: str | None = None  # the 2-D parameter holding its absolute position table, when it has one
+    position_rows_skipped: int = 0  # rows of that table before position 0 (BART's and OPT's offset of 2)
+    positions_after_padding: bool = False  # RoBERTa-likes: position ids start at pad_token_id + 1
+    adapter: Adapter | None = None  # attention in its own code, read by hooks through this adapter
+    weights_only_reason: str | None = None  # attention in its own code that no hook can read: why
+    cross_attention: tuple[str, ...] = CROSS_ATTENTION_NAMES  # encoder-decoder: its cross-attention module's name
+    vision_tower: str | None = None  # an image-text checkpoint: the transformers class of its vision tower
+    image_prefix: tuple[str, ...] = ("[CLS]",)  # vision: the tokens before the patches
+    shared_layers: bool = False  # one set of layer weights serves every layer (ALBERT)
+    listed: bool = True  # on the tested list: loaded from a tiny checkpoint and checked by the tests
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"{self.model_type}: role must be one of {ROLES}, got {self.role!r}")
+        if self.positions not in POSITION_SCHEMES:
+            raise ValueError(f"{self.model_type}: positions must be one of {POSITION_SCHEMES}, got {self.positions!r}")
+        if self.adapter is not None and self.weights_only_reason is not None:
+            raise ValueError(f"{self.model_type}: an adapter (hooks) and a weights-only reason exclude each other")
+
+    @property
+    def capture_path(self) -> str:
+        """How its attention is observed: "interface", "hooks" or "weights" (see :mod:`attnviz.models.eager`)."""
+        if self.adapter is not None:
+            return "hooks"
+        return "weights" if self.weights_only_reason is not None else "interface"
+
+    @property
+    def summary(self) -> str:
+        """Its role and traits, as the supported list shows them: "encoder, shared layers"."""
+        role = "image encoder" if self.role == "vision" else self.role
+        return f"{role}, {self.traits}" if self.traits else role
+
+
+_ROBERTA = dict(role="encoder", position_table="embeddings.position_embeddings.weight", positions_after_padding=True)
+_BERT_LIKE = dict(role="encoder", position_table="embeddings.position_embeddings.weight")
+_BART_LIKE = dict(role="encoder-decoder", position_table="encoder.embed_positions.weight", position_rows_skipped=2,
+                  cross_attention=("encoder_attn",))
+_ROTARY_DECODER = dict(role="decoder", positions="rotary")
+_VISION = dict(role="vision")  # learned positions, one per patch ([1, tokens, d]): not a table the pages show
+
+RECORDS = (
+    # Text models, in the order the supported list shows them
+    Architecture("bert", **_BERT_LIKE),
+    Architecture("roberta", **_ROBERTA),
+    Architecture("xlm-roberta", **_ROBERTA),
+    Architecture("distilbert", **_BERT_LIKE),
+    Architecture("albert", traits="shared layers", shared_layers=True, **_BERT_LIKE),
+    Architecture("electra", **_BERT_LIKE),
+    Architecture("deberta-v2", traits="disentangled attention", positions="learned + relative", **_BERT_LIKE,
+                 weights_only_reason="DeBERTa adds disentangled content-to-position and position-to-content terms, "
+                                     "computed inside its own attention code from relative position embeddings, which "
+                                     "no hook can read"),
+    Architecture("mpnet", traits="relative position bias", positions="learned + relative", adapter=MPNetAdapter(),
+                 **_BERT_LIKE),
+    Architecture("gpt2", role="decoder", position_table="wpe.weight"),
+    Architecture("gpt_neo", role="decoder", traits="local and global layers", position_table="wpe.weight",
+                 adapter=GPTNeoAdapter()),
+    Architecture("gpt_neox", **_ROTARY_DECODER),
+    Architecture("gptj", **_ROTARY_DECODER),
+    Architecture("opt", role="decoder", position_table="decoder.embed_positions.weight", position_rows_skipped=2),
+    Architecture("bloom", role="decoder", traits="ALiBi", positions="ALiBi", adapter=BloomAdapter()),
+    Architecture("falcon", **_ROTARY_DECODER,
+                 weights_only_reason="Falcon applies its rotary embedding (or ALiBi) to Q and K inside its own "
+                                     "attention code, after the projections a hook can read"),
+    Architecture("llama", traits="grouped-query attention", **_ROTARY_DECODER),
+    Architecture("mistral", traits="sliding window", **_ROTARY_DECODER),
+    Architecture("mixtral", traits="mixture of experts", **_ROTARY_DECODER),
+    Architecture("qwen2", **_ROTARY_DECODER),
+    Architecture("qwen3", **_ROTARY_DECODER),
+    Architecture("gemma", **_ROTARY_DECODER),
+    Architecture("gemma2", traits="logit soft-capping and sliding window", **_ROTARY_DECODER),
+    Architecture("gemma3_text", **_ROTARY_DECODER),
+    Architecture("phi", traits="partial rotary", **_ROTARY_DECODER),
+    Architecture("phi3", **_ROTARY_DECODER),
+    Architecture("stablelm", **_ROTARY_DECODER),
+    Architecture("olmo", **_ROTARY_DECODER),
+    Architecture("starcoder2", **_ROTARY_DECODER),
+    Architecture("gpt_oss", traits="attention sinks", **_ROTARY_DECODER),
+    Architecture("t5", role="encoder-decoder", traits="relative position bias", positions="relative",
+                 cross_attention=("encdecattention",)),
+    Architecture("bart", **_BART_LIKE),
+    Architecture("mbart", **_BART_LIKE),
+    # Marian's and Pegasus's tables are sinusoidal and start at position 0 (no offset rows); two rows are skipped
+    # as for BART, as attnviz always has: a known discrepancy, kept while this refactor changes no behaviour
+    Architecture("marian", **dict(_BART_LIKE, positions="sinusoidal")),
+    Architecture("pegasus", **dict(_BART_LIKE, positions="sinusoidal")),
+    # Vision transformers (images in, patches as tokens): tests/test_vision.py loads each the same way
+    Architecture("vit", **_VISION),
+    Architecture("deit", traits="distillation token", image_prefix=("[CLS]", "[DIST]"), **_VISION),
+    Architecture("dinov2", **_VISION),
+    Architecture("clip_vision_model", **_VISION),
+    Architecture("siglip_vision_model", traits="no [CLS]", image_prefix=(), **_VISION),
+    # Known, not on the tested list
+    Architecture("clip", vision_tower="CLIPVisionModel", listed=False, **_VISION),  # image-text: its tower
+    Architecture("siglip", vision_tower="SiglipVisionModel", image_prefix=(), listed=False, **_VISION),
+    # Built by transformers as causal LMs, yet bidirectional by default: encoders
+    Architecture("xlnet", role="encoder", positions="relative", listed=False),
+    Architecture("bert-generation", listed=False, **_BERT_LIKE),
+    # Position ids after the padding index, as RoBERTa's
+    *(Architecture(name, listed=False, **_ROBERTA) for name in (
+        "camembert", "longformer", "data2vec-text", "roberta-prelayernorm", "xmod", "ibert", "markuplm")),
+)
+ARCHITECTURES: dict[str, Architecture] = {record.model_type: record for record in RECORDS}
+
+TESTED_MODEL_TYPES = {r.model_type: r.summary for r in RECORDS if r.listed and r.role != "vision"}
+TESTED_VISION_TYPES = {r.model_type: r.summary for r in RECORDS if r.listed and r.role == "vision"}
 
 
 def path_of(model_type: str) -> str:
-    """How a tested type is observed: "interface", "hooks" or "weights" (see :mod:`attnviz.models.eager`)."""
-    if model_type in HOOKED_TYPES:
-        return "hooks"
-    return "weights" if model_type in WEIGHTS_ONLY_REASONS else "interface"
+    """How a recorded type is observed: "interface", "hooks" or "weights" (see :mod:`attnviz.models.eager`)."""
+    return ARCHITECTURES[model_type].capture_path
 
 
 def supported_markdown() -> str:
@@ -78,3 +165,150 @@ def supported_markdown() -> str:
     vision = [f"`{name}` ({what})" for name, what in TESTED_VISION_TYPES.items()]
     lines.append(f"- Vision transformers, recorded and replayed exactly, on an image: {', '.join(vision)}.")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Role: encoder, decoder or encoder-decoder; and whether it reads images
+
+
+def architecture_of(model_type: str, *, is_encoder_decoder: bool = False, is_decoder: bool = False) -> str:
+    """"encoder", "decoder" or "encoder-decoder": the config's flags first, then the record, and for a type
+    without one, transformers' tables (a type it builds as a causal LM and never as a masked LM is a decoder)."""
+    if is_encoder_decoder:
+        return "encoder-decoder"
+    if is_decoder:
+        return "decoder"
+    record = ARCHITECTURES.get(model_type)
+    if record is not None and record.role != "encoder-decoder":  # a seq2seq type is one only when its config says
+        return "decoder" if record.role == "decoder" else "encoder"
+    return "decoder" if _only_causal(model_type) else "encoder"
+
+
+def _only_causal(model_type: str) -> bool:
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def reads_images(model_type: str) -> bool:
+    """Whether attnviz reads this type as a vision transformer (an image encoder, or an image-text checkpoint's
+    vision tower)."""
+    record = ARCHITECTURES.get(model_type)
+    return record is not None and record.role == "vision"
+
+
+def vision_tower(model_type: str) -> str | None:
+    """The transformers class attnviz loads an image-text checkpoint of this type as (its vision tower), or None."""
+    record = ARCHITECTURES.get(model_type)
+    return None if record is None else record.vision_tower
+
+
+def image_prefix(model_type: str) -> tuple[str, ...]:
+    """The names of the tokens a vision transformer puts before its patches ("[CLS]"; DeiT's "[DIST]" too)."""
+    record = ARCHITECTURES.get(model_type)
+    return ("[CLS]",) if record is None else record.image_prefix
+
+
+def positions_after_padding(model_type: str) -> bool:
+    record = ARCHITECTURES.get(model_type)
+    return record is not None and record.positions_after_padding
+
+
+def shares_layers(model_type: str) -> bool:
+    record = ARCHITECTURES.get(model_type)
+    return record is not None and record.shared_layers
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Capture: which path, its adapter, and which attention a recorded call belongs to
+
+
+def uses_attention_interface(model: torch.nn.Module) -> bool:
+    """True when the model's attention goes through transformers' attention interface, which attnviz records."""
+    for module in model.modules():
+        source = sys.modules.get(type(module).__module__)
+        if source is not None and hasattr(source, "ALL_ATTENTION_FUNCTIONS"):
+            return True
+    return False
+
+
+def capture_path_of(model: torch.nn.Module, model_type: str) -> str:
+    """"interface" when the model's attention goes through transformers' attention interface (recorded and
+    replayed); else "hooks" when its record names an adapter that knows where the model's own attention code keeps
+    Q, K and its score terms, or "weights" (transformers' eager ``output_attentions`` weights, as bertviz shows
+    them)."""
+    if uses_attention_interface(model):
+        return "interface"
+    return "hooks" if adapter_of(model_type) is not None else "weights"
+
+
+def adapter_of(model_type: str) -> Adapter | None:
+    record = ARCHITECTURES.get(model_type)
+    return None if record is None else record.adapter
+
+
+def capture_note(model_type: str, path: str) -> str | None:
+    """One paragraph for the pages: which path a model took and what it allows; None for the interface path."""
+    if path == "interface":
+        return None
+    record = ARCHITECTURES.get(model_type)
+    if path == "hooks":
+        return (f"{model_type} computes attention in its own code, not through transformers' attention interface: "
+                f"attnviz reads its Q, K, V and score terms with hooks ({record.adapter.note}), so replay, "
+                "the Q.K view and the what-if work; the replay check compares with the model's own eager weights. "
+                f"Inputs are capped at a length where every layer's weights fit at once.")
+    reason = (record.weights_only_reason if record is not None and record.weights_only_reason
+              else "it computes attention in its own code")
+    return (f"{model_type} does not route attention through transformers' attention interface, and {reason}. "
+            "attnviz shows transformers' own eager attention weights (output_attentions, as bertviz does): every "
+            "head view works, but replay, the Q.K view, the what-if and the scaling and position experiments on "
+            "this model are not available. Inputs are capped at a length where every layer's weights fit at once.")
+
+
+def attention_kind(module_name: str, model_type: str, encoder_decoder: bool) -> str:
+    """Which attention a recorded call of the module ``module_name`` belongs to: "self" in an encoder or a
+    decoder alone; in an encoder-decoder "encoder", "decoder" or "cross" (the record's cross-attention name)."""
+    if not encoder_decoder:
+        return "self"
+    record = ARCHITECTURES.get(model_type)
+    cross_names = CROSS_ATTENTION_NAMES if record is None else record.cross_attention
+    lowered = module_name.lower()
+    if any(name in lowered for name in cross_names):
+        return "cross"
+    return "encoder" if lowered.startswith("encoder") or ".encoder." in lowered else "decoder"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Positions: the learned table a checkpoint trained
+
+def learned_position_table(model: torch.nn.Module) -> tuple[str, torch.Tensor] | None:
+    """The absolute position table of a model (BERT, RoBERTa, GPT-2, BART, ...) as ``(parameter name,
+    [max_positions, d_model])`` from position 0 on, or None when it has none (RoPE, ALiBi, T5's relative bias)."""
+    record = ARCHITECTURES.get(getattr(model.config, "model_type", ""))
+    if record is None:
+        return _conventional_position_table(model)
+    if record.position_table is None:
+        return None
+    for name, parameter in model.named_parameters():
+        if parameter.dim() == 2 and (name == record.position_table or name.endswith("." + record.position_table)):
+            return name, parameter.detach().float()[record.position_rows_skipped:]
+    return None  # the config left it out (DeBERTa-v3: relative positions only)
+
+
+def _conventional_position_table(model: torch.nn.Module) -> tuple[str, torch.Tensor] | None:
+    """A type without a record: the 2-D parameter named as transformers names position tables (the encoder's
+    first), assuming BART's two offset rows in an ``embed_positions`` table."""
+    candidates = [name for name, parameter in model.named_parameters()
+                  if parameter.dim() == 2 and _named_as_position_table(name.lower())]
+    if not candidates:
+        return None
+    name = min(candidates, key=lambda candidate: ("decoder" in candidate, candidate))
+    table = model.get_parameter(name).detach().float()
+    return name, table[2:] if "embed_positions" in name and table.shape[0] > 2 else table
+
+
+def _named_as_position_table(lowered: str) -> bool:
+    return "position_embeddings" in lowered or lowered.endswith("wpe.weight") or "embed_positions" in lowered

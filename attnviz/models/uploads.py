@@ -213,11 +213,28 @@ def _no_reservation(size: int):
 
 def _extract(archive: zipfile.ZipFile, destination: Path, max_bytes: int, max_members: int,
              reserve) -> ExtractionReport:
+    report = ExtractionReport(root=destination)
+    files = _member_files(archive, max_members)
+    usable = _usable_in_model_folder(files, report)
+    chosen = _chosen_members(archive, usable, report)
+    declared = sum(info.file_size for _, info in chosen)
+    if declared > max_bytes:
+        raise CheckpointRefused(
+            f"the zip unpacks to {declared / 1024**3:.2f} GiB, more than {max_bytes / 1024**3:.2f} GiB for a zip of "
+            "its size (a zip bomb, or a model too large for this app); refusing it")
+    destination.mkdir(parents=True, exist_ok=True)
+    with reserve(declared):
+        _write_members(archive, chosen, destination, declared)
+    report.files.extend(name for name, _ in chosen)
+    return report
+
+
+def _member_files(archive: zipfile.ZipFile, max_members: int) -> dict[PurePosixPath, zipfile.ZipInfo]:
+    """The zip's files by their checked path: no links, no repeated names; folders and macOS's metadata skipped."""
     members = archive.infolist()
     if len(members) > max_members:
         raise CheckpointRefused(f"the zip has {len(members)} entries; a checkpoint needs far fewer "
                                 f"(limit {max_members})")
-    report = ExtractionReport(root=destination)
     files: dict[PurePosixPath, zipfile.ZipInfo] = {}
     for info in members:
         path = _member_path(info.filename)
@@ -228,6 +245,13 @@ def _extract(archive: zipfile.ZipFile, destination: Path, max_bytes: int, max_me
         if path in files:
             raise CheckpointRefused(f"the zip holds {shown(info.filename)!r} twice; refusing it")
         files[path] = info
+    return files
+
+
+def _usable_in_model_folder(files: dict[PurePosixPath, zipfile.ZipInfo],
+                            report: ExtractionReport) -> dict[str, zipfile.ZipInfo]:
+    """The files of the one folder that holds config.json, by name, if their names are plain; the rest are
+    reported as skipped."""
     configs = sorted(path.parent for path in files if path.name == CONFIG)
     if not configs:
         raise CheckpointRefused("no config.json found: a Hugging Face model folder needs one")
@@ -235,18 +259,24 @@ def _extract(archive: zipfile.ZipFile, destination: Path, max_bytes: int, max_me
         names = ", ".join(shown(str(c)) for c in configs[:4])
         raise CheckpointRefused(f"several config.json files found ({names}); upload one model at a time")
     model_folder = configs[0]
-    inside = {path.name: info for path, info in files.items() if path.parent == model_folder}
+    report.skipped.extend(f"{shown(info.filename)} (outside the model's folder)"
+                          for path, info in files.items() if path.parent != model_folder)
+    usable = {}
     for path, info in files.items():
         if path.parent != model_folder:
-            report.skipped.append(f"{shown(info.filename)} (outside the model's folder)")
-    usable = {}
-    for name, info in inside.items():
-        problem = preflight.plain_name_problem(name)
+            continue
+        problem = preflight.plain_name_problem(path.name)
         if problem:
             report.skipped.append(f"{shown(info.filename, 80)} ({problem})")
         else:
-            usable[name] = info
+            usable[path.name] = info
+    return usable
 
+
+def _chosen_members(archive: zipfile.ZipFile, usable: dict[str, zipfile.ZipInfo],
+                    report: ExtractionReport) -> list[tuple[str, zipfile.ZipInfo]]:
+    """The files a model needs (:func:`needed_names`), each within its size bound, in name order; the others are
+    reported as skipped (a required file over its bound refuses the zip)."""
     def read_index():
         return json.loads(_read_member(archive, usable[WEIGHTS_INDEX], preflight.CONFIG_LIMITS[WEIGHTS_INDEX]))
 
@@ -267,24 +297,21 @@ def _extract(archive: zipfile.ZipFile, destination: Path, max_bytes: int, max_me
                                   "needs at that size)")
         else:
             chosen.append((name, info))
-    declared = sum(info.file_size for _, info in chosen)
-    if declared > max_bytes:
-        raise CheckpointRefused(
-            f"the zip unpacks to {declared / 1024**3:.2f} GiB, more than {max_bytes / 1024**3:.2f} GiB for a zip of "
-            "its size (a zip bomb, or a model too large for this app); refusing it")
-    destination.mkdir(parents=True, exist_ok=True)
+    return chosen
+
+
+def _write_members(archive: zipfile.ZipFile, chosen: list[tuple[str, zipfile.ZipInfo]], destination: Path,
+                   declared: int) -> None:
+    """Write the chosen files, counting the bytes as they come: more than their headers ``declared`` in all (a
+    zip bomb's lying headers) stops the extraction."""
     written = 0
-    with reserve(declared):
-        for name, info in chosen:
-            with archive.open(info) as member, open(destination / name, "xb") as out:
-                while chunk := member.read(1024 * 1024):
-                    written += len(chunk)
-                    if written > declared:
-                        raise CheckpointRefused("the zip unpacks to more than its entries say (a zip bomb); "
-                                                "refusing it")
-                    out.write(chunk)
-            report.files.append(name)
-    return report
+    for name, info in chosen:
+        with archive.open(info) as member, open(destination / name, "xb") as out:
+            while chunk := member.read(1024 * 1024):
+                written += len(chunk)
+                if written > declared:
+                    raise CheckpointRefused("the zip unpacks to more than its entries say (a zip bomb); refusing it")
+                out.write(chunk)
 
 
 def prepare_zip(data, filename: str = "model.zip") -> tuple[Path, bool, list[str]]:

@@ -15,7 +15,6 @@ from attnviz.flash.cases import AttentionCase
 from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, TiledTrace, tiled_attention
 from attnviz.units import DTYPE_BYTES
 
-FLASH_MASKS = ("full", "causal", "sliding_causal", "bigbird")  # keys of mask_patterns.PATTERNS the kernels follow
 INTERPRETER_LIMIT = 256  # tokens: above this the Triton interpreter takes minutes
 STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
 
@@ -24,14 +23,28 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def page_case(n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str, *, window: int = 64,
-              block_size: int = 64, seed: int = 0, device: str | None = None) -> AttentionCase:
-    """The page's inputs: on the GPU when there is one (so Triton and SDPA's CUDA kernels run), else the CPU."""
-    params = {"sliding_causal": (("window", window),),
-              "bigbird": (("block_size", block_size), ("global_blocks", 1), ("window_blocks", 3),
-                          ("random_blocks", 1), ("seed", seed))}.get(mask, ())
-    return AttentionCase(n, d, heads, kv_heads, dtype=dtype, mask=mask, mask_params=params, seed=seed,
+def flash_masks() -> tuple[str, ...]:
+    """The mask patterns the page offers: those the registry shows on the Flash page (each has a rule the
+    kernels follow tile by tile), in its order."""
+    return mask_patterns.shown_in(mask_patterns.FLASH)
+
+
+def page_case(n: int, d: int, heads: int, kv_heads: int, dtype: str, mask: str, mask_params: dict | None = None, *,
+              seed: int = 0, device: str | None = None) -> AttentionCase:
+    """The page's inputs: on the GPU when there is one (so Triton and SDPA's CUDA kernels run), else the CPU.
+    ``mask_params`` are the pattern's parameters the page asked for (the rest keep the registry's defaults, but a
+    pattern's seed follows the inputs' ``seed``)."""
+    params = dict(mask_params or {})
+    if "seed" in mask_patterns.parameters_of(mask):
+        params.setdefault("seed", seed)
+    return AttentionCase(n, d, heads, kv_heads, dtype=dtype, mask=mask, mask_params=tuple(params.items()), seed=seed,
                          device=device or default_device())
+
+
+def layout_block_size(case: AttentionCase) -> int | None:
+    """The block size of a block-sparse mask (BigBird): the tiles must be its blocks. None for other masks."""
+    spec = case.mask_spec()
+    return spec.block_size if spec.block_layout is not None else None
 
 
 @dataclass

@@ -11,11 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from attnviz import mask_patterns, masks
-from attnviz.models.capture import AttentionRecord
-from attnviz.pagelogic.explore_heads import what_if
+from attnviz.models.record import AttentionRecord
+from attnviz.pagelogic.explore_heads.whatif import what_if
 from attnviz.units import DTYPE_BYTES, human_bytes
 
-GALLERY = ("full", "causal", "sliding_causal", "sliding_bidirectional", "dilated", "global_local", "bigbird", "lsh")
+
+def gallery_patterns() -> tuple[str, ...]:
+    """The patterns of the page's gallery: those the registry shows there, in its order."""
+    return mask_patterns.shown_in(mask_patterns.GALLERY)
 
 
 def receptive_field_summary(mask: torch.Tensor, n_layers: int, query: int) -> torch.Tensor:

@@ -21,9 +21,9 @@ def test_a_512_token_sentence_renders_its_head_view_quickly(page, app_url, scree
     import statistics
 
     from attnviz.bench.explore import sentence_of
-    from attnviz.models.loading import load_default_model
+    from tests.tiny_models import bundled_bert
 
-    tokenizer = load_default_model().tokenizer
+    tokenizer = bundled_bert().tokenizer
     page.goto(app_url)  # the server has started and loaded the bundled model once (a warm server)
     wait_until_idle(page)
     times = []

@@ -3,7 +3,7 @@ content, no label cut short; and the story's Next / Previous links."""
 
 import pytest
 
-from attnviz.ui import story_neighbours
+from attnviz.ui.frame import story_neighbours
 from tests.e2e.conftest import wait_until_idle
 
 pytestmark = pytest.mark.e2e

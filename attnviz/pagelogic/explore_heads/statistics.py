@@ -1,0 +1,105 @@
+"""The Head statistics tab: one row per head (entropy, distance, shares, a label), and a layers x heads map of one
+statistic. The grid view labels its thumbnails from the same table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from attnviz import analysis
+from attnviz.models.record import AttentionRecord, Capture
+from attnviz.viz import style
+from attnviz.viz.heads import statistic_heatmap
+
+MEMO_KEY = "statistics"  # where the table is kept with its record: the grid and the tab share one computation
+# HeadStats field -> the table's column name
+STATISTICS_COLUMNS = {
+    "entropy": "entropy (nats)", "normalised_entropy": "normalised entropy", "mean_distance": "mean distance",
+    "self": "self", "previous": "previous token", "next": "next token", "first": "first token",
+    "separator": "separators", "punctuation": "punctuation", "top_key": "top key", "top_key_share": "top key share",
+}
+
+
+def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame:
+    """One row per head: entropy, distance, shares and label (self-attention only). Computed block by block of
+    query rows, so a long input never holds a head's whole N x N matrix; ``progress(layer, n_layers)``."""
+    record = capture.records[kind]
+    if record.n_q != record.n_k:
+        raise ValueError("head statistics are computed for self-attention; choose encoder or decoder attention")
+    if has_statistics(record):
+        return record.memo[MEMO_KEY].copy()  # a copy: the record is shared by every session
+    tokens = record.key_tokens
+    special = capture.special_of(tokens)
+    rows = []
+    for layer in range(record.n_layers):
+        if progress:
+            progress(layer, record.n_layers)
+        accumulator = analysis.StatisticsAccumulator(record.n_heads, tokens, special)
+        block = record.block_rows()
+        for start in range(0, record.n_q, block):
+            accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + block)))
+        rows += accumulator.result(layer)
+    frame = pd.DataFrame([dataclasses.asdict(row) for row in rows])
+    frame["top_key"] = [style.token_label(j, tokens[j]) for j in frame["top_key"]]
+    frame = frame.rename(columns=STATISTICS_COLUMNS)
+    frame = frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
+    record.memo[MEMO_KEY] = frame
+    return frame.copy()
+
+
+def has_statistics(record: AttentionRecord) -> bool:
+    """Whether :func:`statistics_table` is computed already for this record (else the page shows progress)."""
+    return MEMO_KEY in record.memo
+
+
+MAPPABLE_STATISTICS = ("previous token", "next token", "self", "first token", "separators", "punctuation",
+                       "entropy (nats)", "normalised entropy", "mean distance", "top key share")
+
+
+def statistic_figure(table: pd.DataFrame, statistic: str, labels: list[str],
+                     selected: tuple[int, int]) -> tuple[go.Figure, str]:
+    """A layers x heads heatmap of one column of :func:`statistics_table`; heads whose label is not in ``labels``
+    are left blank. Click a cell to open that head."""
+    if statistic not in MAPPABLE_STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; choose one of {MAPPABLE_STATISTICS}")
+    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    values = np.full((layers, heads), np.nan)
+    names = [[""] * heads for _ in range(layers)]
+    for _, row in table.iterrows():
+        layer, head = int(row["layer"]), int(row["head"])
+        names[layer][head] = row["label"]
+        if row["label"] in labels:
+            values[layer, head] = row[statistic]
+    figure = statistic_heatmap(values, title=f"{statistic} of every head", statistic=statistic, labels=names,
+                               highlight=selected)
+    hidden = int(np.isnan(values).sum())
+    note = f" Blank: {hidden} heads with other labels." if hidden else ""
+    return figure, f"One cell per head; the orange box is the page's Layer and Head. Click a cell to open it.{note}"
+
+
+STATISTICS_SHORT = {  # the table's narrow column headers (the full name is the header's tooltip)
+    "entropy (nats)": "entropy", "normalised entropy": "norm. H", "mean distance": "distance", "self": "self",
+    "previous token": "prev.", "next token": "next", "first token": "first", "separators": "sep.",
+    "punctuation": "punct.", "top key share": "top share",
+}
+
+
+def statistics_column_config(column_config) -> dict:
+    """Narrow columns (short headers, 3 significant digits), so the whole table fits about 1,000 px."""
+    config = {name: column_config.NumberColumn(short, help=name, format="%.3g", width=60)
+              for name, short in STATISTICS_SHORT.items()}
+    config.update(layer=column_config.NumberColumn("layer", width=45),
+                  head=column_config.NumberColumn("head", width=45),
+                  label=column_config.TextColumn("label", width=140),
+                  **{"top key": column_config.TextColumn("top key", width=110)})
+    return config
+
+
+def label_rules_text() -> str:
+    """How a head gets its label, in words, with the thresholds of :data:`attnviz.analysis.LABEL_RULES`."""
+    rules = [f"**{label}**: share on {stat} ≥ {threshold}" for label, (stat, threshold) in analysis.LABEL_RULES.items()]
+    rules.append(f"**broad head**: normalised entropy ≥ {analysis.BROAD_ENTROPY}")
+    return "; ".join(rules) + ". The strongest rule that holds wins; otherwise **mixed**."

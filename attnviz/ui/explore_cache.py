@@ -1,0 +1,20 @@
+"""Explore heads' caches, process-wide: the replay check and the head statistics of a capture, keyed by the
+capture's key (:class:`attnviz.ui.captures.CurrentCapture`) and the attention kind."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz.models.capture import replay_difference
+from attnviz.pagelogic.explore_heads import statistics_table
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None, _model=None) -> float:
+    """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
+    return replay_difference(_record, progress=_progress, model=_model)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_statistics(capture_key: tuple, kind: str, _capture, _progress=None):
+    return statistics_table(_capture, kind, progress=_progress)

@@ -1,0 +1,48 @@
+"""What the first visits compute, done once per process at server start (see :mod:`attnviz.ui.lifespan`)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (analysis, vision, the figures)
+import attnviz.viz.heads  # noqa: F401
+import attnviz.viz.vision  # noqa: F401
+from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir
+from attnviz.ui.captures import cached_capture, text_capture_key
+from attnviz.ui.explore_cache import cached_replay_difference
+from attnviz.ui.loaded_models import _bundled_model
+from attnviz.ui.scaling_cache import (
+    SCALING_DEFAULTS,
+    scaling_dot_samples,
+    scaling_saturation_rows,
+    scaling_stability_rows,
+    scaling_variance_rows,
+)
+from attnviz.ui.sidebar import DEFAULT_SENTENCE
+
+
+def warm_up() -> None:
+    """Everything the first visit to Explore heads computes, done once per process before a browser asks: the
+    imports, the bundled model, its capture of the default sentence, the replay check and a first Plotly figure.
+    Called in a thread at server start (app.py's ``lifespan``). The entries are the very ``st.cache_resource``
+    entries the page reads (the same arguments), so the first session finds them made, or waits for the one
+    being made; nothing is computed twice."""
+    bundle = _bundled_model()
+    folder, name, dtype = str(default_model_dir()), DEFAULT_MODEL_NAME, "stored"
+    capture = cached_capture(folder, name, DEFAULT_SENTENCE, None, bundle, None, None, dtype)
+    kind = capture.kinds[0]
+    record = capture.records[kind]
+    if record.replayable:
+        key = text_capture_key(folder, name, dtype, DEFAULT_SENTENCE, None, None, None)
+        cached_replay_difference(key, kind, record, _model=bundle.model)
+    go.Figure(go.Heatmap(z=[[0.0]])).to_json()  # Plotly builds its validators on a first figure
+
+
+def warm_up_later() -> None:
+    """The second part of the warm-up, once the first visitor's page is drawn: the Scaling page's experiments at
+    their defaults (4 s of sampling on 2 cores, once per process)."""
+    seed, samples = SCALING_DEFAULTS["seed"], SCALING_DEFAULTS["samples"]
+    scaling_variance_rows(samples, seed)
+    scaling_dot_samples(SCALING_DEFAULTS["d_hist"], samples, seed)
+    scaling_saturation_rows(SCALING_DEFAULTS["n_keys"], seed)
+    scaling_stability_rows(tuple(sorted(SCALING_DEFAULTS["logits"])), seed)
