@@ -18,7 +18,7 @@ from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.shared_measurements import shared_measurements
 from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
 from attnviz.viz.charts import line_chart
-from attnviz.viz.matrix import mask_heatmap, matrix_heatmap
+from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 DEFAULT_CONTENDERS = ["naive", "tiled", "sdpa/flash", "sdpa/math", "triton"]
@@ -202,7 +202,7 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
             matrix_heatmap(shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
                            [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
                            title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}",
-                           kind="signed", show_values=False, height=360),
+                           scale=SIGNED, show_values=False, height=360),
             "Grey cells are masked (−∞) inside a diagonal or edge tile.",
             key="flash_tile_scores",
         )

@@ -24,7 +24,7 @@ from attnviz.ui.session_models import current_bundle
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart, line_chart
-from attnviz.viz.matrix import HALF_WIDTH, heatmap_row, matrix_heatmap
+from attnviz.viz.matrix import HALF_WIDTH, SIGNED, SignedScale, heatmap_row, matrix_heatmap
 
 
 def sinusoidal_tab() -> None:
@@ -37,7 +37,7 @@ def sinusoidal_tab() -> None:
     show_figure(
         matrix_heatmap(
             table, [f"pos {p}" for p in range(n_positions)], [f"dim {i}" for i in range(d_model)],
-            title=f"Sinusoidal table: {n_positions} positions x {d_model} dimensions", kind="signed",
+            title=f"Sinusoidal table: {n_positions} positions x {d_model} dimensions", scale=SIGNED,
             x_title="dimension", y_title="position", show_values=False, height=520, max_x_ticks=24,
         ),
         "Low dimensions oscillate fast, high ones slowly: together they write each position as a unique pattern.",
@@ -80,7 +80,7 @@ def sinusoidal_tab() -> None:
     show_figure(
         matrix_heatmap(
             matrix[:block, :block], [f"dim {i}" for i in range(block)], [f"dim {i}" for i in range(block)],
-            title=f"M_{shift}: the first {block} x {block} block", kind="signed", x_title="input", y_title="output",
+            title=f"M_{shift}: the first {block} x {block} block", scale=SIGNED, x_title="input", y_title="output",
         ),
         "Only 2x2 blocks on the diagonal are non-zero: each (sin, cos) pair rotates by k times its frequency.",
         key="pos_sin_shift",
@@ -106,8 +106,8 @@ def learned_tab() -> None:
         show_figure(
             matrix_heatmap(
                 part, position_labels, [f"dim {i}" for i in range(part.shape[1])],
-                title="Learned position embeddings", kind="signed", x_title="dimension", y_title="position",
-                show_values=False, height=480, robust=True, max_x_ticks=12,
+                title="Learned position embeddings", scale=SignedScale(robust=True), x_title="dimension",
+                y_title="position", show_values=False, height=480, max_x_ticks=12,
             ),
             "No formula made these: training did. Colours are clipped at the 99th percentile, as a few dimensions "
             "are much larger; hover for exact values.",
@@ -124,7 +124,7 @@ def learned_tab() -> None:
         show_figure(
             matrix_heatmap(
                 positional.cosine_similarity_matrix(part), position_labels, position_labels,
-                title="Cosine similarity between positions", kind="signed", x_title="position",
+                title="Cosine similarity between positions", scale=SIGNED, x_title="position",
                 y_title="position", show_values=False, height=480, max_x_ticks=12,
             ),
             band,
@@ -199,7 +199,7 @@ def rope_tab() -> None:
     show_figure(
         matrix_heatmap(
             scores, [f"m={m}" for m in range(24)], [f"n={n}" for n in range(24)],
-            title="RoPE(q, m) · RoPE(k, n) for one fixed q and k", kind="signed", x_title="key position n",
+            title="RoPE(q, m) · RoPE(k, n) for one fixed q and k", scale=SIGNED, x_title="key position n",
             y_title="query position m", show_values=False,
         ),
         f"Constant along every diagonal: the score depends on m − n only (largest deviation {deviation:.1e}).",
@@ -252,7 +252,7 @@ def model_alibi_section(bundle, record, own: dict, layer: int, head: int, labels
     with left:
         show_figure(
             matrix_heatmap(own["bias"], labels, labels, title=f"Its bias, head {head} (m = {slopes[head]:.3g})",
-                           kind="signed", show_values=False, width=HALF_WIDTH),
+                           scale=SIGNED, show_values=False, width=HALF_WIDTH),
             "The model adds m·key position; a softmax ignores a constant per row, so this is −m·distance (shown "
             "relative to the query's own position).",
             key="pos_alibi_model_bias",
@@ -292,7 +292,7 @@ def alibi_tab() -> None:
         shown_heads = sorted({0, n_heads // 2, n_heads - 1})
         show_figure(
             heatmap_row([bias[h] for h in shown_heads], [f"head {h}: m = {slopes[h]:.3g}" for h in shown_heads],
-                        labels, labels, title="Bias −m·distance added to the scores", kind="signed",
+                        labels, labels, title="Bias −m·distance added to the scores", scale=SIGNED,
                         width=HALF_WIDTH),
             "No embeddings at all: a penalty that grows linearly with distance"
             + (" (|i − j|, bidirectional)." if not causal else "."),

@@ -11,7 +11,7 @@ from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
-from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, matrix_heatmap
+from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, SIGNED, SignedScale, matrix_heatmap
 from attnviz.viz.style import format_number, token_labels
 
 SIDE_BY_SIDE_KEYS = 6  # up to this many keys, two steps sit side by side with their numbers readable
@@ -115,8 +115,8 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
     width = HALF_WIDTH if side_by_side else FULL_WIDTH
     left, right = st.columns(2) if side_by_side else (st.container(), st.container())
     with left:
-        show_figure(matrix_heatmap(steps.scores, query_labels, key_labels, title="Step 1 · Scores", kind="signed",
-                                   signed_bound=bound, width=width),
+        show_figure(matrix_heatmap(steps.scores, query_labels, key_labels, title="Step 1 · Scores",
+                                   scale=SignedScale(bound=bound), width=width),
                     STEP_1_CAPTIONS[steps.score_function], key="sbs_fig_scores")
     with right:
         if steps.score_function == "scaled_dot":
@@ -129,14 +129,14 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         else:
             title = "Step 2 · Scaled scores (no scaling for this score function)"
             caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."
-        show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title, kind="signed",
-                                   signed_bound=bound, width=width),
+        show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title,
+                                   scale=SignedScale(bound=bound), width=width),
                     caption, key="sbs_fig_scaled")
     left, right = st.columns(2) if side_by_side else (st.container(), st.container())
     with left:
         show_figure(
             matrix_heatmap(steps.masked_scores, query_labels, key_labels, title="Step 3 · Masked scores",
-                           kind="signed", signed_bound=bound, width=width),
+                           scale=SignedScale(bound=bound), width=width),
             "Grey cells are set to −∞: e^−∞ = 0, so those keys get no weight."
             if steps.mask is not None else "No mask: every query may look at every key.",
             key="sbs_fig_masked",
@@ -154,7 +154,7 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         )
     value_labels = [f"d{j + 1}" for j in range(v.shape[1])]
     show_figure(
-        matrix_heatmap(steps.output, query_labels, value_labels, title="Step 5 · Output = weights · V", kind="signed",
+        matrix_heatmap(steps.output, query_labels, value_labels, title="Step 5 · Output = weights · V", scale=SIGNED,
                        x_title="dimension"),
         "Each output row is a weighted average of V's rows, mixed by that query's weights.",
         key="sbs_fig_output",

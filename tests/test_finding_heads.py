@@ -16,6 +16,7 @@ from attnviz.viz.matrix import (
     CELL_TEXT_SIZE,
     FULL_WIDTH,
     HALF_WIDTH,
+    SIGNED,
     heatmap_row,
     matrix_heatmap,
     ranks_in_rows,
@@ -42,7 +43,7 @@ def test_weights_hover_names_both_tokens_the_weight_and_its_rank():
     assert "query %{y}" in trace.hovertemplate and "key %{x}" in trace.hovertemplate
     assert "weight %{z:.3g}" in trace.hovertemplate and "rank %{customdata} of 3" in trace.hovertemplate
     assert trace.customdata[0].tolist() == [3, 1, 2]
-    assert "rank" not in matrix_heatmap(np.eye(3), labels, labels, title="t", kind="signed").data[0].hovertemplate
+    assert "rank" not in matrix_heatmap(np.eye(3), labels, labels, title="t", scale=SIGNED).data[0].hovertemplate
 
 
 def test_numbers_are_printed_at_a_fixed_size_only_where_they_fit():

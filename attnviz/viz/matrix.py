@@ -1,13 +1,19 @@
-"""Heatmaps of matrices with their numbers written in: attention weights, scores, Q/K/V."""
+"""Heatmaps of matrices with their numbers written in: attention weights, scores, Q/K/V.
+
+A heatmap's colour scale is one value that says what the numbers are: :data:`WEIGHTS` (and its per-row, per-head
+and log variants) for attention weights, :class:`SignedScale` (:data:`SIGNED`) for scores and differences,
+:data:`PLAIN` for anything else."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.viz import style
 
-KINDS = ("weights", "signed", "plain")
 TEXT_LIMIT = 400  # cells: numbers are written in each cell up to 20 x 20, where they fit
 DETAIL_LIMIT = 4096  # cells: cell borders up to 64 x 64
 RANK_LIMIT = 256 * 256  # cells: the hover gives each weight's rank in its row up to 256 x 256 (2 bytes a cell)
@@ -21,6 +27,83 @@ SENTENCE_COLOURS = ("#1b1f24", "#c2410c")  # tick labels of sentence A and sente
 BOUNDARY_COLOUR = "#c2410c"
 
 
+@dataclass(frozen=True)
+class WeightScale:
+    """Attention weights on the shared 0..1 scale, so heads can be compared; or, with ``log``, log10 weights on a
+    scale from the smallest power of ten present (1e-12 at the least, 1e-1 at the most) to 1, ticks read as powers
+    of ten. ``value_name`` is what the hover calls a cell, and says what the values are (the weights, or the
+    weights divided by a maximum). Cells print 2 decimals (4 characters fit more cells; the hover has 3
+    significant digits), and the hover gives each weight's rank in its row."""
+
+    value_name: str = "weight"
+    log: bool = False
+    ranks_in_hover: ClassVar[bool] = True
+
+    def cell_text(self, value: float) -> str:
+        return f"{value:.2f}" if np.isfinite(value) else style.format_number(value)
+
+    def colour_settings(self, finite: np.ndarray) -> dict:
+        """Plotly's colour arguments for the values ``finite`` (NaN where a cell is blank)."""
+        if not self.log:
+            return dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
+        low = float(np.nanmin(finite)) if np.isfinite(finite).any() else -6.0
+        low = max(min(np.floor(low), -1.0), -12.0)
+        ticks = list(range(int(low), 1))
+        return dict(colorscale=style.WEIGHT_COLORSCALE, zmin=low, zmax=0.0,
+                    colorbar=dict(tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks]))
+
+
+@dataclass(frozen=True)
+class SignedScale:
+    """Values of either sign (scores, differences, Q/K/V) on a diverging scale centred on 0, from -bound to +bound.
+
+    ``bound`` fixes it, so that figures meant to be compared share one scale; without it the bound is the largest
+    |value|, or with ``robust`` its 99th percentile (so that a few outliers do not wash out the rest)."""
+
+    bound: float | None = None
+    robust: bool = False
+    value_name: ClassVar[str] = "value"
+    ranks_in_hover: ClassVar[bool] = False
+
+    def cell_text(self, value: float) -> str:
+        return style.format_number(value)
+
+    def bound_of(self, finite: np.ndarray) -> float:
+        """The bound this scale takes from ``finite`` without a fixed one: 0.0 when no value is finite."""
+        magnitudes = np.abs(finite[np.isfinite(finite)])
+        if not magnitudes.size:
+            return 0.0
+        return float(np.percentile(magnitudes, 99) if self.robust else magnitudes.max())
+
+    def colour_settings(self, finite: np.ndarray) -> dict:
+        """Plotly's colour arguments for the values ``finite`` (NaN where a cell is blank); all zeros get ±1."""
+        bound = self.bound or self.bound_of(finite) or 1.0
+        return dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
+
+
+@dataclass(frozen=True)
+class PlainScale:
+    """Values that are neither weights nor signed, on a sequential scale over their own range."""
+
+    value_name: ClassVar[str] = "value"
+    ranks_in_hover: ClassVar[bool] = False
+
+    def cell_text(self, value: float) -> str:
+        return style.format_number(value)
+
+    def colour_settings(self, finite: np.ndarray) -> dict:
+        return dict(colorscale=style.PLAIN_COLORSCALE)
+
+
+ColourScale = WeightScale | SignedScale | PlainScale  # what the values are, and so how they are coloured
+WEIGHTS = WeightScale()
+WEIGHTS_PER_HEAD = WeightScale("weight / head max")  # the weights divided by the matrix's maximum
+WEIGHTS_PER_ROW = WeightScale("weight / row max")  # each row divided by its maximum
+WEIGHTS_LOG = WeightScale("log10 weight", log=True)  # log10 of the weights
+SIGNED = SignedScale()
+PLAIN = PlainScale()
+
+
 def plot_area(width: int, height: int, n_rows: int, n_cols: int) -> tuple[float, float]:
     """The size in px of one cell of an ``n_rows x n_cols`` heatmap drawn ``width x height`` px (less the margins,
     tick labels, title and colour bar)."""
@@ -31,10 +114,6 @@ def numbers_fit(text: list[list[str]], cell_width: float, cell_height: float) ->
     """Whether the longest number fits inside a cell at :data:`CELL_TEXT_SIZE` (about 0.6 em a character)."""
     longest = max((len(value) for row in text for value in row), default=0)
     return cell_height >= CELL_TEXT_SIZE + 4 and cell_width >= 0.6 * CELL_TEXT_SIZE * longest + 6
-
-
-def _two_decimals(value: float) -> str:
-    return style.format_number(value) if not np.isfinite(value) else f"{value:.2f}"
 
 
 def ranks_in_rows(matrix: np.ndarray) -> np.ndarray:
@@ -79,35 +158,78 @@ def matrix_heatmap(
     col_labels: list[str],
     *,
     title: str,
-    kind: str = "weights",
+    scale: ColourScale = WEIGHTS,
     x_title: str = "key",
     y_title: str = "query",
     show_values: bool = True,
     height: int | None = None,
-    robust: bool = False,
-    max_x_ticks: int = 48,
-    colour: str = "fixed",
-    signed_bound: float | None = None,
     width: int = FULL_WIDTH,
+    max_x_ticks: int = 48,
     row_segments: list[int] | None = None,
     col_segments: list[int] | None = None,
 ) -> go.Figure:
-    """A heatmap of ``values [rows, cols]`` labelled by ``row_labels`` / ``col_labels``.
+    """A heatmap of ``values [rows, cols]`` labelled by ``row_labels`` / ``col_labels``, coloured by ``scale``
+    (:data:`ColourScale`: what the values are).
 
-    ``kind``: ``"weights"`` uses the shared 0..1 scale; ``"signed"`` a diverging scale centred on 0; ``"plain"``
-    a sequential scale. For weights, ``colour`` says what ``values`` are: ``"fixed"`` the weights (0..1),
-    ``"row"`` each row divided by its maximum (0..1), ``"log"`` log10 of the weights (ticks read as powers of 10).
-    ``robust`` (signed only): the colour scale ends at the 99th percentile of |value|; ``signed_bound`` (signed
-    only): the scale runs from -bound to +bound, so that figures meant to be compared share it. -inf cells (masked) are
-    drawn grey. Numbers are written in the cells, at a fixed size, only where they fit (``width`` is the px the
-    figure is drawn at); tick labels are thinned to fit the width and the height. The hover names the row's and the
-    column's label and the value to 3 significant digits at any size (labels cost one string per row and column),
-    and, for weights up to :data:`RANK_LIMIT` cells (larger views are pooled), the cell's rank in its row.
-    ``row_segments`` / ``col_segments`` (0 = sentence A, 1 = sentence B, per label) colour the labels and draw
-    where sentence B starts.
+    -inf cells (masked) are drawn grey. Numbers are written in the cells (unless ``show_values`` is False), at a
+    fixed size, only where they fit (``width`` is the px the figure is drawn at); tick labels are thinned to fit the
+    width and the height (and to at most ``max_x_ticks`` on x). The hover names the row's and the column's label and
+    the value to 3 significant digits at any size (labels cost one string per row and column), and, for weights up
+    to :data:`RANK_LIMIT` cells (larger views are pooled), the cell's rank in its row. ``row_segments`` /
+    ``col_segments`` (0 = sentence A, 1 = sentence B, per label) colour the labels and draw where sentence B starts.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    matrix = _checked_matrix(values, row_labels, col_labels)
+    n_rows, n_cols = matrix.shape
+    height = height or default_height(n_rows)
+    text = _cell_text(matrix, scale, width, height) if show_values else None
+    x_values, y_values, axis_type = _cell_positions(row_labels, col_labels)
+    figure = go.Figure(_heatmap_trace(matrix, scale, text, x_values, y_values, x_title, y_title))
+    x_max_ticks = min(max_x_ticks, max(4, (width - 190) // X_TICK_SPACING))
+    y_max_ticks = max(4, (height - 120) // Y_TICK_SPACING)
+    figure.update_layout(
+        title=dict(text=title, x=0, xanchor="left"),
+        font=dict(family=style.FONT_FAMILY),
+        xaxis=_axis(x_title, x_values, col_labels, col_segments, x_max_ticks, axis_type, tickangle=-45, side="bottom"),
+        yaxis=_axis(y_title, y_values, row_labels, row_segments, y_max_ticks, axis_type, autorange="reversed"),
+        plot_bgcolor=style.BLOCKED_COLOR,
+        margin=dict(l=10, r=10, t=50, b=10),
+        height=height,
+    )
+    mark_sentence_boundaries(figure, row_segments, col_segments, n_rows, n_cols)
+    return figure
+
+
+def _heatmap_trace(matrix: np.ndarray, scale: ColourScale, text: list[list[str]] | None, x_values: list,
+                   y_values: list, x_title: str, y_title: str) -> go.Heatmap:
+    """The cells of ``matrix`` coloured by ``scale``, with ``text`` written in them and the hover."""
+    detailed = matrix.size <= DETAIL_LIMIT
+    finite = np.where(np.isfinite(matrix), matrix, np.nan)  # -inf cells are left blank: the grey background shows
+    if not detailed:
+        finite = finite.astype(np.float32)  # sent as a compact binary array
+    ranked = scale.ranks_in_hover and matrix.size <= RANK_LIMIT
+    return go.Heatmap(
+        z=finite,
+        x=x_values,
+        y=y_values,
+        text=text,
+        texttemplate=None if text is None else "%{text}",
+        textfont=dict(size=CELL_TEXT_SIZE),
+        customdata=ranks_in_rows(finite) if ranked else None,
+        hovertemplate=_hovertemplate(scale, x_title, y_title, matrix.shape[1] if ranked else None),
+        hoverongaps=True,
+        xgap=1 if detailed else 0,  # cell borders would hide the cells of a 512 x 512 matrix
+        ygap=1 if detailed else 0,
+        **scale.colour_settings(finite),  # from the values as sent (float32 above DETAIL_LIMIT)
+    )
+
+
+def default_height(n_rows: int) -> int:
+    """Pixels high for a heatmap of ``n_rows`` rows when the caller does not say."""
+    return int(min(900, max(260, 60 + 38 * n_rows)))
+
+
+def _checked_matrix(values, row_labels: list[str], col_labels: list[str]) -> np.ndarray:
+    """``values`` as a 2-D float64 array with one label per row and per column, or a ValueError that says why."""
     matrix = np.asarray(values, dtype=np.float64)
     if matrix.ndim != 2:
         raise ValueError(f"matrix_heatmap draws 2-D values, got shape {matrix.shape}")
@@ -116,79 +238,41 @@ def matrix_heatmap(
         raise ValueError(
             f"{len(row_labels)} row labels and {len(col_labels)} column labels for a {n_rows} x {n_cols} matrix"
         )
+    return matrix
 
-    finite = np.where(np.isfinite(matrix), matrix, np.nan)  # -inf cells are left blank, drawn grey below
-    height = height or int(min(900, max(260, 60 + 38 * n_rows)))
-    show_values = show_values and n_rows * n_cols <= TEXT_LIMIT
-    # Weights in cells with 2 decimals (4 characters: they fit more cells; the hover has 3 significant digits).
-    cell_text = _two_decimals if kind == "weights" else style.format_number
-    text = [[cell_text(v) for v in row] for row in matrix.tolist()] if show_values else None
-    if text is not None and not numbers_fit(text, *plot_area(width, height, n_rows, n_cols)):
-        show_values, text = False, None
-    # Categorical axes carry the labels, so the hover can name both tokens without a string per cell; labels that
-    # repeat would be merged by Plotly, so those fall back to positions.
-    unique = len(set(row_labels)) == n_rows and len(set(col_labels)) == n_cols
-    x_values = list(col_labels) if unique else list(range(n_cols))
-    y_values = list(row_labels) if unique else list(range(n_rows))
-    value_name = {"fixed": "weight", "head": "weight / head max", "row": "weight / row max",
-                  "log": "log10 weight"}.get(colour, "value")
-    value_name = value_name if kind == "weights" else "value"
-    ranked = kind == "weights" and n_rows * n_cols <= RANK_LIMIT
-    rank = f"<br>rank %{{customdata}} of {n_cols} in its row" if ranked else ""
-    hovertemplate = f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>{value_name} %{{z:.3g}}{rank}<extra></extra>"
-    detailed = n_rows * n_cols <= DETAIL_LIMIT
-    if not detailed:
-        finite = finite.astype(np.float32)  # sent as a compact binary array
 
-    colour_settings: dict = {}
-    if kind == "weights" and colour == "log":
-        low = float(np.nanmin(finite)) if np.isfinite(finite).any() else -6.0
-        low = max(min(np.floor(low), -1.0), -12.0)
-        ticks = list(range(int(low), 1))
-        colour_settings = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=low, zmax=0.0,
-                               colorbar=dict(tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks]))
-    elif kind == "weights":
-        colour_settings = dict(colorscale=style.WEIGHT_COLORSCALE, zmin=0.0, zmax=1.0)
-    elif kind == "signed":
-        magnitudes = np.abs(finite[np.isfinite(finite)])
-        bound = float(np.percentile(magnitudes, 99) if robust else magnitudes.max()) if magnitudes.size else 1.0
-        bound = signed_bound or bound or 1.0
-        colour_settings = dict(colorscale=style.SIGNED_COLORSCALE, zmin=-bound, zmax=bound, zmid=0.0)
-    else:
-        colour_settings = dict(colorscale=style.PLAIN_COLORSCALE)
+def _cell_text(matrix: np.ndarray, scale: ColourScale, width: int, height: int) -> list[list[str]] | None:
+    """The numbers written in the cells, or None above :data:`TEXT_LIMIT` cells or where the longest would not fit
+    in a cell of a ``width x height`` px figure."""
+    if matrix.size > TEXT_LIMIT:
+        return None
+    text = [[scale.cell_text(value) for value in row] for row in matrix.tolist()]
+    return text if numbers_fit(text, *plot_area(width, height, *matrix.shape)) else None
 
-    heatmap = go.Heatmap(
-        z=finite,
-        x=x_values,
-        y=y_values,
-        text=text,
-        texttemplate="%{text}" if show_values else None,
-        textfont=dict(size=CELL_TEXT_SIZE),
-        customdata=ranks_in_rows(finite) if ranked else None,
-        hovertemplate=hovertemplate,
-        hoverongaps=True,
-        xgap=1 if detailed else 0,  # cell borders would hide the cells of a 512 x 512 matrix
-        ygap=1 if detailed else 0,
-        **colour_settings,
-    )
-    figure = go.Figure(heatmap)
-    x_ticks, x_text = style.thinned_ticks(coloured_labels(col_labels, col_segments),
-                                          max_ticks=min(max_x_ticks, max(4, (width - 190) // X_TICK_SPACING)))
-    y_ticks, y_text = style.thinned_ticks(coloured_labels(row_labels, row_segments),
-                                          max_ticks=max(4, (height - 120) // Y_TICK_SPACING))
-    figure.update_layout(
-        title=dict(text=title, x=0, xanchor="left"),
-        font=dict(family=style.FONT_FAMILY),
-        xaxis=dict(title=x_title, tickmode="array", tickvals=[x_values[i] for i in x_ticks], ticktext=x_text,
-                   tickangle=-45, side="bottom", type="category" if unique else "linear"),
-        yaxis=dict(title=y_title, tickmode="array", tickvals=[y_values[i] for i in y_ticks], ticktext=y_text,
-                   autorange="reversed", type="category" if unique else "linear"),
-        plot_bgcolor=style.BLOCKED_COLOR,
-        margin=dict(l=10, r=10, t=50, b=10),
-        height=height,
-    )
-    mark_sentence_boundaries(figure, row_segments, col_segments, n_rows, n_cols)
-    return figure
+
+def _cell_positions(row_labels: list[str], col_labels: list[str]) -> tuple[list, list, str]:
+    """The cells' x and y values, and the axes' type.
+
+    Categorical axes carry the labels, so the hover can name both tokens without a string per cell; labels that
+    repeat would be merged by Plotly, so those fall back to positions on linear axes."""
+    if len(set(row_labels)) == len(row_labels) and len(set(col_labels)) == len(col_labels):
+        return list(col_labels), list(row_labels), "category"
+    return list(range(len(col_labels))), list(range(len(row_labels))), "linear"
+
+
+def _hovertemplate(scale: ColourScale, x_title: str, y_title: str, ranked_among: int | None) -> str:
+    """Both labels and the value; with ``ranked_among`` (the row's length) the rank that ``customdata`` holds."""
+    rank = "" if ranked_among is None else f"<br>rank %{{customdata}} of {ranked_among} in its row"
+    return f"{y_title} %{{y}}<br>{x_title} %{{x}}<br>{scale.value_name} %{{z:.3g}}{rank}<extra></extra>"
+
+
+def _axis(title: str, values: list, labels: list[str], segments: list[int] | None, max_ticks: int, axis_type: str,
+          **placement) -> dict:
+    """One axis: its title and at most ``max_ticks`` of its labels (coloured by sentence when ``segments``), with
+    ``placement`` (tick angle, side, direction)."""
+    ticks, text = style.thinned_ticks(coloured_labels(labels, segments), max_ticks=max_ticks)
+    return dict(title=title, tickmode="array", tickvals=[values[i] for i in ticks], ticktext=text, **placement,
+                type=axis_type)
 
 
 MASK_COLOURS = {0: ("#ffffff", "blocked"), 1: ("#2f6db5", "may attend")}
@@ -265,13 +349,14 @@ def heatmap_row(
     col_labels: list[str],
     *,
     title: str,
-    kind: str = "weights",
+    scale: ColourScale = WEIGHTS,
     show_values: bool = False,
     height: int | None = None,
     width: int = FULL_WIDTH,
 ) -> go.Figure:
-    """Several same-shaped matrices side by side with one shared colour scale (weights: 0..1), ``width`` px wide
-    in all: numbers, ticks and panel titles are fitted to each panel's share of it."""
+    """Several same-shaped matrices side by side with one shared colour ``scale`` (a signed one without a bound
+    takes the widest panel's), ``width`` px wide in all: numbers, ticks and panel titles are fitted to each panel's
+    share of it."""
     from plotly.subplots import make_subplots
 
     count = len(matrices)
@@ -281,17 +366,14 @@ def heatmap_row(
     lines = max(t.count("<br>") + 1 for t in wrapped)
     height = height or int(min(800, max(320, 140 + 26 * len(row_labels))))
     figure = make_subplots(rows=1, cols=count, subplot_titles=wrapped, shared_yaxes=True, horizontal_spacing=0.03)
-    bound = None
-    if kind == "signed":  # one scale for all panels, so they can be compared
-        finite = [np.abs(np.asarray(m, dtype=np.float64)) for m in matrices]
-        bound = max(float(np.max(f[np.isfinite(f)])) if np.isfinite(f).any() else 0.0 for f in finite) or 1.0
+    if isinstance(scale, SignedScale) and scale.bound is None:  # one bound for all panels, so they can be compared
+        widest = max(scale.bound_of(np.asarray(m, dtype=np.float64)) for m in matrices)
+        scale = replace(scale, bound=widest or 1.0)
     for index, values in enumerate(matrices):
-        single = matrix_heatmap(values, row_labels, col_labels, title="", kind=kind, show_values=show_values,
+        single = matrix_heatmap(values, row_labels, col_labels, title="", scale=scale, show_values=show_values,
                                 width=panel_width + 190, height=height)
         trace = single.data[0]
         trace.showscale = index == count - 1
-        if bound is not None:
-            trace.zmin, trace.zmax = -bound, bound
         figure.add_trace(trace, row=1, col=index + 1)
     x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=min(24, max(3, panel_width // X_TICK_SPACING)))
     narrow = panel_width < NARROW_PANEL

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from attnviz.models.record import Capture
 from attnviz.pagelogic.explore_heads.matrices import dense_matrix, head_heatmap, pooled_title, square_height
-from attnviz.viz.matrix import HALF_WIDTH, matrix_heatmap
+from attnviz.viz.matrix import HALF_WIDTH, SIGNED, matrix_heatmap
 
 
 def _both(token_a: str, token_b: str) -> str:
@@ -30,7 +30,7 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
         matrix = dense_matrix(difference, both_q, both_k, how="mean")
         figures.append(
             matrix_heatmap(
-                matrix.values, matrix.row_labels, matrix.col_labels, kind="signed",
+                matrix.values, matrix.row_labels, matrix.col_labels, scale=SIGNED,
                 title=pooled_title("Difference B − A (positions line up)", matrix),
                 height=square_height(len(matrix.row_labels)), show_values=matrix.pooled_from is None,
             )

@@ -13,7 +13,7 @@ from attnviz import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.pagelogic.explore_heads.options import SCALES, ViewOptions, positions
 from attnviz.viz import style
-from attnviz.viz.matrix import FULL_WIDTH, matrix_heatmap
+from attnviz.viz.matrix import FULL_WIDTH, WEIGHTS, WEIGHTS_LOG, WEIGHTS_PER_HEAD, WEIGHTS_PER_ROW, matrix_heatmap
 
 POOL_LIMIT = 256  # cells a side drawn as they are; longer inputs are pooled to this many cells, with a zoom
 ZOOM_SIZES = (32, 64, 128, 256)
@@ -195,10 +195,14 @@ def matrix_title(base: str, matrix: Matrix, options: ViewOptions) -> str:
     return parts[0] + ("<br><sup>" + "; ".join(parts[1:]) + "</sup>" if len(parts) > 1 else "")
 
 
+# The heatmap's colour scale for each key of SCALES (the values arrive divided by a maximum, or as log10).
+COLOUR_SCALES = {"fixed": WEIGHTS, "head": WEIGHTS_PER_HEAD, "row": WEIGHTS_PER_ROW, "log": WEIGHTS_LOG}
+
+
 def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None = None,
                     width: int = FULL_WIDTH) -> go.Figure:
     """The heatmap of ``matrix`` on the colour ``scale`` (a key of SCALES): values printed when not pooled."""
-    return matrix_heatmap(matrix.values, matrix.row_labels, matrix.col_labels, title=title, colour=scale,
+    return matrix_heatmap(matrix.values, matrix.row_labels, matrix.col_labels, title=title, scale=COLOUR_SCALES[scale],
                           height=height or square_height(len(matrix.row_labels)), width=width,
                           show_values=matrix.pooled_from is None, row_segments=matrix.row_segments,
                           col_segments=matrix.col_segments)

@@ -11,7 +11,7 @@ import torch
 from attnviz.models.record import AttentionRecord
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart
-from attnviz.viz.matrix import matrix_heatmap
+from attnviz.viz.matrix import SIGNED, matrix_heatmap
 
 
 @dataclass
@@ -54,7 +54,7 @@ def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, he
     key_label = style.token_label(key, record.key_tokens[key])
     rows = torch.stack([anatomy.query, anatomy.key, anatomy.product])  # [3, d]
     dims = [f"d{i}" for i in range(rows.shape[1])]
-    vectors = matrix_heatmap(rows, [f"q · {query_label}", f"k · {key_label}", "q∘k"], dims, kind="signed",
+    vectors = matrix_heatmap(rows, [f"q · {query_label}", f"k · {key_label}", "q∘k"], dims, scale=SIGNED,
                              title=f"Layer {layer}, head {head}: query {query_label} and key {key_label}",
                              x_title="dimension of the head", y_title="", show_values=False, height=300)
     shown = list(range(record.n_k))
