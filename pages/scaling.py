@@ -56,7 +56,7 @@ def variance_section() -> int:
         dots = scaling_dot_samples(d_hist, samples, seed)
         scaled = dots / math.sqrt(d_hist)
         show_figure(
-            histogram({"q·k": dots.tolist(), "q·k / √d_k": scaled.tolist()},
+            histogram({"q·k": dots.numpy(), "q·k / √d_k": scaled.numpy()},
                       title=f"Distribution of scores at d_k = {d_hist}", x_title="score"),
             f"Unscaled scores have standard deviation {dots.std().item():.3g} (theory √{d_hist} = "
             f"{math.sqrt(d_hist):.3g}); scaled ones {scaled.std().item():.3g}.",

@@ -109,6 +109,9 @@ def test_scaling_page_reacts():
     assert not at.exception
     histogram = figure_titled(at, "Distribution of scores at d_k = 64")
     assert len(histogram["data"]) == 2
+    unscaled, scaled = (plotly_array(trace["x"]) for trace in histogram["data"])  # the samples, sent as arrays
+    assert unscaled.size == scaled.size == 4000
+    assert abs(unscaled.std() - 8) < 0.5 and abs(scaled.std() - 1) < 0.07  # √64 and 1
     at.select_slider(key="scale_d_hist").set_value(1024).run()
     assert figure_titled(at, "Distribution of scores at d_k = 1024")
     real = figure_containing(at, "layer 0, head 0: its real Q and K")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 
 from attnviz.viz import style
@@ -66,13 +67,14 @@ def line_chart(
     return figure
 
 
-def histogram(samples: dict[str, list], *, title: str, x_title: str, bins: int = 60, height: int = 360) -> go.Figure:
-    """Overlaid normalised histograms, one per named sample."""
+def histogram(samples: dict[str, object], *, title: str, x_title: str, bins: int = 60, height: int = 360) -> go.Figure:
+    """Overlaid normalised histograms, one per named sample (a list or an array: arrays go to the browser as typed
+    arrays, several times smaller and faster to build than lists of floats)."""
     figure = go.Figure()
     for index, (name, values) in enumerate(samples.items()):
         figure.add_trace(
             go.Histogram(
-                x=list(values), name=name, nbinsx=bins, histnorm="probability density", opacity=0.6,
+                x=np.asarray(values), name=name, nbinsx=bins, histnorm="probability density", opacity=0.6,
                 marker_color=HEAD_COLOURS[index % len(HEAD_COLOURS)],
             )
         )
