@@ -320,15 +320,52 @@ def extend_positions(model, trained: int) -> None:
         table[start : start + trained] = table[: min(trained, len(table) - start)]
 
 
-def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
-
-    torch.manual_seed(recipe.seed)
-    threads = threads or os.cpu_count() or 1  # 0: every core
-    torch.set_num_threads(threads)
+def _check_recipe(recipe: Recipe) -> None:
     if recipe.train_length > recipe.context:
         raise ValueError(f"train_length {recipe.train_length} is more than the {recipe.context} positions")
     if not 0 <= recipe.long_steps < recipe.steps:
         raise ValueError(f"long_steps must be at least 0 and below the {recipe.steps} steps")
+
+
+def _optimiser(model, recipe: Recipe) -> torch.optim.AdamW:
+    """AdamW as nanoGPT sets it up: weight decay on matrices only, not on biases and norms."""
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    decay = [p for name, p in trained if p.ndim >= 2]
+    no_decay = [p for name, p in trained if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=recipe.learning_rate,
+                             betas=(0.9, 0.95))
+
+
+def _training_step(model, optimiser, batch: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One optimiser step on next-token prediction; returns each row's per-token losses ``[batch, length - 1]``."""
+    logits = model(input_ids=batch, position_ids=positions).logits  # [batch, length, vocab]
+    losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, vocab_size), batch[:, 1:].reshape(-1), reduction="none",
+    ).view(batch.shape[0], -1)
+    optimiser.zero_grad(set_to_none=True)
+    losses.mean().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimiser.step()
+    return losses
+
+
+def _progress_line(step: int, losses: torch.Tensor, rows: tuple[int, int, int], seconds: float) -> str:
+    """The log line of a step: the loss overall, on the documentation rows, on the repeats' second halves and on
+    the echoes' middles (the rows of each kind, in the batch's order: ``rows``)."""
+    n_text, n_repeats, n_echoes = rows
+    half = (losses.shape[1] + 1) // 2
+    repeats = losses[n_text:n_text + n_repeats, half:].mean().item() if n_repeats else 0.0
+    echoes = f"  echoes (middles) {losses[n_text + n_repeats:, 1::3].mean().item():.3f}" if n_echoes else ""
+    return (f"step {step:5d}  loss {losses.mean().item():.3f}  documentation {losses[:n_text].mean().item():.3f}  "
+            f"repeats (second half) {repeats:.3f}{echoes}  {seconds:6.0f} s")
+
+
+def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
+    _check_recipe(recipe)
+    torch.manual_seed(recipe.seed)
+    threads = threads or os.cpu_count() or 1  # 0: every core
+    torch.set_num_threads(threads)
     train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
     topics_chars = len(train_text)
     if recipe.docstrings:
@@ -338,12 +375,7 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])
     model = build_model(recipe, tokenizer)
     model.train()
-    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    decay = [p for name, p in trained if p.ndim >= 2]
-    no_decay = [p for name, p in trained if p.ndim < 2]
-    optimiser = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.learning_rate,
-                                  betas=(0.9, 0.95))
+    optimiser = _optimiser(model, recipe)
     generator = torch.Generator().manual_seed(recipe.seed)
     pool = frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids))
     stream = batches(train_ids, recipe, generator, pool)
@@ -359,24 +391,11 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
         if long and step == recipe.steps - recipe.long_steps and copies_positions(recipe):
             extend_positions(model, recipe.train_length)
         batch, positions = next(long_stream if long else stream)
-        logits = model(input_ids=batch, position_ids=positions).logits  # [batch, length, vocab]
-        losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, recipe.vocab_size), batch[:, 1:].reshape(-1), reduction="none",
-        ).view(batch.shape[0], -1)
-        loss = losses.mean()
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
-        n_text, n_repeats, n_echoes = batch_rows(long_recipe if long else recipe)
-        text_losses.append(losses[:n_text].mean().item())
+        losses = _training_step(model, optimiser, batch, positions, recipe.vocab_size)  # [batch, length - 1]
+        rows = batch_rows(long_recipe if long else recipe)
+        text_losses.append(losses[:rows[0]].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
-            half = batch.shape[1] // 2
-            repeats = losses[n_text:n_text + n_repeats, half:].mean().item() if n_repeats else 0.0
-            echoes = (f"  echoes (middles) {losses[n_text + n_repeats:, 1::3].mean().item():.3f}" if n_echoes
-                      else "")
-            log(f"step {step:5d}  loss {loss.item():.3f}  documentation {text_losses[-1]:.3f}  "
-                f"repeats (second half) {repeats:.3f}{echoes}  {time.perf_counter() - started:6.0f} s")
+            log(_progress_line(step, losses, rows, time.perf_counter() - started))
     seconds = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
