@@ -3,6 +3,7 @@ points down, never up and never sideways between siblings; only the app layer im
 into another package's private names."""
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,9 @@ def test_imports_point_down(path):
 
 def test_the_layer_table_knows_every_group():
     assert {group_of(module_name(path)) for path in MODULES} <= set(RANKS)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+def test_every_module_imports(path):
+    """Every module imports (a name moved elsewhere fails here, not first in a benchmark or a browser test)."""
+    importlib.import_module(module_name(path))

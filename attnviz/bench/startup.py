@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from attnviz.bench import browser
-from attnviz.runtime import WARM_UP_LATER_LINE, WARM_UP_LINE  # the run log's lines of the warm-up
+from attnviz.ui.lifespan import WARM_UP_LATER_LINE, WARM_UP_LINE  # the run log's lines of the warm-up
 
 FIRST_CHART_TARGET_S = 6.0
 FRESH_PAGE_TARGET_S = 2.0
