@@ -43,6 +43,22 @@ def sinusoidal_shift_matrix(k: int, d_model: int, base: float = 10000.0) -> torc
     return shift
 
 
+def sinusoidal_layout(table: torch.Tensor, base: float = 10000.0, atol: float = 1e-2) -> str | None:
+    """Whether ``table [n, d]`` holds the sinusoids of positions 0..n-1, and in which layout: "interleaved" (sin in
+    even dimensions, cos in odd: Vaswani et al., :func:`sinusoidal`), "split" (the same sines in the first half of
+    the dimensions, the cosines in the second: Marian's and Pegasus's code), or None (anything else: a trained
+    table). ``atol`` allows a half-precision checkpoint's rounding."""
+    n, d = table.shape
+    if d < 2 or d % 2:
+        return None
+    reference = sinusoidal(n, d, base)
+    table = table.double()
+    if torch.allclose(table, reference, rtol=0, atol=atol):
+        return "interleaved"
+    split = torch.cat((reference[:, 0::2], reference[:, 1::2]), dim=1)
+    return "split" if torch.allclose(table, split, rtol=0, atol=atol) else None
+
+
 def dot_by_distance(table: torch.Tensor, origin: int = 0) -> torch.Tensor:
     """``table[origin] . table[origin + k]`` for k = 0 .. n - origin - 1, ``[n - origin]``."""
     return table[origin:] @ table[origin]
@@ -80,6 +96,39 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     return x * torch.cos(angles) + rotate_half(x) * torch.sin(angles)
 
 
+def apply_rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE as the paper writes it (Su et al.; GPT-J's code): dimension ``2i`` pairs with ``2i + 1``, rotated by
+    ``position * base^(-2i / d)``. ``x [..., seq, head_dim]``, ``positions [seq]`` -> rotated ``x``."""
+    frequencies = rope_frequencies(x.shape[-1], base).to(x.dtype)
+    angles = positions.to(x.dtype).unsqueeze(-1) * frequencies  # [seq, head_dim / 2]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)  # [..., seq, head_dim / 2] each
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def half_split_order(head_dim: int) -> torch.Tensor:
+    """The dimension order that turns the paper's layout into the half-split one: pair ``(2i, 2i + 1)`` becomes
+    ``(i, i + d/2)``. ``x_interleaved[..., order]`` is the same vector in the half-split layout."""
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
+def rope_layouts_gap(q: torch.Tensor, k: torch.Tensor, max_position: int, base: float = 10000.0) -> float:
+    """The largest difference between the scores ``RoPE(q, m) . RoPE(k, n)`` of the two layouts, for the paper's
+    ``q, k [head_dim]`` and the same vectors reordered into the half-split layout: the two are the same rotations
+    of reordered dimensions, so the scores agree to rounding."""
+    order = half_split_order(q.shape[-1])
+    paper = rope_relative_scores_with(apply_rope_interleaved, q, k, max_position, base)
+    half = rope_relative_scores(q[order], k[order], max_position, base)
+    return (paper - half).abs().max().item()
+
+
+def rope_relative_scores_with(rope, q: torch.Tensor, k: torch.Tensor, max_position: int,
+                              base: float = 10000.0) -> torch.Tensor:
+    """``score[m, n] = rope(q, m) . rope(k, n)`` with either layout's ``rope``, ``[max_position, max_position]``."""
+    positions = torch.arange(max_position)
+    return rope(q.expand(max_position, -1), positions, base) @ rope(k.expand(max_position, -1), positions, base).T
+
+
 def rotate_pair(vector: tuple[float, float], angle: float) -> tuple[float, float]:
     x, y = vector
     return x * math.cos(angle) - y * math.sin(angle), x * math.sin(angle) + y * math.cos(angle)
@@ -89,10 +138,7 @@ def rope_relative_scores(q: torch.Tensor, k: torch.Tensor, max_position: int, ba
     """``score[m, n] = RoPE(q, m) . RoPE(k, n)`` for one fixed q and k, ``[max_position, max_position]``.
 
     Constant along diagonals (it depends on m - n only): the relative-position property."""
-    positions = torch.arange(max_position)
-    rotated_q = apply_rope(q.expand(max_position, -1), positions, base)
-    rotated_k = apply_rope(k.expand(max_position, -1), positions, base)
-    return rotated_q @ rotated_k.T
+    return rope_relative_scores_with(apply_rope, q, k, max_position, base)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,9 +12,16 @@ from attnviz.models.word_order import word_order_experiment
 from attnviz.pagelogic.positional import (
     alibi_on_real_head,
     alibi_slopes_caption,
+    extrapolation_caption,
     learned_table_facts,
     model_alibi,
+    model_table_series_name,
+    no_table_text,
     repeated_words,
+    table_band_caption,
+    table_caption,
+    table_distance_caption,
+    table_heatmap_caption,
 )
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import show_figure
@@ -88,46 +95,44 @@ def sinusoidal_tab() -> None:
 
 
 def learned_tab() -> None:
-    """The current checkpoint's learned position table, if it has one."""
+    """The current checkpoint's absolute position table (trained or fixed), if it has one: its rows labelled by the
+    positions (an image's tokens) they serve."""
     bundle = current_bundle()
-    found = support.learned_position_table(bundle.model)
+    found = support.position_table(bundle.model)
     if found is None:
-        st.info(f"{bundle.name} has no learned absolute position table (it uses RoPE, ALiBi or a relative bias).")
+        st.info(no_table_text(bundle.name, bundle.model))
         return
-    name, table = found
+    table = found.rows
     n_table = table.shape[0]
-    shown = st.slider("Positions to show", min(16, n_table), n_table, min(128, n_table), key="pos_learned_n")
+    what = "Rows" if found.is_image else "Positions"
+    shown = (st.slider(f"{what} to show", 16, n_table, min(128, n_table), key="pos_learned_n") if n_table > 16
+             else n_table)
     part = table[:shown]
     facts = learned_table_facts(table, shown)
-    st.caption(f"`{name}` of {bundle.name}: {n_table} positions x {table.shape[1]} dimensions, learned in training.")
-    position_labels = [f"pos {p}" for p in range(shown)]
+    st.caption(table_caption(found, bundle.name))
+    labels = found.labels()
+    position_labels = labels[:shown]
+    unit = "row (token of the image)" if found.is_image else "position"
     left, right = st.columns(2)
     with left:
         show_figure(
             matrix_heatmap(
                 part, position_labels, [f"dim {i}" for i in range(part.shape[1])],
-                title="Learned position embeddings", scale=SignedScale(robust=True), x_title="dimension",
-                y_title="position", show_values=False, height=480, max_x_ticks=12,
+                title="Learned position embeddings" if found.trained else "Fixed sinusoidal position table",
+                scale=SignedScale(robust=True), x_title="dimension", y_title=unit, show_values=False, height=480,
+                max_x_ticks=12,
             ),
-            "No formula made these: training did. Colours are clipped at the 99th percentile, as a few dimensions "
-            "are much larger; hover for exact values.",
+            table_heatmap_caption(found),
             key="pos_learned_table",
         )
     with right:
-        if facts["near"] > facts["far"] + 0.1:
-            band = (f"A band along the diagonal: neighbouring positions have cosine {facts['near']:.2f}, positions "
-                    f"{facts['far_from']}+ apart {facts['far']:.2f}. Training made nearby positions alike.")
-        else:
-            band = (f"No band: neighbours have cosine {facts['near']:.2f}, positions {facts['far_from']}+ apart "
-                    f"{facts['far']:.2f}. This table does not make nearby positions alike (as in an untrained "
-                    "model).")
         show_figure(
             matrix_heatmap(
                 positional.cosine_similarity_matrix(part), position_labels, position_labels,
-                title="Cosine similarity between positions", scale=SIGNED, x_title="position",
-                y_title="position", show_values=False, height=480, max_x_ticks=12,
+                title="Cosine similarity between positions", scale=SIGNED, x_title=unit,
+                y_title=unit, show_values=False, height=480, max_x_ticks=12,
             ),
-            band,
+            table_band_caption(found, facts),
             key="pos_learned_similarity",
         )
     dims = st.multiselect("Dimensions to plot", list(range(table.shape[1])), default=[0, 1, 2, 3],
@@ -136,18 +141,18 @@ def learned_tab() -> None:
     with left:
         show_figure(
             line_chart(range(shown), {f"dim {d}": part[:, d].tolist() for d in dims},
-                       title="Chosen dimensions along the positions", x_title="position", y_title="value"),
+                       title="Chosen dimensions along the positions", x_title=unit, y_title="value"),
             "Compare with the sine and cosine curves of the Sinusoidal tab.",
             key="pos_learned_curves",
         )
     with right:
-        series = {f"from position {origin}": positional.cosine_by_distance(table, origin)[: shown // 2].tolist()
-                  for origin in (0, shown // 2)}
+        series = {(f"from {labels[origin]}" if found.is_image else f"from position {origin}"):
+                  positional.cosine_by_distance(table, origin)[: shown // 2].tolist() for origin in (0, shown // 2)}
         show_figure(
-            line_chart(range(shown // 2), series, title="Similarity by distance", x_title="distance k",
+            line_chart(range(shown // 2), series, title="Similarity by distance",
+                       x_title="distance k (rows, in reading order)" if found.is_image else "distance k",
                        y_title="cosine"),
-            f"The curves from two starting points differ by up to {facts['curves_gap']:.2f} (the sinusoidal ones "
-            "coincide): a learned table is only roughly relative.",
+            table_distance_caption(found, facts),
             key="pos_learned_distance",
         )
 
@@ -178,9 +183,13 @@ def rope_tab() -> None:
     seed = int(columns[3].number_input("Seed", 0, 10_000, 0, key="pos_rope_seed"))
     frequencies = positional.rope_frequencies(head_dim, base)
     left, right = st.columns(2)
+    q, k = positional.random_pair(head_dim, seed)
     with left:
         show_figure(rope_pair_figure(position, frequencies),
-                    "RoPE turns each (dim i, dim i + d/2) pair of q and k by an angle proportional to the position.",
+                    "RoPE turns each pair of q's and k's dimensions by an angle proportional to the position. The "
+                    "paper pairs dims (2i, 2i + 1), as GPT-J's code does; Llama's and GPT-NeoX's code in Hugging "
+                    "Face transformers, and this page, pair (i, i + d/2): the same rotations of reordered "
+                    f"dimensions (their scores differ by {positional.rope_layouts_gap(q, k, 24, base):.0e}).",
                     key="pos_rope_pair")
     with right:
         show_figure(
@@ -193,7 +202,6 @@ def rope_tab() -> None:
             "Early pairs turn fast (fine position), late pairs slowly (long range); a larger base stretches them.",
             key="pos_rope_freq",
         )
-    q, k = positional.random_pair(head_dim, seed)
     scores = positional.rope_relative_scores(q, k, 24, base)
     deviation = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item() for o in range(-23, 24))
     show_figure(
@@ -222,7 +230,7 @@ def rope_tab() -> None:
     )
 
 
-def extrapolation_figure(bundle):
+def extrapolation_figure(bundle, found: support.PositionTable | None):
     training = bundle.max_positions
     distances = np.arange(0, 2 * training)
     sinus = positional.cosine_by_distance(positional.sinusoidal(2 * training, 64)).numpy()
@@ -230,10 +238,9 @@ def extrapolation_figure(bundle):
         "ALiBi bias −m·k (any m: scaled to [−1, 0])": (-distances / distances.max()).tolist(),
         "sinusoidal: cos(PE(0), PE(k))": sinus.tolist(),
     }
-    found = support.learned_position_table(bundle.model)
     if found is not None:
-        learned = positional.cosine_by_distance(found[1]).tolist()
-        series["learned: cos(PE(0), PE(k))"] = learned + [None] * (len(distances) - len(learned))
+        own = positional.cosine_by_distance(found.rows).tolist()[: len(distances)]
+        series[model_table_series_name(found, bundle.name)] = own + [None] * (len(distances) - len(own))
     return line_chart(distances, series, title="Position signals beyond the training length", x_title="distance k",
                       y_title="signal", vlines={f"training length {training}": training})
 
@@ -309,11 +316,10 @@ def alibi_tab() -> None:
             "The bias pulls attention toward nearby tokens; the steeper the slope, the more local the head becomes.",
             key="pos_alibi_real",
         )
+    found = support.position_table(bundle.model)
     show_figure(
-        extrapolation_figure(bundle),
-        "Past the training length a learned table simply ends (no vector exists), sinusoidal vectors exist but "
-        "were never seen in training, and ALiBi's penalty just keeps growing: why ALiBi extrapolated best in Press "
-        "et al. (2022).",
+        extrapolation_figure(bundle, found),
+        extrapolation_caption(found, bundle.name),
         key="pos_alibi_extrapolation",
     )
 
@@ -360,8 +366,10 @@ def order_tab() -> None:
 def main() -> None:
     start_page("Positional encodings")
     st.caption(
-        "Attention itself has no idea of order: permute the tokens and the weights permute with them. Position enters "
-        "through added vectors (sinusoidal, learned), rotations of Q and K (RoPE) or a bias on the scores (ALiBi)."
+        "Attention itself has no idea of order: without a mask, permute the tokens and the weights permute with "
+        "them. A causal mask (decoders) is the exception: each token sees only those before it, so order leaks in "
+        "even without positions. Position enters through added vectors (sinusoidal, learned), rotations of Q and K "
+        "(RoPE) or a bias on the scores (ALiBi)."
     )
     tabs = st.tabs(
         ["Sinusoidal", "Learned", "RoPE", "ALiBi", "Word order"], key="pos_tab", on_change="rerun",

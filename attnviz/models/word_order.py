@@ -37,18 +37,25 @@ def _positions_silenced(module: torch.nn.Module):
 def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remove_positions: bool = True) -> dict:
     """Shuffle the words of ``text`` and compare first-layer self-attention before and after.
 
-    With the model's learned position embeddings silenced (``remove_positions``: they output zeros in this
+    With the model's absolute position embeddings silenced (``remove_positions``: they output zeros in this
     thread, the weights untouched), self-attention is permutation equivariant: the shuffled sentence's weights
     are exactly the original's with rows and columns permuted. Returns the original and un-permuted weights
     ``[heads, n, n]``, the permutation and the max difference.
     """
-    found = support.learned_position_table(bundle.model)
+    found = support.position_table(bundle.model)
+    if bundle.modality == "image":
+        table = "" if found is None else (
+            f" Its position table (`{found.name}`: {found.rows_text()}) is on the Learned tab.")
+        raise ValueError(f"{bundle.name} is a vision transformer: it reads an image, not words, so there are no "
+                         f"words to shuffle.{table} Choose a text encoder (BERT-like) in the sidebar for this "
+                         "experiment.")
     if found is None:
-        raise ValueError(
-            f"{bundle.name} has no learned position embeddings to remove (it uses RoPE, ALiBi or relative bias)"
-        )
+        raise ValueError(f"{bundle.name} has no absolute position table to remove: "
+                         f"{support.position_scheme_text(bundle.model)}.")
     if bundle.architecture != "encoder":
-        raise ValueError("the word-order experiment runs on encoders (BERT-like), whose attention is not causal")
+        raise ValueError("the word-order experiment runs on encoders (BERT-like), whose attention is not causal: "
+                         "under a causal mask each token sees only the tokens before it, so shuffled words give "
+                         "other weights even without position embeddings")
     if bundle.capture_path != "interface":
         raise ValueError(f"the word-order experiment records the attention calls of transformers' attention "
                          f"interface, which {bundle.model_type} does not use")
@@ -58,7 +65,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     order = permutation_of_words(n, seed, keep_ends=keep_ends)
     shuffled = {name: value[:, order] if value.dim() == 2 and value.shape[1] == n else value
                 for name, value in inputs.items()}
-    module_name = found[0].rsplit(".", 1)[0]  # "embeddings.position_embeddings.weight" -> its module
+    module_name = found.name.rsplit(".", 1)[0]  # "embeddings.position_embeddings.weight" -> its module
     table = dict(bundle.model.named_modules())[module_name]
 
     device = device_of(bundle.model)
@@ -82,5 +89,5 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
         "permuted": permuted,
         "unpermuted": unpermuted,
         "max_difference": (unpermuted - original).abs().max().item(),
-        "parameter": found[0],
+        "parameter": found.name,
     }

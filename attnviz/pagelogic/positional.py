@@ -9,6 +9,7 @@ import math
 import torch
 
 from attnviz import positional
+from attnviz.models import support
 from attnviz.models.capture import AttentionRecord
 
 
@@ -66,6 +67,94 @@ def learned_table_facts(table: torch.Tensor, shown: int) -> dict[str, float]:
         "far_from": far,
         "curves_gap": float((first - second).abs().max()),
     }
+
+
+# The Learned tab: what it says about the current checkpoint's table, read from it (attnviz.models.support)
+
+SINUSOID_LAYOUTS = {
+    "interleaved": "sines in the even dimensions, cosines in the odd ones, as on the Sinusoidal tab",
+    "split": "sines in the first half of the dimensions, cosines in the second (the Sinusoidal tab interleaves "
+             "them)",
+}
+
+
+def no_table_text(model_name: str, model) -> str:
+    """What the Learned tab says about a model without an absolute position table, and how it encodes positions."""
+    return f"{model_name} has no absolute position table: {support.position_scheme_text(model)}."
+
+
+def table_caption(found: support.PositionTable, model_name: str) -> str:
+    """The Learned tab's line on the table: its size in positions (text) or rows (an image), trained or fixed, and
+    which rows serve which positions or tokens."""
+    d = found.rows.shape[1]
+    made = "learned in training" if found.trained else "fixed sinusoidal, not trained"
+    if found.is_image:
+        return (f"`{found.name}` of {model_name}: {found.n_positions} rows x {d} dimensions, {made}, one row per "
+                f"token the model makes of an image at its configured size: {found.rows_text()}.")
+    text = f"`{found.name}` of {model_name}: {found.n_positions} positions x {d} dimensions, {made}."
+    if found.first_row:
+        last = found.first_row - 1
+        unused, left = ("row 0 is", "it is") if last == 0 else (f"rows 0–{last} are", "they are")
+        text += (f" The table holds {found.rows_in_checkpoint} rows; {unused} never a position ({found.skipped_because}"
+                 f"), so {left} left out and the row labelled pos 0 is row {found.first_row}.")
+    return text
+
+
+def table_heatmap_caption(found: support.PositionTable) -> str:
+    """What made the table: training, or a formula (in the layout the table holds, checked on its values)."""
+    clipped = ("Colours are clipped at the 99th percentile, as a few dimensions are much larger; hover for exact "
+               "values.")
+    if found.trained:
+        return f"No formula made these: training did. {clipped}"
+    layout = positional.sinusoidal_layout(found.rows)
+    if layout is None:
+        return f"Nothing here was trained: the model never updates this table. {clipped}"
+    return (f"Nothing here was trained: row p is the sinusoid of position p, with {SINUSOID_LAYOUTS[layout]}. "
+            f"{clipped}")
+
+
+def table_band_caption(found: support.PositionTable, facts: dict) -> str:
+    """Whether nearby positions (an image's: consecutive rows) are alike, with the measured cosines."""
+    near, far, far_from = facts["near"], facts["far"], facts["far_from"]
+    unit = "rows" if found.is_image else "positions"
+    neighbours = ("consecutive rows (each the next token in reading order)" if found.is_image
+                  else "neighbouring positions")
+    if near > far + 0.1:
+        cause = "Training made" if found.trained else "The sinusoids make"
+        return (f"A band along the diagonal: {neighbours} have cosine {near:.2f}, {unit} {far_from}+ apart "
+                f"{far:.2f}. {cause} nearby {unit} alike.")
+    untrained = " (as in an untrained model)" if found.trained else ""
+    return (f"No band: {neighbours} have cosine {near:.2f}, {unit} {far_from}+ apart {far:.2f}. This table does not "
+            f"make nearby {unit} alike{untrained}.")
+
+
+def table_distance_caption(found: support.PositionTable, facts: dict) -> str:
+    """Whether the similarity by distance depends on the starting point, measured."""
+    gap = facts["curves_gap"]
+    if gap < 1e-3:
+        return (f"The curves from two starting points coincide (largest gap {gap:.1e}): the similarity depends on "
+                "the distance only, as for the sinusoidal table.")
+    kind = "a learned table" if found.trained else "this table"
+    return (f"The curves from two starting points differ by up to {gap:.2f} (the sinusoidal ones coincide): {kind} "
+            "is only roughly relative.")
+
+
+def model_table_series_name(found: support.PositionTable, model_name: str) -> str:
+    """The ALiBi tab's extrapolation chart: the model's own table, named as what it is."""
+    kind = "learned" if found.trained else "fixed sinusoidal"
+    return f"{model_name}'s {kind} table: cos(PE(0), PE(k))"
+
+
+def extrapolation_caption(found: support.PositionTable | None, model_name: str) -> str:
+    if found is None:
+        own = "A learned table simply ends (no vector exists past it)"
+    elif found.trained:
+        own = f"{model_name}'s learned table simply ends at position {found.n_positions - 1} (no vector exists past it)"
+    else:
+        own = (f"{model_name}'s table is fixed sinusoidal, yet it too ends at position {found.n_positions - 1}: its "
+               "code computes only that many rows")
+    return (f"Past the training length: {own}; sinusoidal vectors exist but were never seen in training; and "
+            "ALiBi's penalty just keeps growing: why ALiBi extrapolated best in Press et al. (2022).")
 
 
 def alibi_slopes_caption(n_heads: int) -> str:
