@@ -18,8 +18,18 @@ class AttentionConfig:
     head_dim: int
     max_positions: int
     source: str = ""
-    sliding_window: int | None = None  # a rolling-buffer cache keeps only the last this-many tokens per layer
+    sliding_window: int | None = None  # every layer's window (Mistral): a rolling buffer keeps the last this-many
     architecture: str = "decoder"  # "encoder" (keeps no cache), "decoder" or "encoder-decoder" (the decoder's)
+    # Per layer, its window (None: the layer reads every key); set for models that mix sliding and full layers
+    # (Gemma 2 and 3, gpt-oss: read from the checkpoint by attnviz.models.layer_facts). Overrides sliding_window.
+    layer_windows: tuple[int | None, ...] | None = None
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Each layer's window (None: full attention, it caches every token)."""
+        if self.layer_windows is not None:
+            return tuple(self.layer_windows)
+        return (self.sliding_window,) * self.n_layers
 
     @property
     def kind(self) -> str:
@@ -42,22 +52,31 @@ PRESETS = {
 }
 
 
+def layer_tokens(config: AttentionConfig, seq_len: int) -> list[int]:
+    """How many tokens' K and V each layer's cache holds per sequence: all of them, or the last ``window`` of them
+    on a sliding-window layer (Mistral's rolling buffer: a key older than the window can never be attended to
+    again, so it is overwritten)."""
+    return [seq_len if window is None else min(seq_len, window) for window in config.windows]
+
+
 def cached_tokens(config: AttentionConfig, seq_len: int) -> int:
-    """How many tokens' K and V the cache holds per sequence: all of them, or the last ``sliding_window`` of them
-    (Mistral's rolling buffer: a key older than the window can never be attended to again, so it is overwritten)."""
-    return seq_len if config.sliding_window is None else min(seq_len, config.sliding_window)
+    """The most tokens any layer's cache holds per sequence (``seq_len`` when one layer attends to every token)."""
+    return max(layer_tokens(config, seq_len), default=0)
 
 
-def kv_cache_bytes(config: AttentionConfig, seq_len: int, batch: int, dtype: str) -> dict[str, float]:
-    """K and V for every layer: 2 x layers x kv_heads x head_dim x cached tokens x batch x bytes.
+def kv_cache_bytes(config: AttentionConfig, seq_len: int, batch: int, dtype: str) -> dict:
+    """K and V for every layer: the sum over layers of 2 x kv_heads x head_dim x the layer's cached tokens x batch x
+    bytes (a sliding-window layer caches at most its window).
 
-    ``per_token`` is what one more cached token of one sequence costs (all layers); ``cached_tokens`` is the
-    number of tokens held per sequence (below ``seq_len`` for a sliding-window cache)."""
-    tokens = cached_tokens(config, seq_len)
+    ``layers``: each layer's bytes; ``per_layer``: the largest of them (a layer that caches every token);
+    ``per_token`` is what one more cached token of one sequence costs when every layer stores it (all layers);
+    ``cached_tokens`` the most tokens a layer holds per sequence, ``layer_tokens`` each layer's."""
+    tokens = layer_tokens(config, seq_len)
     per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
-    per_layer = per_token / config.n_layers * tokens * batch
-    return {"per_layer": per_layer, "total": per_layer * config.n_layers, "per_token": per_token,
-            "cached_tokens": tokens}
+    per_token_layer = 2 * config.n_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
+    layers = [per_token_layer * held * batch for held in tokens]
+    return {"layers": layers, "per_layer": max(layers, default=0), "total": sum(layers), "per_token": per_token,
+            "cached_tokens": max(tokens, default=0), "layer_tokens": tokens}
 
 
 def beyond_context(config: AttentionConfig, seq_len: int) -> bool:
@@ -98,9 +117,11 @@ def _head_dim(config, d_model: int, n_heads: int) -> int:
     return d_model // n_heads if n_heads else 0
 
 
-def config_of_bundle(bundle) -> AttentionConfig:
+def config_of_bundle(bundle, layer_windows: tuple[int | None, ...] | None = None) -> AttentionConfig:
     """The loaded checkpoint's cache-relevant shape. For an encoder-decoder it is the decoder's (the decoder is
-    what caches); an encoder keeps no cache, which ``architecture`` says."""
+    what caches); an encoder keeps no cache, which ``architecture`` says. ``layer_windows``: each layer's window
+    as the checkpoint's config says (:func:`attnviz.models.layer_facts.cache_windows`); None: every layer caches
+    every token."""
     config = getattr(bundle.model, "config", None)
     n_layers, n_heads, n_kv_heads = bundle.n_layers, bundle.n_heads, bundle.n_kv_heads
     if bundle.architecture == "encoder-decoder" and config is not None:
@@ -108,10 +129,12 @@ def config_of_bundle(bundle) -> AttentionConfig:
                        or n_layers)
         n_heads = int(getattr(config, "decoder_attention_heads", None) or n_heads)
         n_kv_heads = n_heads if bundle.n_kv_heads == bundle.n_heads else n_kv_heads
-    window = getattr(config, "sliding_window", None)
+    if layer_windows is not None and len(layer_windows) != n_layers:
+        raise ValueError(f"{len(layer_windows)} layer windows for {n_layers} layers")
     return AttentionConfig(bundle.name, n_layers, bundle.d_model, n_heads, n_kv_heads,
                            _head_dim(config, bundle.d_model, n_heads), bundle.max_positions, "the current checkpoint",
-                           window if isinstance(window, int) else None, bundle.architecture)
+                           None, bundle.architecture,
+                           None if layer_windows is None else tuple(layer_windows))
 
 
 def cross_attention_cache_bytes(config: AttentionConfig, encoder_tokens: int, batch: int, dtype: str) -> float:

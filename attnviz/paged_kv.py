@@ -49,6 +49,10 @@ class PagedKVCache:
     tables: dict[str, list[int]] = field(default_factory=dict)
     lengths: dict[str, int] = field(default_factory=dict)
     events: list[CacheEvent] = field(default_factory=list)
+    # Which token each slot of each physical block holds (a number per appended token, copied with its block):
+    # a copy-on-write copy holds the same tokens again
+    slot_tokens: list[list[int | None]] = field(default_factory=list)
+    appended: int = 0  # tokens appended so far (the next token's number)
 
     def add_sequence(self, name: str) -> None:
         if name in self.tables:
@@ -67,11 +71,13 @@ class PagedKVCache:
         if self.free:
             block = self.free.pop()
             self.references[block] = 1
+            self.slot_tokens[block] = [None] * self.block_size
             return block
         shape = (self.kv_heads, self.block_size, self.head_dim)
         self.key_blocks.append(torch.zeros(shape, dtype=self.dtype))
         self.value_blocks.append(torch.zeros(shape, dtype=self.dtype))
         self.references.append(1)
+        self.slot_tokens.append([None] * self.block_size)
         return len(self.key_blocks) - 1
 
     def append(self, name: str, key: torch.Tensor, value: torch.Tensor) -> CacheEvent:
@@ -86,6 +92,7 @@ class PagedKVCache:
             copy = self._new_block()
             self.key_blocks[copy].copy_(self.key_blocks[shared])
             self.value_blocks[copy].copy_(self.value_blocks[shared])
+            self.slot_tokens[copy] = list(self.slot_tokens[shared])
             self.references[shared] -= 1
             table[logical] = copy
             event = CacheEvent(name, position, "copy-on-write", copy, shared)
@@ -94,6 +101,8 @@ class PagedKVCache:
         block = table[logical]
         self.key_blocks[block][:, slot] = key
         self.value_blocks[block][:, slot] = value
+        self.slot_tokens[block][slot] = self.appended
+        self.appended += 1
         self.lengths[name] = position + 1
         self.events.append(event)
         return event
@@ -127,24 +136,32 @@ class PagedKVCache:
 
     def memory(self, max_length: int) -> dict[str, int | float]:
         """The paged cache's bytes (blocks in use) against a contiguous cache that reserves ``max_length`` tokens
-        per sequence; internal fragmentation = allocated slots no token fills (the ends of last blocks)."""
+        per sequence; internal fragmentation = allocated slots no token fills (the ends of last blocks).
+
+        ``tokens_stored``: the slots that hold a token (a block shared by several tables counted once; a
+        copy-on-write copy holds its tokens again); ``distinct_tokens``: how many different tokens those slots
+        hold; ``most_copies``: the most slots any one token is held in."""
         token_bytes = 2 * self.kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
         in_use = len(self.key_blocks) - len(self.free)
         allocated_slots = in_use * self.block_size
-        # Tokens actually stored: shared blocks hold their tokens once.
         stored = 0
+        copies: dict[int, int] = {}
         counted: set[int] = set()
         for name, table in self.tables.items():
             for logical, block in enumerate(table):
                 if block in counted:
                     continue
                 counted.add(block)
-                stored += min(self.block_size, self.lengths[name] - logical * self.block_size)
+                filled = min(self.block_size, self.lengths[name] - logical * self.block_size)
+                stored += filled
+                for token in self.slot_tokens[block][:filled]:
+                    copies[token] = copies.get(token, 0) + 1
         return {
             "sequences": len(self.tables), "blocks_in_use": in_use, "block_bytes": self.block_size * token_bytes,
             "paged_bytes": allocated_slots * token_bytes,
             "contiguous_bytes": len(self.tables) * max_length * token_bytes,
             "tokens_stored": stored, "wasted_slots": allocated_slots - stored,
+            "distinct_tokens": len(copies), "most_copies": max(copies.values(), default=0),
             "fragmentation": (allocated_slots - stored) / allocated_slots if allocated_slots else 0.0,
             "logical_tokens": sum(self.lengths.values()),
         }

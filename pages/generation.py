@@ -151,14 +151,17 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         keys = token_labels([repr(t)[1:-1] for t in cached.tokens[: chosen.position]])
         weights = chosen.attention[layer, head].numpy()
         what = "decoder self-attention" if cached.encoder_decoder else "attention"
+        window = gen.window_statement(cached, step, layer)
         show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: {what} of layer {layer}, head "
                                                             f"{head}", y_title="weight"),
                     "The weights of the query that predicted this token (the last token read) over every earlier "
                     "token" + (" of the decoder (its start token, then what it wrote)" if cached.encoder_decoder
-                               else "") + "; they sum to 1.",
+                               else "") + f"; {gen.row_sum_statement(cached, step, layer, head)}."
+                    + (f" {window}" if window else ""),
                     key="gen_attention")
     if cached.encoder_decoder:
         cross_section(cached, step, layer, head)
+    sliding = layer < len(cached.layers) and cached.layers[layer].sliding
     matrix = gen.timeline(cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
     written = cached.steps[: step + 1]
     rows = token_labels([repr(s.token)[1:-1] for s in written], [s.position for s in written])
@@ -166,16 +169,22 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
                                title=f"Timeline: each step's attention, layer {layer}, head {head}",
                                x_title="key position", y_title="generated token", show_values=False),
                 f"One row per generated token up to step {step + 1} (labelled by its position): its query's weights "
-                "over all earlier tokens. Grey: positions that did not exist yet. Move the Step slider to watch it "
-                "build up.", key="gen_timeline")
+                "over the earlier tokens, each at its position. Grey: keys the query did not read, positions that "
+                "did not exist yet" + (f" and keys out of layer {layer}'s sliding window of "
+                                       f"{cached.layers[layer].window:,} tokens" if sliding else "")
+                + ". Move the Step slider to watch it build up.", key="gen_timeline")
     sink = gen.sink_mass(cached)[:, layer]  # [steps, heads]
+    leaves = gen.first_token_leaves(cached, layer)
     show_figure(line_chart(list(range(1, n_steps + 1)), {f"head {h}": sink[:, h].tolist() for h in range(heads)},
                            title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
                            y_title="weight on token 0", markers=True),
                 "Many decoders park attention on the first token when nothing else is relevant (Xiao et al., "
                 "2023): a head that keeps a large share there is a sink."
                 + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
-                   "puts 1 on it." if cached.encoder_decoder else ""), key="gen_sink")
+                   "puts 1 on it." if cached.encoder_decoder else "")
+                + (f" From step {leaves} on, token 0 is out of layer {layer}'s sliding window of "
+                   f"{cached.layers[layer].window:,} tokens: no query reads it, so its share is 0."
+                   if leaves else ""), key="gen_sink")
     with transient_note("Checking the cache again in float64…"):
         float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
                                        sampling_key(sampling_of(request)))
@@ -233,7 +242,7 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
                  f"{float64[1]:.1e} over the steps both took): a near-tie the rounding tipped, or a cache that "
                  "changes the result.")
     st.caption(
-        f"After step {step + 1} the cache holds K and V for {chosen.cache_keys[0][2]} tokens in every layer. With it, "
+        f"After step {step + 1} the cache holds K and V for {gen.cache_holds(chosen)}. With it, "
         "each step feeds only the newest token; without it, every step runs the whole sequence again: the same "
         "tokens and logits (up to rounding), more work. Times are medians over the steps after the first, on this "
         f"machine. {again}"
@@ -243,8 +252,11 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
 @st.cache_resource(max_entries=4, show_spinner="Measuring the heads…")
 def cached_circuits(folder: str, name: str):
     model, tokenizer = generation_model(folder, name)
-    pool = gen.bundled_training_report()["repeat_token_ids"] if name == BUNDLED_GPT_NAME else None
-    return gen.find_circuits(model, tokenizer, gen.held_out_text(), pool=pool)
+    if name == BUNDLED_GPT_NAME:  # the pool it was trained to repeat
+        pool = gen.bundled_training_report()["repeat_token_ids"]
+        return gen.find_circuits(model, tokenizer, gen.held_out_text(), pool=pool,
+                                 pool_words=f"the {len(pool)} most frequent tokens of its training text")
+    return gen.find_circuits(model, tokenizer, gen.held_out_text())
 
 
 def circuits_section(folder: str, name: str) -> None:
@@ -253,9 +265,10 @@ def circuits_section(folder: str, name: str) -> None:
     with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME):
         found = cached_circuits(folder, name)
         for head in found:
-            st.markdown(f"**{head.name}**: layer {head.layer}, head {head.head}: {head.measure} = "
-                        f"**{head.score:.2f}**.")
-        st.caption("Measured now on this model's own eager attention weights, as the tests measure them.")
+            st.markdown(head.in_words())
+        st.caption("Measured now on this model's own eager attention weights, as the tests measure them. A head is "
+                   f"named only when its score reaches {gen.CIRCUIT_THRESHOLD:g}, the threshold Explore heads labels "
+                   "heads with.")
 
 
 def decoder_only(folder: str, what: str) -> bool:
@@ -282,7 +295,14 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
     layer = int(st.number_input("Layer", 0, layers - 1, 0, key="gen_paged_layer"))
     model, _ = generation_model(folder, name)
     max_length = gen.context_length(model.config)
-    demo = gen.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
+    try:
+        demo = gen.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
+    except ValueError as problem:  # a sliding layer's cache has dropped the oldest tokens
+        full = [facts.layer for facts in samples[0].layers if not facts.sliding]
+        st.info(f"{problem}." + (f" Layers that keep every token: {', '.join(map(str, full))}." if full else
+                                 " Every layer of this model slides a window shorter than this sequence."),
+                icon=":material/info:")
+        return
     show_figure(block_table_figure(demo.cache, demo.names, title="Block tables: logical block → physical block"),
                 "Orange: a physical block shared by several sequences (the prompt's full blocks); blue: a block "
                 "one sequence owns. The number is the physical block.", key="gen_block_table")
@@ -296,12 +316,10 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
                       help=f"{report['wasted_slots']} of {report['blocks_in_use'] * demo.cache.block_size} slots "
                            "hold no token")
     columns[3].metric("Through the block table", "identical" if demo.identical else "DIFFERENT")
-    copies = sum(event.kind == "copy-on-write" for event in demo.cache.events)
     st.caption(
-        f"Layer {layer}: {report['sequences']} sequences, {report['logical_tokens']} tokens in their tables, "
-        f"{report['tokens_stored']} stored once each ({copies} copy-on-write copies). A contiguous cache reserves "
-        f"the model's full context ({max_length} tokens) per sequence up front. Attention of a seeded query over "
-        "each sample's K/V, read through its block table, gives the same bits as on contiguous tensors."
+        f"{gen.paged_statement(demo, layer)} A contiguous cache reserves the model's full context ({max_length} "
+        "tokens) per sequence up front. Attention of a seeded query over each sample's K/V, read through its block "
+        "table, gives the same bits as on contiguous tensors."
     )
 
 

@@ -3,7 +3,15 @@
 import streamlit as st
 
 from attnviz import kvcache
-from attnviz.pagelogic.heads_kv_cache import cache_table, cross_attention_example, variants_of
+from attnviz.pagelogic.heads_kv_cache import (
+    cache_table,
+    checkpoint_config,
+    cross_attention_caption,
+    cross_attention_example,
+    formula_caption,
+    variants_of,
+    window_statement,
+)
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import start_page
 from attnviz.ui.messages import problem_text
@@ -11,16 +19,17 @@ from attnviz.ui.session_models import current_bundle
 from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES, human_bytes
 from attnviz.viz.charts import bar_chart
-from attnviz.viz.heads import head_sharing
+from attnviz.viz.heads import drawn_query_heads, head_sharing
 from attnviz.viz.matrix import heatmap_row
 from attnviz.viz.style import token_labels
 
+SHARING_DRAWN = 8  # query heads drawn at most in each sharing diagram
 SEQUENCE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 131072]
 
 
 def cache_section(bundle) -> kvcache.AttentionConfig:
     presets = dict(kvcache.PRESETS)
-    presets[f"Current checkpoint: {bundle.name}"] = kvcache.config_of_bundle(bundle)
+    presets[f"Current checkpoint: {bundle.name}"] = checkpoint_config(bundle)
     columns = st.columns([3, 2, 2, 2])
     choice = columns[0].selectbox("Model configuration", list(presets), key="kv_preset", bind="query-params")
     config = presets[choice]
@@ -49,25 +58,16 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
             f"{config.name} reads at most {config.max_positions:,} tokens: a {seq_len:,}-token cache is what the "
             "formula gives, not something this model can use.", icon=":material/warning:",
         )
-    tokens = kvcache.cached_tokens(config, seq_len)
-    if tokens < seq_len:
-        st.info(
-            f"{config.name} attends over a sliding window of {config.sliding_window:,} tokens, so its rolling-buffer "
-            f"cache holds only the last {tokens:,} of the {seq_len:,} tokens.", icon=":material/info:",
-        )
+    windows = window_statement(config, seq_len)
+    if windows:
+        st.info(windows, icon=":material/info:")
     frame = cache_table(config, seq_len, batch, dtype)
     # The table the whole width (six columns, none cut short), the chart below it.
     table, chart = st.container(), st.columns([3, 2])
     with table:
         st.dataframe(frame.drop(columns=["total bytes"]), hide_index=True)
         ratio = frame["total bytes"].iloc[0] / frame["total bytes"].iloc[-1]
-        st.caption(
-            f"MQA caches {ratio:.0f}x less than MHA. Formula: 2 (K and V) × layers × K/V heads × head dim × cached "
-            f"tokens × batch × bytes = 2 × {config.n_layers} × {config.n_kv_heads} × {config.head_dim} × {tokens:,} × "
-            f"{batch} × {DTYPE_BYTES[dtype]:g} for this model. 'Per cached token' is what each token held costs one "
-            "sequence" + (" (once the rolling buffer is full, a new token overwrites the oldest and costs nothing "
-                          "more)." if tokens < seq_len else ".")
-        )
+        st.caption(f"MQA caches {ratio:.0f}x less than MHA. " + formula_caption(config, seq_len, batch, dtype))
     with chart[0]:
         show_figure(
             bar_chart(frame["variant"].str.replace(" ← this model", "").tolist(),
@@ -86,13 +86,15 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
 def sharing_section(config: kvcache.AttentionConfig) -> None:
     st.subheader("Who shares keys and values")
     variants = variants_of(config)
-    drawn_heads = min(config.n_heads, 8)
     for column, (name, kv_heads) in zip(st.columns(3), variants.items(), strict=False):
+        drawn = drawn_query_heads(config.n_heads, kv_heads, SHARING_DRAWN)
+        groups = len({head // (config.n_heads // kv_heads) for head in drawn})
         with column:
             show_figure(
-                head_sharing(config.n_heads, kv_heads, title=name, max_heads=drawn_heads),
+                head_sharing(config.n_heads, kv_heads, title=name, max_heads=SHARING_DRAWN),
                 f"{config.n_heads} query heads, {kv_heads} K/V head{'s' if kv_heads > 1 else ''}"
-                + (f" (first {drawn_heads} drawn)" if drawn_heads < config.n_heads else "") + ".",
+                + (f" ({len(drawn)} query heads drawn, from {groups} of the {kv_heads} K/V groups; … marks query "
+                   "heads left out)" if len(drawn) < config.n_heads else "") + ".",
                 key=f"kv_sharing_{name}",
             )
 
@@ -131,8 +133,7 @@ def cross_attention_section(bundle) -> None:
         heatmap_row([weights[h] for h in shown], [f"head {h}" for h in shown], target_labels, source_labels,
                     title=f"{len(target_labels)} decoder queries attend over {len(source_labels)} encoder keys",
                     show_values=len(source_labels) * len(target_labels) <= 120),
-        "The weights need not be square: one row per decoder token, one column per encoder token. With identity "
-        "projections and the model's own embeddings, related words find each other (kitten → cat).",
+        cross_attention_caption(example, projections, heads),
         key="kv_cross",
     )
 

@@ -124,3 +124,14 @@ def test_a_finished_sequence_frees_its_own_blocks_and_they_are_reused():
     event = cache.append("d", torch.zeros(2, 8), torch.zeros(2, 8))
     assert event.kind == "allocate" and event.block in own and len(cache.key_blocks) == before
     assert math.isclose(cache.memory(16)["sequences"], 4)
+
+
+def test_the_cache_counts_distinct_tokens_apart_from_the_slots_that_hold_them():
+    """The prompt's 10 tokens and 5 new ones per sample are 25 different tokens; its half-full third block (tokens
+    8 and 9) is held by the prompt and copied once per sample, so those two tokens fill 4 slots each."""
+    cache, contiguous = filled_cache(block_size=4)
+    distinct = {id(key) for sample in contiguous.values() for key, _ in sample}  # each appended token once
+    report = cache.memory(max_length=64)
+    assert report["distinct_tokens"] == len(distinct) == 10 + 3 * 5
+    assert report["tokens_stored"] == 10 + 3 * (2 + 5)
+    assert report["most_copies"] == 1 + 3  # the prompt's block and the three copies

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnviz import circuits
+from attnviz import analysis, circuits
 from attnviz.flash.ring import ring_attention
+from attnviz.models.layer_facts import LayerFacts, layer_facts
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.paged_kv import PagedKVCache
 from attnviz.tiny_gpt_text import HELD_OUT_SHARE, documentation_text, split_text
@@ -76,7 +77,8 @@ class Step:
     token: str
     top: list[tuple[str, float]]  # the TOP_SHOWN most likely tokens of the distribution it was drawn from
     # (greedy: of the model's softmax, whose top it took)
-    attention: torch.Tensor  # [layers, heads, n_keys]: the weights of the query that predicted it
+    attention: torch.Tensor  # [layers, heads, position]: the weights of the query that predicted it over every
+    # earlier token, at the key's absolute position (0 where a sliding layer's window leaves the key out)
     cache_keys: list[tuple[int, ...]]  # the K tensor's shape in each layer of the cache after this step
     cache_bytes: int  # K and V of every layer
     seconds: float
@@ -99,6 +101,7 @@ class Generation:
     # K, V [kv_heads, tokens, head_dim] (every token but the last generated one, which no step has read yet)
     source_tokens: list[str] | None = None  # an encoder-decoder: the prompt, read by the encoder
     source_ids: list[int] | None = None
+    layers: tuple[LayerFacts, ...] = ()  # each (decoder self-)attention layer's facts: window, sinks, soft-capping
 
     def pieces(self, tokenizer) -> list[str]:
         """Each generated token as it reads in the decoded text (with the space a SentencePiece or byte-level
@@ -259,11 +262,23 @@ def _top_tokens(tokenizer, logits: torch.Tensor, probabilities: torch.Tensor,
     return [(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True) if p > 0]
 
 
-def _newest_query_attention(output, encoder_decoder: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights of the query that predicted the token: over the decoder's own keys ``[layers, heads, keys]``,
-    and an encoder-decoder's over the source ``[layers, heads, source tokens]`` (None for a causal LM)."""
+def _at_absolute_positions(rows: list[torch.Tensor], keys: int) -> torch.Tensor:
+    """Each layer's row of weights ``[heads, n_k]`` over the last ``n_k`` of ``keys`` keys (a sliding layer's
+    cache returns only its window) placed at the keys' absolute positions: ``[layers, heads, keys]``, 0 before."""
+    placed = torch.zeros(len(rows), rows[0].shape[0], keys)
+    for layer, row in enumerate(rows):
+        if row.shape[-1] > keys:
+            raise ValueError(f"layer {layer} returned weights over {row.shape[-1]} keys; the sequence has {keys}")
+        placed[layer, :, keys - row.shape[-1]:] = row.float()
+    return placed
+
+
+def _newest_query_attention(output, encoder_decoder: bool, keys: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights of the query that predicted the token: over the decoder's own ``keys`` earlier tokens
+    ``[layers, heads, keys]`` (at their absolute positions), and an encoder-decoder's over the source
+    ``[layers, heads, source tokens]`` (None for a causal LM)."""
     own = output.decoder_attentions if encoder_decoder else output.attentions
-    attention = torch.stack([layer[0, :, -1].float() for layer in own])  # [layers, heads, keys]
+    attention = _at_absolute_positions([layer[0, :, -1] for layer in own], keys)
     if not encoder_decoder:
         return attention, None
     return attention, torch.stack([layer[0, :, -1].float() for layer in output.cross_attentions])
@@ -272,7 +287,7 @@ def _newest_query_attention(output, encoder_decoder: bool) -> tuple[torch.Tensor
 def _step_record(output, cache, tokenizer, *, token_id: int, position: int, top: list[tuple[str, float]],
                  seconds: float, encoder_decoder: bool) -> Step:
     """What :class:`Step` shows of one step: the token, its attention, and the cache's tensors after it."""
-    attention, cross = _newest_query_attention(output, encoder_decoder)
+    attention, cross = _newest_query_attention(output, encoder_decoder, keys=position)
     tensors = _cache_tensors(cache) if cache is not None else []
     crossing = _cross_tensors(cache) if cache is not None else []
     return Step(
@@ -330,6 +345,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
         if progress:
             progress(step + 1, new_tokens)
+        if not result.layers:
+            result.layers = layer_facts(model.config, model, n_layers=len(result.steps[0].attention))
         if token_id in end_tokens:
             break  # the decoder has finished its output
     if cache is not None:
@@ -378,12 +395,14 @@ def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int,
 
 
 def timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
-    """``[steps, positions]``: each step's query's weights over the keys it saw (NaN beyond them)."""
+    """``[steps, positions]``: each step's query's weights over the keys it read, at their absolute positions;
+    NaN where it read none: positions not written yet, and keys out of a sliding layer's window."""
     n = len(generation.prompt_tokens) + len(generation.steps)
+    facts = generation.layers[layer] if layer < len(generation.layers) else None
     matrix = np.full((len(generation.steps), n), np.nan)
     for index, step in enumerate(generation.steps):
-        weights = step.attention[layer, head].numpy()
-        matrix[index, : len(weights)] = weights
+        first = facts.first_key(step.position - 1) if facts is not None else 0  # the query is at position - 1
+        matrix[index, first: step.position] = step.attention[layer, head, first:].numpy()
     return matrix
 
 
@@ -393,8 +412,57 @@ def cross_timeline(generation: Generation, layer: int, head: int) -> np.ndarray:
 
 
 def sink_mass(generation: Generation) -> np.ndarray:
-    """``[steps, layers, heads]``: the share of each step's attention on the first token (the "attention sink")."""
+    """``[steps, layers, heads]``: the share of each step's attention on the first token, position 0 (the
+    "attention sink"); 0 once a sliding layer's window has left it behind."""
     return np.stack([step.attention[:, :, 0].numpy() for step in generation.steps])
+
+
+def first_token_leaves(generation: Generation, layer: int) -> int | None:
+    """The first step (from 1) whose query no longer reads position 0 in ``layer`` (its window moved past it),
+    or None when every step reads it."""
+    if layer >= len(generation.layers):
+        return None
+    facts = generation.layers[layer]
+    for index, step in enumerate(generation.steps):
+        if facts.first_key(step.position - 1) > 0:
+            return index + 1
+    return None
+
+
+def row_sum_statement(generation: Generation, step: int, layer: int, head: int) -> str:
+    """What the weights of one step's query sum to, measured, and why when not 1: a learned sink (gpt-oss)."""
+    total = float(generation.steps[step].attention[layer, head].sum())
+    facts = generation.layers[layer] if layer < len(generation.layers) else None
+    if facts is not None and facts.sinks:
+        return (f"they sum to {total:.2f}: the other {1 - total:.2f} goes to this head's learned sink, a logit in "
+                "every row's softmax with no key and no value (attention sinks, as gpt-oss has)")
+    if abs(total - 1) < 5e-3:
+        return f"they sum to {total:.2f}"
+    return f"they sum to {total:.2f}, not 1"
+
+
+def window_statement(generation: Generation, step: int, layer: int) -> str | None:
+    """Where a sliding layer's window leaves keys out of this step's query, in words; None when it reads all."""
+    if layer >= len(generation.layers):
+        return None
+    facts, position = generation.layers[layer], generation.steps[step].position
+    first = facts.first_key(position - 1)
+    if not first:
+        return None
+    return (f"Layer {layer} slides a window of {facts.window:,} tokens: this query reads only positions {first} to "
+            f"{position - 1}; the {first} before them are out of its window (weight 0).")
+
+
+def cache_holds(step: Step) -> str:
+    """How many tokens the cache's tensors hold after ``step``, per layer as they differ: "12 tokens in every
+    layer", or "12 tokens in layers 1, 3 and 3 tokens in layers 0, 2" (a sliding layer keeps only its window)."""
+    held: dict[int, list[int]] = {}
+    for layer, shape in enumerate(step.cache_keys):
+        held.setdefault(shape[2], []).append(layer)
+    if len(held) <= 1:
+        return f"{next(iter(held), 0)} tokens in every layer"
+    return " and ".join(f"{tokens} tokens in layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
+                        for tokens, layers in sorted(held.items(), reverse=True))
 
 
 def cache_table(step: Step) -> list[dict]:
@@ -416,20 +484,45 @@ def bundled_training_report() -> dict:
     return json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
 
 
+# A head is named a previous-token (or induction) head only at this score or above: the threshold Explore heads
+# labels a previous-token head with (attnviz.analysis.LABEL_RULES)
+CIRCUIT_THRESHOLD = analysis.LABEL_RULES["previous-token head"][1]
+
+
 @dataclass
 class FoundHead:
     name: str
-    layer: int
+    layer: int  # the top-scoring head, found or not
     head: int
     score: float
     measure: str
+    found: bool = True  # its score reaches CIRCUIT_THRESHOLD
+
+    def in_words(self) -> str:
+        """"**induction head**: layer 1, head 0: ... = **0.60**." or, below the threshold, that none was found."""
+        if self.found:
+            return f"**{self.name}**: layer {self.layer}, head {self.head}: {self.measure} = **{self.score:.2f}**."
+        return (f"**{self.name}**: none found: no head reaches {CIRCUIT_THRESHOLD:g} ({self.measure}); the highest, "
+                f"layer {self.layer}, head {self.head}, has **{self.score:.2f}**.")
 
 
-def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None) -> list[FoundHead]:
+def ordinary_ids(model, tokenizer) -> list[int]:
+    """Every token id of the model's vocabulary but the tokenizer's special tokens."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return [i for i in range(int(model.config.vocab_size)) if i not in special]
+
+
+def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None,
+                  pool_words: str | None = None) -> list[FoundHead]:
     """The strongest previous-token head (on ``text``) and induction head (on random tokens of ``pool``, default
-    every ordinary token, repeated twice), measured with :func:`attnviz.circuits.circuit_scores` on the model's
-    own eager weights (as ``python -m attnviz.train_tiny`` measures them for the model card)."""
-    pool = pool or list(range(len(tokenizer.all_special_ids), model.config.vocab_size))
+    every id of the vocabulary but the special tokens, repeated twice), measured with
+    :func:`attnviz.circuits.circuit_scores` on the model's own eager weights (as ``python -m attnviz.train_tiny``
+    measures them for the model card); each is named only when its score reaches :data:`CIRCUIT_THRESHOLD`.
+    ``pool_words``: what the pool is, for the page ("the 384 most frequent tokens of its training text")."""
+    if pool is None:
+        pool = ordinary_ids(model, tokenizer)
+        pool_words = f"all {len(pool):,} ids of its vocabulary but the special tokens"
+    pool_words = pool_words or f"a pool of {len(pool):,} token ids"
     config = model.config
     context = context_length(config)
     scores = circuits.circuit_scores(model, tokenizer, text, pool, max_positions=context)
@@ -437,11 +530,12 @@ def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None)
     for name, key, measure in (
         ("previous-token head", "previous_token", "mean weight on position i-1 (held-out text)"),
         ("induction head", "induction", f"mean weight on the token after the earlier occurrence ({scores['period']} "
-                                        "random common tokens repeated twice)"),
+                                        f"random tokens drawn from {pool_words}, repeated twice)"),
     ):
         values = torch.tensor(scores[key])  # [layers, heads]
         layer, head = divmod(int(values.argmax()), values.shape[1])
-        found.append(FoundHead(name, layer, head, float(values[layer, head]), measure))
+        score = float(values[layer, head])
+        found.append(FoundHead(name, layer, head, score, measure, score >= CIRCUIT_THRESHOLD))
     return found
 
 
@@ -455,6 +549,7 @@ class PagedDemo:
     names: list[str]
     identical: bool  # attention through the block tables equals attention on contiguous tensors, bit for bit
     max_length: int  # what a contiguous cache reserves per sequence
+    prompt_length: int = 0  # the prompt's tokens, shared by every sample
 
 
 def paged_demo(samples: list[Generation], layer: int, *, block_size: int = 16, max_length: int,
@@ -468,6 +563,12 @@ def paged_demo(samples: list[Generation], layer: int, *, block_size: int = 16, m
 
     prompt_length = len(samples[0].prompt_tokens)
     keys, values = samples[0].kv[layer]
+    for sample in samples:
+        held, written = sample.kv[layer][0].shape[1], len(sample.tokens) - 1  # every token but the last generated
+        if held != written:
+            raise ValueError(f"layer {layer}'s cache holds {held} of the {written} tokens written (a sliding "
+                             "window drops the older ones): PagedAttention is shown on a layer that keeps every "
+                             "token")
     cache = PagedKVCache(kv_heads=keys.shape[0], head_dim=keys.shape[-1], block_size=block_size, dtype=keys.dtype)
     cache.add_sequence("prompt")
     for position in range(prompt_length):
@@ -491,7 +592,26 @@ def paged_demo(samples: list[Generation], layer: int, *, block_size: int = 16, m
         contiguous, _ = scaled_dot_product_attention(query[None], sample_keys[None], sample_values[None],
                                                      mask=masks.causal(1, sample_keys.shape[1]))
         identical &= torch.equal(cache.attention(name, query), contiguous[0])
-    return PagedDemo(cache, names, identical, max_length)
+    return PagedDemo(cache, names, identical, max_length, prompt_length)
+
+
+def paged_statement(demo: PagedDemo, layer: int) -> str:
+    """What the paged cache stores, counted from its own blocks: tokens in the tables, distinct tokens, filled
+    slots, and the copies copy-on-write made."""
+    report = demo.cache.memory(demo.max_length)
+    copies = sum(event.kind == "copy-on-write" for event in demo.cache.events)
+    distinct, stored = report["distinct_tokens"], report["tokens_stored"]
+    text = (f"Layer {layer}: {report['sequences']} sequences, {report['logical_tokens']} tokens in their block "
+            f"tables, {distinct} distinct tokens (the prompt's {demo.prompt_length} and each sample's own) in "
+            f"{stored} filled slots")
+    if stored > distinct:
+        partial = demo.prompt_length % demo.cache.block_size
+        text += (f": the prompt's last, partly filled block ({partial} of its tokens) is held {report['most_copies']} "
+                 f"times ({copies} copy-on-write cop{'y' if copies == 1 else 'ies'} and the original), so "
+                 f"{stored - distinct} slots repeat a token.")
+    else:
+        text += ": each stored once (the prompt fills whole blocks, so no sample writes into a shared one)."
+    return text
 
 
 def ring_demo(record, layer: int, devices: int, *, causal: bool):

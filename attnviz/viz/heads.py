@@ -287,34 +287,61 @@ def attention_lines(
     return figure
 
 
+def drawn_query_heads(n_heads: int, n_kv_heads: int, max_heads: int | None = None) -> list[int]:
+    """The query heads :func:`head_sharing` draws: all of them when they fit in ``max_heads``; else whole K/V
+    groups sampled across the model, at least two query heads of each group drawn (its first and its last) so that
+    sharing shows: MHA draws single heads spread over all of them, GQA pairs that share a K/V head, MQA many heads
+    on one."""
+    if not max_heads or n_heads <= max_heads:
+        return list(range(n_heads))
+    size = n_heads // n_kv_heads  # query heads per K/V head
+    per_group = 1 if size == 1 else min(size, max(2, max_heads // n_kv_heads))
+    n_groups = max(1, min(n_kv_heads, max_heads // per_group))
+    groups = sorted({round(i * (n_kv_heads - 1) / max(n_groups - 1, 1)) for i in range(n_groups)})
+    heads = []
+    for group in groups:
+        first = group * size
+        within = list(range(per_group - 1)) + [size - 1] if per_group > 1 else [0]  # the first ones and the last
+        heads += [first + offset for offset in sorted(set(within))]
+    return heads
+
+
 def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | None = None) -> go.Figure:
     """Which query heads read which K/V head (MHA: one each; GQA: groups; MQA: all share one).
 
-    ``max_heads`` draws only the first query heads, with their real K/V heads (and only those K/V heads)."""
+    ``max_heads`` draws at most that many query heads (:func:`drawn_query_heads`: whole groups sampled across the
+    model), each with its real K/V head; a "…" marks query heads left out between two drawn ones."""
     from attnviz.attention import kv_head_of_query_head
 
     full_mapping = kv_head_of_query_head(n_heads, n_kv_heads)
-    shown = min(n_heads, max_heads or n_heads)
-    mapping = full_mapping[:shown]
+    drawn = drawn_query_heads(n_heads, n_kv_heads, max_heads)
+    shown = len(drawn)
+    mapping = [full_mapping[h] for h in drawn]
     groups = sorted(set(mapping))  # the K/V heads the drawn query heads read
     figure = go.Figure()
     span = max(shown - 1, 1)
     # Each K/V head sits under the middle of the query heads it serves among those drawn.
-    kv_x = {g: sum(h for h, m in enumerate(mapping) if m == g) / mapping.count(g) for g in groups}
-    for head, group in enumerate(mapping):
+    kv_x = {g: sum(x for x, m in enumerate(mapping) if m == g) / mapping.count(g) for g in groups}
+    for x, group in enumerate(mapping):
         figure.add_trace(
             go.Scatter(
-                x=[head, kv_x[group]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
+                x=[x, kv_x[group]], y=[1, 0], mode="lines", showlegend=False, hoverinfo="skip",
                 line=dict(color=HEAD_COLOURS[group % len(HEAD_COLOURS)], width=2),
             )
         )
+    gaps = [x + 0.5 for x in range(shown - 1) if drawn[x + 1] != drawn[x] + 1]  # heads left out between these
+    if gaps:
+        figure.add_trace(
+            go.Scatter(x=gaps, y=[1] * len(gaps), mode="text", text=["…"] * len(gaps), textposition="middle center",
+                       textfont=dict(size=16, color="#555"), hoverinfo="skip", showlegend=False)
+        )
     figure.add_trace(
         go.Scatter(
-            x=list(range(shown)), y=[1] * shown, mode="markers+text", text=[f"Q{h}" for h in range(shown)],
+            x=list(range(shown)), y=[1] * shown, mode="markers+text", text=[f"Q{h}" for h in drawn],
             textposition="top center",
             marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
-            hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(mapping)], hoverinfo="text",
-            showlegend=False,
+            hovertext=[f"query head {h} reads K/V head {g}" for h, g in zip(drawn, mapping, strict=True)],
+            hoverinfo="text", showlegend=False,
         )
     )
     figure.add_trace(
