@@ -71,12 +71,16 @@ def apply_pending_model() -> None:
 
 def sidebar() -> None:
     """The global sidebar: the model and the sentence every page reads, presentation mode, this installation."""
+    from attnviz.models.loading import bundled_models
     from attnviz.ui.session_models import registered_models
     from attnviz.ui.sidebar import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, note_sidebar_edit
 
+    bundled = list(bundled_models())
+    named = " and ".join([", ".join(bundled[:-1]), bundled[-1]] if len(bundled) > 1 else bundled)
     st.selectbox(
         "Model", list(registered_models()), key="model", bind="query-params", on_change=note_sidebar_edit,
-        args=("model",), help="The bundled BERT, or a checkpoint you added on the Checkpoints page.",
+        args=("model",), help=f"The bundled model{'s' if len(bundled) > 1 else ''}: {named}; or a checkpoint you "
+                              "added on the Checkpoints page.",
     )
     st.text_area(
         "Sentence", value=DEFAULT_SENTENCE, key="sentence", max_chars=MAX_SENTENCE_CHARS, height=100,

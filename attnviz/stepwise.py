@@ -128,10 +128,12 @@ class ScoreParameters:
     v_additive: torch.Tensor  # [d_a]
 
 
-def score_parameters(d_k: int, seed: int) -> ScoreParameters:
+def score_parameters(d_k: int, seed: int, d_a: int | None = None) -> ScoreParameters:
+    """Seeded parameters for queries and keys of size ``d_k``; ``d_a``, the additive score's hidden size, is
+    ``d_k`` unless given."""
     generator = torch.Generator().manual_seed(int(seed) + 1)  # +1: not the same draw as the projections
     draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
-    d_a = d_k  # the additive score's hidden size
+    d_a = d_k if d_a is None else d_a
     return ScoreParameters(
         w_general=draw(d_k, d_k) / math.sqrt(d_k),
         w_query=draw(d_a, d_k) / math.sqrt(d_k),
@@ -153,6 +155,14 @@ class AttentionSteps:
     output: torch.Tensor  # step 5: weights @ V, [n_q, d_v]
     mask: torch.Tensor | None  # bool, True = may attend
     d_k: int  # the queries' and keys' dimension (the columns of Q): scaled dot product divides by its root
+    parameters: ScoreParameters | None = None  # the score function's seeded parameters
+
+
+def additive_bound(steps: AttentionSteps) -> tuple[int, float]:
+    """The additive score's hidden size ``d_a`` and the bound on its scores: tanh keeps each of the ``d_a`` terms of
+    ``v . tanh(...)`` in [-1, 1], so ``|score| <= sum |v|``, whatever d_k is."""
+    v = steps.parameters.v_additive
+    return v.numel(), float(v.abs().sum())
 
 
 def raw_scores(q: torch.Tensor, k: torch.Tensor, score_function: str, params: ScoreParameters) -> torch.Tensor:
@@ -197,6 +207,7 @@ def attention_steps(
         output=weights @ v,
         mask=mask,
         d_k=q.shape[1],
+        parameters=params,
     )
 
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MAX_IMAGE_BYTES = 20 * 1024**2  # a photo from a phone is 2-8 MB
+from attnviz.units import human_bytes
+
+MAX_IMAGE_BYTES = 20 * 1024**2  # 20 MiB; a photo from a phone is 2-8 MB
 MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel camera; a bomb declares far more than its bytes hold
 # What a model may be shown: real processors resize to 224-518 pixels a side (DINOv2: 518, 1,370 tokens). A
 # processor config that asks for more (a crafted size of 20,000) would take gigabytes and hours per image.
@@ -42,8 +44,8 @@ def read_image(data: bytes):
     if not data:
         raise ImageRefused("the file is empty")
     if len(data) > MAX_IMAGE_BYTES:
-        raise ImageRefused(f"the file is {len(data) / 1024**2:.1f} MB; images up to {MAX_IMAGE_BYTES // 1024**2} MB "
-                           "are read")
+        raise ImageRefused(f"the file is {human_bytes(len(data))} ({len(data):,} bytes); images up to "
+                           f"{human_bytes(MAX_IMAGE_BYTES)} ({MAX_IMAGE_BYTES:,} bytes) are read")
     try:
         image = Image.open(io.BytesIO(data))  # reads the header only
     except UnidentifiedImageError:

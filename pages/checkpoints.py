@@ -5,13 +5,14 @@ import streamlit as st
 
 from attnviz.models import keep, safety, support
 from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS, bundled_models
-from attnviz.models.record import DENSE_LIMIT
+from attnviz.models.record import DENSE_CELLS, DENSE_LIMIT, dense_token_limit
 from attnviz.models.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.ui.frame import start_page
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.session_models import (
     add_checkpoint,
+    current_model_name,
     model_dtype,
     registered_models,
     remove_model,
@@ -45,7 +46,7 @@ def limits() -> None:
         f"{MAX_PARAMETERS / 1e9:g}B parameters, in their stored dtype unless you ask for fp32; on a GPU the model runs "
         "there; weights larger than the free memory are offloaded to disk layer by layer (slow, but they load). Any "
         "text length the model reads: heatmaps above 256 tokens a side are pooled with a zoom, and the views that "
-        f"need every head's weights at once (rollout, compare, what-if) work up to {DENSE_LIMIT:,} tokens."
+        f"need every head's weights at once (rollout, compare, what-if) {dense_views_limit()}"
     )
     hours = keep.keep_hours()
     st.caption(
@@ -54,6 +55,20 @@ def limits() -> None:
         if hours else "Models you add stay with this session: they are deleted when it ends (this server keeps "
         "nothing, ATTNVIZ_KEEP_HOURS=0)."
     )
+
+
+def dense_views_limit() -> str:
+    """How long a text the views that hold every head's weights take, for the current model (its layers x heads
+    x N^2 weights stay within DENSE_CELLS)."""
+    rule = (f"at most {DENSE_LIMIT:,} tokens, and {DENSE_CELLS / 1e6:.0f} million weights in all (layers x heads x "
+            "N²)")
+    name = current_model_name()
+    try:
+        bundle = load_bundle(registered_models()[name], name, model_dtype(name))
+    except Exception:  # noqa: BLE001 - a model that cannot load is listed below with its reason
+        return f"work up to {rule}."
+    return (f"work up to {dense_token_limit(bundle.n_layers, bundle.n_heads):,} tokens with {name} "
+            f"({bundle.n_layers} layers x {bundle.n_heads} heads; {rule}).")
 
 
 def add_model(prepare, *args) -> None:

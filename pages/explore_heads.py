@@ -7,8 +7,7 @@ import math
 import streamlit as st
 
 from attnviz import analysis, mask_patterns, vision
-from attnviz.models.capture import replay_tolerance
-from attnviz.models.record import TooLongForDense
+from attnviz.models.record import TooLongForDense, dense_token_limit
 from attnviz.pagelogic.explore_heads.bertviz_view import bertviz_html
 from attnviz.pagelogic.explore_heads.compare import compare_figures
 from attnviz.pagelogic.explore_heads.export import capture_npz, figure_html, matrix_csv, matrix_json, shown_matrix
@@ -43,6 +42,7 @@ from attnviz.ui.messages import problem_text, queries_unavailable, warn_if_not_f
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.session_models import current_bundle, current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
+from attnviz.units import human_bytes
 from attnviz.viz import style
 from attnviz.viz.heads import head_grid, head_sharing
 from attnviz.viz.matrix import HALF_WIDTH
@@ -117,16 +117,26 @@ def replay_check(capture_key: tuple, kind: str, record, model) -> None:
             help="The check compares attnviz's weights @ V with the model's own kernel, layer by layer; NaN never "
                  "counts as agreement.")
         return
-    tolerance = replay_tolerance(record)
-    verdict = ":material/check_circle:" if difference <= tolerance else ":material/warning:"
+    dtype = str(difference.dtype).removeprefix("torch.")
+    rounding = (f"rounding in {dtype} allows each output an error of its own, from its weights, its values and the "
+                f"size of its scores: the output nearest its bound differs by {difference.share:.0%} of it "
+                f"({difference.allowed:.1e})")
+    if not difference.passed:
+        st.markdown(
+            f":material/warning: **Replay check:** attnviz's own attention differs from the model's output by up to "
+            f"**{difference:.1e}**, more than rounding in {dtype} explains.",
+            help=f"attnviz's weights, times the model's V, should reproduce the attention output of the model's "
+                 f"kernel in every layer and head; {rounding}. What is shown here may not be what this model "
+                 "computes.",
+        )
+        return
     shown = "**exactly**" if difference == 0 else f"to within **{difference:.1e}**"
-    dtype = str(record.values.dtype).removeprefix("torch.")
     st.markdown(
-        f"{verdict} **Replay check:** attnviz's own attention reproduces the model's output in all "
+        f":material/check_circle: **Replay check:** attnviz's own attention reproduces the model's output in all "
         f"{record.n_layers} x {record.n_heads} heads {shown}.",
         help=f"The weights shown here are computed by attnviz's from-scratch attention from the model's own Q and "
              f"K; times its V, they reproduce the attention output of the model's kernel in every layer and head "
-             f"(max difference {difference:.1e}; rounding allows {tolerance:.1e} in {dtype}).",
+             f"(max difference {difference:.1e}; {rounding}).",
     )
 
 
@@ -476,7 +486,8 @@ def export_tab(capture, record, options: ViewOptions) -> None:
         columns[0].caption("No figure to export with these filters.")
     columns[1].download_button(
         "All tensors (.npz)", lambda: capture_npz(capture), "attnviz_capture.npz", "application/octet-stream",
-        key="export_npz", help="Q, K and V of every layer (and every head's weights up to 1,024 tokens).",
+        key="export_npz", help=f"Q, K and V of every layer (and every head's weights up to "
+                               f"{dense_token_limit(record.n_layers, record.n_heads):,} tokens with this model).",
     )
     table_options = options if view in ("head", "average") else dataclasses.replace(options, view="head")
     columns[2].download_button(
@@ -536,7 +547,7 @@ def image_source() -> tuple[str, object, str]:
                                           key="explore_image_source")
     if source == IMAGE_SOURCES[1]:
         uploaded = columns[1].file_uploader("A PNG or JPEG", type=["png", "jpg", "jpeg"], key="explore_image_file",
-                                            help=f"Up to {vision.MAX_IMAGE_BYTES // 1024**2} MB and "
+                                            help=f"Up to {human_bytes(vision.MAX_IMAGE_BYTES)} and "
                                                  f"{vision.MAX_IMAGE_PIXELS / 1e6:.0f} megapixels.")
         if uploaded is None:
             st.info("Upload a PNG or JPEG to see where this model's heads look.", icon=":material/upload:")

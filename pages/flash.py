@@ -142,12 +142,16 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
 
 def memory_metrics(case) -> None:
     metrics = st.columns(3)
-    metrics[0].metric(f"Naive holds at N = {case.n:,}",
-                      human_bytes(flash_page.naive_score_bytes(case.n, case.heads, case.dtype)),
-                      help=f"scores + probabilities, {case.heads} heads, batch 1, {case.dtype}")
-    metrics[1].metric("Naive would hold at N = 131,072",
-                      human_bytes(flash_page.naive_score_bytes(131072, case.heads, case.dtype)),
-                      help=f"{case.heads} heads, batch 1, {case.dtype}")
+    masked = not case.mask_spec().is_full
+    metrics[0].metric(f"Naive's N x N buffers at N = {case.n:,}",
+                      human_bytes(flash_page.naive_peak_bytes(case.n, case.heads, case.dtype, case.batch,
+                                                              masked=masked)),
+                      help=flash_page.naive_memory_note(case))
+    metrics[1].metric("Naive's N x N buffers at N = 131,072",
+                      human_bytes(flash_page.naive_peak_bytes(131072, case.heads, case.dtype, case.batch,
+                                                              masked=masked)),
+                      help=f"The same {flash_page.NAIVE_BUFFERS} buffers{' and mask' if masked else ''}, "
+                           f"{case.heads} heads, batch {case.batch}, {case.dtype}.")
     tiled = CONTENDERS["tiled"].options
     tiled_bytes = flash_page.flash_tile_bytes(tiled["block_q"], tiled["block_k"]) * case.heads
     metrics[2].metric("A 64 x 64 flash tile holds, per head", human_bytes(flash_page.flash_tile_bytes(64, 64)),
@@ -309,8 +313,8 @@ def scaling_section(chosen: dict) -> None:
             line_chart(lengths, series, title=f"Forward TFLOPS on {report.get('gpu', 'GPU')} ({results[0]['mask']}, "
                                               f"d = {results[0]['d']})", x_title="N", y_title="TFLOPS", log_x=True,
                        markers=True),
-            f"Higher is better; the report takes {report.get('peak_tflops', 989):.0f} TFLOPS as the GPU's dense bf16 "
-            "peak (H100/H200 SXM).",
+            flash_page.tflops_caption(report.get("gpu"), max((value for values in series.values() for value in values
+                                                              if value is not None), default=None)),
             key="flash_scaling_gpu",
         )
 

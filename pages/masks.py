@@ -80,9 +80,7 @@ def real_head_section(bundle, record, mask, name: str, labels: list[str]) -> tup
             [before, cut, after], ["Before: the model's head", "Masked, not renormalised", "Masked and renormalised"],
             labels, labels, title=f"{bundle.name}, layer {layer}, head {head}, under the {name} mask",
         ),
-        f"The pattern is applied on top of the model's own mask. Without renormalising, rows sum to less than 1 (this "
-        f"head loses {lost:.1%} of its attention on average); a softmax over the keys both allow makes the kept "
-        "weights fill each row again.",
+        masks_page.real_head_caption(lost, masks_page.rows_without_keys(record, layer, mask), len(labels)),
         key="masks_real",
     )
     return layer, head

@@ -91,11 +91,21 @@ def saturation_section(seed: int) -> None:
     else:
         since = first_d_k(statistics, "max_weight_unscaled", lambda value: value > 0.5)
         one_key = f"; without scaling it grows with d_k (one key takes most of the weight from about d_k = {since})."
-    if at["jacobian_unscaled"] < at["jacobian_scaled"]:
-        gradient = ": a saturated softmax passes little gradient to Q and K."
+    if at["jacobian_unscaled"] < at["jacobian_scaled"] and at["max_weight_unscaled"] > 0.5:
+        gradient = (f": saturated (one key takes {at['max_weight_unscaled']:.2f} of the weight on average), the "
+                    f"softmax passes {at['jacobian_scaled'] / at['jacobian_unscaled']:.3g}x less gradient to Q and K "
+                    "than with scaling.")
+    elif at["jacobian_unscaled"] < at["jacobian_scaled"]:
+        since = first_d_k(statistics, "max_weight_unscaled", lambda value: value > 0.5)
+        gradient = (f". At this d_k the unscaled softmax is sharper but not saturated (its largest weight averages "
+                    f"{at['max_weight_unscaled']:.2f}), and its gradient is "
+                    f"{at['jacobian_scaled'] / at['jacobian_unscaled']:.3g}x smaller; one key takes most of the weight "
+                    f"from about d_k = {since}.")
     else:
-        gradient = (". At this d_k the unscaled softmax is not yet saturated and its gradient is no smaller; it falls "
-                    f"below the scaled one from d_k = {first_d_k(statistics, None, None)}.")
+        state = ("one key already takes most of the weight without scaling, yet" if at["max_weight_unscaled"] > 0.5
+                 else "the unscaled softmax is not yet saturated and")
+        gradient = (f". At this d_k {state} its gradient is no smaller; it falls below the scaled one from d_k = "
+                    f"{first_d_k(statistics, None, None)}.")
     captions = {
         "entropy": (f"Scaled: {at['entropy_scaled']:.2f} nats at d_k = {d_k} (the most there can be is log {n_keys} = "
                     f"{math.log(n_keys):.2f}); unscaled: {at['entropy_unscaled']:.2f}, and "

@@ -126,6 +126,12 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
                        f"{steps.scores.std().item():.3g} to {steps.scaled_scores.std().item():.3g}), so the softmax "
                        "does not saturate." if steps.scores.numel() > 1 else
                        "Dividing by √d_k keeps the scores' spread near 1 whatever d_k is.")
+        elif steps.score_function == "additive":
+            title = "Step 2 · Scaled scores (no scaling for this score function)"
+            d_a, most = stepwise.additive_bound(steps)
+            caption = (f"No √d_k, and none needed: tanh keeps each of the d_a = {d_a} terms of vᵀ·tanh(…) in [−1, 1], "
+                       f"so every score lies within ±{most:.3g} (the sum of |v|) whatever d_k is. Its spread grows "
+                       f"with the hidden size d_a (here set equal to d_k), not with d_k itself.")
         else:
             title = "Step 2 · Scaled scores (no scaling for this score function)"
             caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."

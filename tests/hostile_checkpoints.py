@@ -220,7 +220,7 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     zip_case("config: nested 100,000 deep", {**base, "config.json": b"[" * 100_000 + b"]" * 100_000},
              match="nested too deeply", fast=True)
     zip_case("config: 2 MB of config", {**base, "config.json": json.dumps(
-        {**json.loads(base["config.json"]), "padding": "x" * 2 * MiB}).encode()}, match="larger than|MB", fast=True)
+        {**json.loads(base["config.json"]), "padding": "x" * 2 * MiB}).encode()}, match="larger than|MiB", fast=True)
     zip_case("config: a vision_config of width 10^9", with_config(base, vision_config={"hidden_size": 10**9}),
              match="widths", fast=True)
     zip_case("config: an auto_map", with_config(base, auto_map={"AutoModel": "evil.Model"}), match="auto_map",

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from attnviz.models import support
-from attnviz.models.capture import DENSE_CELLS, capture, replay_difference
-from attnviz.models.eager import token_limit
+from attnviz.models.capture import capture, replay_difference
 from attnviz.models.loading import load_model_dir
 from attnviz.models.record import NotReplayable
 from tests.test_models import eager_attentions
@@ -203,12 +202,12 @@ def test_the_weights_path_says_what_it_cannot_do(checkpoint):
 
 
 def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, monkeypatch):
-    import attnviz.models.capture as capture_module
+    from attnviz.models import record
 
-    assert token_limit(24, 16, DENSE_CELLS, 1024) == 456  # sqrt(80M / 384)
-    assert token_limit(2, 4, DENSE_CELLS, 1024) == 1024
+    assert record.dense_token_limit(24, 16) == 456  # sqrt(80M / 384)
+    assert record.dense_token_limit(2, 4) == 1024
     bundle = load_model_dir(checkpoint("falcon"))
-    monkeypatch.setattr(capture_module, "DENSE_CELLS", 2 * 4 * 10 * 10)
+    monkeypatch.setattr(record, "DENSE_CELLS", 2 * 4 * 10 * 10)
     result = capture(bundle, " ".join(["word"] * 40))
     assert len(result.tokens) == 10 and result.truncated
 

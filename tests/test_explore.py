@@ -153,3 +153,26 @@ def test_bertviz_html_and_injection_is_inert(bert):
     assert hostile.tokens[2] == "<"  # BERT's tokenizer keeps the angle brackets as tokens...
     assert '"<"' not in html and '">"' not in html  # ...which never reach bertviz's <script> as markup
     assert "\\u2039" in html  # they arrive as look-alike characters (JSON-escaped)
+
+
+def test_the_replay_check_in_bf16_passes_the_real_replay_and_fails_a_wrong_scale():
+    """The bound comes from bf16's rounding of each output (its weights, values and score sizes), not from a
+    fraction of max|V|: 16 eps x max|V| (0.125 max|V|) let a 20% wrong scale pass on a real model."""
+    from dataclasses import replace
+
+    from attnviz.models.capture import replay_difference
+    from attnviz.models.loading import default_model_dir, load_model_dir
+
+    bundle = load_model_dir(default_model_dir())  # a fresh copy, cast below: the shared one stays fp32
+    bundle.model.to(torch.bfloat16)
+    record = capture(bundle, "The cat sat on the mat because it was tired.").records["self"]
+    assert record.values.dtype == torch.bfloat16
+    check = replay_difference(record)
+    assert check.passed and check > 0, (float(check), check.share)  # bf16 rounds, and within its bound
+    old_tolerance = 16 * torch.finfo(torch.bfloat16).eps * max(float(record.values[i].abs().max())
+                                                                 for i in range(record.n_layers))
+    for factor in (0.8, 1.2):
+        wrong = replay_difference(replace(record, scales=[scale * factor for scale in record.scales]))
+        assert not wrong.passed, (factor, float(wrong), wrong.share)
+        assert wrong > check  # a real error, larger than rounding's
+        assert wrong < old_tolerance  # which the old tolerance let pass

@@ -125,11 +125,17 @@ def test_t5_position_bias_is_part_of_the_replay(tiny_dir):
 
 
 def test_long_input_is_truncated_with_a_notice(tiny_dir):
+    from attnviz.models.capture import COUNTED_CHARS
+
     bundle = load_model_dir(tiny_dir("bert"))  # 64 positions
-    result = capture(bundle, " ".join(["word"] * 100))
-    assert result.truncated and abs(result.n_tokens_before_truncation) > 64
+    text = " ".join(["word"] * 100)
+    result = capture(bundle, text)
+    assert result.truncated and len(result.tokens) == 64
+    assert result.length_of_text == f"{len(bundle.tokenizer(text)['input_ids']):,}"  # counted whole: exact
+    long = " ".join(["word"] * (COUNTED_CHARS // 2))  # longer than what is counted whole
+    result = capture(bundle, long)
     assert result.length_of_text.startswith("more than")  # the text was read only as far as needed
-    assert len(result.tokens) == 64
+    assert 64 < -result.n_tokens_before_truncation < len(bundle.tokenizer(long)["input_ids"])
 
 
 def test_missing_tokenizer_falls_back_and_says_so(tiny_dir):

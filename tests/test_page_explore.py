@@ -338,3 +338,22 @@ def test_the_query_key_tab_shows_how_one_score_is_made():
     at.selectbox(key="qk_key").set_value(5).run()
     caption = next(c.value for c in at.caption if c.value.startswith("q·k = Σ q∘k"))
     assert "5 · the" in caption
+
+
+def test_replay_check_of_a_bf16_model_is_held_to_bf16_rounding_of_each_output(tmp_path):
+    import torch
+    from transformers import AutoModel
+
+    from attnviz.models.loading import bundled_models, default_model_dir
+
+    source, folder = default_model_dir(), tmp_path / "bert-bf16"
+    AutoModel.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_bytes((source / name).read_bytes())
+    models = {name: str(path) for name, path in bundled_models().items()} | {"bert-bf16": str(folder)}
+    at = open_page(EXPLORE, models=models, model="bert-bf16")
+    check = next(m for m in at.markdown if "Replay check" in m.value)
+    assert ":material/check_circle:" in check.value  # the real replay passes in bf16
+    difference = replay_difference_shown(at)
+    assert 0 < difference < 0.1  # bf16 does round (it is not exact), far less than a wrong scale moves it
+    assert "bfloat16" in check.proto.help and "%" in check.proto.help

@@ -9,8 +9,9 @@ import torch
 from attnviz import measure
 from attnviz.bench import flash_cpu, flash_gpu
 from attnviz.flash.cases import AttentionCase, measure_peak_memory
+from attnviz.gpus import gpu_bf16_peak
 from attnviz.pagelogic import flash as flash_page
-from attnviz.units import speed_ratio
+from attnviz.units import human_bytes, speed_ratio
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 
 
@@ -76,9 +77,43 @@ def test_flop_counts():
 
 
 def test_naive_memory_at_128k_and_the_tile_per_head():
-    assert flash_page.naive_score_bytes(131072, 1, "fp16") == 2 * 131072**2 * 2
-    assert flash_page.naive_score_bytes(1024, 4, "fp32") == 2 * 4 * 1024**2 * 4  # every head counts
+    buffers = flash_page.NAIVE_BUFFERS
+    assert flash_page.naive_peak_bytes(131072, 1, "fp16") == buffers * 131072**2 * 2
+    assert flash_page.naive_peak_bytes(1024, 4, "fp32") == buffers * 4 * 1024**2 * 4  # every head counts
+    assert flash_page.naive_peak_bytes(1024, 4, "fp32", masked=True) == (buffers * 4 + 1) * 4 * 1024**2
     assert flash_page.flash_tile_bytes(64, 64) == 32 * 1024  # one head's tile: the page says "per head"
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_what_the_page_says_naive_holds_is_what_it_measures(mask):
+    """The metric counts every N x N buffer naive attention holds at once: the peak measured in a fresh process
+    (the page's own "Measure peak memory") is that, plus the inputs' small change."""
+    case = AttentionCase(512, d=32, heads=4, mask=mask)
+    stated = flash_page.naive_peak_bytes(case.n, case.heads, case.dtype, masked=mask != "full")
+    measured = measure_peak_memory(case, "naive", timeout=120)
+    assert 0.9 * stated <= measured <= 1.1 * stated, (measured / 2**20, stated / 2**20)
+    at = open_page("pages/flash.py", flash_n=512, flash_heads=4, flash_mask=mask, flash_backends=["naive"])
+    metric = next(m for m in at.metric if m.label.startswith("Naive's N x N buffers at N = 512"))
+    assert metric.value == human_bytes(stated)
+
+
+@pytest.mark.parametrize("gpu,peak", [("NVIDIA H200", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA A100-SXM4-80GB", 312),
+                                      ("NVIDIA L4", 121), ("NVIDIA GeForce RTX 3090", None)])
+def test_a_gpu_report_is_measured_against_the_peak_of_the_gpu_it_names(gpu, peak):
+    rows = [{"n": n, "d": 128, "mask": "causal", "forward_tflops": {"FlashAttention": 100.0 + n / 1024}}
+            for n in (1024, 4096)]  # the best: 104 TFLOPS
+    report = {"benchmark": "flash-gpu", "gpu": gpu, "peak_tflops": 989.0, "results": rows}
+    at = open_page("pages/flash.py", flash_n=128)
+    at.radio(key="flash_scaling_source").set_value("upload a benchmark JSON").run()
+    at.file_uploader(key="flash_upload").set_value(("report.json", json.dumps(report).encode(), "application/json")
+                                                    ).run()
+    assert not at.exception, [e.value for e in at.exception]
+    caption = next(c.value for c in at.caption if "Higher is better" in c.value)
+    assert "989" not in caption or peak == 989  # the report's own peak_tflops is not trusted
+    if peak is None:
+        assert "does not know" in caption and "%" not in caption  # achieved TFLOPS only
+    else:
+        assert f"{peak} TFLOPS" in caption and f"{104 / peak:.0%}" in caption
 
 
 def test_speed_ratios_read_as_people_say_them():
@@ -181,6 +216,8 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
     assert any("TFLOPS" in line or "triton TF" in line for line in lines)
     assert any("causal / non-causal" in line for line in lines)
     assert any("flex compile" in line for line in lines)
+    assert report["peak_tflops"] is None and any("peak = unknown for CPU" in line for line in lines)
+    assert flash_gpu.share_of_peak(400.0, gpu_bf16_peak("NVIDIA H200")) == f"{400 / 989:.1%}"
 
 
 def test_other_widgets_do_not_re_measure_and_measure_again_does():

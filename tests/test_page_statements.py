@@ -110,11 +110,13 @@ def test_kv_page_says_an_encoder_keeps_no_cache():
     assert any("keeps no KV cache" in i.value for i in at.info)
 
 
-def test_head_sharing_draws_the_real_groups_of_the_first_heads():
+def test_head_sharing_draws_each_drawn_query_heads_real_group():
     figure = head_sharing(12, 4, title="GQA", max_heads=8)
     queries, kv = figure.data[-2], figure.data[-1]
-    assert list(queries.hovertext)[:4] == [f"query head {h} reads K/V head {h // 3}" for h in range(4)]
-    assert list(kv.hovertext) == [f"K/V head {g}: 3 query heads" for g in range(3)]
+    for text in queries.hovertext:  # "query head h reads K/V head g": g is h's group of 3 (Llama's grouping)
+        head, group = int(text.split()[2]), int(text.split()[-1])
+        assert group == head // 3
+    assert len(queries.hovertext) == 8 and all(t.endswith(": 3 query heads") for t in kv.hovertext)
 
 
 def test_dilated_layers_reach_only_multiples_of_the_dilation():
@@ -170,3 +172,191 @@ def test_step_by_step_says_when_a_row_has_no_allowed_key():
 def test_cross_attention_helpers_from_the_page_module():
     assert heads_kv_cache.variants_of(kvcache.PRESETS["GPT-2 (124M)"]) == {"MHA": 12, "GQA (4 K/V)": 4, "MQA": 1}
     assert positional.alibi_slopes(8).tolist()[0] == 0.5
+
+
+# Round two (issue 24): items 7, 12, 16, 17 and 20, each at the setting where the page was wrong.
+
+
+def test_a_page_reading_the_first_tokens_counts_the_text_and_what_explore_reads():
+    from transformers import AutoConfig, AutoTokenizer
+
+    from attnviz.models.loading import default_model_dir
+
+    folder = default_model_dir()
+    explore_reads = AutoConfig.from_pretrained(folder).max_position_embeddings  # what BERT reads
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for text in (" ".join(["The quick brown fox jumps over the lazy dog."] * 110)[:4990],  # about 1,100 tokens
+                 " ".join(["The cat sat on the mat."] * 30)):  # between 96 and 512
+        count = len(tokenizer(text)["input_ids"])  # the whole text, [CLS] and [SEP] included
+        at = open_page("pages/masks.py", sentence=text)
+        notice = next(i.value for i in at.info if "reads the first" in i.value)
+        assert f"first 96 of the text's {count:,} tokens" in notice, (count, notice)
+        if count > explore_reads:
+            assert f"Explore heads reads the first {explore_reads:,}" in notice and "all of them" not in notice
+        else:
+            assert "Explore heads reads all of them" in notice
+
+
+def test_masks_page_says_which_rows_no_key_survives_in():
+    from attnviz.models.loading import BUNDLED_GPT_NAME
+
+    # BigBird with no global, window or random block: no key is left for any query.
+    at = open_page("pages/masks.py", masks_pattern="bigbird", masks_global_blocks=0, masks_window_blocks=0,
+                   masks_random_blocks=0)
+    n = len(at.selectbox(key="masks_query").options)
+    built = mask_patterns.build("bigbird", n, **{k: at.session_state[f"masks_{k}"] for k in
+                                                 ("block_size", "global_blocks", "window_blocks", "random_blocks",
+                                                  "seed")})
+    assert not bool(built.mask.any())
+    caption = next(c.value for c in at.caption if "loses" in c.value)
+    assert "every row stays empty" in caption and "fill each row again." not in caption
+
+    # LSH on the tiny GPT: hashed with its own layer-0 keys of head 0, under its causal mask.
+    at = open_page("pages/masks.py", model=BUNDLED_GPT_NAME, masks_pattern="lsh")
+    bundle = load_model_dir(at.session_state["models"][BUNDLED_GPT_NAME])
+    record = capture(bundle, at.session_state["sentence"], max_tokens=96).records["self"]
+    keys = record.keys[0, 0].float()
+    params = {k: at.session_state[f"masks_{k}"] for k in ("n_buckets", "n_rounds", "seed")}
+    mask = mask_patterns.build("lsh", record.n_q, vectors=keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6),
+                               **params).mask & masks.causal(record.n_q)
+    empty = (~mask.any(-1)).nonzero().flatten().tolist()
+    caption = next(c.value for c in at.caption if "loses" in c.value)
+    if empty:
+        assert f"except the {len(empty)} of {record.n_q} rows" in caption
+        assert f"{empty[0]}" in caption.split("rows that keep no key")[1]
+    else:
+        assert "fill each row again." in caption
+
+
+def test_scaling_says_saturated_only_where_one_key_takes_most_of_the_weight():
+    from attnviz import scaling
+
+    for d_k in (2, 512):
+        at = open_page("pages/scaling.py")
+        at.select_slider(key="scale_keys").set_value(8).run()
+        at.select_slider(key="scale_d").set_value(d_k).run()
+        weights = torch.softmax(scaling.random_scores(d_k, 8, scaling.QUERIES_PER_POINT, 0), dim=-1)
+        largest = float(weights.amax(-1).mean())  # the unscaled softmax's largest weight, averaged
+        jacobian = next(c.value for c in at.caption if "Jacobian's norm" in c.value)
+        if largest > 0.5:
+            assert "saturated (one key takes" in jacobian and "not saturated" not in jacobian
+        else:
+            assert "saturated (one key takes" not in jacobian and "little gradient" not in jacobian
+            assert "not saturated" in jacobian or "not yet saturated" in jacobian
+            assert f"{largest:.2f}" in jacobian or "no smaller" in jacobian
+    assert largest > 0.5  # d_k = 512 is saturated: both branches were checked
+
+
+def test_checkpoints_page_states_the_dense_views_limit_of_the_current_model(tmp_path):
+    import math
+
+    from transformers import GPT2Config
+
+    from attnviz.models.loading import bundled_models
+    from attnviz.models.record import DENSE_CELLS, DENSE_LIMIT
+    from tests.tiny_models import VOCAB
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=1024, n_embd=24, n_layer=12, n_head=12)  # GPT-2 small's shape
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "wide-gpt2", config=config)
+    models = {name: str(path) for name, path in bundled_models().items()} | {"wide-gpt2": str(folder)}
+    at = open_page("pages/checkpoints.py", models=models, model="wide-gpt2")
+    limit = min(DENSE_LIMIT, math.isqrt(DENSE_CELLS // (config.n_layer * config.n_head)))  # 745
+    caption = next(c.value for c in at.caption if "rollout, compare, what-if" in c.value)
+    assert f"up to {limit:,} tokens with wide-gpt2" in caption and limit < DENSE_LIMIT
+    # ... and that is where the record stops materialising every head.
+    bundle = load_model_dir(folder)
+    text = " ".join(["word"] * 2000)
+    at_limit = capture(bundle, text, max_tokens=limit).records["self"]
+    past = capture(bundle, text, max_tokens=limit + 1).records["self"]
+    assert at_limit.n_q == limit and at_limit.dense_ok and not past.dense_ok
+
+
+def test_sidebar_model_help_names_every_bundled_model():
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz.models.loading import bundled_models
+    from tests.apptest_helpers import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()  # app.py draws the sidebar
+    assert not at.exception, [e.value for e in at.exception]
+    help_text = at.selectbox(key="model").help
+    for name in bundled_models():
+        assert name in help_text
+
+
+# --- Heads and KV cache: sliding and full layers, cross-attention pairs, GQA vs MQA (issue 24: 3, 4, 9) --------
+
+
+def _drawn_groups(figure) -> dict[int, list[int]]:
+    """K/V head -> the query heads drawn reading it, from the figure's hover texts."""
+    groups: dict[int, list[int]] = {}
+    for text in figure.data[-2].hovertext:
+        words = text.split()
+        groups.setdefault(int(words[-1]), []).append(int(words[2]))
+    return groups
+
+
+def test_gqa_and_mqa_diagrams_differ_when_only_some_query_heads_are_drawn():
+    """Llama 2 70B: 64 query heads, 8 K/V heads. With 8 query heads drawn, GQA must show several K/V heads each
+    shared by several query heads, MQA one K/V head for all, MHA one K/V head per query head."""
+    from attnviz.attention import kv_head_of_query_head
+
+    drawn = {}
+    for name, kv_heads in (("MHA", 64), ("GQA", 8), ("MQA", 1)):
+        groups = _drawn_groups(head_sharing(64, kv_heads, title=name, max_heads=8))
+        mapping = kv_head_of_query_head(64, kv_heads)
+        assert all(mapping[q] == g for g, queries in groups.items() for q in queries)  # the real groups
+        assert sum(len(q) for q in groups.values()) <= 8
+        drawn[name] = groups
+    assert len(drawn["MQA"]) == 1
+    assert len(drawn["GQA"]) > 1 and all(len(q) > 1 for q in drawn["GQA"].values())
+    assert all(len(q) == 1 for q in drawn["MHA"].values()) and len(drawn["MHA"]) > 1
+
+
+def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
+    """The bundled tiny GPT splits "kitten" into pieces: the caption lists each decoder token's strongest key as
+    computed here from the model's own embeddings (one head, identity projections: softmax of √d · cosine)."""
+    from attnviz.models.loading import BUNDLED_GPT_DIR
+
+    bundle = load_model_dir(BUNDLED_GPT_DIR)
+    source, target = TEXT, "A kitten rested on the rug."
+    example = heads_kv_cache.cross_attention_example(bundle, source, target, n_heads=1)
+    caption = heads_kv_cache.cross_attention_caption(example, "identity", 1)
+    embeddings = bundle.model.get_input_embeddings().weight.detach().float()
+    ids = {text: bundle.tokenizer(text, add_special_tokens=False)["input_ids"] for text in (source, target)}
+    unit = {text: torch.nn.functional.normalize(embeddings[ids[text]], dim=-1) for text in ids}
+    weights = torch.softmax(embeddings.shape[1] ** 0.5 * unit[target] @ unit[source].T, dim=-1)
+    source_tokens = bundle.tokenizer.convert_ids_to_tokens(ids[source])
+    target_tokens = bundle.tokenizer.convert_ids_to_tokens(ids[target])
+    assert not any(t.replace("Ġ", "") == "kitten" for t in target_tokens)  # kitten is split into pieces
+    for row, token in enumerate(target_tokens[:8]):
+        best = int(weights[row].argmax())
+        if token.replace("Ġ", "").isalnum() and source_tokens[best].replace("Ġ", "").isalnum():
+            assert f"{token} → {source_tokens[best]} ({float(weights[row, best]):.2f})" in caption
+    cat = [i for i, t in enumerate(source_tokens) if t.replace("Ġ", "") == "cat"]
+    if not any(int(weights[row].argmax()) in cat for row in range(len(target_tokens))):
+        assert "→ Ġcat" not in caption and "→ cat" not in caption  # no token finds "cat": none is said to
+
+
+def test_kv_page_sums_a_checkpoints_sliding_and_full_layers(tmp_path):
+    """A tiny Gemma 2 with a window of 4: layer 0 slides, layer 1 attends to everything (its config's layer
+    types); the page's total is the sum over the layers, and it says which layers slide."""
+    from attnviz.units import DTYPE_BYTES, human_bytes
+    from tests.tiny_models import tiny_config
+
+    config = tiny_config("gemma2")
+    config.sliding_window = 4
+    folder = make_tiny_checkpoint("gemma2", tmp_path / "tiny-gemma2", config=config)
+    at = open_page("pages/heads_kv_cache.py", models={"tiny-gemma2": str(folder)}, model="tiny-gemma2")
+    at.selectbox(key="kv_preset").set_value("Current checkpoint: tiny-gemma2").run()
+    assert not at.exception, [e.value for e in at.exception]
+    seq_len, dtype = int(at.select_slider(key="kv_seq").value), at.selectbox(key="kv_dtype").value
+    by_hand = sum(2 * config.num_key_value_heads * config.head_dim * DTYPE_BYTES[dtype]
+                  * (min(seq_len, 4) if kind == "sliding_attention" else seq_len) for kind in config.layer_types)
+    table = next(frame.value for frame in at.dataframe if "KV cache, all layers" in frame.value.columns)
+    own = table[table["variant"].str.endswith("← this model")].iloc[0]
+    assert own["KV cache, all layers"] == human_bytes(by_hand)
+    note = next(i.value for i in at.info if "window of 4 tokens" in i.value)
+    sliding = config.layer_types.count("sliding_attention")
+    assert f"{sliding} layer" in note and f"{seq_len:,}" in note and "in every layer" not in note
+

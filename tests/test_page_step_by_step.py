@@ -70,6 +70,22 @@ def test_score_function_and_d_k_change_the_numbers():
     assert plotly_array(figure_titled(at, "Step 5")["data"][0]["z"]).shape == (8, 2)
 
 
+def test_additive_caption_states_its_real_bound_and_no_saturation_claim():
+    from attnviz import stepwise
+
+    at = open_page(PAGE)
+    at.selectbox(key="sbs_score_function").set_value("additive").run()
+    at.slider(key="sbs_d_k").set_value(8).run()
+    caption = next(c.value for c in at.caption if "tanh" in c.value and "√d_k" in c.value)
+    assert "saturates" not in caption
+    scores = plotly_array(figure_titled(at, "Step 1")["data"][0]["z"])
+    seed = int(at.number_input(key="sbs_seed").value)
+    v = stepwise.score_parameters(8, seed).v_additive  # d_a = d_k = 8 on this page
+    bound = float(v.abs().sum())
+    assert f"±{bound:.3g}" in caption and f"d_a = {v.numel()}" in caption
+    assert np.abs(scores).max() <= bound
+
+
 @pytest.mark.parametrize(
     "q_text,message",
     [

@@ -56,6 +56,25 @@ def test_additive_score_matches_its_formula_entry_by_entry(qkv):
     torch.testing.assert_close(steps.weights, expected_weights)
 
 
+def test_additive_score_spread_follows_its_hidden_size_not_d_k():
+    """Vaswani et al.: additive attention needs no 1/sqrt(d_k). With unit-variance q and k and the usual
+    1/sqrt(d_k) initialisation of W, the score's spread is set by the hidden size d_a, not by d_k."""
+    generator = torch.Generator().manual_seed(0)
+
+    def score_std(d_k: int, d_a: int) -> float:
+        q = torch.randn(64, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(64, d_k, generator=generator, dtype=torch.float64)
+        params = stepwise.score_parameters(d_k, seed=1, d_a=d_a)
+        scores = stepwise.raw_scores(q, k, "additive", params)
+        assert float(scores.abs().max()) <= float(params.v_additive.abs().sum())  # tanh bounds every term
+        return float(scores.std())
+
+    fixed = [score_std(d_k, 8) for d_k in (1, 8, 64, 512)]
+    assert max(fixed) / min(fixed) < 1.6  # about 2 whatever d_k (a dot product's grows 22x from 1 to 512)
+    tied = [score_std(d_k, d_k) for d_k in (8, 512)]
+    assert tied[1] / tied[0] > 4  # tying d_a to d_k is what grows it (sqrt(64) = 8 in expectation)
+
+
 def test_causal_with_more_keys_than_queries():
     q = torch.randn(2, 3, dtype=torch.float64)
     k = torch.randn(4, 3, dtype=torch.float64)

@@ -146,6 +146,16 @@ def test_images_are_validated_before_they_are_decoded(monkeypatch):
         vision.read_image(png(64, 64, (1, 2, 3)) + b"\x00" * 200)
 
 
+def test_the_image_size_limit_is_worded_in_the_units_it_is_counted_in():
+    limit = vision.MAX_IMAGE_BYTES  # 20 * 1024**2: 20 MiB, 20.97 MB
+    data = png(64, 64, (1, 2, 3)) + b"\x00" * (limit + 1)
+    with pytest.raises(vision.ImageRefused) as refused:
+        vision.read_image(data)
+    message = str(refused.value)
+    assert f"{limit / 1024**2:g} MiB" in message and f"{limit:,} bytes" in message and f"{len(data):,} bytes" in message
+    assert " MB" not in message  # a megabyte is 10^6 bytes: the limit is not 20 of those
+
+
 @pytest.fixture
 def vision_models(vision_checkpoint, clean_streamlit_caches):
     return {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-deit": str(vision_checkpoint("deit"))}

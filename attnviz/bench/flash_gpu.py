@@ -14,8 +14,8 @@ import torch
 
 from attnviz import mask_patterns, masks
 from attnviz.bench.flash_cpu import attention_flops
+from attnviz.gpus import gpu_bf16_peak
 
-PEAK_TFLOPS = 989.0  # H100/H200 SXM, dense bf16 tensor cores (NVIDIA's data sheet)
 CASE_MASKS = ("full", "causal", "window", "bigbird")
 SDPA_KERNELS = ("sdpa/flash", "sdpa/cudnn", "sdpa/efficient")
 # What the recorded figures are checked against (docs/benchmarks.md).
@@ -136,7 +136,8 @@ def bench_gpu(*, batch: int = 4, heads: int = 32, quick: bool = False, device: s
     return {
         "benchmark": "flash-gpu", "gpu": device_name, "batch": batch, "heads": heads,
         "dtype": str(dtype).split(".")[-1], "window": window,
-        "bigbird": f"block {bigbird_block}, 2 global, 3 window, 2 random blocks", "peak_tflops": PEAK_TFLOPS,
+        "bigbird": f"block {bigbird_block}, 2 global, 3 window, 2 random blocks",
+        "peak_tflops": gpu_bf16_peak(device_name),  # None: a GPU attnviz has no data sheet figure for
         "torch": torch.__version__, "triton": triton.__version__, "seconds": time.perf_counter() - started,
         "results": rows,
     }
@@ -174,6 +175,7 @@ def print_gpu(report: dict) -> list[str]:
              f"torch {report['torch']}, triton {report['triton']} ({report['seconds']:.0f} s)"]
     lines.append(f"{'d':>4} {'N':>6} {'mask':<8} {'triton TF':>10} {'% of peak':>9} {'vs flash':>9} {'vs cudnn':>9} "
                  f"{'vs effic.':>9} {'vs flex':>9} {'fwd+bwd TF':>11} {'flex compile':>12}")
+    peak = report.get("peak_tflops")
     for row in report["results"]:
         forward = row["forward_ms"]
         ours = forward.get("triton")
@@ -182,13 +184,19 @@ def print_gpu(report: dict) -> list[str]:
             return f"{forward[label] / ours:.2f}x" if ours and label in forward else "—"
         tflops = row["forward_tflops"].get("triton", float("nan"))
         lines.append(
-            f"{row['d']:>4} {row['n']:>6} {row['mask']:<8} {tflops:>10.1f} {tflops / report['peak_tflops']:>9.1%} "
+            f"{row['d']:>4} {row['n']:>6} {row['mask']:<8} {tflops:>10.1f} {share_of_peak(tflops, peak):>9} "
             f"{ratio('sdpa/flash'):>9} {ratio('sdpa/cudnn'):>9} {ratio('sdpa/efficient'):>9} {ratio('flex'):>9} "
             f"{row['forward_backward_tflops'].get('triton', float('nan')):>11.1f} "
             f"{row.get('first_call_ms', {}).get('flex', float('nan')) / 1000:>11.1f}s"
         )
+    peak_text = f"{peak:.0f} TFLOPS (dense bf16, data sheet)" if peak else f"unknown for {report['gpu']}"
     lines.append("Ratios are contender time / triton time (above 1 = triton faster); "
-                 f"peak = {report['peak_tflops']:.0f} TFLOPS; flex compile = FlexAttention's first call (compiling), "
+                 f"peak = {peak_text}; flex compile = FlexAttention's first call (compiling), "
                  "not in its times.")
     lines += targets_gpu(report)
     return lines
+
+
+def share_of_peak(tflops: float, peak: float | None) -> str:
+    """``tflops`` as a share of the GPU's peak ("41.2%"), or "—" when the peak is unknown."""
+    return f"{tflops / peak:.1%}" if peak else "—"

@@ -101,13 +101,13 @@ def read_json(checked: CheckedFile, limit: int, what: str | None = None):
     or nested too deeply for Python's parser."""
     what = what or checked.name
     if checked.size > limit:
-        raise CheckpointRefused(f"{what} is {checked.size / MiB:.1f} MB; more than {limit / MiB:g} MB is not a "
+        raise CheckpointRefused(f"{what} is {checked.size / MiB:.1f} MiB; more than {limit / MiB:g} MiB is not a "
                                 "file a checkpoint needs")
     try:
         with open(checked.real, "rb") as file:
             data = file.read(limit + 1)
         if len(data) > limit:
-            raise CheckpointRefused(f"{what} grew past {limit / MiB:g} MB while it was read")
+            raise CheckpointRefused(f"{what} grew past {limit / MiB:g} MiB while it was read")
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as problem:
         raise CheckpointRefused(f"{what} is not valid JSON ({str(problem)[:100]})") from None

@@ -13,7 +13,8 @@ two paths, and the pages say which:
   (``output_attentions=True``, what bertviz shows) and nothing else; the pages that need Q and K say why they
   are not available.
 
-Both keep every layer's weights of the forward at once, so inputs are capped at :func:`token_limit`.
+Both keep every layer's weights of the forward at once, so inputs are capped at
+:func:`attnviz.models.record.dense_token_limit` (:func:`attnviz.models.capture.tokens_read`).
 """
 
 from __future__ import annotations
@@ -21,17 +22,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import math
 
 import torch
 
 from attnviz.models.adapters import Adapter
 from attnviz.models.attention_hook import AttentionCall
-
-
-def token_limit(n_layers: int, n_heads: int, cells: int, dense_limit: int) -> int:
-    """The longest input whose ``[layers, heads, n, n]`` eager weights stay within ``cells`` floats."""
-    return max(1, min(dense_limit, math.isqrt(cells // max(1, n_layers * n_heads))))
 
 
 class EagerKernel:

@@ -3,12 +3,14 @@ received them, its masks (as rules where they are), scaling and score terms; or,
 transformers' weights alone. Nothing holds the ``[layers, heads, N, N]`` weights: :class:`AttentionRecord` replays
 them on demand, per layer, head and query range, through :mod:`attnviz.models.scoring`, so an 8,192-token text
 costs the queries, keys and values it keeps, not 36 GB. Only views that need every head at once (rollout,
-compare, what-if, the .npz export) materialise all of them, and only up to ``DENSE_LIMIT`` tokens.
+compare, what-if, the .npz export) materialise all of them, and only up to :func:`dense_token_limit` tokens
+(DENSE_LIMIT, fewer where the model's layers x heads x N^2 would pass DENSE_CELLS).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +20,12 @@ from attnviz.models import scoring
 
 DENSE_LIMIT = 1024  # tokens: up to this (and DENSE_CELLS), all weights may be materialised at once
 DENSE_CELLS = 80_000_000  # layers x heads x n_q x n_k: 320 MB of fp32 (6 x 12 heads x 1,054 tokens)
+
+
+def dense_token_limit(n_layers: int, n_heads: int) -> int:
+    """The longest input whose ``[layers, heads, n, n]`` weights the dense views (rollout, compare, what-if, the
+    .npz export) materialise: DENSE_LIMIT tokens, and DENSE_CELLS weights in all (GPT-2 small: 745 tokens)."""
+    return max(1, min(DENSE_LIMIT, math.isqrt(DENSE_CELLS // max(1, n_layers * n_heads))))
 BLOCK_CELLS = 16_000_000  # a replayed block of rows: heads x rows x n_k floats (64 MB), whatever the model
 REPLAY_BLOCK = 512  # at most this many query rows a block
 
@@ -240,8 +248,9 @@ class AttentionRecord:
             raise TooLongForDense(
                 f"{max(self.n_q, self.n_k):,} tokens x {self.n_layers} layers x {self.n_heads} heads: this view needs "
                 f"every head's {self.n_q:,} x {self.n_k:,} weights at once, which attnviz computes up to "
-                f"{DENSE_LIMIT:,} tokens (and 320 MB of weights); use the head view (pooled, with zoom) or head "
-                "statistics"
+                f"{dense_token_limit(self.n_layers, self.n_heads):,} tokens for {self.n_layers} layers x "
+                f"{self.n_heads} heads (at most {DENSE_LIMIT:,} tokens and {DENSE_CELLS / 1e6:.0f} million weights "
+                "in all); use the head view (pooled, with zoom) or head statistics"
             )
 
     @functools.cached_property

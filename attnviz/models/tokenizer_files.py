@@ -160,8 +160,8 @@ def check_tokenizer(folder: Path, links: LinkRule) -> tuple[list[CheckedFile], s
         if checked is None:
             continue
         if checked.size > limit:
-            return [], (f"Its tokenizer file {shown(name)} is {checked.size / MiB:.1f} MB, larger than "
-                        f"{limit / MiB:g} MB, so it was not read"), notes
+            return [], (f"Its tokenizer file {shown(name)} is {checked.size / MiB:.1f} MiB, larger than "
+                        f"{limit / MiB:g} MiB, so it was not read"), notes
         counted = name.endswith((".txt", ".codes", ".tiktoken")) or name in COUNTED_JSON
         # A merges list holds about one pair per vocabulary entry: JSON vocabularies may hold both.
         allowed = 2 * MAX_VOCABULARY_ENTRIES if name in ("tokenizer.json", "tekken.json") else MAX_VOCABULARY_ENTRIES

@@ -106,7 +106,7 @@ def _model_name(filename: str) -> str:
 
 def _check_size(size: int, what: str) -> None:
     if size > MAX_UPLOAD_BYTES:
-        raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MB")
+        raise CheckpointRefused(f"{what} is {size / 1024**2:.0f} MiB; the limit is {MAX_UPLOAD_BYTES // 1024**2} MiB")
     if size == 0:
         raise CheckpointRefused(f"{what} is empty")
 
@@ -157,11 +157,11 @@ def _is_link(info: zipfile.ZipInfo) -> bool:
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
     if info.file_size > limit:
-        raise CheckpointRefused(f"{shown(info.filename)} is larger than {limit / 1024**2:g} MB")
+        raise CheckpointRefused(f"{shown(info.filename)} is larger than {limit / 1024**2:g} MiB")
     with archive.open(info) as member:
         data = member.read(limit + 1)
     if len(data) > limit:
-        raise CheckpointRefused(f"{shown(info.filename)} unpacks to more than {limit / 1024**2:g} MB")
+        raise CheckpointRefused(f"{shown(info.filename)} unpacks to more than {limit / 1024**2:g} MiB")
     return data
 
 
@@ -290,10 +290,10 @@ def _chosen_members(archive: zipfile.ZipFile, usable: dict[str, zipfile.ZipInfo]
         if name not in needed:
             report.skipped.append(f"{shown(info.filename)} ({_skip_reason(name)})")
         elif bound is not None and info.file_size > bound and name in REQUIRED_BOUNDED:
-            raise CheckpointRefused(f"{name} is {info.file_size / 1024**2:.1f} MB; more than {bound / 1024**2:g} MB "
+            raise CheckpointRefused(f"{name} is {info.file_size / 1024**2:.1f} MiB; more than {bound / 1024**2:g} MiB "
                                     "is not a file a checkpoint needs")
         elif bound is not None and info.file_size > bound:
-            report.skipped.append(f"{shown(info.filename)} (larger than {bound / 1024**2:g} MB: not a file a model "
+            report.skipped.append(f"{shown(info.filename)} (larger than {bound / 1024**2:g} MiB: not a file a model "
                                   "needs at that size)")
         else:
             chosen.append((name, info))
@@ -348,7 +348,7 @@ def _size_of(data) -> int:
 
 def _read_small(data, limit: int, what: str) -> bytes:
     if _size_of(data) > limit:
-        raise CheckpointRefused(f"{what} is larger than {limit / 1024**2:g} MB")
+        raise CheckpointRefused(f"{what} is larger than {limit / 1024**2:g} MiB")
     if isinstance(data, (bytes, bytearray)):
         return bytes(data)
     content = data.read()
@@ -390,10 +390,11 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
         if name not in needed:
             skipped.append(f"{shown(renamed.get(name, name))} ({_skip_reason(name)})")
         elif bound is not None and _size_of(named[name]) > bound and name in REQUIRED_BOUNDED:
-            raise CheckpointRefused(f"{name} is {_size_of(named[name]) / 1024**2:.1f} MB; more than "
-                                    f"{bound / 1024**2:g} MB is not a file a checkpoint needs")
+            raise CheckpointRefused(f"{name} is {_size_of(named[name]) / 1024**2:.1f} MiB; more than "
+                                    f"{bound / 1024**2:g} MiB is not a file a checkpoint needs")
         elif bound is not None and _size_of(named[name]) > bound:
-            skipped.append(f"{shown(name)} (larger than {bound / 1024**2:g} MB: not a file a model needs at that size)")
+            skipped.append(f"{shown(name)} (larger than {bound / 1024**2:g} MiB: not a file a model needs at that "
+                           "size)")
         else:
             written.append(name)
     workspace = _workspace()

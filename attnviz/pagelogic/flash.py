@@ -13,7 +13,8 @@ from attnviz import mask_patterns
 from attnviz.flash import CONTENDERS, BackendUnavailable, run_contender
 from attnviz.flash.cases import AttentionCase
 from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, TiledTrace, tiled_attention
-from attnviz.units import DTYPE_BYTES
+from attnviz.gpus import gpu_bf16_peak
+from attnviz.units import DTYPE_BYTES, human_bytes
 
 INTERPRETER_LIMIT = 256  # tokens: above this the Triton interpreter takes minutes
 STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
@@ -125,9 +126,41 @@ def run_contenders(case: AttentionCase, names: list[str], *, repeats: int = 3, a
     return rows
 
 
-def naive_score_bytes(n: int, heads: int, dtype: str, batch: int = 1) -> int:
-    """What naive attention materialises: the N x N scores and as many probabilities, per batch x heads."""
-    return int(2 * batch * heads * n * n * DTYPE_BYTES[dtype])
+# attnviz's naive attention (attnviz.attention.scaled_dot_product_attention, the "naive" contender) holds this many
+# N x N buffers in the inputs' dtype at its peak: the scores, masked_softmax's copy of them (blocked keys and empty
+# rows filled in), the softmax and the weights with empty rows zeroed. A mask adds its own N x N bool (1 byte a cell).
+# A textbook naive attention needs at least 2 (scores and probabilities). tests/test_page_flash.py checks the count
+# against measure_peak_memory.
+NAIVE_BUFFERS = 4
+TEXTBOOK_BUFFERS = 2
+
+
+def naive_peak_bytes(n: int, heads: int, dtype: str, batch: int = 1, *, masked: bool = False,
+                     buffers: int = NAIVE_BUFFERS) -> int:
+    """The N x N memory of naive attention at its peak, per batch x heads: ``buffers`` N x N matrices in ``dtype``
+    (attnviz's naive code: NAIVE_BUFFERS; a textbook one: TEXTBOOK_BUFFERS), and the bool mask when ``masked``."""
+    return int(batch * heads * n * n * (buffers * DTYPE_BYTES[dtype] + (1 if masked else 0)))
+
+
+def naive_memory_note(case: AttentionCase) -> str:
+    """What the naive memory metric counts, in words, for ``case``."""
+    masked = not case.mask_spec().is_full
+    textbook = naive_peak_bytes(case.n, case.heads, case.dtype, case.batch, buffers=TEXTBOOK_BUFFERS)
+    return (f"attnviz's naive attention keeps {NAIVE_BUFFERS} N x N {case.dtype} buffers alive at once for each of "
+            f"the {case.heads} heads (batch {case.batch}): the scores, softmax's copy of them, the probabilities and "
+            "the weights with empty rows zeroed" + (", and the N x N bool mask" if masked else "") + ". A textbook "
+            f"naive attention needs at least the scores and the probabilities: {human_bytes(textbook)}.")
+
+
+def tflops_caption(gpu_name: str | None, best_tflops: float | None) -> str:
+    """The caption under a GPU report's TFLOPS: the peak of the GPU it names, or that the peak is unknown."""
+    peak = gpu_bf16_peak(gpu_name)
+    name = gpu_name or "this GPU"
+    if peak is None:
+        return (f"Higher is better. attnviz does not know the dense bf16 peak of {name}, so these are achieved "
+                "TFLOPS only" + (f" (best {best_tflops:.0f})." if best_tflops else "."))
+    best = f"; the best here reaches {best_tflops:.0f}, {best_tflops / peak:.0%} of it" if best_tflops else ""
+    return f"Higher is better. The dense bf16 peak of {name} is {peak:.0f} TFLOPS (NVIDIA's data sheet){best}."
 
 
 def flash_tile_bytes(block_q: int, block_k: int) -> int:

@@ -64,6 +64,30 @@ def apply_to_head(record: AttentionRecord, layer: int, head: int, mask: torch.Te
     return before[head], cut, after[head], float(1 - cut.sum(-1).mean())
 
 
+def rows_without_keys(record: AttentionRecord, layer: int, mask: torch.Tensor) -> list[int]:
+    """The queries that keep no key under both the pattern and the model's own mask: their rows stay empty (all
+    zeros), renormalised or not."""
+    combined = mask & record.allowed[layer]  # [n_q, n_k]
+    return (~combined.any(-1)).nonzero().flatten().tolist()
+
+
+def real_head_caption(lost: float, empty: list[int], n_rows: int) -> str:
+    """What the page says under a pattern applied to a real head: the share of attention lost, and whether the
+    renormalised rows fill again (a row with no key left cannot)."""
+    start = (f"The pattern is applied on top of the model's own mask. Without renormalising, rows sum to less than 1 "
+             f"(this head loses {lost:.1%} of its attention on average)")
+    if not empty:
+        return start + "; a softmax over the keys both allow makes the kept weights fill each row again."
+    if len(empty) == n_rows:
+        return start + ("; here no query keeps a key both allow, so every row stays empty (all zeros) even after "
+                        "renormalising.")
+    which = ("queries " if len(empty) > 1 else "query ") + ", ".join(str(i) for i in empty[:8]) + (
+        " …" if len(empty) > 8 else "")
+    return start + (f"; a softmax over the keys both allow makes the kept weights fill each row again, except the "
+                    f"{len(empty)} of {n_rows} rows that keep no key both allow ({which}): those stay empty (all "
+                    "zeros).")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The convention bug, shown with torch.nn.functional.scaled_dot_product_attention itself
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import streamlit as st
 
-from attnviz.models.capture import capture, capture_image
+from attnviz.models.capture import capture, capture_image, tokens_read
 from attnviz.models.loading import ModelBundle
 from attnviz.ui.messages import problem_text, warn_if_not_finite
 from attnviz.ui.session_models import current_bundle, current_model_name, model_dtype, registered_models
@@ -38,6 +38,19 @@ def text_capture_key(folder: str, name: str, dtype: str, text: str, text_pair: s
 
 
 MECHANISM_TOKENS = 96  # the mechanism pages draw N x N masks and heads: they read the first this-many tokens
+
+
+def truncation_notice(result, explore_reads: int, name: str) -> str:
+    """What a page that reads the first tokens of a text says: how many of the text's tokens it reads, and how
+    many Explore heads reads with this model (``explore_reads``: :func:`attnviz.models.capture.tokens_read`)."""
+    total = result.n_tokens_before_truncation  # negative: more than this many (a text longer than COUNTED_CHARS)
+    shown = len(result.tokens)
+    if shown >= explore_reads:
+        return (f"{name} reads at most {explore_reads:,} tokens: this page, like Explore heads, reads the first "
+                f"{shown:,} of the text's {result.length_of_text} tokens.")
+    explore = ("Explore heads reads all of them" if 0 <= total <= explore_reads else
+               f"Explore heads reads the first {explore_reads:,}, the most it reads with {name}")
+    return f"This page reads the first {shown:,} of the text's {result.length_of_text} tokens ({explore})."
 
 
 class CurrentCapture(NamedTuple):
@@ -71,7 +84,6 @@ def capture_current(text: str, text_pair: str | None = None, max_tokens: int | N
                  "model in the sidebar.", icon=":material/error:")
         st.stop()
     warn_if_not_finite(bundle, result)
-    if notice and max_tokens is not None and result.truncated and max_tokens < bundle.max_positions:
-        st.info(f"This page reads the first {len(result.tokens)} of the text's {result.length_of_text} "
-                "tokens (Explore heads reads all of them).", icon=":material/content_cut:")
+    if notice and max_tokens is not None and result.truncated:
+        st.info(truncation_notice(result, tokens_read(bundle), name), icon=":material/content_cut:")
     return CurrentCapture(bundle, result, text_capture_key(folder, name, dtype, text, text_pair, max_tokens, fallback))
