@@ -40,11 +40,23 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
         if bundle.replayable:
             assert replay_difference(record) < 1e-5, f"{kind} {record.kind}"
             check_query_key_view(record, reference[record.kind], f"{kind} {record.kind}")
+            check_scaling_panels(record, reference[record.kind], f"{kind} {record.kind}")
     assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
     record = support.ARCHITECTURES[kind]
     table = support.learned_position_table(bundle.model)  # where the record says the table is, or none
     assert (table is not None) == (record.position_table is not None), kind
     assert table is None or table[0].endswith(record.position_table)
+
+
+def check_scaling_panels(record, eager: torch.Tensor, what: str) -> None:
+    """What the Scaling page calls the model's head (its "model (× s)" panel, and temperature 1) is transformers'
+    eager weights of that head, whatever the model adds to its scores (bias, soft-capping, sinks)."""
+    from attnviz.pagelogic.scaling import real_head_scalings
+
+    layer, head = record.n_layers - 1, record.n_heads - 1
+    model, _, at_one = real_head_scalings(record, layer, head, 1.0).values()
+    torch.testing.assert_close(model, eager[layer, head], atol=1e-5, rtol=0, msg=what)
+    torch.testing.assert_close(at_one, model, atol=1e-6, rtol=0, msg=what)
 
 
 def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:

@@ -400,10 +400,24 @@ def _shape_of(config) -> dict:
         architecture=_architecture_of(config),
         n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
         n_heads=n_heads,
-        n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
+        n_kv_heads=kv_heads_of(config, n_heads),
         d_model=int(getattr(config, "hidden_size", 0) or 0),
         max_positions=_max_positions(config),
     )
+
+
+def kv_heads_of(config, n_heads: int) -> int:
+    """How many K/V heads the model's attention really has (what its KV cache holds). Most configs say it as
+    ``num_key_value_heads``; Falcon's ``num_kv_heads`` counts only with its new decoder architecture, and its (and
+    GPT-BigCode's) ``multi_query`` means one K/V head: a tiny Falcon with ``multi_query=True`` and
+    ``num_kv_heads=4`` caches one."""
+    if getattr(config, "num_key_value_heads", None):
+        return int(config.num_key_value_heads)
+    if getattr(config, "new_decoder_architecture", False) and getattr(config, "num_kv_heads", None):
+        return int(config.num_kv_heads)
+    if getattr(config, "multi_query", False):
+        return 1
+    return n_heads
 
 
 def _max_positions(config) -> int:
