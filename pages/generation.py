@@ -11,6 +11,8 @@ from attnviz.flash.ring import ring_memory
 from attnviz.models.capture import capture
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import generation as gen
+from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import start_page, transient_note
 from attnviz.ui.loaded_models import generation_model, load_bundle
@@ -253,10 +255,10 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
 def cached_circuits(folder: str, name: str):
     model, tokenizer = generation_model(folder, name)
     if name == BUNDLED_GPT_NAME:  # the pool it was trained to repeat
-        pool = gen.bundled_training_report()["repeat_token_ids"]
-        return gen.find_circuits(model, tokenizer, gen.held_out_text(), pool=pool,
+        pool = gen_heads.bundled_training_report()["repeat_token_ids"]
+        return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(), pool=pool,
                                  pool_words=f"the {len(pool)} most frequent tokens of its training text")
-    return gen.find_circuits(model, tokenizer, gen.held_out_text())
+    return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())
 
 
 def circuits_section(folder: str, name: str) -> None:
@@ -267,8 +269,8 @@ def circuits_section(folder: str, name: str) -> None:
         for head in found:
             st.markdown(head.in_words())
         st.caption("Measured now on this model's own eager attention weights, as the tests measure them. A head is "
-                   f"named only when its score reaches {gen.CIRCUIT_THRESHOLD:g}, the threshold Explore heads labels "
-                   "heads with.")
+                   f"named only when its score reaches {gen_heads.CIRCUIT_THRESHOLD:g}, the threshold Explore heads "
+                   "labels heads with.")
 
 
 def decoder_only(folder: str, what: str) -> bool:
@@ -296,7 +298,7 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
     model, _ = generation_model(folder, name)
     max_length = gen.context_length(model.config)
     try:
-        demo = gen.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
+        demo = gen_systems.paged_demo(samples, layer, max_length=max_length, seed=request["seed"])
     except ValueError as problem:  # a sliding layer's cache has dropped the oldest tokens
         full = [facts.layer for facts in samples[0].layers if not facts.sliding]
         st.info(f"{problem}." + (f" Layers that keep every token: {', '.join(map(str, full))}." if full else
@@ -317,7 +319,8 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
                            "hold no token")
     columns[3].metric("Through the block table", "identical" if demo.identical else "DIFFERENT")
     st.caption(
-        f"{gen.paged_statement(demo, layer)} A contiguous cache reserves the model's full context ({max_length} "
+        f"{gen_systems.paged_statement(demo, layer)} A contiguous cache reserves the model's full context "
+        f"({max_length} "
         "tokens) per sequence up front. Attention of a seeded query over each sample's K/V, read through its block "
         "table, gives the same bits as on contiguous tensors."
     )
@@ -336,7 +339,7 @@ def ring_tab(folder: str, name: str, request: dict) -> None:
     columns = st.columns([3, 1])
     devices = int(columns[0].slider("Devices P", 2, min(8, record.n_q), min(4, record.n_q), key="gen_devices"))
     layer = int(columns[1].number_input("Layer", 0, record.n_layers - 1, 0, key="gen_ring_layer"))
-    difference, trace = gen.ring_demo(record, layer, devices, causal=True)
+    difference, trace = gen_systems.ring_demo(record, layer, devices, causal=True)
     st.markdown(
         f"The {record.n_q} tokens of the generated text, split over **{devices} simulated devices**: each keeps "
         "its queries, attends them to the K/V block it holds, merges the result with the online-softmax rule, "

@@ -17,6 +17,8 @@ from attnviz.models.loading import (
     load_model_dir,
 )
 from attnviz.pagelogic import generation as gen
+from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.units import human_bytes
 
 PROMPT = "The for statement is used to iterate over the elements of a sequence"
@@ -49,8 +51,8 @@ def test_the_bundled_gpt_ships_as_a_checkpoint_any_user_can_load():
 
 def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):
     model, tokenizer = tiny
-    report = gen.bundled_training_report()
-    found = {head.name: head for head in gen.find_circuits(model, tokenizer, gen.held_out_text(),
+    report = gen_heads.bundled_training_report()
+    found = {head.name: head for head in gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(),
                                                            pool=report["repeat_token_ids"])}
     assert found["induction head"].score >= 0.4
     previous = found["previous-token head"]
@@ -62,7 +64,7 @@ def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):
     # Measured again here, independently, on every window of the held-out text (the page uses four), each the
     # whole context long: the head holds in the context's second half too.
     context = model.config.n_positions
-    ids = tokenizer(gen.held_out_text(), return_tensors="pt")["input_ids"][0]
+    ids = tokenizer(gen_heads.held_out_text(), return_tensors="pt")["input_ids"][0]
     with torch.no_grad():
         on_previous = torch.stack([torch.diagonal(model(input_ids=ids[s : s + context][None], output_attentions=True)
                                                   .attentions[0][0, previous.head], offset=-1)
@@ -81,7 +83,7 @@ def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):
     # The held-out text (the card's loss, the previous-token score) is the documentation's end, not trained on.
     from attnviz.tiny_gpt_text import documentation_text
 
-    held_out, text = gen.held_out_text(), documentation_text()
+    held_out, text = gen_heads.held_out_text(), documentation_text()
     assert len(held_out) > 10_000 and text.endswith(held_out) and held_out[:300] not in text[: -len(held_out)]
 
 
@@ -91,14 +93,14 @@ def test_every_position_of_the_context_was_trained(tiny):
     predicts at least as well as the first (it has more to read), and the induction head still copies there."""
     model, tokenizer = tiny
     context = model.config.n_positions
-    ids = tokenizer(gen.held_out_text(), return_tensors="pt")["input_ids"][0]
+    ids = tokenizer(gen_heads.held_out_text(), return_tensors="pt")["input_ids"][0]
     windows = torch.stack([ids[s : s + context] for s in range(0, len(ids) - context, context)])  # [w, context]
     with torch.no_grad():
         logits = model(input_ids=windows).logits  # [w, context, vocab]
     losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), windows[:, 1:], reduction="none")
     first, second = float(losses[:, : context // 2].mean()), float(losses[:, context // 2:].mean())
     assert second <= first + 0.05, (first, second)
-    report = gen.bundled_training_report()
+    report = gen_heads.bundled_training_report()
     period = (context - 1) // 2  # the second copy fills the context's end
     tokens = circuits.repeated_random_tokens(period, seed=11, pool=report["repeat_token_ids"],
                                              prefix=[tokenizer.bos_token_id])
@@ -212,7 +214,7 @@ def test_each_steps_attention_is_the_last_row_of_a_full_forward_pass(tiny):
 def test_paged_and_ring_attention_on_the_models_own_tensors(tiny):
     model, tokenizer = tiny
     samples = [gen.generate(model, tokenizer, PROMPT, 10, gen.Sampling("sample", 1.0, seed=seed)) for seed in range(3)]
-    demo = gen.paged_demo(samples, layer=1, block_size=4, max_length=256)
+    demo = gen_systems.paged_demo(samples, layer=1, block_size=4, max_length=256)
     assert demo.identical
     report = demo.cache.memory(256)
     prompt = len(samples[0].prompt_tokens)
@@ -223,7 +225,7 @@ def test_paged_and_ring_attention_on_the_models_own_tensors(tiny):
         assert torch.equal(keys, sample.kv[1][0]) and torch.equal(values, sample.kv[1][1])
     record = capture(load_model_dir(BUNDLED_GPT_DIR), PROMPT).records["self"]
     for devices in (2, 3, 8):
-        difference, trace = gen.ring_demo(record, 0, devices, causal=True)
+        difference, trace = gen_systems.ring_demo(record, 0, devices, causal=True)
         assert difference <= 1e-6 and len(trace.held) == devices
 
 

@@ -8,6 +8,8 @@ import torch
 
 from attnviz import circuits
 from attnviz.pagelogic import generation as gen
+from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_systems as gen_systems
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 
 WINDOW = 4
@@ -119,8 +121,8 @@ def test_paged_attention_refuses_a_layer_whose_window_dropped_tokens(windowed):
     layer_types = model.config.layer_types
     sliding, full = layer_types.index("sliding_attention"), layer_types.index("full_attention")
     with pytest.raises(ValueError, match="sliding window"):
-        gen.paged_demo(samples, sliding, block_size=4, max_length=64)
-    assert gen.paged_demo(samples, full, block_size=4, max_length=64).identical
+        gen_systems.paged_demo(samples, sliding, block_size=4, max_length=64)
+    assert gen_systems.paged_demo(samples, full, block_size=4, max_length=64).identical
 
 
 @pytest.mark.parametrize("block", [5, 4])  # 12 prompt tokens: a partly filled last block, then whole blocks
@@ -131,7 +133,7 @@ def test_paged_statement_counts_what_is_really_stored(windowed, block):
 
     model, tokenizer = load_causal_lm(windowed["gpt2"])
     samples = [gen.generate(model, tokenizer, PROMPT, 5, gen.Sampling("sample", 1.0, seed=s)) for s in range(3)]
-    demo = gen.paged_demo(samples, 0, block_size=block, max_length=64)
+    demo = gen_systems.paged_demo(samples, 0, block_size=block, max_length=64)
     prompt = len(samples[0].prompt_tokens)
     partial = prompt % block
     own = [len(s.tokens) - 1 - prompt for s in samples]  # cached new tokens (the last generated one is not)
@@ -139,7 +141,7 @@ def test_paged_statement_counts_what_is_really_stored(windowed, block):
     filled = (prompt - partial) + sum(partial + n for n in own)
     report = demo.cache.memory(64)
     assert report["distinct_tokens"] == distinct and report["tokens_stored"] == filled
-    statement = gen.paged_statement(demo, 0)
+    statement = gen_systems.paged_statement(demo, 0)
     assert f"{distinct} distinct tokens" in statement and f"{filled} filled slots" in statement
     assert "stored once each" not in statement or filled == distinct
     if partial:
@@ -152,9 +154,9 @@ def test_an_untrained_model_has_no_circuit_named(windowed):
     from attnviz.models.loading import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt2"])
-    found = {head.name: head for head in gen.find_circuits(model, tokenizer, gen.held_out_text())}
+    found = {head.name: head for head in gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())}
     pool = [i for i in range(model.config.vocab_size) if i not in set(tokenizer.all_special_ids)]
-    scores = circuits.circuit_scores(model, tokenizer, gen.held_out_text(), pool, max_positions=64)
+    scores = circuits.circuit_scores(model, tokenizer, gen_heads.held_out_text(), pool, max_positions=64)
     for head, key in ((found["previous-token head"], "previous_token"), (found["induction head"], "induction")):
         best = float(torch.tensor(scores[key]).max())
         assert head.score == pytest.approx(best, abs=1e-6) and best < 0.5

@@ -6,19 +6,13 @@ The page reads widgets, calls these and draws what they return; the tests call t
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from attnviz import analysis, circuits
-from attnviz.flash.ring import ring_attention
 from attnviz.models.layer_facts import LayerFacts, layer_facts
-from attnviz.models.loading import BUNDLED_GPT_DIR
-from attnviz.paged_kv import PagedKVCache
-from attnviz.tiny_gpt_text import HELD_OUT_SHARE, documentation_text, split_text
 from attnviz.units import human_bytes
 
 STRATEGIES = {"greedy": "greedy (the most likely token)", "sample": "sample (temperature, top-k, top-p)"}
@@ -472,157 +466,3 @@ def cache_table(step: Step) -> list[dict]:
              "V shape": str(list(values)), "bytes (K and V)": human_bytes(size)}
             for layer, (keys, values, size) in enumerate(zip(step.cache_keys, step.cache_values, step.layer_bytes,
                                                              strict=True))]
-
-
-def held_out_text() -> str:
-    """The part of Python's documentation the bundled GPT never trained on."""
-    return split_text(documentation_text(), HELD_OUT_SHARE)[1]
-
-
-def bundled_training_report() -> dict:
-    """What ``python -m attnviz.train_tiny`` wrote about the bundled GPT (recipe, losses, circuits)."""
-    return json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
-
-
-# A head is named a previous-token (or induction) head only at this score or above: the threshold Explore heads
-# labels a previous-token head with (attnviz.analysis.LABEL_RULES)
-CIRCUIT_THRESHOLD = analysis.LABEL_RULES["previous-token head"][1]
-
-
-@dataclass
-class FoundHead:
-    name: str
-    layer: int  # the top-scoring head, found or not
-    head: int
-    score: float
-    measure: str
-    found: bool = True  # its score reaches CIRCUIT_THRESHOLD
-
-    def in_words(self) -> str:
-        """"**induction head**: layer 1, head 0: ... = **0.60**." or, below the threshold, that none was found."""
-        if self.found:
-            return f"**{self.name}**: layer {self.layer}, head {self.head}: {self.measure} = **{self.score:.2f}**."
-        return (f"**{self.name}**: none found: no head reaches {CIRCUIT_THRESHOLD:g} ({self.measure}); the highest, "
-                f"layer {self.layer}, head {self.head}, has **{self.score:.2f}**.")
-
-
-def ordinary_ids(model, tokenizer) -> list[int]:
-    """Every token id of the model's vocabulary but the tokenizer's special tokens."""
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    return [i for i in range(int(model.config.vocab_size)) if i not in special]
-
-
-def find_circuits(model, tokenizer, text: str, *, pool: list[int] | None = None,
-                  pool_words: str | None = None) -> list[FoundHead]:
-    """The strongest previous-token head (on ``text``) and induction head (on random tokens of ``pool``, default
-    every id of the vocabulary but the special tokens, repeated twice), measured with
-    :func:`attnviz.circuits.circuit_scores` on the model's own eager weights (as ``python -m attnviz.train_tiny``
-    measures them for the model card); each is named only when its score reaches :data:`CIRCUIT_THRESHOLD`.
-    ``pool_words``: what the pool is, for the page ("the 384 most frequent tokens of its training text")."""
-    if pool is None:
-        pool = ordinary_ids(model, tokenizer)
-        pool_words = f"all {len(pool):,} ids of its vocabulary but the special tokens"
-    pool_words = pool_words or f"a pool of {len(pool):,} token ids"
-    config = model.config
-    context = context_length(config)
-    scores = circuits.circuit_scores(model, tokenizer, text, pool, max_positions=context)
-    found = []
-    for name, key, measure in (
-        ("previous-token head", "previous_token", "mean weight on position i-1 (held-out text)"),
-        ("induction head", "induction", f"mean weight on the token after the earlier occurrence ({scores['period']} "
-                                        f"random tokens drawn from {pool_words}, repeated twice)"),
-    ):
-        values = torch.tensor(scores[key])  # [layers, heads]
-        layer, head = divmod(int(values.argmax()), values.shape[1])
-        score = float(values[layer, head])
-        found.append(FoundHead(name, layer, head, score, measure, score >= CIRCUIT_THRESHOLD))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# PagedAttention and Ring attention on the model's real tensors
-
-
-@dataclass
-class PagedDemo:
-    cache: PagedKVCache
-    names: list[str]
-    identical: bool  # attention through the block tables equals attention on contiguous tensors, bit for bit
-    max_length: int  # what a contiguous cache reserves per sequence
-    prompt_length: int = 0  # the prompt's tokens, shared by every sample
-
-
-def paged_demo(samples: list[Generation], layer: int, *, block_size: int = 16, max_length: int,
-               seed: int = 0) -> PagedDemo:
-    """The real K/V of ``samples`` (one prompt sampled several times) at ``layer``, stored in a paged cache: the
-    prompt once, forked into each sample, whose own tokens are then appended step by step (copy-on-write where a
-    shared block is written: the prompt's last, partly filled block). Checks that attention of a seeded query
-    over each sample's K/V gives the same bits through the block table as on the contiguous tensors."""
-    from attnviz import masks
-    from attnviz.attention import scaled_dot_product_attention
-
-    prompt_length = len(samples[0].prompt_tokens)
-    keys, values = samples[0].kv[layer]
-    for sample in samples:
-        held, written = sample.kv[layer][0].shape[1], len(sample.tokens) - 1  # every token but the last generated
-        if held != written:
-            raise ValueError(f"layer {layer}'s cache holds {held} of the {written} tokens written (a sliding "
-                             "window drops the older ones): PagedAttention is shown on a layer that keeps every "
-                             "token")
-    cache = PagedKVCache(kv_heads=keys.shape[0], head_dim=keys.shape[-1], block_size=block_size, dtype=keys.dtype)
-    cache.add_sequence("prompt")
-    for position in range(prompt_length):
-        cache.append("prompt", keys[:, position], values[:, position])
-    names = [f"sample {index + 1}" for index in range(len(samples))]
-    for name in names:
-        cache.fork("prompt", name)
-    cache.remove("prompt")  # the samples hold the prompt's blocks now (each block shared by all of them)
-    for step in range(max(len(sample.steps) for sample in samples)):  # the samples advance together
-        for name, sample in zip(names, samples, strict=True):
-            sample_keys, sample_values = sample.kv[layer]
-            position = prompt_length + step
-            if position < sample_keys.shape[1]:
-                cache.append(name, sample_keys[:, position], sample_values[:, position])
-    identical = True
-    generator = torch.Generator().manual_seed(seed)
-    for name, sample in zip(names, samples, strict=True):
-        sample_keys, sample_values = sample.kv[layer]
-        heads = sample_keys.shape[0]
-        query = torch.randn(heads, 1, sample_keys.shape[-1], generator=generator, dtype=sample_keys.dtype)
-        contiguous, _ = scaled_dot_product_attention(query[None], sample_keys[None], sample_values[None],
-                                                     mask=masks.causal(1, sample_keys.shape[1]))
-        identical &= torch.equal(cache.attention(name, query), contiguous[0])
-    return PagedDemo(cache, names, identical, max_length, prompt_length)
-
-
-def paged_statement(demo: PagedDemo, layer: int) -> str:
-    """What the paged cache stores, counted from its own blocks: tokens in the tables, distinct tokens, filled
-    slots, and the copies copy-on-write made."""
-    report = demo.cache.memory(demo.max_length)
-    copies = sum(event.kind == "copy-on-write" for event in demo.cache.events)
-    distinct, stored = report["distinct_tokens"], report["tokens_stored"]
-    text = (f"Layer {layer}: {report['sequences']} sequences, {report['logical_tokens']} tokens in their block "
-            f"tables, {distinct} distinct tokens (the prompt's {demo.prompt_length} and each sample's own) in "
-            f"{stored} filled slots")
-    if stored > distinct:
-        partial = demo.prompt_length % demo.cache.block_size
-        text += (f": the prompt's last, partly filled block ({partial} of its tokens) is held {report['most_copies']} "
-                 f"times ({copies} copy-on-write cop{'y' if copies == 1 else 'ies'} and the original), so "
-                 f"{stored - distinct} slots repeat a token.")
-    else:
-        text += ": each stored once (the prompt fills whole blocks, so no sample writes into a shared one)."
-    return text
-
-
-def ring_demo(record, layer: int, devices: int, *, causal: bool):
-    """Ring attention over ``devices`` simulated devices on one captured layer's real Q, K, V (the model's own
-    scaling); returns ``(largest difference from full attention, trace)``."""
-    import torch.nn.functional as F
-
-    q = record.queries[layer][None].float()  # [1, heads, n, d]
-    k, v = record.keys[layer][None].float(), record.values[layer][None].float()
-    output, trace = ring_attention(q, k, v, devices, causal=causal, scale=record.scales[layer])
-    group = q.shape[1] // k.shape[1]
-    full = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                          is_causal=causal, scale=record.scales[layer])
-    return float((output - full).abs().max()), trace
