@@ -23,6 +23,9 @@ class AttentionConfig:
     # Per layer, its window (None: the layer reads every key); set for models that mix sliding and full layers
     # (Gemma 2 and 3, gpt-oss: read from the checkpoint by attnviz.models.layer_facts). Overrides sliding_window.
     layer_windows: tuple[int | None, ...] | None = None
+    # What its cache implementation holds, where that is more than the windows need: GPT-Neo's cache in
+    # transformers keeps every token and masks the old ones on its local layers (measured).
+    cache_keeps_every_token: bool = False
 
     @property
     def windows(self) -> tuple[int | None, ...]:

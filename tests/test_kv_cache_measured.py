@@ -1,10 +1,9 @@
 """What the Heads and KV cache page states about the current model's cache equals what the model's own cache
 holds: every tested decoder is run by transformers with ``use_cache=True`` and its cache's tensors are weighed.
 
-The text is shorter than any tiny checkpoint's sliding window (4), so every layer holds every token here; what a
-window keeps is tested against the configs' layer types in tests/test_layer_facts.py. (Between two steps
-transformers keeps the last W - 1 keys of a sliding layer, the next step's own key making W; GPT-Neo's cache keeps
-every token and masks instead of dropping.)"""
+The text is shorter than any tiny checkpoint's sliding window, so every layer holds every token here; past the
+window (what transformers keeps between two steps, and GPT-Neo's cache that keeps every token) is weighed in
+tests/test_layer_facts.py, whose configs shrink the windows to 4."""
 
 import pytest
 import torch
@@ -45,3 +44,4 @@ def test_a_multi_query_falcon_is_said_to_cache_one_kv_head(checkpoint):
     assert bundle.model.config.multi_query and bundle.model.config.num_kv_heads == 4
     assert bundle.n_kv_heads == 1
     assert "1 K/V heads" in bundle.describe() or "1 K/V head" in bundle.describe()
+

@@ -130,3 +130,32 @@ def test_a_window_for_every_layer_is_stated_as_such():
     assert "4,096" in statement and "every layer" in statement
     assert heads_kv_cache.window_statement(mistral, 4096) is None  # the whole sequence fits the window
     assert heads_kv_cache.window_statement(kvcache.PRESETS["Llama 3 8B"], 131072) is None
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_what_the_page_says_a_sliding_cache_holds_is_what_transformers_holds(kind):
+    """Past the window, Heads and KV cache states what each layer needs (its window) and what transformers' own
+    cache holds between two steps: the last W - 1 keys of a sliding layer (the next token's key makes W), or, for
+    GPT-Neo, every token (its local layers mask old keys instead of dropping them). Weighed with use_cache=True."""
+    from transformers import AutoModel
+
+    config = _windowed_config(kind)
+    windows = cache_windows(config)
+    if all(w is None for w in windows):
+        pytest.skip(f"{kind} reads every key in every layer")
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(5, 1000, (1, LENGTH)), use_cache=True).past_key_values
+    held = [int(layer.keys.shape[-2]) for layer in cache.layers]
+    bundle = SimpleNamespace(name=kind, model=SimpleNamespace(config=config), n_layers=len(windows),
+                             n_heads=config.num_attention_heads, n_kv_heads=config.num_attention_heads,
+                             d_model=config.hidden_size, max_positions=config.max_position_embeddings,
+                             architecture="decoder")
+    statement = heads_kv_cache.window_statement(heads_kv_cache.checkpoint_config(bundle), LENGTH)
+    if kind == "gpt_neo":
+        assert held == [LENGTH] * len(held)
+        assert "keeps every token" in statement and f"holds all {LENGTH}" in statement
+        return
+    assert held == [LENGTH if w is None else w - 1 for w in windows]
+    assert f"keeps the last {WINDOW - 1} there" in statement

@@ -112,7 +112,26 @@ def checkpoint_config(bundle) -> kvcache.AttentionConfig:
     if config is None:
         return shape
     windows = layer_facts.cache_windows(config, n_layers=shape.n_layers)
-    return dataclasses.replace(shape, layer_windows=windows) if any(w is not None for w in windows) else shape
+    if not any(w is not None for w in windows):
+        return shape
+    keeps_all = getattr(config, "model_type", "") in CACHES_EVERY_TOKEN
+    return dataclasses.replace(shape, layer_windows=windows, cache_keeps_every_token=keeps_all)
+
+
+# Model types whose cache in transformers keeps every token although some layers read only a window: GPT-Neo
+# masks its local layers' old keys instead of dropping them (tests/test_kv_cache_measured.py weighs it).
+CACHES_EVERY_TOKEN = frozenset({"gpt_neo"})
+
+
+def _implementation_note(config: kvcache.AttentionConfig, seq_len: int) -> str:
+    """What transformers' own cache holds beside what the windows need (measured in the tests)."""
+    if config.cache_keeps_every_token:
+        return (f" That is what the layers read. transformers' cache for {config.name} keeps every token: its "
+                f"sliding layers mask the old keys instead of dropping them, so each layer holds all {seq_len:,}.")
+    windows = sorted({w for w in config.windows if w is not None and w < seq_len})
+    kept = " and ".join(f"{w - 1:,}" for w in windows)
+    return (f" Between two steps transformers keeps the last {kept} there (W - 1: the next token's own key makes "
+            "W); the table counts the full window.")
 
 
 def _layer_groups(config: kvcache.AttentionConfig, seq_len: int) -> list[tuple[int, int | None, int]]:
@@ -132,7 +151,8 @@ def window_statement(config: kvcache.AttentionConfig, seq_len: int) -> str | Non
     if len(groups) == 1:
         _, window, held = groups[0]
         return (f"{config.name} attends over a sliding window of {window:,} tokens in every layer, so each layer's "
-                f"rolling-buffer cache holds only the last {held:,} of the {seq_len:,} tokens.")
+                f"rolling-buffer cache holds only the last {held:,} of the {seq_len:,} tokens."
+                + _implementation_note(config, seq_len))
     parts = []
     for count, window, held in groups:
         layers = f"{count} layer{'s' if count > 1 else ''}"
@@ -143,7 +163,7 @@ def window_statement(config: kvcache.AttentionConfig, seq_len: int) -> str | Non
                          f"{'its' if count == 1 else 'their'} rolling-buffer cache{'' if count == 1 else 's'} "
                          f"hold{'s' if count == 1 else ''} only the last {held:,}")
     return (f"{config.name} mixes sliding-window and full-attention layers, as its config says: "
-            + "; ".join(parts) + ".")
+            + "; ".join(parts) + "." + _implementation_note(config, seq_len))
 
 
 def formula_caption(config: kvcache.AttentionConfig, seq_len: int, batch: int, dtype: str) -> str:
