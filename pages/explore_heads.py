@@ -200,7 +200,7 @@ def lines_controls(column, record, head: int) -> dict:
     """The lines view's tokens to follow, heads to draw, and strongest keys per query."""
     follow = column.multiselect(
         "Follow query tokens", list(range(len(record.query_tokens))),
-        format_func=lambda i: style.token_label(i, record.query_tokens[i]),
+        format_func=lambda i: style.token_label(i, record.query_display[i]),
         key="explore_follow", help="Draw only these queries' lines (or click a query token).",
     )
     columns = st.columns([6, 2])
@@ -351,7 +351,7 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions)
     show_figure(figure, caption, key="explore_stats_figure")
 
 
-def query_key_tab(bundle, record, options: ViewOptions) -> None:
+def query_key_tab(bundle, capture, record, options: ViewOptions) -> None:
     if queries_unavailable(bundle, record, "The Q·K view"):
         return
     st.markdown("How one score is made, in the head chosen above: the query and key vectors as the model's attention "
@@ -359,14 +359,14 @@ def query_key_tab(bundle, record, options: ViewOptions) -> None:
                 "softmax over every key.")
     columns = st.columns(2)
     query = columns[0].selectbox("Query token", list(range(record.n_q)), index=min(2, record.n_q - 1),
-                                 format_func=lambda i: style.token_label(i, record.query_tokens[i]), key="qk_query")
+                                 format_func=lambda i: style.token_label(i, record.query_display[i]), key="qk_query")
     weights = record.head_weights(options.layer, options.head, query, query + 1)[0]
     key = columns[1].selectbox("Key token", list(range(record.n_k)), index=int(weights.argmax()),
-                               format_func=lambda j: style.token_label(j, record.key_tokens[j]), key="qk_key",
+                               format_func=lambda j: style.token_label(j, record.key_display[j]), key="qk_key",
                                help="Starts on the key this query attends to most.")
     anatomy = query_key(record, options.layer, options.head, int(query), int(key))
-    vectors, row, caption = query_key_figures(anatomy, record, options.layer, options.head, int(query),
-                                                      int(key))
+    vectors, row, caption = query_key_figures(anatomy, record, options.layer, options.head, int(query), int(key),
+                                              capture.ids_of(record.key_tokens))
     show_figure(vectors, "Red and blue: positive and negative entries; where q and k agree in sign, q∘k is red and "
                          "adds to the score.", key="qk_vectors")
     show_figure(row, caption, key="qk_row")
@@ -473,7 +473,9 @@ def bertviz_tab(capture, kind: str) -> None:
 
 def export_tab(capture, record, options: ViewOptions) -> None:
     st.markdown("Download what you see: the figure as a self-contained HTML file, the numbers of the head view as "
-                "shown (after filters, pooling and colour scale), and every captured tensor.")
+                "shown (after filters, pooling and colour scale), and every captured tensor. The CSV and JSON name "
+                "each token by the tokenizer's own piece (`Ġthe` where the page shows `␣the`), the JSON and .npz "
+                "with its id.")
     columns = st.columns(4)
     layer, head, view = options.layer, options.head, options.view
     try:
@@ -491,7 +493,7 @@ def export_tab(capture, record, options: ViewOptions) -> None:
     )
     table_options = options if view in ("head", "average") else dataclasses.replace(options, view="head")
     columns[2].download_button(
-        "This head as shown (CSV)", lambda: matrix_csv(shown_matrix(capture, table_options)),
+        "This head as shown (CSV)", lambda: matrix_csv(shown_matrix(capture, table_options), capture, options.kind),
         f"attnviz_L{layer}H{head}.csv", "text/csv", key="export_csv",
     )
     columns[3].download_button(
@@ -687,7 +689,7 @@ def main() -> None:
         view_tab(capture, record, options)
     bodies = {
         "Head statistics": lambda: statistics_tab(capture, capture_key, kind, options),
-        "Q·K": lambda: query_key_tab(bundle, record, options),
+        "Q·K": lambda: query_key_tab(bundle, capture, record, options),
         "Compare two sentences": lambda: compare_tab(capture, text, text_pair, options, max_tokens),
         "What-if": lambda: what_if_tab(bundle, capture, record, options),
         "bertviz (online)": lambda: bertviz_tab(capture, kind),

@@ -127,7 +127,7 @@ def cross_attention_section(bundle) -> None:
     if not example["finite"]:
         st.warning(f"**Not finite:** {bundle.name}'s token embeddings give NaN or infinity here, so these weights "
                    "are not numbers (its weights hold NaN or infinity, or overflow).", icon=":material/warning:")
-    source_labels, target_labels = token_labels(example["source_tokens"]), token_labels(example["target_tokens"])
+    source_labels, target_labels = token_labels(example["source_display"]), token_labels(example["target_display"])
     shown = list(range(min(heads, 4)))
     show_figure(
         heatmap_row([weights[h] for h in shown], [f"head {h}" for h in shown], target_labels, source_labels,

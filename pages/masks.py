@@ -59,7 +59,8 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
         show_figure(
             mask_heatmap(
                 reach.long(), [f"after {layer + 1} layer{'s' if layer else ''}" for layer in range(n_layers)], labels,
-                title=f"Receptive field of {labels[query]}", height=140 + 30 * n_layers, x_title="input token",
+                title=f"Receptive field of {style.plotly_text(labels[query])}", height=140 + 30 * n_layers,
+                x_title="input token",
                 y_title="stacked layers", legend={0: ("#ffffff", "cannot reach it"), 1: ("#2f6db5", "reaches it")},
             ),
             "Blue: tokens whose information can reach this position through the stacked layers (with residuals). "
@@ -149,7 +150,7 @@ def main() -> None:
     )
     bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
-    labels = style.token_labels(record.key_tokens)
+    labels = style.token_labels(record.key_display)
     n = len(labels)
     controls = st.columns([3, 5])
     gallery = masks_page.gallery_patterns()

@@ -294,7 +294,7 @@ def alibi_tab() -> None:
         )
     causal = record.is_causal(layer)  # the attention shown: a decoder's causal, an encoder's both ways
     bias = positional.alibi_bias(n_heads, record.weights.shape[-1], causal=causal)
-    labels = style.token_labels(record.key_tokens)
+    labels = style.token_labels(record.key_display)
     with right:
         shown_heads = sorted({0, n_heads // 2, n_heads - 1})
         show_figure(
@@ -336,7 +336,7 @@ def order_tab() -> None:
     except ValueError as problem:
         st.info(str(problem))
         return
-    tokens, order = result["tokens"], result["order"]
+    tokens, order = result["display_tokens"], result["order"]  # as every page shows them ("␣the")
     labels = style.token_labels(tokens)
     shuffled = style.token_labels([tokens[j] for j in order])
     st.markdown("**Shuffled:** " + " ".join(tokens[j] for j in order))

@@ -156,7 +156,7 @@ def real_head_section() -> None:
     head = int(columns[1].number_input("Head", 0, record.n_heads - 1, 0, key="scale_head"))
     temperature = columns[2].slider("Temperature T", 0.1, 5.0, 2.0, 0.1, key="scale_temperature")
     versions = real_head_scalings(record, layer, head, temperature)
-    labels = style.token_labels(record.key_tokens)
+    labels = style.token_labels(record.key_display)
     entropies = {name: scaling.entropy(w).mean().item() for name, w in versions.items()}
     allowed = record.allowed[layer]
     largest = {name: mean_largest_weight(w, allowed) for name, w in versions.items()}

@@ -317,6 +317,7 @@ def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
     """The bundled tiny GPT splits "kitten" into pieces: the caption lists each decoder token's strongest key as
     computed here from the model's own embeddings (one head, identity projections: softmax of √d · cosine)."""
     from attnviz.models.loading import BUNDLED_GPT_DIR
+    from attnviz.tokens_display import BYTE_LEVEL, readable_token
 
     bundle = load_model_dir(BUNDLED_GPT_DIR)
     source, target = TEXT, "A kitten rested on the rug."
@@ -329,13 +330,16 @@ def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
     source_tokens = bundle.tokenizer.convert_ids_to_tokens(ids[source])
     target_tokens = bundle.tokenizer.convert_ids_to_tokens(ids[target])
     assert not any(t.replace("Ġ", "") == "kitten" for t in target_tokens)  # kitten is split into pieces
+    shown = {token: readable_token(token, BYTE_LEVEL) for token in source_tokens + target_tokens}
     for row, token in enumerate(target_tokens[:8]):
         best = int(weights[row].argmax())
         if token.replace("Ġ", "").isalnum() and source_tokens[best].replace("Ġ", "").isalnum():
-            assert f"{token} → {source_tokens[best]} ({float(weights[row, best]):.2f})" in caption
+            # The tokens as every page shows them: "␣rested", never the tokenizer's "Ġrested"
+            assert f"{shown[token]} → {shown[source_tokens[best]]} ({float(weights[row, best]):.2f})" in caption
+    assert "Ġ" not in caption
     cat = [i for i, t in enumerate(source_tokens) if t.replace("Ġ", "") == "cat"]
     if not any(int(weights[row].argmax()) in cat for row in range(len(target_tokens))):
-        assert "→ Ġcat" not in caption and "→ cat" not in caption  # no token finds "cat": none is said to
+        assert "→ ␣cat" not in caption and "→ cat" not in caption  # no token finds "cat": none is said to
 
 
 def test_kv_page_sums_a_checkpoints_sliding_and_full_layers(tmp_path):

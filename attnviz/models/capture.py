@@ -45,6 +45,7 @@ from attnviz.models.record import (
     LayerStack,
     dense_token_limit,
 )
+from attnviz.tokens_display import readable_tokens, tokenizer_style
 
 CHARS_PER_TOKEN = 6  # characters of a long text read at first per token wanted (English: about 4; see tokenize)
 COUNTED_CHARS = 20_000  # a text up to this long is tokenized whole, so its count of tokens is exact (the sidebar's
@@ -191,6 +192,7 @@ def capture(
         bundle, text, text_pair, tokens_read(bundle, max_tokens), fallback_tokenizer
     )
     _check_ids(bundle.model, inputs)
+    style = tokenizer_style(bundle.tokenizer)
     result = Capture(
         model_name=bundle.name,
         text=text,
@@ -202,10 +204,27 @@ def capture(
         n_tokens_before_truncation=total,
         decoder_tokens=decoder_tokens,
         decoder_special=decoder_special,
+        token_ids=_ids(inputs, "input_ids"),
+        decoder_token_ids=_ids(inputs, "decoder_input_ids"),
+        display_tokens=readable_tokens(tokens, style),
+        decoder_display_tokens=None if decoder_tokens is None else readable_tokens(decoder_tokens, style),
+        token_style=style,
     )
     result.records, outputs_finite = _run_and_record(bundle, inputs, tokens, decoder_tokens)
+    show_readable(result)
     result.nonfinite = nonfinite_parts(result.records, outputs_finite)
     return result
+
+
+def _ids(inputs: dict, name: str) -> list[int] | None:
+    return inputs[name][0].tolist() if name in inputs else None
+
+
+def show_readable(result: Capture) -> None:
+    """Give each record of ``result`` the readable form of its query and key tokens (computed once, at capture)."""
+    for record in result.records.values():
+        record.query_display = result.display_of(record.query_tokens)
+        record.key_display = result.display_of(record.key_tokens)
 
 
 def tokens_read(bundle: ModelBundle, max_tokens: int | None = None) -> int:

@@ -17,6 +17,7 @@ import torch
 
 from attnviz import masks
 from attnviz.models import scoring
+from attnviz.tokens_display import PLAIN
 
 DENSE_LIMIT = 1024  # tokens: up to this (and DENSE_CELLS), all weights may be materialised at once
 DENSE_CELLS = 80_000_000  # layers x heads x n_q x n_k: 320 MB of fp32 (6 x 12 heads x 1,054 tokens)
@@ -118,6 +119,16 @@ class AttentionRecord:
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # derived views, computed once
     # The weights path (no Q/K/V): transformers' eager weights per layer, [layers, heads, n_q, n_k]
     eager: LayerStack | None = None
+    # The tokens as the pages show them (attnviz.tokens_display: "␣the" for "Ġthe"), computed once per capture;
+    # default: the raw tokens themselves. query_tokens / key_tokens stay the tokenizer's own (exports, filters).
+    query_display: list[str] | None = None
+    key_display: list[str] | None = None
+
+    def __post_init__(self):
+        if self.query_display is None:
+            self.query_display = self.query_tokens
+        if self.key_display is None:
+            self.key_display = self.key_tokens
 
     @property
     def replayable(self) -> bool:
@@ -290,6 +301,20 @@ class Capture:
     layout: object = None  # a vision model's attnviz.vision.PatchLayout: which token is which patch
     image: object = None  # ... and the image as it saw it, [H, W, 3] uint8
     nonfinite: list[str] = field(default_factory=list)  # what held NaN or infinity: "the queries of layers 0-1", ...
+    # The tokenizer's ids of ``tokens`` and ``decoder_tokens`` (None for a vision model's patches): for exports
+    token_ids: list[int] | None = None
+    decoder_token_ids: list[int] | None = None
+    # How the pages show the tokens (attnviz.tokens_display, with the tokenizer's style, computed once at capture):
+    # "␣the" for byte-level "Ġthe" or SentencePiece "▁the"; default: the tokens as they are (patch labels)
+    display_tokens: list[str] | None = None
+    decoder_display_tokens: list[str] | None = None
+    token_style: str = PLAIN  # attnviz.tokens_display's name of how the tokenizer writes its pieces
+
+    def __post_init__(self):
+        if self.display_tokens is None:
+            self.display_tokens = self.tokens
+        if self.decoder_display_tokens is None:
+            self.decoder_display_tokens = self.decoder_tokens
 
     def special_of(self, tokens: list[str]) -> list[bool]:
         """Which of ``tokens`` (the encoder's or the decoder's list) are special tokens."""
@@ -298,6 +323,22 @@ class Capture:
         if tokens is self.tokens:
             return self.special
         return [False] * len(tokens)
+
+    def display_of(self, tokens: list[str]) -> list[str]:
+        """How the pages show ``tokens`` (the encoder's or the decoder's list); other lists as they are."""
+        if tokens is self.decoder_tokens and self.decoder_display_tokens is not None:
+            return self.decoder_display_tokens
+        if tokens is self.tokens:
+            return self.display_tokens
+        return tokens
+
+    def ids_of(self, tokens: list[str]) -> list[int] | None:
+        """The tokenizer's ids of ``tokens`` (the encoder's or the decoder's list), or None where unknown."""
+        if tokens is self.decoder_tokens and self.decoder_tokens is not None:
+            return self.decoder_token_ids
+        if tokens is self.tokens:
+            return self.token_ids
+        return None
 
     @property
     def kinds(self) -> list[str]:

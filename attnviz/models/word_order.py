@@ -12,6 +12,7 @@ from attnviz.models import support
 from attnviz.models.capture import device_of, record_from_calls, recorded_calls, tokenize
 from attnviz.models.loading import ModelBundle
 from attnviz.positional import permutation_of_words
+from attnviz.tokens_display import readable_tokens, tokenizer_style
 
 _SILENCED: contextvars.ContextVar[frozenset] = contextvars.ContextVar("attnviz_silenced", default=frozenset())
 
@@ -84,6 +85,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     unpermuted = permuted[:, inverse][:, :, inverse]
     return {
         "tokens": tokens,
+        "display_tokens": readable_tokens(tokens, tokenizer_style(bundle.tokenizer)),  # as the pages show them
         "order": order,
         "original": original,
         "permuted": permuted,

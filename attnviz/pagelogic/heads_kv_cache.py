@@ -13,6 +13,7 @@ from attnviz import kvcache
 from attnviz.attention import CrossAttention
 from attnviz.models import layer_facts
 from attnviz.models.loading import FallbackTokenizer
+from attnviz.tokens_display import readable_tokens, tokenizer_style
 from attnviz.units import DTYPE_BYTES, human_bytes
 
 
@@ -38,7 +39,8 @@ def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, 
 
     ``projections="identity"``: W_Q = W_K = W_V = W_O = I, so a head attends by embedding similarity on its slice
     of dimensions (words with related meanings align). ``"random"``: seeded random projections, as an untrained
-    layer has. Returns tokens, weights ``[heads, n_target, n_source]`` and whether they are all finite.
+    layer has. Returns tokens (raw, and as shown: ``source_display``, ``target_display``), weights
+    ``[heads, n_target, n_source]`` and whether they are all finite.
     """
     source_tokens, memory = token_embeddings(bundle, source)
     target_tokens, queries = token_embeddings(bundle, target)
@@ -56,7 +58,10 @@ def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, 
     normalise = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) * d_model**0.5  # noqa: E731
     with torch.no_grad():
         _, weights = layer(normalise(queries).unsqueeze(0), normalise(memory).unsqueeze(0))
+    style = tokenizer_style(bundle.tokenizer)
     return {"source_tokens": source_tokens, "target_tokens": target_tokens, "weights": weights[0],
+            "source_display": readable_tokens(source_tokens, style),  # as the page shows them ("␣the")
+            "target_display": readable_tokens(target_tokens, style),
             "finite": bool(torch.isfinite(weights).all())}
 
 
@@ -67,11 +72,13 @@ def _plain(token: str) -> str:
 
 def strongest_keys(example: dict, head: int = 0) -> list[tuple[str, str, float]]:
     """For each decoder token, the encoder token its query weighs most in ``head``: (decoder token, encoder
-    token, weight)."""
+    token, weight), the tokens as the page shows them (``"␣cat"`` for byte-level ``"Ġcat"``)."""
     weights = example["weights"][head]  # [n_target, n_source]
     best = weights.argmax(-1)
-    return [(target, example["source_tokens"][int(key)], float(weights[row, key]))
-            for row, (target, key) in enumerate(zip(example["target_tokens"], best, strict=True))]
+    source = example.get("source_display", example["source_tokens"])
+    target = example.get("target_display", example["target_tokens"])
+    return [(query, source[int(key)], float(weights[row, key]))
+            for row, (query, key) in enumerate(zip(target, best, strict=True))]
 
 
 def cross_attention_caption(example: dict, projections: str, n_heads: int, limit: int = 8) -> str:

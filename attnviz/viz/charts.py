@@ -83,10 +83,14 @@ def histogram(samples: dict[str, object], *, title: str, x_title: str, bins: int
 
 
 def bar_chart(labels: list[str], values: list[float], *, title: str, y_title: str, text: list[str] | None = None,
-              height: int = 360, log_y: bool = False) -> go.Figure:
+              height: int = 360, log_y: bool = False, notes: list[str] | None = None) -> go.Figure:
+    """Bars of ``values`` over ``labels``; ``notes`` (one string per bar, e.g. a token's raw piece and id) are added
+    to each bar's hover."""
+    extra = None if notes is None else [f"<br>{style.plotly_text(note)}" if note else "" for note in notes]
     figure = go.Figure(
-        go.Bar(x=labels, y=values, text=text, textposition="outside", marker_color=HEAD_COLOURS[0],
-               hovertemplate="%{x}<br>%{y:.4g}<extra></extra>")
+        go.Bar(x=style.plotly_texts(labels), y=values, text=text, textposition="outside", marker_color=HEAD_COLOURS[0],
+               customdata=extra,
+               hovertemplate="%{x}<br>%{y:.4g}" + ("%{customdata}" if extra else "") + "<extra></extra>")
     )
     _layout(figure, title, "", y_title, height)
     if log_y:

@@ -202,16 +202,20 @@ def _add_head_lines(figure: go.Figure, values: torch.Tensor, flat: torch.Tensor,
 
 
 def _add_token_columns(figure: go.Figure, query_tokens: list[str], key_tokens: list[str], n_q: int, n_k: int,
-                       followed: set[int], query_ids: list[int] | None) -> None:
+                       followed: set[int], query_ids: list[int] | None, key_ids: list[int] | None = None,
+                       query_notes: list[str] | None = None, key_notes: list[str] | None = None) -> None:
     """The ``n_q`` queries' labels on the left (``followed`` rows in red; a click names the ``query_ids``
-    position), the ``n_k`` keys' on the right."""
-    labels_q, labels_k = style.token_labels(query_tokens), style.token_labels(key_tokens)
+    position), the ``n_k`` keys' on the right; labelled by their positions in the text (``query_ids``,
+    ``key_ids``) when given. ``query_notes`` / ``key_notes`` add a line to each token's hover (its raw piece)."""
+    labels_q = style.plotly_texts(style.token_labels(query_tokens, query_ids))  # "<s>" as text, not markup
+    labels_k = style.plotly_texts(style.token_labels(key_tokens, key_ids))
     figure.add_trace(
         go.Scatter(
             x=[-0.02] * n_q, y=list(range(n_q)), mode="text+markers", text=labels_q, textposition="middle left",
             marker=dict(size=12, color="rgba(0,0,0,0)"),
             customdata=[[position] for position in (query_ids or list(range(n_q)))],
-            hovertext=[f"query {label}: click to follow" for label in labels_q], hoverinfo="text", showlegend=False,
+            hovertext=[f"query {label}: click to follow" + _note(query_notes, i) for i, label in enumerate(labels_q)],
+            hoverinfo="text", showlegend=False,
             textfont=dict(color=["#d62728" if i in followed else "#1b1f24" for i in range(n_q)]),
             name="queries",
         )
@@ -220,10 +224,14 @@ def _add_token_columns(figure: go.Figure, query_tokens: list[str], key_tokens: l
         go.Scatter(
             x=[1.02] * n_k, y=list(range(n_k)), mode="text+markers", text=labels_k, textposition="middle right",
             marker=dict(size=12, color="rgba(0,0,0,0)"),
-            hovertext=[f"key {label}" for label in labels_k], hoverinfo="text", showlegend=False, name="keys",
-            textfont=dict(color="#1b1f24"),
+            hovertext=[f"key {label}" + _note(key_notes, j) for j, label in enumerate(labels_k)], hoverinfo="text",
+            showlegend=False, name="keys", textfont=dict(color="#1b1f24"),
         )
     )
+
+
+def _note(notes: list[str] | None, index: int) -> str:
+    return f"<br>{style.plotly_text(notes[index])}" if notes and notes[index] else ""
 
 
 def _lines_layout(figure: go.Figure, title: str, n_q: int, n_k: int, drawn_lines: list[list[float]],
@@ -256,6 +264,9 @@ def attention_lines(
     query_ids: list[int] | None = None,
     head_names: list[int] | None = None,
     top_k: int | None = None,
+    key_ids: list[int] | None = None,
+    query_notes: list[str] | None = None,
+    key_notes: list[str] | None = None,
 ) -> go.Figure:
     """bertviz-style lines: queries on the left, keys on the right, line width and opacity = weight.
 
@@ -264,8 +275,10 @@ def attention_lines(
     ``max_lines_per_head`` strongest per head are drawn, so long inputs stay responsive. ``query_ids`` (the
     queries' positions in the full text) are attached to the query labels, so a click can name the token;
     ``head_names`` are the heads' numbers in the model when ``weights`` holds only the drawn heads; ``top_k``
-    keeps only each query's ``top_k`` strongest keys. ``layout.meta`` lists the drawn lines (query row, key row,
-    weight) and the traces that draw them, so the page's script can highlight a token's lines on hover.
+    keeps only each query's ``top_k`` strongest keys. ``query_ids`` and ``key_ids`` (the keys' positions) label the
+    tokens by position; ``query_notes`` / ``key_notes`` (one string per token, e.g. its raw piece and id) are added
+    to their hovers. ``layout.meta`` lists the drawn lines (query row, key row, weight) and the traces that draw
+    them, so the page's script can highlight a token's lines on hover.
     """
     n_q, n_k = weights.shape[-2:]
     figure = go.Figure()
@@ -278,7 +291,8 @@ def attention_lines(
         head_lines, head_traces = _add_head_lines(figure, values, flat, queries, n_k, name)
         drawn_lines += head_lines
         line_traces += head_traces
-    _add_token_columns(figure, query_tokens, key_tokens, n_q, n_k, set(queries) if follow else set(), query_ids)
+    _add_token_columns(figure, query_tokens, key_tokens, n_q, n_k, set(queries) if follow else set(), query_ids,
+                       key_ids, query_notes, key_notes)
     figure.add_trace(  # filled by the page's script while a token is hovered: that token's lines, drawn dark
         go.Scatter(x=[], y=[], mode="lines", line=dict(color="#111111", width=3), hoverinfo="skip",
                    showlegend=False, name="highlight")

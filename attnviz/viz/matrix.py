@@ -179,6 +179,7 @@ def matrix_heatmap(
     ``col_segments`` (0 = sentence A, 1 = sentence B, per label) colour the labels and draw where sentence B starts.
     """
     matrix = _checked_matrix(values, row_labels, col_labels)
+    row_labels, col_labels = style.plotly_texts(row_labels), style.plotly_texts(col_labels)  # "<s>" as text
     n_rows, n_cols = matrix.shape
     height = height or default_height(n_rows)
     text = _cell_text(matrix, scale, width, height) if show_values else None
@@ -296,6 +297,7 @@ def mask_heatmap(
     for level in levels:  # a stepped colour scale: each integer level gets a flat band
         colour = legend[level][0]
         colorscale += [[level / (top + 1), colour], [(level + 1) / (top + 1), colour]]
+    row_labels, col_labels = style.plotly_texts(row_labels), style.plotly_texts(col_labels)  # "<s>" as text
     labelled = len(row_labels) == values.shape[0] and len(col_labels) == values.shape[1]
     # The hover names both tokens (by their labels) and what the cell is.
     rows = row_labels if labelled else range(values.shape[0])
@@ -375,6 +377,7 @@ def heatmap_row(
         trace = single.data[0]
         trace.showscale = index == count - 1
         figure.add_trace(trace, row=1, col=index + 1)
+    col_labels, row_labels = style.plotly_texts(col_labels), style.plotly_texts(row_labels)  # "<s>" as text
     x_ticks, x_text = style.thinned_ticks(col_labels, max_ticks=min(24, max(3, panel_width // X_TICK_SPACING)))
     narrow = panel_width < NARROW_PANEL
     if narrow:  # long labels turned by 45 degrees would run into the next panel's: positions only

@@ -35,6 +35,19 @@ def token_labels(tokens: list[str], positions: list[int] | None = None, max_char
     return [token_label(position, token, max_chars) for position, token in zip(positions, tokens, strict=True)]
 
 
+def plotly_text(text: str) -> str:
+    """``text`` as Plotly shows it literally. Plotly reads ``<b>``, ``<s>``, ``<br>``, ... in tick labels and hovers
+    as markup, so Llama's first token ``<s>`` would strike through its label: angle brackets and ampersands become
+    entities, which Plotly writes as the characters."""
+    if "<" not in text and ">" not in text and "&" not in text:
+        return text
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def plotly_texts(texts: list[str]) -> list[str]:
+    return [plotly_text(text) for text in texts]
+
+
 def thinned_ticks(labels: list[str], max_ticks: int = 64) -> tuple[list[int], list[str]]:
     """Integer tick positions and their labels, keeping at most ``max_ticks`` evenly spaced ones."""
     step = max(1, math.ceil(len(labels) / max_ticks))

@@ -18,7 +18,7 @@ def bertviz_html(capture: Capture, kind: str, which: str) -> str:
 
     record = capture.records[kind]
     attention = tuple(record.weights[layer].unsqueeze(0) for layer in range(record.n_layers))  # [1, heads, n, n] each
-    tokens = [_inert_token(t) for t in record.key_tokens]
+    tokens = [_inert_token(t) for t in record.key_display]  # as every page shows them ("␣the")
     if record.query_tokens != record.key_tokens:
         raise ValueError("bertviz shows self-attention; choose encoder or decoder attention")
     view = head_view if which == "head view" else model_view

@@ -25,8 +25,8 @@ def compare_figures(first: Capture, second: Capture, kind: str, layer: int, head
     a, b = first.records[kind], second.records[kind]
     if (a.n_q, a.n_k) == (b.n_q, b.n_k):
         difference = b.head_weights(layer, head) - a.head_weights(layer, head)
-        both_q = [_both(x, y) for x, y in zip(a.query_tokens, b.query_tokens, strict=True)]
-        both_k = [_both(x, y) for x, y in zip(a.key_tokens, b.key_tokens, strict=True)]
+        both_q = [_both(x, y) for x, y in zip(a.query_display, b.query_display, strict=True)]
+        both_k = [_both(x, y) for x, y in zip(a.key_display, b.key_display, strict=True)]
         matrix = dense_matrix(difference, both_q, both_k, how="mean")
         figures.append(
             matrix_heatmap(

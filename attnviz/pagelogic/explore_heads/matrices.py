@@ -31,6 +31,10 @@ class Matrix:
     empty: bool = False  # no kept query gives any weight to a kept key (e.g. A -> B in a causal model)
     row_segments: list[int] | None = None  # sentence (0 = A, 1 = B) of each row and column, for a sentence pair
     col_segments: list[int] | None = None
+    # The token positions each row and column covers, (first, last): one token, or a pooled cell's range. Exports
+    # read the tokenizer's raw pieces and ids at these positions.
+    row_spans: list[tuple[int, int]] | None = None
+    col_spans: list[tuple[int, int]] | None = None
 
 
 def scale_rows(weights: torch.Tensor, scale: str) -> torch.Tensor:
@@ -86,13 +90,8 @@ def head_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
         pooler.add(weights.mean(0), row_cells[ranks])  # the mean over heads (one head: itself)
         total += float(weights.sum())
     values = scale_matrix(pooler.result(), options.scale)
-    if not pooled:
-        matrix = Matrix(values, _labels(record.query_tokens, query_positions),
-                        _labels(record.key_tokens, key_positions), empty=total == 0)
-    else:
-        matrix = Matrix(values, _range_labels(record.query_tokens, query_positions, n_rows),
-                        _range_labels(record.key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols),
-                        empty=total == 0)
+    matrix = labelled(values, record.query_display, record.key_display, query_positions, key_positions, pooled)
+    matrix.empty = total == 0
     return with_segments(matrix, capture, record, query_positions, key_positions)
 
 
@@ -117,8 +116,8 @@ def zoom_matrix(capture: Capture, record: AttentionRecord, options: ViewOptions,
         parts.append(weights.mean(0)[:, k0:k1])
     values = scale_matrix(torch.cat(parts), options.scale)
     window_keys = key_positions[k0:k1]
-    matrix = Matrix(values, _labels(record.query_tokens, rows), _labels(record.key_tokens, window_keys),
-                    window=(rows[0], window_keys[0], len(rows), len(window_keys)))
+    matrix = labelled(values, record.query_display, record.key_display, rows, window_keys, pooled=False)
+    matrix.window = (rows[0], window_keys[0], len(rows), len(window_keys))
     return with_segments(matrix, capture, record, rows, window_keys)
 
 
@@ -126,17 +125,41 @@ def dense_matrix(values: torch.Tensor, query_tokens: list[str], key_tokens: list
                  query_positions: list[int] | None = None, key_positions: list[int] | None = None,
                  how: str = "mean") -> Matrix:
     """A matrix already in memory (rollout, what-if, compare), drawn like the head view: as it is up to POOL_LIMIT
-    a side, else pooled (signed values by mean, so + and - do not cancel into the max)."""
+    a side, else pooled (signed values by mean, so + and - do not cancel into the max). ``query_tokens`` and
+    ``key_tokens`` are the tokens as the labels show them (a record's ``query_display`` / ``key_display``)."""
     query_positions = list(range(values.shape[0])) if query_positions is None else query_positions
     key_positions = list(range(values.shape[1])) if key_positions is None else key_positions
     n_rows, n_cols = values.shape
     if n_rows <= POOL_LIMIT and n_cols <= POOL_LIMIT:
-        return Matrix(values, _labels(query_tokens, query_positions), _labels(key_tokens, key_positions))
+        return labelled(values, query_tokens, key_tokens, query_positions, key_positions, pooled=False)
     row_cells, col_cells = analysis.bins(n_rows, POOL_LIMIT), analysis.bins(n_cols, POOL_LIMIT)
     pooler = analysis.Pooler((), int(row_cells[-1]) + 1, col_cells, how)
     pooler.add(values.float(), row_cells)
-    return Matrix(pooler.result(), _range_labels(query_tokens, query_positions, n_rows),
-                  _range_labels(key_tokens, key_positions, n_cols), pooled_from=(n_rows, n_cols))
+    return labelled(pooler.result(), query_tokens, key_tokens, query_positions, key_positions, pooled=True)
+
+
+def labelled(values: torch.Tensor, query_tokens: list[str], key_tokens: list[str], query_positions: list[int],
+             key_positions: list[int], pooled: bool) -> Matrix:
+    """A :class:`Matrix` of ``values`` with its labels and spans: one per kept token, or per pooled cell."""
+    row_spans, col_spans = spans(query_positions, pooled), spans(key_positions, pooled)
+    return Matrix(values, span_labels(query_tokens, row_spans), span_labels(key_tokens, col_spans),
+                  pooled_from=(len(query_positions), len(key_positions)) if pooled else None,
+                  row_spans=row_spans, col_spans=col_spans)
+
+
+def spans(kept: list[int], pooled: bool) -> list[tuple[int, int]]:
+    """The token positions each row (or column) covers, (first, last): one kept token each, or when ``pooled`` the
+    kept tokens of each of the POOL_LIMIT cells."""
+    if not pooled:
+        return [(position, position) for position in kept]
+    return [(kept[first], kept[last]) for first, last in analysis.bin_edges(len(kept), POOL_LIMIT)]
+
+
+def span_labels(tokens: list[str], cells: list[tuple[int, int]]) -> list[str]:
+    """One label per row or column: ``"3 · ␣the"`` for one token, ``"12–19 · ␣the"`` (the positions and the first
+    token) for a pooled cell."""
+    return [style.token_label(start, tokens[start]) if start == end else f"{start}–{end} · {tokens[start][:10]}"
+            for start, end in cells]
 
 
 def _segments(capture: Capture, tokens: list[str], kept: list[int], pooled: bool) -> list[int] | None:
@@ -156,20 +179,6 @@ def with_segments(matrix: Matrix, capture: Capture, record: AttentionRecord, que
     return dataclasses.replace(
         matrix, row_segments=_segments(capture, record.query_tokens, query_positions, pooled),
         col_segments=_segments(capture, record.key_tokens, key_positions, pooled))
-
-
-def _labels(tokens: list[str], kept: list[int]) -> list[str]:
-    return style.token_labels([tokens[i] for i in kept], kept)
-
-
-def _range_labels(tokens: list[str], kept: list[int], n: int) -> list[str]:
-    """One label per pooled cell: the positions it covers and its first token."""
-    labels = []
-    for first, last in analysis.bin_edges(n, POOL_LIMIT):
-        start, end = kept[first], kept[last]
-        single = end == start
-        labels.append(style.token_label(start, tokens[start]) if single else f"{start}–{end} · {tokens[start][:10]}")
-    return labels
 
 
 def pooled_title(base: str, matrix: Matrix) -> str:
@@ -212,7 +221,7 @@ def head_heatmap(capture: Capture, record: AttentionRecord, weights: torch.Tenso
                  width: int = FULL_WIDTH) -> go.Figure:
     """One head's whole ``[n_q, n_k]`` weights on 0–1 (compare, what-if): pooled by max above POOL_LIMIT a side
     (the title says so), sentence B marked."""
-    matrix = dense_matrix(weights, record.query_tokens, record.key_tokens, how="max")
+    matrix = dense_matrix(weights, record.query_display, record.key_display, how="max")
     matrix = with_segments(matrix, capture, record, list(range(record.n_q)), list(range(record.n_k)))
     return weights_heatmap(matrix, pooled_title(title, matrix), "fixed", width=width)
 

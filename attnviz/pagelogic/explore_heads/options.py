@@ -98,8 +98,8 @@ def filtered(weights: torch.Tensor, capture: Capture, record: AttentionRecord, o
     """Apply the filters to ``[..., n_q, n_k]`` weights: the kept rows and columns, renormalised if asked."""
     query_positions, key_positions = positions(capture, record, options)
     subset = analysis.keep_tokens(weights, query_positions, key_positions, options.renormalises)
-    query_labels = style.token_labels([record.query_tokens[i] for i in query_positions], query_positions)
-    key_labels = style.token_labels([record.key_tokens[j] for j in key_positions], key_positions)
+    query_labels = style.token_labels([record.query_display[i] for i in query_positions], query_positions)
+    key_labels = style.token_labels([record.key_display[j] for j in key_positions], key_positions)
     return Filtered(subset, query_labels, key_labels, query_positions, key_positions)
 
 

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import torch
 
 from attnviz.models.record import AttentionRecord
+from attnviz.tokens_display import piece_note
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart
 from attnviz.viz.matrix import SIGNED, matrix_heatmap
@@ -47,25 +48,29 @@ def query_key(record: AttentionRecord, layer: int, head: int, query: int, key: i
 
 
 def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, head: int, query: int,
-                      key: int) -> tuple[go.Figure, go.Figure, str]:
+                      key: int, key_ids: list[int] | None = None) -> tuple[go.Figure, go.Figure, str]:
     """The vectors (q, k, q∘k as three rows over the head's dimensions) and the row (scores and weights over the
-    keys, the chosen key marked), with a caption that does the arithmetic."""
-    query_label = style.token_label(query, record.query_tokens[query])
-    key_label = style.token_label(key, record.key_tokens[key])
+    keys, the chosen key marked), with a caption that does the arithmetic. Tokens read as every page shows them
+    (``record.query_display``); each bar's hover adds the key's raw piece (and its id, from ``key_ids``)."""
+    query_label = style.token_label(query, record.query_display[query])
+    key_label = style.token_label(key, record.key_display[key])
     rows = torch.stack([anatomy.query, anatomy.key, anatomy.product])  # [3, d]
     dims = [f"d{i}" for i in range(rows.shape[1])]
     vectors = matrix_heatmap(rows, [f"q · {query_label}", f"k · {key_label}", "q∘k"], dims, scale=SIGNED,
-                             title=f"Layer {layer}, head {head}: query {query_label} and key {key_label}",
+                             title=style.plotly_text(f"Layer {layer}, head {head}: query {query_label} and key "
+                                                     f"{key_label}"),
                              x_title="dimension of the head", y_title="", show_values=False, height=300)
     shown = list(range(record.n_k))
-    title = f"The softmax over every key of {query_label}"
+    title = f"The softmax over every key of {style.plotly_text(query_label)}"
     if record.n_k > QK_BARS:  # long inputs: the strongest keys (and the chosen one), in their order
         strongest = set(anatomy.weights.topk(QK_BARS - 1).indices.tolist()) | {key}
         shown = sorted(strongest)
-        title = f"The softmax over the keys of {query_label}: the {len(shown)} largest of {record.n_k:,}"
-    labels = [style.token_label(j, record.key_tokens[j]) for j in shown]
+        title = (f"The softmax over the keys of {style.plotly_text(query_label)}: the {len(shown)} largest of "
+                 f"{record.n_k:,}")
+    labels = [style.token_label(j, record.key_display[j]) for j in shown]
+    notes = [piece_note(record.key_tokens[j], None if key_ids is None else key_ids[j]) for j in shown]
     row = bar_chart(labels, anatomy.weights[shown].tolist(), title=title, y_title="weight",
-                    text=[f"{float(anatomy.weights[j]):.2f}" if j == key else "" for j in shown])
+                    text=[f"{float(anatomy.weights[j]):.2f}" if j == key else "" for j in shown], notes=notes)
     row.data[0].marker.color = ["#ff7f0e" if j == key else "#1f77b4" for j in shown]
     adjusted = "" if abs(anatomy.score - anatomy.dot * anatomy.scale) < 1e-6 * max(1.0, abs(anatomy.score)) else (
         f", then the model's own adjustments (position bias or soft-capping) make it {anatomy.score:.4g}")

@@ -43,7 +43,7 @@ def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame
             accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + block)))
         rows += accumulator.result(layer)
     frame = pd.DataFrame([dataclasses.asdict(row) for row in rows])
-    frame["top_key"] = [style.token_label(j, tokens[j]) for j in frame["top_key"]]
+    frame["top_key"] = [style.token_label(j, record.key_display[j]) for j in frame["top_key"]]  # as pages show it
     frame = frame.rename(columns=STATISTICS_COLUMNS)
     frame = frame[["layer", "head", "label", *STATISTICS_COLUMNS.values()]]
     record.memo[MEMO_KEY] = frame

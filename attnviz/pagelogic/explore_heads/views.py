@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import plotly.graph_objects as go
 import torch
 
@@ -31,6 +33,7 @@ from attnviz.pagelogic.explore_heads.options import (
     filtered,
     positions,
 )
+from attnviz.tokens_display import piece_note
 from attnviz.viz.heads import attention_lines
 
 LINES_TOKEN_LIMIT = 128  # above this, the lines view draws only the followed tokens (or the first 128 rows)
@@ -101,20 +104,33 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
     plural = "s" if len(heads) > 1 else ""
     figure = attention_lines(
         weights,
-        [record.query_tokens[i] for i in drawn],
-        [record.key_tokens[j] for j in key_positions],
+        [record.query_display[i] for i in drawn],
+        [record.key_display[j] for j in key_positions],
         list(range(len(heads))),
         title=f"Layer {options.layer}: {kind_name}, head{plural} {', '.join(map(str, heads))}{note}",
         follow=[drawn.index(q) for q in followed] or None,
         query_ids=drawn,
         head_names=heads,
         top_k=options.top_k,
+        key_ids=key_positions,
+        query_notes=piece_notes(capture, record.query_tokens, drawn),
+        key_notes=piece_notes(capture, record.key_tokens, key_positions),
     )
     strongest = f"; only each query's {options.top_k} strongest keys" if options.top_k else ""
     return figure, (
         f"Line width and opacity = attention weight (lines under 0.02 hidden{strongest}); one colour per head. "
         "Hover a token to see its lines alone; click a query token to follow it, click it again to see all." + cut
     )
+
+
+def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> list[str] | None:
+    """What the hover of each token at ``positions`` adds: the tokenizer's raw piece and its id
+    (:func:`attnviz.tokens_display.piece_note`); None when there is nothing to add (no ids, tokens shown as
+    written: an image's patches)."""
+    shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
+    if ids is None and shown is tokens:
+        return None
+    return [piece_note(tokens[p], None if ids is None else ids[p]) for p in positions]
 
 
 def _average_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
@@ -136,10 +152,9 @@ def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOption
     rolled = analysis.attention_rollout(record.weights)[through]
     kept = filtered(rolled, capture, record, options)
     query_positions, key_positions = kept.query_positions, kept.key_positions
-    matrix = dense_matrix(kept.weights, record.query_tokens, record.key_tokens, query_positions, key_positions,
+    matrix = dense_matrix(kept.weights, record.query_display, record.key_display, query_positions, key_positions,
                           options.pooling)
-    matrix = Matrix(scale_matrix(scale_rows(matrix.values, options.scale), options.scale), matrix.row_labels,
-                    matrix.col_labels, matrix.pooled_from)
+    matrix = dataclasses.replace(matrix, values=scale_matrix(scale_rows(matrix.values, options.scale), options.scale))
     matrix = with_segments(matrix, capture, record, query_positions, key_positions)
     base = f"Attention rollout through layers 0..{through}{note}"
     figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
