@@ -2,6 +2,8 @@
 cache it keeps, and the systems that serve it (PagedAttention, Ring attention), simulated exactly on a decoder's
 own tensors."""
 
+import contextlib
+import copy
 import html
 import statistics
 
@@ -12,14 +14,17 @@ from attnviz.models.capture import capture
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.pagelogic import generation_systems as gen_systems
-from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page, transient_note
+from attnviz.ui.figures import figure_scale, show_figure
+from attnviz.ui.frame import start_page
 from attnviz.ui.loaded_models import generation_model, load_bundle
 from attnviz.ui.messages import problem_text, queries_unavailable
 from attnviz.ui.session_models import current_model_name, registered_models
+from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
 from attnviz.units import human_bytes
 from attnviz.viz.charts import bar_chart, line_chart
+from attnviz.viz.generation import next_token_chart, sequence_heatmap
 from attnviz.viz.inference import block_table_figure, memory_map_figure, ring_figure
 from attnviz.viz.matrix import matrix_heatmap
 from attnviz.viz.style import token_labels
@@ -28,6 +33,24 @@ DEFAULT_PROMPT = ("The for statement is used to iterate over the elements of a s
                   "or list) or other iterable object.")
 TABS = ["Generation", "PagedAttention", "Ring attention"]
 MAX_NEW_TOKENS = 64
+MAX_PROMPT_CHARS = 200_000  # a bound on what the box holds; the model reads what its positions allow (fit_prompt)
+EXPLORE_PAGE = "pages/explore_heads.py"
+# Explore heads' text sources (its segmented control "explore_source"): the sidebar's sentence, or a long text
+EXPLORE_SENTENCE, EXPLORE_LONG_TEXT = "the sidebar's sentence", "a long text"
+REQUEST_DEFAULTS = {"prompt": DEFAULT_PROMPT, "new_tokens": 12, "strategy": "greedy", "temperature": 1.0, "top_k": 0,
+                    "top_p": 1.0, "seed": 0, "keep": "first"}
+
+
+@contextlib.contextmanager
+def working(label: str):
+    """A note that says what is being computed while it is, gone once it is done, also when the work is refused
+    (an exception): no box is left saying "Generating…" above a refusal."""
+    placeholder = st.empty()
+    placeholder.info(label, icon=":material/hourglass_top:")
+    try:
+        yield
+    finally:
+        placeholder.empty()
 
 
 GENERATES = ("decoder", "encoder-decoder")
@@ -54,29 +77,69 @@ def choose_decoder() -> tuple[str, str] | None:
     return name, decoders[name]
 
 
+def the_request() -> dict:
+    """The settings in use (applied by the Generate button), kept in the session."""
+    request = st.session_state.setdefault("gen_request", dict(REQUEST_DEFAULTS))
+    for key, value in REQUEST_DEFAULTS.items():  # a request from an older session, or a test, may lack a setting
+        request.setdefault(key, value)
+    return request
+
+
+def doubled(prompt: str) -> str:
+    """The prompt typed twice: the second copy after a space, unless the first ends with a space or a newline."""
+    return prompt + ("" if not prompt or prompt[-1].isspace() else " ") + prompt
+
+
+def apply_form(repeat: bool = False) -> None:
+    """Callback of the form's buttons (the form's values are in the session by now): the settings become the
+    request; "Repeat my prompt" doubles the prompt first (in the box too)."""
+    state = st.session_state
+    prompt = state["gen_prompt"]
+    if repeat:
+        prompt = doubled(prompt)
+        state["gen_prompt"] = prompt
+    state["gen_request"].update(
+        prompt=prompt, new_tokens=int(state["gen_count"]), strategy=state["gen_strategy"],
+        temperature=float(state["gen_temperature"]), top_k=int(state["gen_top_k"]), top_p=float(state["gen_top_p"]),
+        seed=int(state["gen_seed"]))
+
+
 def request_form() -> dict:
-    """The generation's settings, applied with the Generate button (so typing never reruns the model)."""
-    defaults = {"prompt": DEFAULT_PROMPT, "new_tokens": 12, "strategy": "greedy", "temperature": 1.0, "top_k": 0,
-                "top_p": 1.0, "seed": 0}
-    request = st.session_state.setdefault("gen_request", dict(defaults))
+    """The generation's settings, applied with the Generate button (so typing never reruns the model). The
+    decoding choice is outside the form, so that the sampling controls are enabled at once when sampling is
+    chosen (and greyed out under greedy decoding, where they change nothing)."""
+    request = the_request()
+    strategy = st.radio("Decoding", list(gen.STRATEGIES), format_func=gen.STRATEGIES.get,
+                        index=list(gen.STRATEGIES).index(request["strategy"]), key="gen_strategy", horizontal=True,
+                        help="Applied with Generate. Greedy takes the most likely token; sampling draws from the "
+                             "distribution shaped by temperature, top-k and top-p, with the seed.")
+    greedy = strategy == "greedy"
+    off = " Greedy decoding ignores it: choose sampling to use it." if greedy else ""
     with st.form("gen_form", border=False):
-        top = st.columns([6, 2])
         # The widgets start from the settings in use (after a visit to another page they are drawn afresh).
-        prompt = top[0].text_input("Prompt", request["prompt"], key="gen_prompt", max_chars=2000)
-        new_tokens = top[1].number_input("New tokens", 1, MAX_NEW_TOKENS, request["new_tokens"], key="gen_count")
-        columns = st.columns([3, 2, 2, 2, 1])
-        strategy = columns[0].radio("Decoding", list(gen.STRATEGIES), format_func=gen.STRATEGIES.get,
-                                    index=list(gen.STRATEGIES).index(request["strategy"]), key="gen_strategy",
-                                    horizontal=True)
-        temperature = columns[1].slider("Temperature", 0.1, 2.0, request["temperature"], 0.1, key="gen_temperature",
-                                        help="Sampling only: logits are divided by it before the softmax.")
-        top_k = columns[2].number_input("Top-k (0: off)", 0, 1000, request["top_k"], key="gen_top_k")
-        top_p = columns[3].slider("Top-p", 0.05, 1.0, request["top_p"], 0.05, key="gen_top_p",
-                                  help="Sampling only: keep the most likely tokens until their mass reaches p.")
-        seed = columns[4].number_input("Seed", 0, 10_000, request["seed"], key="gen_seed")
-        if st.form_submit_button("Generate", type="primary"):
-            request.update(prompt=prompt, new_tokens=int(new_tokens), strategy=strategy,
-                           temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed))
+        st.text_area(
+            "Prompt", request["prompt"], key="gen_prompt", max_chars=MAX_PROMPT_CHARS, height=110,
+            help="Any length, line breaks kept: the model reads as many tokens as its positions hold (with room "
+                 "for the new tokens); a longer prompt is cut, and the page says where.")
+        columns = st.columns([2, 3, 2, 3, 2])
+        columns[0].number_input("New tokens", 1, MAX_NEW_TOKENS, request["new_tokens"], key="gen_count")
+        columns[1].slider("Temperature", 0.1, 2.0, request["temperature"], 0.1, key="gen_temperature",
+                          disabled=greedy, help="Sampling only: logits are divided by it before the softmax." + off)
+        columns[2].number_input("Top-k (0: off)", 0, 1000, request["top_k"], key="gen_top_k", disabled=greedy,
+                                help="Sampling only: keep the k most likely tokens." + off)
+        columns[3].slider("Top-p", 0.05, 1.0, request["top_p"], 0.05, key="gen_top_p", disabled=greedy,
+                          help="Sampling only: keep the most likely tokens until their mass reaches p." + off)
+        columns[4].number_input("Seed", 0, 10_000, request["seed"], key="gen_seed", disabled=greedy,
+                                help="Sampling only: the random draws, repeatable." + off)
+        buttons = st.columns([1, 2, 5])
+        buttons[0].form_submit_button("Generate", type="primary", on_click=apply_form)
+        buttons[1].form_submit_button(
+            "Repeat my prompt", on_click=apply_form, args=(True,),
+            help="Types the prompt twice, then generates. In the whole-sequence view below, an induction head sends "
+                 "each token of the second copy to the token that followed it in the first.")
+    if strategy != request["strategy"]:
+        st.caption(":material/info: Press **Generate** to decode "
+                   + ("greedily." if greedy else "by sampling (temperature, top-k, top-p, seed)."))
     st.button("One more token", key="gen_more", on_click=lambda: request.update(
         new_tokens=min(MAX_NEW_TOKENS, request["new_tokens"] + 1)), help="The same generation, one step longer.")
     return request
@@ -88,15 +151,36 @@ def sampling_of(request: dict, seed_offset: int = 0) -> gen.Sampling:
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
-def cached_generation(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, use_cache: bool):
+def cached_generation(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, use_cache: bool,
+                      keep: str = "first"):
     model, tokenizer = generation_model(folder, name)
-    return gen.generate(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), use_cache=use_cache)
+    return gen.generate(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), use_cache=use_cache,
+                        keep=keep)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
-def cached_float64_check(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple):
+def cached_float64_check(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, keep: str = "first"):
     model, tokenizer = generation_model(folder, name)
-    return gen.float64_cache_agreement(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling))
+    return gen.float64_cache_agreement(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), keep=keep)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def cached_fit(folder: str, name: str, prompt: str, new_tokens: int, keep: str) -> gen.PromptFit:
+    model, tokenizer = generation_model(folder, name)
+    return gen.fit_prompt(model, tokenizer, prompt, new_tokens, keep)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_sequence_attention(folder: str, name: str, ids: tuple[int, ...], layer: int):
+    """Every head of ``layer`` over the whole sequence ``[heads, n, n]``: one cache-free forward pass."""
+    model, _ = generation_model(folder, name)
+    return gen_sequence.sequence_attention(model, list(ids), layer)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_labels(folder: str, name: str, ids: tuple[int, ...]) -> list[str]:
+    _, tokenizer = generation_model(folder, name)
+    return gen_sequence.readable_labels(tokenizer, list(ids))
 
 
 def sampling_key(sampling: gen.Sampling) -> tuple:
@@ -105,28 +189,74 @@ def sampling_key(sampling: gen.Sampling) -> tuple:
 
 def run(folder: str, name: str, request: dict, seed_offset: int = 0, use_cache: bool = True) -> gen.Generation:
     return cached_generation(folder, name, request["prompt"], request["new_tokens"],
-                             sampling_key(sampling_of(request, seed_offset)), use_cache)
+                             sampling_key(sampling_of(request, seed_offset)), use_cache, request["keep"])
 
 
-def show_text(generation: gen.Generation, step: int, tokenizer) -> None:
-    """The prompt, then the generated tokens (bold), the chosen step's token marked; for an encoder-decoder, the
-    source the encoder read, then what the decoder wrote after its start token."""
-    parts = [html.escape("".join(generation.prompt_tokens))]
+def set_keep(request: dict, keep: str) -> None:
+    request["keep"] = keep
+
+
+def snippet(text: str, end: bool, chars: int = 40) -> str:
+    """At most ``chars`` characters of ``text`` (its end, or its start), cut at a space, on one line."""
+    text = " ".join(text.split())
+    if len(text) <= chars:
+        return text
+    part = text[-chars:] if end else text[:chars]
+    cut = part.split(" ", 1)[1] if end and " " in part else (part.rsplit(" ", 1)[0] if " " in part else part)
+    return cut
+
+
+def fit_notice(fit: gen.PromptFit, request: dict, tokenizer) -> None:
+    """Where a prompt too long for the model's positions was cut, and the offer to keep the other end."""
+    if not fit.truncated:
+        return
+    room = f"this model has {fit.positions:,} positions" + (
+        f" and {fit.new_tokens} go to the new tokens" if fit.room < fit.positions else "")
+    if fit.keep == "first":
+        tail = snippet(tokenizer.decode(fit.ids[-24:], skip_special_tokens=True), end=True)
+        st.warning(f"The prompt has {fit.total:,} tokens; {room}, so it reads the first {fit.room:,} (up to "
+                   f"“…{tail}”) and continues from there, as Explore heads reads a long text from its start.",
+                   icon=":material/content_cut:")
+        other, label = "latest", f"Keep only the latest {fit.room:,} tokens"
+        why = "The model then continues from the end of your text; the first tokens are left out."
+    else:
+        head = snippet(tokenizer.decode(fit.ids[:24], skip_special_tokens=True), end=False)
+        st.info(f"The prompt has {fit.total:,} tokens; {room}, so it reads the latest {fit.room:,} (from "
+                f"“{head}…”): the first {fit.dropped:,} are left out.", icon=":material/content_cut:")
+        other, label = "first", f"Keep the first {fit.room:,} tokens instead"
+        why = "As Explore heads reads a long text: from its start."
+    st.button(label, key="gen_keep", on_click=set_keep, args=(request, other), help=why)
+
+
+def show_text(generation: gen.Generation, step: int, labels: list[str], tokenizer) -> None:
+    """The prompt as the model read it, then each generated token as a chip with visible marks (a space ␣, a
+    newline ↵, a byte <0xNN>), the chosen step's token highlighted; for an encoder-decoder, the source the encoder
+    read, then what the decoder wrote after its start token."""
+    n_prompt = len(generation.prompt_ids)
     if generation.encoder_decoder:
         source = tokenizer.decode(generation.source_ids, skip_special_tokens=True)
         parts = [f'<span style="color:#555">{html.escape(source)}</span> → ']
-    pieces = generation.pieces(tokenizer) if generation.encoder_decoder else [s.token for s in generation.steps]
-    for index, piece in enumerate(pieces):
-        text = html.escape(piece)
-        style = "background:#ffe0b2;" if index == step else ""
-        parts.append(f'<b style="color:#c2410c;{style}">{text}</b>')
-    st.html(f'<div style="font-size:1.15rem; line-height:1.7; white-space:pre-wrap">{"".join(parts)}</div>')
+    else:  # decoded whole: SentencePiece's spaces and byte-level BPE's multi-byte characters as they read
+        parts = [html.escape(tokenizer.decode(generation.prompt_ids, skip_special_tokens=False))]
+    for index, label in enumerate(labels[n_prompt:]):
+        background = "#ffe0b2" if index == step else "#fff7ed"
+        token_id = generation.steps[index].token_id
+        parts.append(f'<b title="step {index + 1}, token id {token_id}" style="color:#c2410c; background:'
+                     f'{background}; border:1px solid #fdba74; border-radius:4px; padding:0 3px; margin:0 1px; '
+                     f'white-space:pre">{html.escape(label)}</b>')
+    st.html('<div style="font-size:1.1rem; line-height:1.8; white-space:pre-wrap; max-height:16rem; '
+            f'overflow-y:auto">{"".join(parts)}</div>')
 
 
-def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> None:
-    with transient_note("Generating with the KV cache, then again without it…"):
-        cached = run(folder, name, request)
-        uncached = run(folder, name, request, use_cache=False)
+def named_heads(folder: str, name: str, encoder_decoder: bool) -> dict[tuple[int, int], str]:
+    """(layer, head) -> the circuit it was found to be (previous-token or induction head), for titles."""
+    if encoder_decoder:
+        return {}
+    return {(h.layer, h.head): h.name for h in cached_circuits(folder, name) if h.found}
+
+
+def head_controls(folder: str, name: str, cached: gen.Generation) -> tuple[int, int, int]:
+    """The Step slider and the Layer and Head boxes; the page opens on the model's strongest induction head."""
     n_steps = len(cached.steps)
     layers, heads = cached.steps[0].attention.shape[:2]
     columns = st.columns([4, 1, 1])
@@ -136,66 +266,177 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     else:  # opens on the strongest induction head: it looks back at what followed the current token before
         induction = next(h for h in cached_circuits(folder, name) if h.name == "induction head")
         start_layer, start_head = induction.layer, induction.head
-    layer = int(columns[1].number_input("Layer", 0, layers - 1, start_layer, key="gen_layer"))
-    head = int(columns[2].number_input("Head", 0, heads - 1, start_head, key="gen_head"))
-    show_text(cached, step, tokenizer)
-    chosen = cached.steps[step]
+    state = st.session_state
+    for key, start, count in (("gen_layer", start_layer, layers), ("gen_head", start_head, heads)):
+        if not 0 <= int(state.get(key, start)) < count:  # another model's layer or head
+            state[key] = start
+        state.setdefault(key, start)
+    layer = int(columns[1].number_input("Layer", 0, layers - 1, key="gen_layer"))
+    head = int(columns[2].number_input("Head", 0, heads - 1, key="gen_head"))
+    return step, layer, head
+
+
+def generation_key(folder: str, name: str, request: dict) -> tuple:
+    """What a generation depends on: the figures drawn from it are cached by this and their own settings."""
+    return (folder, name, request["prompt"], request["new_tokens"], sampling_key(sampling_of(request)),
+            request["keep"])
+
+
+def shown(figure):
+    """A cached figure as :func:`show_figure` may change it: itself, or a copy in presentation mode (which scales
+    the figure it is given)."""
+    return copy.deepcopy(figure) if figure_scale() != 1.0 else figure
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def next_token_figure(key: tuple, step: int, _cached: gen.Generation, _labels: list[str], _tokenizer):
+    chosen = _cached.steps[step]
+    bar_labels, probabilities, ids = gen_sequence.top_token_bars(_tokenizer, chosen.top)
+    taken = _labels[len(_cached.prompt_ids) + step]
+    figure = next_token_chart(bar_labels, probabilities, ids, chosen=chosen.token_id,
+                              title=f"Step {step + 1}: next-token distribution, the {len(ids)} most likely")
+    greedy = key[4][0] == "greedy"
+    caption = ((f"The model's {len(ids)} most likely next tokens; greedy takes the first: " if greedy else
+                f"The {len(ids)} most likely tokens of the distribution the token was drawn from (after temperature, "
+                "top-k and top-p); chosen: ") + f"**{taken}** (orange). Marks: ␣ a space, ↵ a newline, <0xNN> a byte "
+               "that is part of a character; #id where two tokens read alike.")
+    return figure, caption
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def step_attention_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation,
+                          _labels: list[str]):
+    chosen = _cached.steps[step]
+    what = "decoder self-attention" if _cached.encoder_decoder else "attention"
+    window = gen.window_statement(_cached, step, layer)
+    figure = bar_chart(token_labels(_labels[: chosen.position]), chosen.attention[layer, head].tolist(),
+                       title=f"Step {step + 1}: {what} of layer {layer}, head {head}", y_title="weight")
+    caption = ("The weights of the query that predicted this token (the last token read) over every earlier token"
+               + (" of the decoder (its start token, then what it wrote)" if _cached.encoder_decoder else "")
+               + f"; {gen.row_sum_statement(_cached, step, layer, head)}." + (f" {window}" if window else ""))
+    return figure, caption
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation, _labels: list[str]):
+    sliding = layer < len(_cached.layers) and _cached.layers[layer].sliding
+    matrix = gen.timeline(_cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
+    written = _cached.steps[: step + 1]
+    n_prompt = len(_cached.prompt_ids)
+    rows = token_labels(_labels[n_prompt: n_prompt + step + 1], [s.position for s in written])
+    figure = matrix_heatmap(matrix, rows, token_labels(_labels),
+                            title=f"Timeline: each step's attention, layer {layer}, head {head}",
+                            x_title="key position", y_title="generated token", show_values=False)
+    caption = (f"One row per generated token up to step {step + 1} (labelled by its position): its query's weights "
+               "over the earlier tokens, each at its position. Grey: keys the query did not read, positions that did "
+               "not exist yet" + (f" and keys out of layer {layer}'s sliding window of "
+                                  f"{_cached.layers[layer].window:,} tokens" if sliding else "")
+               + ". Move the Step slider to watch it build up.")
+    return figure, caption
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def sink_figure(key: tuple, layer: int, _cached: gen.Generation):
+    sink = gen.sink_mass(_cached)[:, layer]  # [steps, heads]
+    leaves = gen.first_token_leaves(_cached, layer)
+    figure = line_chart(list(range(1, len(_cached.steps) + 1)),
+                        {f"head {h}": sink[:, h].tolist() for h in range(sink.shape[1])},
+                        title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
+                        y_title="weight on token 0", markers=True)
+    caption = ("Many decoders park attention on the first token when nothing else is relevant (Xiao et al., 2023): a "
+               "head that keeps a large share there is a sink."
+               + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
+                  "puts 1 on it." if _cached.encoder_decoder else "")
+               + (f" From step {leaves} on, token 0 is out of layer {layer}'s sliding window of "
+                  f"{_cached.layers[layer].window:,} tokens: no query reads it, so its share is 0." if leaves else ""))
+    return figure, caption
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def sequence_figure(folder: str, name: str, ids: tuple[int, ...], prompt_length: int, layer: int, head: int,
+                    named: str | None):
+    """The chosen head over the whole sequence (one cache-free forward pass per layer, cached), and its caption."""
+    weights = cached_sequence_attention(folder, name, ids, layer)[head]  # [n, n]
+    view = gen_sequence.sequence_view(weights, list(ids), cached_labels(folder, name, ids), prompt_length)
+    title = (f"Layer {layer}, head {head}{f' ({named})' if named else ''} over the whole sequence: every query, "
+             "prompt and generated")
+    if view.pooled:
+        title += f"<br><sup>{view.n:,} x {view.n:,} max-pooled to {len(view.labels)} x {len(view.labels)}</sup>"
+    figure = sequence_heatmap(view.values, view.labels, view.segments, view.marks, title=title)
+    return figure, gen_sequence.sequence_statement(view)
+
+
+def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> None:
+    with working("Generating with the KV cache, then again without it…"):
+        cached = run(folder, name, request)
+        uncached = run(folder, name, request, use_cache=False)
+    key = generation_key(folder, name, request)
+    step, layer, head = head_controls(folder, name, cached)
+    if not cached.encoder_decoder:
+        circuits_section(folder, name, cached, tokenizer)
+    labels = cached_labels(folder, name, tuple(cached.ids))
+    show_text(cached, step, labels, tokenizer)
     left, right = st.columns(2)
     with left:
-        labels = [repr(token)[1:-1] or "·" for token, _ in chosen.top]
-        show_figure(bar_chart(labels, [p for _, p in chosen.top], title=f"Step {step + 1}: next-token distribution",
-                              y_title="probability", text=[f"{p:.2f}" for _, p in chosen.top]),
-                    (f"The model's {len(chosen.top)} most likely next tokens; greedy takes the first: "
-                     if request["strategy"] == "greedy" else
-                     f"The {len(chosen.top)} most likely tokens of the distribution the token was drawn from "
-                     "(after temperature, top-k and top-p); chosen: ") + f"{chosen.token!r}.", key="gen_top")
+        figure, caption = next_token_figure(key, step, cached, labels, tokenizer)
+        show_figure(shown(figure), caption, key="gen_top")
     with right:
-        keys = token_labels([repr(t)[1:-1] for t in cached.tokens[: chosen.position]])
-        weights = chosen.attention[layer, head].numpy()
-        what = "decoder self-attention" if cached.encoder_decoder else "attention"
-        window = gen.window_statement(cached, step, layer)
-        show_figure(bar_chart(keys, weights.tolist(), title=f"Step {step + 1}: {what} of layer {layer}, head "
-                                                            f"{head}", y_title="weight"),
-                    "The weights of the query that predicted this token (the last token read) over every earlier "
-                    "token" + (" of the decoder (its start token, then what it wrote)" if cached.encoder_decoder
-                               else "") + f"; {gen.row_sum_statement(cached, step, layer, head)}."
-                    + (f" {window}" if window else ""),
-                    key="gen_attention")
+        figure, caption = step_attention_figure(key, step, layer, head, cached, labels)
+        show_figure(shown(figure), caption, key="gen_attention")
     if cached.encoder_decoder:
-        cross_section(cached, step, layer, head)
-    sliding = layer < len(cached.layers) and cached.layers[layer].sliding
-    matrix = gen.timeline(cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
-    written = cached.steps[: step + 1]
-    rows = token_labels([repr(s.token)[1:-1] for s in written], [s.position for s in written])
-    show_figure(matrix_heatmap(matrix, rows, token_labels([repr(t)[1:-1] for t in cached.tokens]),
-                               title=f"Timeline: each step's attention, layer {layer}, head {head}",
-                               x_title="key position", y_title="generated token", show_values=False),
-                f"One row per generated token up to step {step + 1} (labelled by its position): its query's weights "
-                "over the earlier tokens, each at its position. Grey: keys the query did not read, positions that "
-                "did not exist yet" + (f" and keys out of layer {layer}'s sliding window of "
-                                       f"{cached.layers[layer].window:,} tokens" if sliding else "")
-                + ". Move the Step slider to watch it build up.", key="gen_timeline")
-    sink = gen.sink_mass(cached)[:, layer]  # [steps, heads]
-    leaves = gen.first_token_leaves(cached, layer)
-    show_figure(line_chart(list(range(1, n_steps + 1)), {f"head {h}": sink[:, h].tolist() for h in range(heads)},
-                           title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
-                           y_title="weight on token 0", markers=True),
-                "Many decoders park attention on the first token when nothing else is relevant (Xiao et al., "
-                "2023): a head that keeps a large share there is a sink."
-                + (" Here the first token is the decoder's start token; at step 1 it is the only key, so every head "
-                   "puts 1 on it." if cached.encoder_decoder else "")
-                + (f" From step {leaves} on, token 0 is out of layer {layer}'s sliding window of "
-                   f"{cached.layers[layer].window:,} tokens: no query reads it, so its share is 0."
-                   if leaves else ""), key="gen_sink")
-    with transient_note("Checking the cache again in float64…"):
+        cross_section(folder, name, cached, step, layer, head, labels)
+    else:
+        sequence_section(folder, name, cached, layer, head, tokenizer)
+    figure, caption = timeline_figure(key, step, layer, head, cached, labels)
+    show_figure(shown(figure), caption, key="gen_timeline")
+    figure, caption = sink_figure(key, layer, cached)
+    show_figure(shown(figure), caption, key="gen_sink")
+    with working("Checking the cache again in float64…"):
         float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
-                                       sampling_key(sampling_of(request)))
+                                       sampling_key(sampling_of(request)), request["keep"])
     cache_section(cached, uncached, step, float64)
 
 
-def cross_section(cached: gen.Generation, step: int, layer: int, head: int) -> None:
+def sequence_section(folder: str, name: str, cached: gen.Generation, layer: int, head: int, tokenizer) -> None:
+    """The chosen head over the whole sequence: every query of the prompt and of the generated tokens."""
+    named = named_heads(folder, name, cached.encoder_decoder).get((layer, head))
+    with working("Running the whole sequence once, without a cache…"):
+        figure, caption = sequence_figure(folder, name, tuple(cached.ids), len(cached.prompt_ids), layer, head,
+                                          named)
+    show_figure(shown(figure), caption, key="gen_sequence")
+    explore_button(gen_sequence.sequence_text(cached, tokenizer), name, layer, head, key="gen_explore")
+
+
+def open_in_explore(text: str, name: str, layer: int, head: int) -> None:
+    """Callback: Explore heads with this text (the sidebar's sentence, or its long text when longer than the
+    sentence box holds), this model, and the head view of this layer and head; the page switches at the start of
+    the next run (st.switch_page cannot run in a callback)."""
+    state = st.session_state
+    if len(text) <= MAX_SENTENCE_CHARS:
+        state["sentence"], state["explore_source"] = text, EXPLORE_SENTENCE
+    else:
+        state["explore_long_text"], state["explore_source"] = text, EXPLORE_LONG_TEXT
+    state["model"] = name
+    note_sidebar_edit("sentence")
+    note_sidebar_edit("model")
+    state["layer"], state["head"], state["view"], state["explore_tab"] = layer, head, "head", "View"
+    state["gen_open_explore"] = {"layer": str(layer), "head": str(head), "view": "head"}
+
+
+def explore_button(text: str, name: str, layer: int, head: int, key: str, label: str | None = None) -> None:
+    st.button(label or f"Open layer {layer}, head {head} in Explore heads", key=key, icon=":material/search:",
+              on_click=open_in_explore, args=(text, name, layer, head),
+              help="Explore heads with this text (the prompt as read and what was generated), this model, this "
+                   "layer and head: statistics, Q·K, what-if and exports of the same head.")
+
+
+def select_head(layer: int, head: int) -> None:
+    """Callback: show this layer and head on the page (before the Layer and Head boxes exist)."""
+    st.session_state["gen_layer"], st.session_state["gen_head"] = layer, head
+def cross_section(folder: str, name: str, cached: gen.Generation, step: int, layer: int, head: int,
+                  labels: list[str]) -> None:
     """An encoder-decoder's cross-attention: where each new token's query looks in the source."""
-    sources = token_labels([repr(t)[1:-1] for t in cached.source_tokens])
+    sources = token_labels(cached_labels(folder, name, tuple(cached.source_ids)))
     chosen = cached.steps[step]
     show_figure(bar_chart(sources, chosen.cross_attention[layer, head].tolist(),
                           title=f"Step {step + 1}: cross-attention of layer {layer}, head {head} over the source",
@@ -203,7 +444,7 @@ def cross_section(cached: gen.Generation, step: int, layer: int, head: int) -> N
                 "The same query's weights over the encoder's tokens (the prompt): which source tokens this output "
                 "token reads.", key="gen_cross")
     matrix = gen.cross_timeline(cached, layer, head)
-    rows = token_labels([repr(s.token)[1:-1] for s in cached.steps], [s.position for s in cached.steps])
+    rows = token_labels(labels[len(cached.prompt_ids):], [s.position for s in cached.steps])
     show_figure(matrix_heatmap(matrix, rows, sources, title=f"Cross-attention timeline, layer {layer}, head {head}",
                                x_title="source token", y_title="generated token", show_values=False),
                 "One row per generated token: its cross-attention over the whole source (a translation's alignment "
@@ -261,13 +502,24 @@ def cached_circuits(folder: str, name: str):
     return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())
 
 
-def circuits_section(folder: str, name: str) -> None:
+def circuits_section(folder: str, name: str, cached: gen.Generation, tokenizer) -> None:
+    """The heads the model learned (measured on its own weights), each with a button that shows it here and one
+    that opens it in Explore heads."""
     if architecture_of_folder(registered_models()[name]) != "decoder":
         return  # the circuits are measured on a causal LM's own text and repeated tokens
     with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME):
         found = cached_circuits(folder, name)
-        for head in found:
-            st.markdown(head.in_words())
+        text = gen_sequence.sequence_text(cached, tokenizer)
+        for index, head in enumerate(found):
+            words, show, explore = st.columns([7, 2, 3], vertical_alignment="center")
+            words.markdown(head.in_words())
+            where = f"layer {head.layer}, head {head.head}"
+            show.button("Show here", key=f"gen_show_head_{index}", on_click=select_head,
+                        args=(head.layer, head.head), help=f"Set the Layer and Head boxes of this page to {where}"
+                        + ("" if head.found else " (the highest score, below the threshold)") + ".")
+            with explore:
+                explore_button(text, name, head.layer, head.head, key=f"gen_explore_head_{index}",
+                               label="Open in Explore heads")
         st.caption("Measured now on this model's own eager attention weights, as the tests measure them. A head is "
                    f"named only when its score reaches {gen_heads.CIRCUIT_THRESHOLD:g}, the threshold Explore heads "
                    "labels heads with.")
@@ -291,7 +543,7 @@ def paged_tab(folder: str, name: str, request: dict) -> None:
         "table per sequence, the prompt's blocks shared until a sequence writes into one (copy-on-write)."
     )
     sampled = dict(request, strategy="sample", temperature=max(1.0, request["temperature"]))
-    with transient_note("Sampling the prompt three times…"):
+    with working("Sampling the prompt three times…"):
         samples = [run(folder, name, sampled, seed_offset=offset) for offset in range(3)]
     layers = len(samples[0].kv)
     layer = int(st.number_input("Layer", 0, layers - 1, 0, key="gen_paged_layer"))
@@ -331,7 +583,7 @@ def ring_tab(folder: str, name: str, request: dict) -> None:
         return
     generation = run(folder, name, request)
     model, tokenizer = generation_model(folder, name)
-    text = request["prompt"] + generation.text(tokenizer)
+    text = gen_sequence.sequence_text(generation, tokenizer)
     bundle = load_bundle(folder, name)
     record = capture(bundle, text).records["self"]
     if queries_unavailable(bundle, record, "Ring attention on the model's own Q, K and V"):
@@ -366,7 +618,16 @@ def ring_tab(folder: str, name: str, request: dict) -> None:
                "running output; per-device memory falls as 1/P while each step sends one K/V block.")
 
 
+def switch_if_asked() -> None:
+    """After an "Open in Explore heads" click (its callback set Explore's text, model, layer and head): go there.
+    Only Explore's own parameters go in the URL: the sidebar's are bound to its widgets, which write them."""
+    wanted = st.session_state.pop("gen_open_explore", None)
+    if wanted:
+        st.switch_page(EXPLORE_PAGE, query_params=wanted)
+
+
 def main() -> None:
+    switch_if_asked()
     start_page("Generation and KV cache")
     choice = choose_decoder()
     if choice is None:
@@ -380,6 +641,8 @@ def main() -> None:
                  icon=":material/error:")
         return
     try:
+        fit_notice(cached_fit(folder, name, request["prompt"], request["new_tokens"], request["keep"]), request,
+                   tokenizer)
         tabs = dict(zip(TABS, st.tabs(TABS, key="gen_tab", on_change="rerun", bind="query-params"), strict=True))
         bodies = {"Generation": lambda: generation_tab(folder, name, request, model, tokenizer),
                   "PagedAttention": lambda: paged_tab(folder, name, request),
@@ -388,9 +651,9 @@ def main() -> None:
             if tabs[title].open:
                 with tabs[title]:
                     body()
-        circuits_section(folder, name)
     except ValueError as problem:
-        st.warning(str(problem), icon=":material/warning:")
+        text = str(problem)
+        st.warning(text[:1].upper() + text[1:], icon=":material/warning:")
     except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, said in words
         st.error(f"{name} could not generate from this prompt: {problem_text(problem)}.", icon=":material/error:")
 

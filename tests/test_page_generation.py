@@ -50,7 +50,7 @@ def test_one_more_token_grows_the_timeline_and_the_step_slider_moves_the_views()
 
 def test_sampling_settings_apply_with_the_generate_button():
     at = open_page(PAGE, timeout=300)
-    at.radio(key="gen_strategy").set_value("sample")
+    at.radio(key="gen_strategy").set_value("sample").run()  # enables the sampling controls (off under greedy)
     at.slider(key="gen_temperature").set_value(1.5)
     at.number_input(key="gen_count").set_value(5)
     submit = next(b for b in at.button if getattr(b, "label", "") == "Generate")
@@ -77,12 +77,13 @@ def test_paged_and_ring_tabs():
     assert float(difference.split("**")[-2]) <= 1e-5
 
 
-def test_a_prompt_too_long_for_the_model_is_a_message():
+def test_a_prompt_too_long_for_the_model_is_cut_with_a_notice():
     at = open_page(PAGE, timeout=300)
-    at.text_input(key="gen_prompt").set_value("word " * 400)
+    at.text_area(key="gen_prompt").set_value("word " * 400)
     next(b for b in at.button if getattr(b, "label", "") == "Generate").click().run()
     assert not at.exception
-    assert any("positions this model has" in w.value for w in at.warning)
+    assert any("positions" in w.value and "reads the first" in w.value for w in at.warning)
+    assert figure_titled(at, "Timeline")  # it generated (tests/test_generation_teaching.py: the keep-latest offer)
 
 
 def test_an_encoder_decoder_generates_on_the_page_with_its_cross_attention(tmp_path):

@@ -31,3 +31,25 @@ def test_presentation_mode_comes_from_the_link():
     plain = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
     assert plain.session_state["presentation_mode"] is False
     assert not any("stMainBlockContainer" in m.value for m in plain.markdown)
+
+
+def test_progress_boxes_are_cleared_when_the_work_is_refused():
+    """A refusal raised inside a progress box (the page then says why) leaves no box claiming work goes on."""
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        import streamlit as st
+
+        from attnviz.ui.frame import transient_note, transient_status
+
+        for box in (transient_note, transient_status):
+            try:
+                with box("Generating…"):
+                    raise ValueError("the prompt is longer than the model reads")
+            except ValueError as refusal:
+                st.error(str(refusal))
+
+    app = AppTest.from_function(script).run()
+    assert not app.exception and len(app.error) == 2
+    assert not [box for box in app.info if "Generating" in box.value]
+    assert not app.get("status") and not app.get("expandable")

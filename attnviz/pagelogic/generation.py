@@ -69,8 +69,8 @@ class Step:
     position: int  # the new token's position in the sequence
     token_id: int
     token: str
-    top: list[tuple[str, float]]  # the TOP_SHOWN most likely tokens of the distribution it was drawn from
-    # (greedy: of the model's softmax, whose top it took)
+    top: list[tuple[int, float]]  # (token id, probability) of the TOP_SHOWN most likely tokens of the distribution
+    # it was drawn from (greedy: of the model's softmax, whose top it took), most likely first
     attention: torch.Tensor  # [layers, heads, position]: the weights of the query that predicted it over every
     # earlier token, at the key's absolute position (0 where a sliding layer's window leaves the key out)
     cache_keys: list[tuple[int, ...]]  # the K tensor's shape in each layer of the cache after this step
@@ -96,6 +96,8 @@ class Generation:
     source_tokens: list[str] | None = None  # an encoder-decoder: the prompt, read by the encoder
     source_ids: list[int] | None = None
     layers: tuple[LayerFacts, ...] = ()  # each (decoder self-)attention layer's facts: window, sinks, soft-capping
+    prompt_ids: list[int] = field(default_factory=list)  # the ids of prompt_tokens (as read, after any fit)
+    fit: PromptFit | None = None  # how much of the prompt a causal LM read (None: refused when too long)
 
     def pieces(self, tokenizer) -> list[str]:
         """Each generated token as it reads in the decoded text (with the space a SentencePiece or byte-level
@@ -118,6 +120,12 @@ class Generation:
 
     def text(self, tokenizer) -> str:
         return tokenizer.decode([step.token_id for step in self.steps])
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole sequence the decoder read and wrote: the prompt's ids (an encoder-decoder: its start token),
+        then every generated token."""
+        return self.prompt_ids + [step.token_id for step in self.steps]
 
 
 def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -186,6 +194,66 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id]) if hasattr(tokenizer, "decode") else str(token_id)
 
 
+KEEPS = ("first", "latest")  # which tokens of a prompt too long for the model's positions are read
+
+
+@dataclass
+class PromptFit:
+    """How much of a prompt the model reads: every token when it fits, else the first (as Explore heads truncates)
+    or the latest ``room`` tokens, the tokenizer's own special tokens at either end kept."""
+
+    ids: list[int]  # the tokens read
+    total: int  # the prompt's tokens
+    room: int  # the most prompt tokens that fit: the positions less the new tokens (an encoder: its positions)
+    positions: int  # the model's
+    new_tokens: int
+    keep: str  # "first" or "latest" (KEEPS)
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.ids) < self.total
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.ids)
+
+
+def _special_ends(ids: list[int], tokenizer) -> tuple[int, int]:
+    """How many of ``ids`` at the start and at the end are special tokens the tokenizer added (BOS, [CLS], </s>)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    lead = 0
+    while lead < len(ids) and ids[lead] in special:
+        lead += 1
+    trail = 0
+    while trail < len(ids) - lead and ids[len(ids) - 1 - trail] in special:
+        trail += 1
+    return lead, trail
+
+
+def fit_prompt(model, tokenizer, prompt: str, new_tokens: int, keep: str = "first",
+               max_positions: int | None = None) -> PromptFit:
+    """The prompt's token ids as the model can read them with ``new_tokens`` more (a causal LM) or as its encoder
+    reads them (an encoder-decoder): all of them when they fit, else the ``keep`` ("first" or "latest") of them,
+    the special tokens the tokenizer puts at the start and the end kept. Refused with a reason when the prompt has
+    no tokens, or ``new_tokens`` leave no position for it."""
+    if keep not in KEEPS:
+        raise ValueError(f"keep must be one of {KEEPS}, got {keep!r}")
+    ids = [int(i) for i in tokenizer(prompt)["input_ids"]]
+    lead, trail = _special_ends(ids, tokenizer)
+    if len(ids) == lead + trail:
+        raise ValueError("the prompt has no tokens: type a few words")
+    positions = max_positions or context_length(model.config)
+    room = positions if _is_encoder_decoder(model) else positions - new_tokens
+    if room < lead + trail + 1:
+        raise ValueError(f"{new_tokens} new tokens leave no position for the prompt: this model has {positions} "
+                         "positions; ask for fewer new tokens")
+    if len(ids) <= room:
+        return PromptFit(ids, len(ids), room, positions, new_tokens, keep)
+    body, fits = ids[lead: len(ids) - trail], room - lead - trail
+    kept = body[:fits] if keep == "first" else body[len(body) - fits:]
+    return PromptFit(ids[:lead] + kept + ids[len(ids) - trail:], len(ids), room, positions, new_tokens, keep)
+
+
 def _prompt_ids(model, tokenizer, prompt: str, new_tokens: int, max_positions: int | None) -> torch.Tensor:
     """The prompt's token ids, ``[1, tokens]``, refused with a reason when they (and ``new_tokens`` more, for a
     causal LM) do not fit the model's positions."""
@@ -247,13 +315,13 @@ def _draw(probabilities: torch.Tensor, sampling: Sampling, generator: torch.Gene
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
-def _top_tokens(tokenizer, logits: torch.Tensor, probabilities: torch.Tensor,
-                sampling: Sampling) -> list[tuple[str, float]]:
-    """The :data:`TOP_SHOWN` most likely tokens of the distribution the token was drawn from. Greedy draws from a
-    one-hot: show the model's own distribution it took the top of."""
+def _top_tokens(logits: torch.Tensor, probabilities: torch.Tensor, sampling: Sampling) -> list[tuple[int, float]]:
+    """``(token id, probability)`` of the :data:`TOP_SHOWN` most likely tokens of the distribution the token was
+    drawn from, each id once (those with probability 0, e.g. cut by top-k, left out). Greedy draws from a one-hot:
+    show the model's own distribution it took the top of."""
     shown = torch.softmax(logits.double(), -1) if sampling.strategy == "greedy" else probabilities
     top = shown.topk(min(TOP_SHOWN, len(shown)))
-    return [(_token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values, top.indices, strict=True) if p > 0]
+    return [(int(i), float(p)) for p, i in zip(top.values, top.indices, strict=True) if p > 0]
 
 
 def _at_absolute_positions(rows: list[torch.Tensor], keys: int) -> torch.Tensor:
@@ -278,7 +346,7 @@ def _newest_query_attention(output, encoder_decoder: bool, keys: int) -> tuple[t
     return attention, torch.stack([layer[0, :, -1].float() for layer in output.cross_attentions])
 
 
-def _step_record(output, cache, tokenizer, *, token_id: int, position: int, top: list[tuple[str, float]],
+def _step_record(output, cache, tokenizer, *, token_id: int, position: int, top: list[tuple[int, float]],
                  seconds: float, encoder_decoder: bool) -> Step:
     """What :class:`Step` shows of one step: the token, its attention, and the cache's tensors after it."""
     attention, cross = _newest_query_attention(output, encoder_decoder, keys=position)
@@ -300,15 +368,22 @@ def _step_record(output, cache, tokenizer, *, token_id: int, position: int, top:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling, *, use_cache: bool = True,
-             max_positions: int | None = None, progress=None) -> Generation:
+             max_positions: int | None = None, progress=None, keep: str | None = None) -> Generation:
     """Generate up to ``new_tokens`` tokens, one forward pass a token, recording each step's top tokens, the
     attention of the query that predicted it (every layer and head, over all earlier keys), and the cache's
     tensors. Without ``use_cache``, every step runs the whole sequence again (the same tokens and logits, slower).
     ``model``: a causal LM (it continues ``prompt``), or an encoder-decoder (the encoder reads ``prompt`` once;
     the decoder writes from its start token until its end-of-sequence token, and each step also records the new
     query's cross-attention), with eager attention. The model's generation config is followed as
-    ``model.generate`` follows it: its forced first token and its suppressed tokens."""
-    ids = _prompt_ids(model, tokenizer, prompt, new_tokens, max_positions)  # [1, prompt tokens]
+    ``model.generate`` follows it: its forced first token and its suppressed tokens. A prompt too long for the
+    model's positions (with ``new_tokens`` more) is refused, or with ``keep`` ("first", "latest") cut to fit
+    (:func:`fit_prompt`)."""
+    fit = None
+    if keep is None:
+        ids = _prompt_ids(model, tokenizer, prompt, new_tokens, max_positions)  # [1, prompt tokens]
+    else:
+        fit = fit_prompt(model, tokenizer, prompt, new_tokens, keep, max_positions)
+        ids = torch.tensor([fit.ids])
     encoder_decoder = _is_encoder_decoder(model)
     generator = torch.Generator().manual_seed(sampling.seed)
     forced_first, banned = _generation_rules(model)
@@ -320,7 +395,8 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
         encoder_outputs = model.get_encoder()(input_ids=source)
     result = Generation([_token_text(tokenizer, int(i)) for i in ids[0]], used_cache=use_cache,
                         source_tokens=None if source is None else [_token_text(tokenizer, int(i)) for i in source[0]],
-                        source_ids=None if source is None else source[0].tolist())
+                        source_ids=None if source is None else source[0].tolist(), prompt_ids=ids[0].tolist(),
+                        fit=fit)
     cache, sequence = None, ids  # sequence: [1, tokens so far]
     cache_argument = _cache_argument(model)
     for step in range(new_tokens):
@@ -333,7 +409,7 @@ def generate(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
         token_id = _draw(probabilities, sampling, generator)
         seconds = time.perf_counter() - started
         result.steps.append(_step_record(output, cache, tokenizer, token_id=token_id, position=sequence.shape[1],
-                                         top=_top_tokens(tokenizer, logits, probabilities, sampling),
+                                         top=_top_tokens(logits, probabilities, sampling),
                                          seconds=seconds, encoder_decoder=encoder_decoder))
         result.logits.append(logits)
         sequence = torch.cat([sequence, torch.tensor([[token_id]])], dim=1)
@@ -371,8 +447,8 @@ def largest_logit(generation: Generation) -> float:
 FLOAT64_CHECK_PARAMETERS = 10_000_000  # models up to this size are also checked in float64 (a copy, seconds)
 
 
-def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int,
-                            sampling: Sampling) -> tuple[bool, float] | None:
+def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int, sampling: Sampling,
+                            keep: str | None = None) -> tuple[bool, float] | None:
     """:func:`cache_agreement` of the same generation run on a float64 copy of ``model``, with and without the
     cache: in float64 the two orders of summation agree far below 1e-5, so what is left of the model's own dtype's
     difference is rounding. None for a model above :data:`FLOAT64_CHECK_PARAMETERS` (or one whose weights are not
@@ -384,8 +460,8 @@ def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int,
             p.device.type == "meta" for p in parameters):
         return None
     double = copy.deepcopy(model).double()
-    return cache_agreement(generate(double, tokenizer, prompt, new_tokens, sampling),
-                           generate(double, tokenizer, prompt, new_tokens, sampling, use_cache=False))
+    return cache_agreement(generate(double, tokenizer, prompt, new_tokens, sampling, keep=keep),
+                           generate(double, tokenizer, prompt, new_tokens, sampling, use_cache=False, keep=keep))
 
 
 def timeline(generation: Generation, layer: int, head: int) -> np.ndarray:

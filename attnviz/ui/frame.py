@@ -22,9 +22,11 @@ def start_page(title: str) -> None:
 def transient_status(label: str):
     """A progress box for slow work that disappears once the work is done (the result says what happened)."""
     placeholder = st.empty()
-    with placeholder.status(label, expanded=False) as status:
-        yield status
-    placeholder.empty()
+    try:
+        with placeholder.status(label, expanded=False) as status:
+            yield status
+    finally:  # also when the work is refused or fails: the page says why, and no box claims it is still working
+        placeholder.empty()
 
 
 @contextlib.contextmanager
@@ -34,8 +36,10 @@ def transient_note(label: str):
     opens and again as it closes, to let the browser draw its updates)."""
     placeholder = st.empty()
     placeholder.info(label, icon=":material/hourglass_top:")
-    yield
-    placeholder.empty()
+    try:
+        yield
+    finally:  # also when the work raises (a refusal the page then explains)
+        placeholder.empty()
 
 
 PRESENTATION_CSS = """
