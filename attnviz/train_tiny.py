@@ -33,7 +33,7 @@ import torch
 
 from attnviz import circuits
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
-from attnviz.tiny_gpt_text import HELD_OUT_SHARE, documentation_text, split_text
+from attnviz.tiny_gpt_text import HELD_OUT_SHARE, REPEAT_SENTENCES, documentation_text, split_text
 
 BUNDLED_DIR = BUNDLED_GPT_DIR
 EOS = "<|endoftext|>"
@@ -67,12 +67,21 @@ class Recipe:
     warmup: int = 100
     weight_decay: float = 0.1
     repeat_share: float = 0.5  # of each batch: repeated random tokens
-    repeat_pool: int = 384  # they are drawn from this many most frequent tokens of the text (trained embeddings)
-    repeat_periods: tuple[int, int] = (8, 48)  # the period of a repeated sequence is drawn from this range
+    # They are drawn from this many most frequent tokens of the text; 0: from every ordinary token, as Olsson et
+    # al. test induction (a pool of frequent tokens leaves the rest untrained for copying).
+    repeat_pool: int = 0
+    # The period of a repeated sequence is drawn from this range, capped at half the sequence (two copies at least).
+    repeat_periods: tuple[int, int] = (8, 129)
     # Of the repeated rows, this share draws from only ``small_pool`` tokens of the pool: with few distinct
     # tokens, a key that mixes positions j, j-1 and j-2 no longer tells the occurrences apart, so the copy needs
     # a previous-token head that reads exactly j-1.
     small_pool_share: float = 0.0
+    # Of the repeated rows, this share repeats a window of the documentation instead of random tokens: induction
+    # learned on random tokens alone stays off on ordinary text (a sentence typed twice cost 0.92x the first time).
+    text_repeat_share: float = 0.75
+    # ... each made of short windows (token counts drawn from this range) taken from random places of the text:
+    # English the model cannot recite from memory, so predicting the second copy takes copying. (0: one window.)
+    text_repeat_span: tuple[int, int] = (4, 13)
     small_pool: int = 16
     # Of each batch (taken from the documentation's rows): random tokens in echoed triples ``a b a  c d c ...``.
     # At each triple's middle token the next one is exactly the token before it: a head that reads only i-1
@@ -166,10 +175,15 @@ def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator,
         starts = torch.randint(0, len(train_ids) - length, (n_text,), generator=generator)
         rows = [train_ids[s : s + length] for s in starts.tolist()]
         n_small = round(n_repeats * recipe.small_pool_share)
+        n_text_repeats = round(n_repeats * recipe.text_repeat_share)
+        low, high = recipe.repeat_periods
         for index in range(n_repeats):
-            period = int(torch.randint(*recipe.repeat_periods, (1,), generator=generator))
-            drawn_from = pool_ids[: recipe.small_pool] if index < n_small else pool_ids
-            pattern = drawn_from[torch.randint(0, len(drawn_from), (period,), generator=generator)]
+            period = int(torch.randint(low, max(low + 1, min(high, length // 2 + 1)), (1,), generator=generator))
+            if index >= n_repeats - n_text_repeats:  # pieces of the text, repeated
+                pattern = text_pattern(train_ids, period, recipe.text_repeat_span, generator)
+            else:
+                drawn_from = pool_ids[: recipe.small_pool] if index < n_small else pool_ids
+                pattern = drawn_from[torch.randint(0, len(drawn_from), (period,), generator=generator)]
             rows.append(pattern.repeat(math.ceil(length / period))[:length])
         for _ in range(n_echoes):
             pairs = pool_ids[torch.randint(0, len(pool_ids), (math.ceil(length / 3), 2), generator=generator)]
@@ -180,6 +194,20 @@ def batches(train_ids: torch.Tensor, recipe: Recipe, generator: torch.Generator,
             offsets = torch.randint(1, recipe.context - length + 1, (len(rows),), generator=generator)
             positions += (offsets * shifted)[:, None]
         yield torch.stack(rows), positions
+
+
+def text_pattern(train_ids: torch.Tensor, period: int, span: tuple[int, int],
+                 generator: torch.Generator) -> torch.Tensor:
+    """``period`` tokens of the text ``[period]``: short windows (lengths drawn from ``span``) from random places,
+    joined; one window of ``period`` tokens when ``span`` is (0, 0)."""
+    pieces, total = [], 0
+    while total < period:
+        length = int(torch.randint(*span, (1,), generator=generator)) if span[1] else period
+        length = min(length, period - total)
+        start = int(torch.randint(0, len(train_ids) - length, (1,), generator=generator))
+        pieces.append(train_ids[start : start + length])
+        total += length
+    return torch.cat(pieces)
 
 
 def learning_rate(step: int, recipe: Recipe) -> float:
@@ -220,12 +248,30 @@ def measure_circuits(folder: Path, held_out_text: str, pool: list[int], context:
     return circuits.circuit_scores(model, tokenizer, held_out_text, pool, max_positions=context)
 
 
+@torch.no_grad()
+def measure_generalisation(folder: Path) -> dict:
+    """The circuits on inputs the model never trained on, reloaded from ``folder`` as any user would load it:
+    random tokens of the whole vocabulary repeated twice (lengths 10 to 100) and English sentences of our own
+    typed twice (:mod:`attnviz.circuits`; the tests measure the same on fresh seeds)."""
+    model, tokenizer = load_causal_lm(folder)
+    return {"random_repeats": circuits.random_repeats(model, tokenizer),
+            "sentences_twice": circuits.sentences_typed_twice(model, tokenizer, REPEAT_SENTENCES)}
+
+
 def model_card(recipe: Recipe, report: dict) -> str:
     prev = report["circuits"]["previous_token"]
     induction = report["circuits"]["induction"]
     best_prev = max(((v, layer, head) for layer, row in enumerate(prev) for head, v in enumerate(row)))
     best_ind = max(((v, layer, head) for layer, row in enumerate(induction) for head, v in enumerate(row)))
     kind = "GPT-2" if recipe.architecture == "gpt2" else "Llama"
+    repeats, sentences = report["random_repeats"], report["sentences_twice"]
+    best_random = max((v, layer, head) for layer, row in enumerate(repeats["induction"]) for head, v in enumerate(row))
+    pool_text = (f"drawn from the {recipe.repeat_pool} most frequent tokens" if recipe.repeat_pool
+                 else "drawn from every ordinary token of the vocabulary")
+    span = recipe.text_repeat_span
+    pieces = f"windows of {span[0]}–{span[1] - 1} tokens from random places, joined" if span[1] else "one window"
+    text_rows = (f"{recipe.text_repeat_share:.0%} of them pieces of the documentation ({pieces}: English the model "
+                 "cannot recite), the rest " if recipe.text_repeat_share else "")
     long_batch = long_batch_size(recipe)
     positions = "".join([
         f" ({recipe.shifted_share:.0%} of the rows at a random offset in the context)" if recipe.shifted_share else "",
@@ -249,9 +295,9 @@ wrongly, and it has memorised much of its training text.
 - **Data**: Python's documentation topics (`pydoc_data.topics`, shipped with Python {report['python']}){
     " and the standard library's docstrings" if recipe.docstrings else ""},
   {report['train_tokens']:,} tokens for training and {report['held_out_tokens']:,} held out (the last
-  {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is random tokens repeated (drawn from the
-  {recipe.repeat_pool} most frequent tokens; periods {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}),
-  which teaches induction.
+  {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is sequences repeated (periods
+  {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}, at most half the sequence), which teaches induction:
+  {text_rows}random tokens {pool_text}.
 - **Tokenizer**: byte-level BPE, {recipe.vocab_size} tokens, trained on the same text; `{EOS}` is BOS and EOS.
 - **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens{positions}, AdamW (lr
   {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
@@ -265,6 +311,17 @@ wrongly, and it has memorised much of its training text.
   - induction head: layer {best_ind[1]}, head {best_ind[2]}, mean weight from each second-half token to the
     token after its first occurrence = {best_ind[0]:.3f} on {report['circuits']['period']} random tokens
     repeated twice.
+- **On inputs it never saw** (`attnviz.circuits`, the same measures as the tests, which repeat them on fresh
+  seeds):
+  - random tokens drawn from the whole vocabulary (special tokens left out) repeated twice, lengths
+    {', '.join(map(str, repeats['lengths']))} ({repeats['seeds']} sequences each): best induction head layer
+    {best_random[1]}, head {best_random[2]}, **{best_random[0]:.3f}** on the target; next-token loss
+    {repeats['first_loss']:.2f} nats on the first copy and {repeats['second_loss']:.2f} on the second
+    (**{repeats['ratio']:.2f}x**);
+  - {sentences['sentences']} English sentences of our own (`attnviz.tiny_gpt_text.REPEAT_SENTENCES`), each typed
+    twice: loss {sentences['first_loss']:.2f} on the first copy and {sentences['second_loss']:.2f} on the second
+    (**{sentences['ratio']:.2f}x**); greedy decoding continues the repeat at {sentences['continued']:.1%} of the
+    second copy's tokens (whole sentences: {sentences['sentences_continued']:.0%}).
 - **Licence**: the training text is Python's documentation, copyright the Python Software Foundation, under the
   PSF License Agreement (https://docs.python.org/3/license.html); the weights, trained on that text, are
   distributed under the same terms.
@@ -377,7 +434,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     model.train()
     optimiser = _optimiser(model, recipe)
     generator = torch.Generator().manual_seed(recipe.seed)
-    pool = frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids))
+    pool = (frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids)) if recipe.repeat_pool
+            else circuits.ordinary_token_ids(tokenizer))
     stream = batches(train_ids, recipe, generator, pool)
     # The last steps: whole-context sequences, half as many (a step sees the same number of tokens).
     long_recipe = replace(recipe, train_length=recipe.context, batch=long_batch_size(recipe), shifted_share=0.0)
@@ -410,6 +468,7 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
         "held_out_loss_by_half": held_out_halves(model, held_out_ids, recipe.context),
         "repeat_token_ids": pool,
         "circuits": measure_circuits(out, held_out_text, pool, recipe.context),
+        **measure_generalisation(out),
     }
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "README.md").write_text(model_card(recipe, report))
@@ -433,6 +492,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--docstrings", action="store_true",
                         help="also train on the standard library's docstrings")
     parser.add_argument("--small-pool-share", type=float, default=Recipe.small_pool_share)
+    parser.add_argument("--text-repeat-share", type=float, default=Recipe.text_repeat_share,
+                        help="share of the repeated rows that repeat a window of the text")
+    parser.add_argument("--text-repeat-span", type=int, nargs=2, default=Recipe.text_repeat_span,
+                        help="token counts of the text windows a repeated text row is made of (0 0: one window)")
     parser.add_argument("--small-pool", type=int, default=Recipe.small_pool)
     parser.add_argument("--echo-share", type=float, default=Recipe.echo_share,
                         help="share of each batch in echoed random triples (a b a)")
@@ -452,9 +515,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the last steps train on whole-context sequences")
     parser.add_argument("--no-copy-positions", action="store_true",
                         help="GPT-2: the untrained positions keep their random start (with --long-steps)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads (default 1: the same numbers run after run on one machine; another count "
-                             "can change the rounding; 0: every core)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="CPU threads (default 2, as the shipped model was trained: the same numbers run after run "
+                             "on one machine; another count can change the rounding; 0: every core)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
     args = parser.parse_args(argv)
     report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
@@ -464,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
                           position_init=args.position_init, position_scale=args.position_scale,
                           freeze_positions=args.freeze_positions, docstrings=args.docstrings,
                           small_pool_share=args.small_pool_share, small_pool=args.small_pool,
+                          text_repeat_share=args.text_repeat_share, text_repeat_span=tuple(args.text_repeat_span),
                           attention_bias=args.attention_bias, echo_share=args.echo_share,
                           scale_attention=not args.no_attention_scaling, vocab_size=args.vocab_size,
                           repeat_pool=args.repeat_pool, train_length=args.train_length, batch=args.batch,

@@ -496,9 +496,11 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
 def cached_circuits(folder: str, name: str):
     model, tokenizer = generation_model(folder, name)
     if name == BUNDLED_GPT_NAME:  # the pool it was trained to repeat
-        pool = gen_heads.bundled_training_report()["repeat_token_ids"]
-        return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(), pool=pool,
-                                 pool_words=f"the {len(pool)} most frequent tokens of its training text")
+        report = gen_heads.bundled_training_report()
+        pool = report["repeat_token_ids"]
+        words = (f"the {len(pool)} most frequent tokens of its training text" if report["recipe"].get("repeat_pool")
+                 else f"any of its {len(pool):,} ordinary tokens")
+        return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(), pool=pool, pool_words=words)
     return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())
 
 

@@ -46,7 +46,7 @@ def test_the_bundled_gpt_ships_as_a_checkpoint_any_user_can_load():
     for words in ("Data", "pydoc_data", "Training", "steps", "Final loss", "Licence", "PSF"):
         assert words in card
     assert f"{report['held_out_loss']:.3f}" in card and str(report["recipe"]["steps"]) in card
-    assert report["seconds"] <= 15 * 60
+    assert report["seconds"] <= 20 * 60
 
 
 def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):

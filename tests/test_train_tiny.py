@@ -15,6 +15,7 @@ from attnviz.models.loading import BUNDLED_GPT_DIR
 def shipped_recipe() -> train_tiny.Recipe:
     recorded = json.loads((BUNDLED_GPT_DIR / "training.json").read_text())["recipe"]
     recorded["repeat_periods"] = tuple(recorded["repeat_periods"])
+    recorded["text_repeat_span"] = tuple(recorded["text_repeat_span"])
     return train_tiny.Recipe(**recorded)
 
 
@@ -40,6 +41,28 @@ def test_batches_repeat_random_tokens_and_shifted_rows_reach_the_end_of_the_cont
     assert (positions == torch.arange(recipe.train_length)).all()
 
 
+def test_repeated_rows_are_random_tokens_of_the_whole_pool_or_pieces_of_the_text():
+    """Half the repeated rows: random tokens of the pool; the other half: short windows of the text from random
+    places, joined (English the model cannot recite), each pattern repeated exactly, at least twice."""
+    recipe = replace(train_tiny.Recipe(), batch=64)
+    ids = torch.arange(100_000) + 1000  # each token id names its place in the text
+    pool = list(range(1, 385))
+    tokens, _ = next(train_tiny.batches(ids, recipe, torch.Generator().manual_seed(0), pool))
+    n_text, n_repeats, _ = train_tiny.batch_rows(recipe)
+    rows = tokens[n_text : n_text + n_repeats]
+    from_text = [bool((row >= 1000).all()) for row in rows]
+    from_pool = [bool((row < 385).all()) for row in rows]
+    assert all(a or b for a, b in zip(from_text, from_pool, strict=True))
+    assert sum(from_text) == round(n_repeats * recipe.text_repeat_share)
+    for row, text in zip(rows, from_text, strict=True):
+        period = next(p for p in range(*recipe.repeat_periods) if torch.equal(row[p:], row[:-p]))
+        assert 2 * period <= recipe.train_length  # two copies at least
+        if text:  # consecutive runs of the text, each at most the span's longest
+            breaks = (row[1:period] - row[: period - 1] != 1).nonzero().flatten().tolist()
+            runs = [b - a for a, b in zip([-1] + breaks, breaks + [period - 1], strict=True)]
+            assert len(runs) >= 2 and max(runs) < recipe.text_repeat_span[1]
+
+
 def test_impossible_recipes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="positions"):
         train_tiny.train(replace(train_tiny.Recipe(), train_length=512), tmp_path)
@@ -47,12 +70,12 @@ def test_impossible_recipes_are_refused(tmp_path):
         train_tiny.train(replace(train_tiny.Recipe(), steps=10, long_steps=10), tmp_path)
 
 
-def test_the_command_line_defaults_are_the_shipped_recipe_on_one_thread(monkeypatch, tmp_path):
+def test_the_command_line_defaults_are_the_shipped_recipe_on_two_threads(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(train_tiny, "train", lambda recipe, out, threads: calls.append((recipe, threads)) or {
         "seconds": 1.0, "held_out_loss": 1.0, "circuits": {"previous_token": [[0.0]], "induction": [[0.0]]}})
     train_tiny.main(["--out", str(tmp_path)])
-    assert calls == [(shipped_recipe(), 1)]
+    assert calls == [(shipped_recipe(), 2)]
 
 
 def test_positions_are_copied_only_where_a_table_was_trained():

@@ -1,0 +1,92 @@
+"""The bundled tiny GPT's circuits work on inputs it never saw (issue: teaching moments that work on what people
+type): Olsson et al.'s test on fresh random tokens from the whole vocabulary, English sentences of our own typed
+twice, and the previous-token head on held-out prose. Measured here with fresh seeds, independently of the numbers
+the training script recorded, and the card's numbers checked against training.json."""
+
+import json
+
+import pytest
+import torch
+
+from attnviz import circuits
+from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.pagelogic import generation as gen
+from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.tiny_gpt_text import REPEAT_SENTENCES, documentation_text
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_causal_lm(BUNDLED_GPT_DIR)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
+
+
+def _best(scores: list[list[float]]) -> tuple[float, int, int]:
+    return max((value, layer, head) for layer, row in enumerate(scores) for head, value in enumerate(row))
+
+
+def test_induction_on_random_tokens_of_the_whole_vocabulary(tiny):
+    """Fresh seeds (the script measured seed 2000 on), lengths 10 to 100, every ordinary token allowed."""
+    model, tokenizer = tiny
+    measured = circuits.random_repeats(model, tokenizer, lengths=(10, 30, 60, 100), seeds=3, seed=777)
+    score, layer, _ = _best(measured["induction"])
+    assert layer >= 1 and score >= 0.5, measured["induction"]
+    assert measured["second_loss"] <= 0.3 * measured["first_loss"], measured
+    # every length on its own, not only the mean
+    for length in (10, 100):
+        alone = circuits.random_repeats(model, tokenizer, lengths=(length,), seeds=2, seed=4242)
+        assert alone["ratio"] <= 0.4, (length, alone)
+
+
+def test_sentences_typed_twice_are_nearly_free_the_second_time(tiny):
+    model, tokenizer = tiny
+    assert len(REPEAT_SENTENCES) >= 20
+    corpus = documentation_text()
+    assert not any(sentence in corpus for sentence in REPEAT_SENTENCES)  # our own, not the training text
+    measured = circuits.sentences_typed_twice(model, tokenizer, REPEAT_SENTENCES)
+    assert measured["second_loss"] <= 0.4 * measured["first_loss"], measured
+    assert measured["continued"] >= 0.7, measured  # the second copy's next token is greedy's choice
+
+
+def test_greedy_decoding_continues_a_repeat(tiny):
+    """'A B C ... A B' continues with C, through the page's own generation loop (its KV cache): each sentence typed
+    once, then its first three words again; greedy decoding's next word is the sentence's fourth. (A 2-layer model
+    matches one token back: a piece that occurs twice in the sentence, such as " the", leaves it two candidates.)"""
+    model, tokenizer = tiny
+    fox = "The quick brown fox jumps over the lazy dog."
+    result = gen.generate(model, tokenizer, fox + " The quick brown", 12, gen.Sampling("greedy"))
+    assert result.text(tokenizer).startswith(" fox jumps over the")
+    continued = []
+    for sentence in REPEAT_SENTENCES:
+        words = sentence.split(" ")
+        prompt = sentence + " " + " ".join(words[:3])
+        result = gen.generate(model, tokenizer, prompt, 8, gen.Sampling("greedy"))
+        continued.append((prompt + result.text(tokenizer)).startswith(sentence + " " + " ".join(words[:4])))
+    assert sum(continued) / len(continued) >= 0.55, continued  # 15 of 24 when it was trained
+
+
+def test_the_previous_token_head_holds_on_held_out_prose(tiny, report):
+    model, tokenizer = tiny
+    found = {head.name: head for head in gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(),
+                                                                 pool=report["repeat_token_ids"])}
+    previous = found["previous-token head"]
+    assert previous.layer == 0 and previous.score >= 0.8
+    # and on our own sentences (prose the model never saw, not documentation)
+    ids = tokenizer(" ".join(REPEAT_SENTENCES), return_tensors="pt")["input_ids"][:, :256]
+    with torch.no_grad():
+        weights = model(input_ids=ids, output_attentions=True).attentions[0][0, previous.head]
+    assert float(circuits.previous_token_score(weights)) >= 0.7
+
+
+def test_the_card_states_what_the_script_measured(report):
+    card = (BUNDLED_GPT_DIR / "README.md").read_text()
+    repeats, sentences = report["random_repeats"], report["sentences_twice"]
+    assert f"{_best(repeats['induction'])[0]:.3f}" in card
+    assert f"{repeats['ratio']:.2f}" in card and f"{sentences['ratio']:.2f}" in card
+    assert report["seconds"] <= 20 * 60
+    assert (BUNDLED_GPT_DIR / "model.safetensors").stat().st_size <= 20 * 2**20
