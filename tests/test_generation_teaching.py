@@ -54,10 +54,14 @@ def page_generation(tiny, settings: dict) -> gen.Generation:
 # Computations
 
 
-def test_repeat_pairs_point_each_repeated_token_at_the_token_after_its_latest_occurrence():
+def test_repeat_pairs_point_each_repeated_stretch_at_the_token_after_its_earlier_occurrence():
     ids = [5, 6, 7, 5, 6, 9, 6]
-    assert gen_sequence.repeat_pairs(ids) == [(3, 1), (4, 2), (6, 5)]  # 6 at 6: latest earlier 6 is at 4
+    assert gen_sequence.repeat_pairs(ids) == [(4, 2)]  # "5 6" again: next came 7; a lone 5 or 6 does not count
+    assert gen_sequence.repeat_pairs(ids, min_match=1) == [(3, 1), (4, 2), (6, 5)]  # then the latest occurrence
     assert gen_sequence.repeat_pairs([1, 2, 3]) == []
+    # The longest matching run wins over the latest occurrence: "1 2 3" is repeated, "9 3" only shares a 3.
+    ids = [1, 2, 3, 4, 9, 3, 1, 2, 3]
+    assert gen_sequence.repeat_pairs(ids)[-1] == (8, 3)
 
 
 def test_the_statement_measures_the_diagonal_and_the_stripe_on_the_weights():
@@ -69,13 +73,13 @@ def test_the_statement_measures_the_diagonal_and_the_stripe_on_the_weights():
     for query in range(1, n):  # a perfect induction head: the token after the earlier occurrence, else i - 1
         weights[query, query - period + 1 if query >= period else query - 1] = 1
     view = gen_sequence.sequence_view(weights, ids, [str(i) for i in ids], prompt_length=8)
-    assert view.induction == pytest.approx(1.0) and view.repeats == period
+    assert view.induction == pytest.approx(1.0) and view.repeats == period - 1  # the second copy after its first
     assert view.previous_token == pytest.approx((period - 1) / (n - 1))  # only the first copy's rows
     assert view.segments == [0] * 8 + [1] * 4
     assert np.isnan(view.values[0, 1]) and view.values[1, 0] == 1  # above the diagonal: never read
     statement = gen_sequence.sequence_statement(view)
-    assert f"**{view.induction:.3g}**" in statement and f"the {period} queries" in statement
-    assert "No token occurs twice" in gen_sequence.sequence_statement(
+    assert f"**{view.induction:.3g}**" in statement and f"the {period - 1} queries" in statement
+    assert "occurs twice" in gen_sequence.sequence_statement(
         gen_sequence.sequence_view(torch.eye(3), [1, 2, 3], ["a", "b", "c"], 3))
 
 
@@ -198,7 +202,7 @@ def test_repeat_my_prompt_doubles_the_prompt_and_outlines_the_induction_cells(ti
     pairs = gen_sequence.repeat_pairs(generation.ids)
     assert len(outlined["x"]) == len(pairs) >= len(generation.prompt_ids) // 2 - 2
     caption = next(c.value for c in at.caption if c.value.startswith("Every query of the"))
-    assert f"the {len(pairs)} queries whose token came before" in caption
+    assert f"the {len(pairs)} queries that continue a stretch seen before" in caption
     # A second press doubles again (the preset reads the box as it is).
     generate_button(at, "Repeat my prompt").click().run()
     assert at.session_state["gen_request"]["prompt"] == f"{doubled} {doubled}"

@@ -65,15 +65,29 @@ def sequence_attention(model, ids: list[int], layer: int) -> torch.Tensor:
     return attentions[layer][0].float()
 
 
-def repeat_pairs(ids: list[int]) -> list[tuple[int, int]]:
-    """``(query, key)`` cells an induction head fills: each token ``i`` that occurred before, at its latest earlier
-    position ``j``, and the token after that occurrence, ``j + 1`` (the token that came next last time)."""
-    last_seen: dict[int, int] = {}
+MATCH_CHECKED = 32  # tokens compared backwards to find where a repeat lines up
+
+
+def repeat_pairs(ids: list[int], min_match: int = 2) -> list[tuple[int, int]]:
+    """``(query, key)`` cells an induction head fills: for each token ``i`` that repeats an earlier stretch of the
+    sequence, the earlier position ``j`` where the longest run of tokens ending at ``i`` occurred before (at least
+    ``min_match`` tokens: ``ids[j - k] == ids[i - k]`` for k < the run; the latest such ``j`` on a tie), and the
+    token after it, ``j + 1`` (what came next last time). A lone token seen before does not count: with word
+    pieces and single letters most tokens recur by chance, and it is the repeated stretch that an induction head
+    follows (Olsson et al.'s prefix matching)."""
+    seen: dict[int, list[int]] = {}
     pairs = []
     for position, token_id in enumerate(ids):
-        if token_id in last_seen:
-            pairs.append((position, last_seen[token_id] + 1))
-        last_seen[token_id] = position
+        best, best_run = None, 0
+        for earlier in reversed(seen.get(token_id, [])):
+            run = 1
+            while run < MATCH_CHECKED and earlier - run >= 0 and ids[earlier - run] == ids[position - run]:
+                run += 1
+            if run > best_run:
+                best, best_run = earlier, run
+        if best is not None and best_run >= min_match:
+            pairs.append((position, best + 1))
+        seen.setdefault(token_id, []).append(position)
     return pairs
 
 
@@ -137,11 +151,11 @@ def sequence_statement(view: SequenceView) -> str:
             + f". Weight on the previous token, the diagonal just below the main one: **{view.previous_token:.3g}** "
               "on average")
     if view.induction is None:
-        return text + (". No token occurs twice, so there is no induction stripe to see: press **Repeat my "
-                       "prompt**.")
-    return text + (f"; on the token that followed the earlier occurrence (the {view.repeats} queries whose token "
-                   f"came before, outlined): **{view.induction:.3g}** on average. An induction head lights those "
-                   "cells, a stripe parallel to the diagonal, one repeat-length to the left.")
+        return text + (". No stretch of two or more tokens occurs twice, so there is no induction stripe to see: "
+                       "press **Repeat my prompt**.")
+    return text + (f"; on the token that followed the earlier occurrence (the {view.repeats} queries that continue "
+                   f"a stretch seen before, outlined): **{view.induction:.3g}** on average. An induction head lights "
+                   "those cells, a stripe parallel to the diagonal, one repeat-length to the left.")
 
 
 def sequence_text(generation: Generation, tokenizer) -> str:
