@@ -106,8 +106,13 @@ def test_a_sentence_pair_draws_its_boundary_and_colours_its_labels(page, app_url
 def test_the_csv_export_holds_what_is_shown_after_the_filters(page, app_url, tmp_path):
     page.goto(f"{app_url}/?explore_tab=Export&explore_hide_special=true&sentence={SENTENCE}")
     wait_until_idle(page)
+    # The link's settings applied before the export is taken (on a slow machine the first idle can come first).
+    from playwright.sync_api import expect
+
+    expect(page.get_by_label("Hide special tokens", exact=True)).to_be_checked(timeout=60_000)
+    wait_until_idle(page)
     button = page.get_by_role("button", name="This head as shown (CSV)")
-    button.wait_for(timeout=30_000)
+    button.wait_for(timeout=60_000)
     with page.expect_download() as download:
         button.click()
     path = tmp_path / "head.csv"
