@@ -16,20 +16,12 @@ NEW = 4
 
 
 def _windowed_causal_lm(kind: str, folder):
-    from transformers import AutoModelForCausalLM
-
-    from attnviz.bench.tiny import copy_tokenizer
+    from tests.test_generation_windows import _causal_lm
     from tests.tiny_models import tiny_config
 
-    config = tiny_config(kind)
-    if isinstance(getattr(config, "sliding_window", None), int):  # a window the config sets, shorter than the prompt
-        config.sliding_window = WINDOW
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    copy_tokenizer(folder)
-    return folder
+    # a window the config sets, made shorter than the prompt
+    windowed = isinstance(getattr(tiny_config(kind), "sliding_window", None), int)
+    return _causal_lm(kind, folder, **({"sliding_window": WINDOW} if windowed else {}))
 
 
 @pytest.mark.parametrize("kind", DECODERS)
