@@ -71,7 +71,7 @@ def apply_pending_model() -> None:
 
 def sidebar() -> None:
     """The global sidebar: the model and the sentence every page reads, presentation mode, this installation."""
-    from attnviz.models.loading import bundled_models
+    from attnviz.models.loading import bundled_models, folder_reads_images
     from attnviz.ui.session_models import registered_models
     from attnviz.ui.sidebar import DEFAULT_SENTENCE, MAX_SENTENCE_CHARS, note_sidebar_edit
 
@@ -82,11 +82,16 @@ def sidebar() -> None:
         args=("model",), help=f"The bundled model{'s' if len(bundled) > 1 else ''}: {named}; or a checkpoint you "
                               "added on the Checkpoints page.",
     )
-    st.text_area(
-        "Sentence", value=DEFAULT_SENTENCE, key="sentence", max_chars=MAX_SENTENCE_CHARS, height=100,
-        bind="query-params", on_change=note_sidebar_edit, args=("sentence",),
-        help="The text every page works on. Pages that need few tokens take the first words.",
-    )
+    chosen = registered_models().get(st.session_state.get("model", ""))
+    if chosen is not None and folder_reads_images(chosen):  # no text box that would do nothing: it reads images
+        st.caption(":material/image: This model reads images, not a sentence: choose or upload an image on "
+                   "**Explore heads**.")
+    else:
+        st.text_area(
+            "Sentence", value=DEFAULT_SENTENCE, key="sentence", max_chars=MAX_SENTENCE_CHARS, height=100,
+            bind="query-params", on_change=note_sidebar_edit, args=("sentence",),
+            help="The text every page works on. Pages that need few tokens take the first words.",
+        )
     st.toggle("Presentation mode", key="presentation_mode", bind="query-params",
               help="Larger text and figures for a projector, and the full width of the screen (close this "
                    "sidebar). Kept in the URL: a prepared link opens in presentation mode.")
@@ -106,6 +111,7 @@ def run_page(navigation, pages) -> None:
 
     try:
         with logged_run(navigation.title, run_started):  # only with ATTNVIZ_RUN_LOG set: benchmarks, operators
+            story_links({page.title: page for page in pages}, navigation.title, top=True)
             navigation.run()
             story_links({page.title: page for page in pages}, navigation.title)
     except Exception as problem:  # noqa: BLE001 - never a traceback in the page (st.stop and reruns pass through)

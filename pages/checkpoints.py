@@ -20,6 +20,7 @@ from attnviz.ui.session_models import (
     upload_limit_bytes,
 )
 
+GENERATES_TOO = {"decoder": True, "encoder-decoder": True}  # architectures the Generation page runs
 DTYPE_CHOICES = {"stored": "as stored (bf16 and fp16 stay half precision)", "fp32": "in fp32"}
 INTRO = (
     "Add a Hugging Face model to inspect its heads. Only `*.safetensors` weights are read (sharded ones too); pickle "
@@ -27,7 +28,7 @@ INTRO = (
 )
 
 
-def limits() -> None:
+def upload_limit_warning() -> None:
     if upload_limit_bytes() < safety.MAX_UPLOAD_BYTES:
         st.warning(
             f"Uploads are limited to {upload_limit_bytes() / 1024**2:.0f} MiB: this server was started outside the "
@@ -35,6 +36,9 @@ def limits() -> None:
             f"{safety.MAX_UPLOAD_BYTES / 1024**3:g} GiB). Start it with `streamlit run app.py` from that folder.",
             icon=":material/upload_file:",
         )
+
+
+def limits() -> None:
     st.markdown(
         "**Tested model types** (each loaded from a tiny checkpoint and checked against transformers' own attention "
         f"weights):\n\n{support.supported_markdown()}\n\nOther types that route attention through transformers' "
@@ -94,6 +98,7 @@ def add_model(prepare, *args) -> None:
     st.session_state["pending_model"] = registered
     st.session_state["ckpt_messages"] = [f"Loaded **{registered}**: {bundle.describe()}. It is now the current model."]
     st.session_state["ckpt_messages"] += notes + ([bundle.tokenizer_note] if bundle.tokenizer_note else [])
+    st.session_state["ckpt_onward"] = GENERATES_TOO.get(bundle.architecture, False) and bundle.modality == "text"
     if bundle.nonfinite or bundle.nonfinite_outputs:
         st.session_state["ckpt_messages"].append(nonfinite_warning(bundle))
     st.rerun()
@@ -111,12 +116,20 @@ def nonfinite_warning(bundle) -> str:
 
 
 def messages() -> None:
-    """What the last upload or removal did (set before the rerun that shows it)."""
-    for index, message in enumerate(st.session_state.pop("ckpt_messages", [])):
+    """What the last upload or removal did (set before the rerun that shows it), and after a load the way on: the
+    new model's heads, and its generation where it writes text."""
+    shown = st.session_state.pop("ckpt_messages", [])
+    for index, message in enumerate(shown):
         if message.startswith(":material/warning:"):
             st.warning(message.removeprefix(":material/warning:").strip(), icon=":material/warning:")
         else:
             (st.success if index == 0 else st.info)(message)
+    generates = st.session_state.pop("ckpt_onward", None)
+    if shown and generates is not None:
+        left, right = st.columns(2)
+        left.page_link("pages/explore_heads.py", label="Explore its heads →", icon=":material/search:")
+        if generates:
+            right.page_link("pages/generation.py", label="Watch it generate →", icon=":material/edit_note:")
 
 
 def add_forms() -> None:
@@ -178,9 +191,11 @@ def loaded_models() -> None:
 def main() -> None:
     start_page("Checkpoints")
     st.markdown(INTRO)
-    limits()
     messages()
-    add_forms()
+    upload_limit_warning()
+    add_forms()  # the upload first; what the server accepts is one click away
+    with st.expander("Tested model types and limits", icon=":material/checklist:"):
+        limits()
     loaded_models()
 
 

@@ -14,7 +14,17 @@ from attnviz.pagelogic.explore_heads.export import capture_npz, figure_html, mat
 from attnviz.pagelogic.explore_heads.grid import filtered_thumbnails, has_thumbnails, labels_heads
 from attnviz.pagelogic.explore_heads.long_texts import sample_text
 from attnviz.pagelogic.explore_heads.matrices import POOL_LIMIT, ZOOM_SIZES, head_heatmap
-from attnviz.pagelogic.explore_heads.options import BLOCKS, GRID_SCALES, KIND_NAMES, SCALES, VIEWS, ViewOptions
+from attnviz.pagelogic.explore_heads.options import (
+    BLOCKS,
+    GRID_SCALES,
+    KIND_NAMES,
+    LONG_TEXT,
+    SCALES,
+    VIEWS,
+    ViewOptions,
+    automatic_scale,
+    automatic_scale_note,
+)
 from attnviz.pagelogic.explore_heads.qk import query_key, query_key_figures
 from attnviz.pagelogic.explore_heads.statistics import (
     MAPPABLE_STATISTICS,
@@ -24,7 +34,7 @@ from attnviz.pagelogic.explore_heads.statistics import (
     statistics_column_config,
     statistics_table,
 )
-from attnviz.pagelogic.explore_heads.views import view_figure, zoom_figure
+from attnviz.pagelogic.explore_heads.views import LINES_TOKEN_LIMIT, view_figure, zoom_figure
 from attnviz.pagelogic.explore_heads.whatif import (
     MODEL_OWN_MASK,
     what_if,
@@ -37,7 +47,7 @@ from attnviz.pagelogic.explore_heads.whatif import (
 from attnviz.ui.captures import cached_image_capture, capture_current
 from attnviz.ui.explore_cache import cached_replay_difference, cached_statistics
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page, transient_status
+from attnviz.ui.frame import setup_area, start_page, transient_status
 from attnviz.ui.messages import problem_text, queries_unavailable, warn_if_not_finite
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.session_models import current_bundle, current_model_name, model_dtype, registered_models
@@ -148,6 +158,11 @@ def keep_hidden_choices(*keys: str) -> None:
             st.session_state[key] = st.session_state[key]
 
 
+# The view controls' keys, kept while they are hidden (another view, or the Image tab, is on).
+VIEW_CONTROL_KEYS = ("view", "explore_follow", "explore_top_k", "explore_rollout_layer", "explore_line_heads",
+                     "explore_scale", "explore_grid_scale", "explore_renormalise", "explore_lines_start")
+
+
 def requested_view() -> str:
     """The view asked for, read before the View control: Layer and Head, drawn left of it, depend on it."""
     view = st.session_state.get("view") or st.query_params.get("view")
@@ -181,18 +196,20 @@ def layer_fields(view: str, layer: int) -> dict:
 
 
 def filter_controls(columns, kind: str, text_pair: str, architecture: str) -> dict:
-    """Hide special tokens, renormalise rows, and (for a sentence pair) the A/B block."""
+    """Hide special tokens, (for a sentence pair) the A/B block, and renormalise rows: drawn only while something
+    is hidden, the one case where it changes what is shown."""
     fields = {
         "hide_special": columns[0].toggle("Hide special tokens", key="explore_hide_special", bind="query-params",
                                           help="[CLS], [SEP], <s>, padding"),
-        "renormalise": columns[1].toggle(
-            "Renormalise rows", value=True, key="explore_renormalise", bind="query-params",
-            help="After hiding tokens, rescale each row to sum to 1 again (on), or keep the model's weights (off).",
-        ),
     }
     if text_pair and kind in ("self", "encoder") and architecture != "encoder-decoder":
         fields["block"] = columns[2].selectbox("Sentence block", BLOCKS, key="explore_block",
                                                help="query → key", bind="query-params")
+    if fields["hide_special"] or fields.get("block", "all") != "all":
+        fields["renormalise"] = columns[1].toggle(
+            "Renormalise rows", value=True, key="explore_renormalise", bind="query-params",
+            help="Rescale each row's kept weights to sum to 1 again (on), or keep the model's weights (off).",
+        )
     return fields
 
 
@@ -207,11 +224,17 @@ def lines_controls(column, record, head: int) -> dict:
     line_heads = columns[0].multiselect("Heads to draw", list(range(record.n_heads)), default=[head],
                                         key="explore_line_heads", help="One colour per head.")
     top_k = columns[1].number_input("Strongest keys per query (0: all)", 0, record.n_k, 0, key="explore_top_k")
-    return {"follow": follow, "line_heads": line_heads, "top_k": int(top_k) or None}
+    chosen = {"follow": follow, "line_heads": line_heads, "top_k": int(top_k) or None}
+    if record.n_q > LINES_TOKEN_LIMIT and not follow:  # a long text: a window of queries, movable
+        chosen["lines_start"] = int(st.slider(
+            "Queries drawn, from position", 0, record.n_q - LINES_TOKEN_LIMIT, 0, step=16, key="explore_lines_start",
+            help=f"{LINES_TOKEN_LIMIT} queries at a time stay readable; the keys shown are those they use most."))
+    return chosen
 
 
-def colour_control(column, view: str) -> dict:
-    """The colour scale: the grid's own choices, the weights heatmaps' for the others (the lines view has none)."""
+def colour_control(column, view: str, record) -> dict:
+    """The colour scale: the grid's own choices, the weights heatmaps' for the others (the lines view has none).
+    The heatmaps open on "automatic": 0–1 for a short text, each row to its maximum for a long one."""
     if view == "grid":
         return {"grid_scale": column.selectbox(
             "Colour", list(GRID_SCALES), format_func=GRID_SCALES.get, key="explore_grid_scale",
@@ -219,12 +242,16 @@ def colour_control(column, view: str) -> dict:
         )}
     if view == "lines":
         return {}
-    return {"scale": column.selectbox(
-        "Colour", list(SCALES), format_func=SCALES.get, key="explore_scale",
+    automatic = automatic_scale(record.n_q, record.n_k)
+    # The scale "automatic" stands for is not listed again: choosing it would change nothing.
+    chosen = column.selectbox(
+        "Colour", ["auto", *(scale for scale in SCALES if scale != automatic)], key="explore_scale",
+        format_func=lambda scale: f"automatic: {SCALES[automatic]}" if scale == "auto" else SCALES[scale],
         help="0–1 compares heads; this head's maximum stretches a faint head; at long lengths most weights are "
-             "tiny: scale each row to its maximum, or use a log scale, to see structure. The title says which "
-             "is on.",
-    )}
+             f"tiny: scale each row to its maximum, or use a log scale, to see structure. Automatic: 0–1 up to "
+             f"{LONG_TEXT} tokens, each row to its maximum above. The title says which is on.",
+    )
+    return {"scale": automatic if chosen == "auto" else chosen, "automatic_scale": chosen == "auto"}
 
 
 def pooling_controls(record) -> dict:
@@ -245,8 +272,7 @@ def pooling_controls(record) -> dict:
 
 def view_options(capture, record, kind: str, text_pair: str, architecture: str) -> ViewOptions:
     """The controls above the tabs, as one ViewOptions: only those that act on the chosen view are drawn."""
-    keep_hidden_choices("layer", "head", "explore_follow", "explore_top_k", "explore_rollout_layer",
-                        "explore_line_heads", "explore_scale", "explore_grid_scale")
+    keep_hidden_choices("layer", "head", *VIEW_CONTROL_KEYS)
     asked = requested_view()
     controls = st.columns([2, 2, 6, 3])
     layer = layer_control(controls[0], record, asked)
@@ -259,7 +285,7 @@ def view_options(capture, record, kind: str, text_pair: str, architecture: str) 
     fields = {**layer_fields(view, layer), **filter_controls(filters, kind, text_pair, architecture)}
     if view == "lines":
         fields.update(lines_controls(filters[3], record, head))
-    fields.update(colour_control(controls[3], view))
+    fields.update(colour_control(controls[3], view, record))
     if view in ("head", "average") and max(record.n_q, record.n_k) > POOL_LIMIT:
         fields.update(pooling_controls(record))
     return ViewOptions(kind=kind, head=head, view=view, **fields)
@@ -288,6 +314,10 @@ def view_tab(capture, record, options: ViewOptions) -> None:
     else:
         show_figure(figure, caption, key="explore_main_figure",
                     on_select=on_figure_click if options.view in ("grid", "lines") else None)
+        if options.automatic_scale and options.view in ("head", "average", "rollout"):
+            note = automatic_scale_note(record.n_q, record.n_k)
+            if note:
+                st.caption(note)
         if options.view in ("head", "average") and max(record.n_q, record.n_k) > POOL_LIMIT:
             zoom, zoom_caption = zoom_figure(capture, options)
             show_figure(zoom, zoom_caption, key="explore_zoom_figure")
@@ -332,7 +362,8 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions)
     labels = sorted(table["label"].unique())
     chosen_labels = columns[1].multiselect("Show heads labelled", labels, default=labels, key="explore_stats_labels",
                                            help="Filters the map (others greyed) and the table.")
-    figure, caption = statistic_figure(table, statistic, chosen_labels, (options.layer, options.head))
+    figure, caption = statistic_figure(table, statistic, chosen_labels, (options.layer, options.head),
+                                       n_keys=len(capture.records[kind].key_tokens))
     show_figure(figure, caption, key="explore_stats_heatmap", on_select=on_statistic_click)
     st.markdown("Labels: " + label_rules_text())
     shown = table[table["label"].isin(chosen_labels)].reset_index(drop=True)
@@ -577,39 +608,61 @@ def on_patch_click(layout: vision.PatchLayout) -> None:
             return
 
 
-def image_tab(capture, options: ViewOptions) -> None:
-    record, layout = capture.records["self"], capture.layout
-    columns = st.columns([3, 2])
+def image_controls(record) -> dict:
+    """The Image tab's own controls, one set of views: this head, the mean of the layer's heads, or rollout through
+    layers 0 to the Layer box's (the same Layer and Head boxes as the View tab; the Head box only where a head is
+    drawn), the query patch, and the overlay's opacity."""
+    keep_hidden_choices("head", *VIEW_CONTROL_KEYS)
+    columns = st.columns([4, 2, 2, 3, 3])
     mode = columns[0].segmented_control("Heads", vision.OVERLAY_MODES, format_func=vision.OVERLAY_NAMES.get,
                                         default="head", required=True, key="explore_image_mode",
-                                        help="This head (the Layer and Head above), the mean of the layer's "
-                                             "heads, or rollout through the layers up to this one.")
+                                        help="This head (Layer and Head), the mean of the layer's heads, or rollout "
+                                             "through layers 0 to Layer.")
+    layer = int(columns[1].number_input("Layer", 0, record.n_layers - 1, 0, key="layer", bind="query-params"))
+    head = 0
+    if mode == "head":
+        head = int(columns[2].number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
+                                           bind="query-params"))
     if st.session_state.get("explore_image_query", 0) >= record.n_q:
         st.session_state["explore_image_query"] = 0
-    query = columns[1].selectbox("Query token (or click a patch)", list(range(record.n_q)),
-                                 format_func=lambda i: f"{i}: {capture.tokens[i]}", key="explore_image_query")
+    query = columns[3].selectbox("Query token (or click a patch)", list(range(record.n_q)),
+                                 format_func=lambda i: f"{i}: {record.query_display[i]}", key="explore_image_query")
+    opacity = columns[4].slider("Overlay opacity", 0.1, 1.0, 0.8, 0.05, key="explore_image_opacity",
+                                help="How strongly the attention covers the photo where it is highest; where it "
+                                     "is 0 the photo shows through untouched.")
+    return {"mode": mode, "layer": layer, "head": head, "query": int(query), "opacity": float(opacity)}
+
+
+def image_tab(capture) -> None:
+    record, layout = capture.records["self"], capture.layout
+    chosen = image_controls(record)
+    mode, layer, head, query = chosen["mode"], chosen["layer"], chosen["head"], chosen["query"]
     if mode == "rollout" and needs_every_head(record):
         return
-    shown = vision.overlay(capture, options.layer, mode, options.head, int(query))
+    shown = vision.overlay(capture, layer, mode, head, query)
     first = layout.prefix[0] if layout.prefix else "the first patch"
     show_figure(
-        overlay_figure(capture.image, shown.grid, layout, int(query), shown.title),
-        f"Where {capture.tokens[int(query)]} looks, on the {layout.image_size[1]} x {layout.image_size[0]} pixels the "
+        overlay_figure(capture.image, shown.grid, layout, query, shown.title, opacity=chosen["opacity"]),
+        f"Where {capture.tokens[query]} looks, on the {layout.image_size[1]} x {layout.image_size[0]} pixels the "
         f"model saw ({layout.rows} x {layout.cols} patches of {layout.patch} px). Click a patch to make it the "
         f"query; choose {first} in the query box to go back.",
         key="explore_image_overlay", on_select=lambda: on_patch_click(layout),
     )
     if mode != "rollout":
-        grids = [vision.overlay(capture, options.layer, "head", head, int(query)).grid
-                 for head in range(record.n_heads)]
+        grids = [vision.overlay(capture, layer, "head", each, query).grid for each in range(record.n_heads)]
         show_figure(
-            heads_overlay_figure(grids, f"Every head of layer {options.layer}: where {capture.tokens[int(query)]} "
-                                        "looks"),
-            "One colour scale for all heads: the heads of one layer often split the work (nearby patches, the "
-            "object, the background, [CLS]).",
+            heads_overlay_figure(grids, f"Every head of layer {layer}: where {capture.tokens[query]} looks",
+                                 image=capture.image, query_patch=layout.patch_of(query), opacity=chosen["opacity"]),
+            "One colour scale for all heads, over the image with the query's patch outlined: the heads of one layer "
+            "often split the work (nearby patches, the object, the background, [CLS]).",
             key="explore_image_heads",
         )
     st.caption(vision.UPLOAD_HINT)
+
+
+def current_head_options() -> ViewOptions:
+    """The page's Layer and Head as the tabs that only read them (head statistics' outline) see them."""
+    return ViewOptions(layer=int(st.session_state.get("layer", 0)), head=int(st.session_state.get("head", 0)))
 
 
 def image_main(bundle) -> None:
@@ -632,13 +685,16 @@ def image_main(bundle) -> None:
                + f"{capture.layout.rows} x {capture.layout.cols} patches")
     record = capture.records["self"]
     replay_check(capture_key, "self", record, bundle.model)
-    options = view_options(capture, record, "self", "", bundle.architecture)
     tabs = dict(zip(IMAGE_TABS, st.tabs(IMAGE_TABS, key="explore_image_tab", on_change="rerun"), strict=True))
+
+    def options() -> ViewOptions:  # the views' controls, drawn in the tabs that use them
+        return view_options(capture, record, "self", "", bundle.architecture)
+
     bodies = {
-        "Image": lambda: image_tab(capture, options),
-        "View": lambda: view_tab(capture, record, options),
-        "Head statistics": lambda: statistics_tab(capture, capture_key, "self", options),
-        "Export": lambda: export_tab(capture, record, options),
+        "Image": lambda: image_tab(capture),
+        "View": lambda: view_tab(capture, record, options()),
+        "Head statistics": lambda: statistics_tab(capture, capture_key, "self", current_head_options()),
+        "Export": lambda: export_tab(capture, record, options()),
     }
     run_open_tab(tabs, bodies)
 
@@ -655,21 +711,23 @@ def main() -> None:
             "Stand-in tokenizer (this checkpoint has none)", ["whitespace", "bytes"], horizontal=True,
             key="fallback_tokenizer", help="Whitespace: one token per word. Bytes: one token per UTF-8 byte.",
         )
-    source_column, pair_column = st.columns([6, 4])
-    with source_column:
-        text, max_tokens = text_source(bundle)
-    if bundle.architecture == "encoder-decoder":
-        pair_label = "Decoder input (empty: the sentence itself)"
-        pair_help = "What the decoder reads; its queries attend to the encoder's keys."
-    else:
-        pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
-    text_pair = pair_column.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help,
-                                       bind="query-params")
-    bundle, capture, capture_key = capture_current(text, text_pair, max_tokens, notice=False)
-    name = current_model_name()
-    st.caption(f"**{name}** · {bundle.describe()}")
-    if bundle.capture_note:
-        st.info(bundle.capture_note, icon=":material/route:")
+    setup = setup_area("Text, model and replay check")
+    with setup:
+        source_column, pair_column = st.columns([6, 4])
+        with source_column:
+            text, max_tokens = text_source(bundle)
+        if bundle.architecture == "encoder-decoder":
+            pair_label = "Decoder input (empty: the sentence itself)"
+            pair_help = "What the decoder reads; its queries attend to the encoder's keys."
+        else:
+            pair_label, pair_help = "Second sentence (B), optional", "A sentence pair (A, B), as in BERT's training."
+        text_pair = pair_column.text_input(pair_label, key="explore_pair", max_chars=2000, help=pair_help,
+                                           bind="query-params")
+        bundle, capture, capture_key = capture_current(text, text_pair, max_tokens, notice=False)
+        name = current_model_name()
+        st.caption(f"**{name}** · {bundle.describe()}")
+        if bundle.capture_note:
+            st.info(bundle.capture_note, icon=":material/route:")
     if capture.truncated and (max_tokens is None or len(capture.tokens) < max_tokens):
         limit = (f"this model reads at most {bundle.max_positions}" if len(capture.tokens) >= bundle.max_positions
                  else "on this model's eager path attnviz keeps every layer's weights at once, which fit up to "
@@ -681,7 +739,8 @@ def main() -> None:
         kind = st.segmented_control("Attention", capture.kinds, default=capture.kinds[0],
                                     format_func=KIND_NAMES.get, key="explore_kind", required=True)
     record = capture.records[kind]
-    replay_check(capture_key, kind, record, bundle.model)
+    with setup:
+        replay_check(capture_key, kind, record, bundle.model)
     options = view_options(capture, record, kind, text_pair, bundle.architecture)
 
     tabs = dict(zip(TABS, st.tabs(TABS, key="explore_tab", on_change="rerun", bind="query-params"), strict=True))

@@ -13,7 +13,7 @@ from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page, transient_status
+from attnviz.ui.frame import page_intro, setup_area, start_page, transient_status
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.shared_measurements import shared_measurements
 from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
@@ -22,37 +22,41 @@ from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 DEFAULT_CONTENDERS = ["naive", "tiled", "sdpa/flash", "sdpa/math", "triton"]
+TILE_FIGURE_WIDTH = 460  # px: the tile map's column (2 of 5 of the page)
 
 
 def controls(gpu: bool) -> dict:
-    columns = st.columns(6)
+    """The inputs that make the point on the first row (size, mask, the interpreter); backends, K/V heads and dtype
+    in the setup area (on a projector, a closed expander)."""
+    columns = st.columns([2, 2, 2, 3, 2, 4])
     chosen = {
         "n": columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n",
                                       bind="query-params"),
         "d": columns[1].select_slider("Head dim d", [16, 32, 64, 128], 64, key="flash_d"),
         "heads": columns[2].select_slider("Heads", [1, 2, 4, 8, 16], 4, key="flash_heads"),
     }
-    chosen["kv_heads"] = columns[3].selectbox(
-        "K/V heads", [h for h in (1, 2, 4, 8, 16) if chosen["heads"] % h == 0 and h <= chosen["heads"]], index=None,
-        placeholder=f"{chosen['heads']} (MHA)", key="flash_kv_heads",
-    ) or chosen["heads"]
-    chosen["dtype"] = columns[4].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
     # Causal by default: the mask whose skipped tiles show why flash attention is fast.
     flash_masks = flash_page.flash_masks()
-    chosen["mask"] = columns[5].selectbox("Mask", flash_masks, format_func=flash_page.mask_label,
+    chosen["mask"] = columns[3].selectbox("Mask", flash_masks, format_func=flash_page.mask_label,
                                           index=flash_masks.index("causal"), key="flash_mask", bind="query-params")
-    columns = st.columns([4, 2, 2])
-    chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
-                                             format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
-    chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.FLASH, columns[1:2], chosen["n"],
+    chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.FLASH, columns[4:5], chosen["n"],
                                             prefix="flash")
     chosen["interpreter"] = False
     if not gpu:
-        chosen["interpreter"] = columns[2].toggle(
-            "Run the Triton interpreter (correctness only)", value=chosen["n"] <= 128, key="flash_interpreter",
+        chosen["interpreter"] = columns[5].toggle(
+            "Triton interpreter", value=chosen["n"] <= 128, key="flash_interpreter",
             help="No GPU here: Triton can run its kernel in a CPU interpreter, slowly, for N <= "
-                 f"{flash_page.INTERPRETER_LIMIT}. Its time is not shown: the interpreter is for checking correctness.",
+                 f"{flash_page.INTERPRETER_LIMIT}. Correctness only: its time is not shown.",
         )
+    with setup_area("Backends, K/V heads and dtype"):
+        columns = st.columns([6, 2, 2])
+        chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
+                                                 format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
+        chosen["kv_heads"] = columns[1].selectbox(
+            "K/V heads", [h for h in (1, 2, 4, 8, 16) if chosen["heads"] % h == 0 and h <= chosen["heads"]],
+            index=None, placeholder=f"{chosen['heads']} (MHA)", key="flash_kv_heads",
+        ) or chosen["heads"]
+        chosen["dtype"] = columns[2].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
     return chosen
 
 
@@ -79,10 +83,7 @@ def measured_rows(case, chosen: dict, gpu: bool) -> list:
     seen[key] = measured_at
     while len(seen) > 16:  # a bounded memory of past settings
         seen.pop(next(iter(seen)))
-    st.caption(f"Measured on this server at {time.strftime('%H:%M:%S', time.localtime(measured_at))}, one "
-               "measurement at a time; every session with these settings sees the same run. **Measure again** for a "
-               "fresh one.")
-    return rows
+    return rows, measured_at
 
 
 def first_call(row) -> str:
@@ -95,9 +96,7 @@ def first_call(row) -> str:
 
 
 def results_section(case, chosen: dict, gpu: bool) -> None:
-    rows = measured_rows(case, chosen, gpu)
-    st.button("Measure again", key="flash_again", on_click=lambda: st.session_state.update(flash_measure_again=True),
-              help="Times are measured once for these settings; measure them again (the machine may be busy).")
+    rows, measured_at = measured_rows(case, chosen, gpu)
     naive_ms = next((r.median_ms for r in rows if r.name == "naive" and r.median_ms), None)
     table = pd.DataFrame(
         {
@@ -121,7 +120,14 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
                                         else measured.get(r.name, "—") for r in rows])
     first_call_column = st.column_config.TextColumn(
         width="medium", help="Each backend's first call, not in the median: FlexAttention compiles its kernel then.")
-    st.dataframe(table, hide_index=True, column_config={"first call": first_call_column})
+    st.dataframe(table, hide_index=True, column_config={
+        "first call": first_call_column, "why not": st.column_config.TextColumn(width="large"),
+        "ran as": st.column_config.TextColumn(width="medium")})
+    st.caption(f"Measured on this server at {time.strftime('%H:%M:%S', time.localtime(measured_at))}, one "
+               "measurement at a time; every session with these settings sees the same run. **Measure again** for a "
+               "fresh one.")
+    st.button("Measure again", key="flash_again", on_click=lambda: st.session_state.update(flash_measure_again=True),
+              help="Times are measured once for these settings; measure them again (the machine may be busy).")
     cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
     if not gpu and cpu_names and st.button(
         "Measure peak memory (a fresh process per backend, a few seconds each)", key="flash_measure_memory"
@@ -193,10 +199,14 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
     )
     st.dataframe(numbers.style.format(precision=4), hide_index=True)
     gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
+    converging = line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
+                            title="The online softmax converging", x_title="key blocks consumed",
+                            y_title="difference", markers=True, log_y=True, height=280)
+    # Whole blocks on x (no 1.5); powers of ten as 1e-6, not SI prefixes (1µ, 1n, 1f read as units).
+    converging.update_xaxes(tickmode="linear", tick0=1, dtick=max(1, -(-len(steps) // 12)))
+    converging.update_yaxes(exponentformat="e", dtick=2, minorloglabels="none")
     show_figure(
-        line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
-                   title="The online softmax converging", x_title="key blocks consumed", y_title="difference",
-                   markers=True, log_y=True, height=280),
+        converging,
         "Exactly the final answer once the last block is in: nothing was approximated, only reordered.",
         key="flash_converge",
     )
@@ -230,10 +240,12 @@ def tiling_section(case) -> None:
     left, right = st.columns([2, 3])
     with left:
         show_figure(
-            mask_heatmap(codes, [f"q{i}" for i in range(trace.n_query_blocks)],
-                         [f"k{j}" for j in range(trace.n_key_blocks)],
+            # Block numbers, thinned to what the narrow column has room for ("k0".."k15" overlapped there).
+            mask_heatmap(codes, [str(i) for i in range(trace.n_query_blocks)],
+                         [str(j) for j in range(trace.n_key_blocks)],
                          title=f"{trace.n_query_blocks} x {trace.n_key_blocks} tiles of {block_q} x {block_k}",
-                         legend=legend, height=420),
+                         legend=legend, height=420, x_title="key block", y_title="query block",
+                         width=TILE_FIGURE_WIDTH),
             f"{counts['computed']} tiles computed as they are, {counts['masked']} with an element mask (the diagonal "
             f"or window edge), {counts['skipped']} never touched: "
             f"{counts['skipped'] / max(sum(counts.values()), 1):.0%} of the work skipped.",
@@ -321,7 +333,7 @@ def scaling_section(chosen: dict) -> None:
 
 def main() -> None:
     start_page("Flash vs naive")
-    st.caption(
+    page_intro(
         "Naive attention writes all N x N scores to memory, then softmaxes them. Flash attention walks over key "
         "blocks keeping only a running max, a running sum and a rescaled output per query: same answer, O(N) memory."
     )

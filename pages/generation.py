@@ -17,7 +17,16 @@ from attnviz.pagelogic import generation_heads as gen_heads
 from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.ui.figures import figure_scale, show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import presenting, setup_area, start_page
+from attnviz.ui.generation_cache import (
+    REQUEST_DEFAULTS,
+    cached_circuits,
+    cached_fit,
+    cached_float64_check,
+    cached_generation,
+    cached_labels,
+    cached_sequence_attention,
+)
 from attnviz.ui.loaded_models import generation_model, load_bundle
 from attnviz.ui.messages import problem_text, queries_unavailable
 from attnviz.ui.session_models import current_model_name, registered_models
@@ -29,16 +38,12 @@ from attnviz.viz.inference import block_table_figure, memory_map_figure, ring_fi
 from attnviz.viz.matrix import matrix_heatmap
 from attnviz.viz.style import token_labels
 
-DEFAULT_PROMPT = ("The for statement is used to iterate over the elements of a sequence (such as a string, tuple "
-                  "or list) or other iterable object.")
 TABS = ["Generation", "PagedAttention", "Ring attention"]
 MAX_NEW_TOKENS = 64
 MAX_PROMPT_CHARS = 200_000  # a bound on what the box holds; the model reads what its positions allow (fit_prompt)
 EXPLORE_PAGE = "pages/explore_heads.py"
 # Explore heads' text sources (its segmented control "explore_source"): the sidebar's sentence, or a long text
 EXPLORE_SENTENCE, EXPLORE_LONG_TEXT = "the sidebar's sentence", "a long text"
-REQUEST_DEFAULTS = {"prompt": DEFAULT_PROMPT, "new_tokens": 12, "strategy": "greedy", "temperature": 1.0, "top_k": 0,
-                    "top_p": 1.0, "seed": 0, "keep": "first"}
 
 
 @contextlib.contextmanager
@@ -148,39 +153,6 @@ def request_form() -> dict:
 def sampling_of(request: dict, seed_offset: int = 0) -> gen.Sampling:
     return gen.Sampling(request["strategy"], request["temperature"], request["top_k"], request["top_p"],
                         request["seed"] + seed_offset)
-
-
-@st.cache_resource(max_entries=16, show_spinner=False)
-def cached_generation(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, use_cache: bool,
-                      keep: str = "first"):
-    model, tokenizer = generation_model(folder, name)
-    return gen.generate(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), use_cache=use_cache,
-                        keep=keep)
-
-
-@st.cache_resource(max_entries=16, show_spinner=False)
-def cached_float64_check(folder: str, name: str, prompt: str, new_tokens: int, sampling: tuple, keep: str = "first"):
-    model, tokenizer = generation_model(folder, name)
-    return gen.float64_cache_agreement(model, tokenizer, prompt, new_tokens, gen.Sampling(*sampling), keep=keep)
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def cached_fit(folder: str, name: str, prompt: str, new_tokens: int, keep: str) -> gen.PromptFit:
-    model, tokenizer = generation_model(folder, name)
-    return gen.fit_prompt(model, tokenizer, prompt, new_tokens, keep)
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def cached_sequence_attention(folder: str, name: str, ids: tuple[int, ...], layer: int):
-    """Every head of ``layer`` over the whole sequence ``[heads, n, n]``: one cache-free forward pass."""
-    model, _ = generation_model(folder, name)
-    return gen_sequence.sequence_attention(model, list(ids), layer)
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def cached_labels(folder: str, name: str, ids: tuple[int, ...]) -> list[str]:
-    _, tokenizer = generation_model(folder, name)
-    return gen_sequence.readable_labels(tokenizer, list(ids))
 
 
 def sampling_key(sampling: gen.Sampling) -> tuple:
@@ -372,7 +344,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         uncached = run(folder, name, request, use_cache=False)
     key = generation_key(folder, name, request)
     step, layer, head = head_controls(folder, name, cached)
-    if not cached.encoder_decoder:
+    if not cached.encoder_decoder and not presenting():  # on a projector, below the first two charts
         circuits_section(folder, name, cached, tokenizer)
     labels = cached_labels(folder, name, tuple(cached.ids))
     show_text(cached, step, labels, tokenizer)
@@ -383,6 +355,8 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     with right:
         figure, caption = step_attention_figure(key, step, layer, head, cached, labels)
         show_figure(shown(figure), caption, key="gen_attention")
+    if not cached.encoder_decoder and presenting():
+        circuits_section(folder, name, cached, tokenizer)
     if cached.encoder_decoder:
         cross_section(folder, name, cached, step, layer, head, labels)
     else:
@@ -466,14 +440,17 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
     columns = st.columns(4)
     columns[0].metric("Cache after this step" + (" (self + cross)" if cached.encoder_decoder else ""),
                       human_bytes(chosen.cache_bytes + chosen.cross_bytes))
-    columns[1].metric("Same tokens without the cache", "yes" if same else "no")
+    columns[1].metric("Same tokens uncached", "yes" if same else "no",
+                      help="Whether generating without the cache (every step runs the whole sequence) gives the "
+                           "same tokens.")
     largest = gen.largest_logit(cached)
     columns[2].metric("Largest logit difference", f"{difference:.1e}",
                       help=f"Over every step and every token of the vocabulary, with and without the cache. The "
                            f"logits reach {largest:.3g}, so this is {difference / max(largest, 1e-30):.1e} of "
                            "them: the rounding of the model's arithmetic summing in two orders (one new row "
                            "against the whole sequence). Below the figures: the same check on a float64 copy.")
-    columns[3].metric("Time per token, cache / none", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms")
+    columns[3].metric("Time per token", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms",
+                      help="With the cache / without it: the median over the steps after the first.")
     if float64 is None:
         again = (f"Not checked again in float64: the model has more than {gen.FLOAT64_CHECK_PARAMETERS / 1e6:.0f}M "
                  "parameters, or weights offloaded to disk.")
@@ -492,24 +469,12 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
     )
 
 
-@st.cache_resource(max_entries=4, show_spinner="Measuring the heads…")
-def cached_circuits(folder: str, name: str):
-    model, tokenizer = generation_model(folder, name)
-    if name == BUNDLED_GPT_NAME:  # the pool it was trained to repeat
-        report = gen_heads.bundled_training_report()
-        pool = report["repeat_token_ids"]
-        words = (f"the {len(pool)} most frequent tokens of its training text" if report["recipe"].get("repeat_pool")
-                 else f"any of its {len(pool):,} ordinary tokens")
-        return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text(), pool=pool, pool_words=words)
-    return gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())
-
-
 def circuits_section(folder: str, name: str, cached: gen.Generation, tokenizer) -> None:
     """The heads the model learned (measured on its own weights), each with a button that shows it here and one
     that opens it in Explore heads."""
     if architecture_of_folder(registered_models()[name]) != "decoder":
         return  # the circuits are measured on a causal LM's own text and repeated tokens
-    with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME):
+    with st.expander("Heads this model learned", expanded=name == BUNDLED_GPT_NAME and not presenting()):
         found = cached_circuits(folder, name)
         text = gen_sequence.sequence_text(cached, tokenizer)
         for index, head in enumerate(found):
@@ -631,11 +596,12 @@ def switch_if_asked() -> None:
 def main() -> None:
     switch_if_asked()
     start_page("Generation and KV cache")
-    choice = choose_decoder()
-    if choice is None:
-        return
-    name, folder = choice
-    request = request_form()
+    with setup_area("Model, prompt and decoding"):  # on a projector, the generation itself comes first
+        choice = choose_decoder()
+        if choice is None:
+            return
+        name, folder = choice
+        request = request_form()
     try:
         model, tokenizer = generation_model(folder, name)
     except Exception as problem:  # noqa: BLE001 - refused with a reason, or anything else: said in words

@@ -8,7 +8,7 @@ from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES
@@ -36,11 +36,6 @@ def key_vectors(record, n: int) -> torch.Tensor:
 def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str]) -> None:
     n = len(labels)
     seen = masks.keys_per_query(built.mask)
-    metrics = st.columns(4)
-    metrics[0].metric("Density", f"{masks.density(built.mask):.1%}")
-    metrics[1].metric("Scores computed", f"{int(built.mask.sum()):,} of {n * n:,}")
-    metrics[2].metric("Cost", mask_patterns.cost(key, **params))
-    metrics[3].metric("Keys per query", f"{int(seen.min())}–{int(seen.max())}")
     name = mask_patterns.label(key)
     left, right = st.columns(2)
     with left:
@@ -68,6 +63,12 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
             key="masks_reach",
         )
         st.caption("Tokens reaching it per layer: " + ", ".join(str(c) for c in reach.sum(-1).tolist()) + f" of {n}.")
+    # The numbers under the pictures they describe: the pattern itself is the first thing on the screen.
+    metrics = st.columns(4)
+    metrics[0].metric("Density", f"{masks.density(built.mask):.1%}")
+    metrics[1].metric("Scores computed", f"{int(built.mask.sum()):,} of {n * n:,}")
+    metrics[2].metric("Cost", mask_patterns.cost(key, **params))
+    metrics[3].metric("Keys per query", f"{int(seen.min())}–{int(seen.max())}")
 
 
 def real_head_section(bundle, record, mask, name: str, labels: list[str]) -> tuple[int, int]:
@@ -123,6 +124,11 @@ def convention_section(record, layer: int, head: int, labels: list[str]) -> None
     )
 
 
+def dtype_label(name: str) -> str:
+    size = DTYPE_BYTES[name]
+    return f"{'fp16 or bf16' if name == 'fp16' else name} ({size:g} byte{'s' if size > 1 else ''})"
+
+
 def memory_section(key: str, params: dict) -> None:
     st.subheader("Memory of the score matrix")
     columns = st.columns(3)
@@ -130,7 +136,9 @@ def memory_section(key: str, params: dict) -> None:
         "Sequence lengths N", [1024, 4096, 8192, 32768, 131072, 1048576], default=[1024, 8192, 32768, 131072],
         key="masks_lengths",
     )
-    dtype = columns[1].selectbox("dtype", list(DTYPE_BYTES), index=1, key="masks_dtype")
+    # One entry per size: bf16 takes the bytes of fp16, so a separate bf16 entry would change nothing.
+    sizes = [name for name in DTYPE_BYTES if name != "bf16"]
+    dtype = columns[1].selectbox("dtype", sizes, index=1, key="masks_dtype", format_func=dtype_label)
     heads = int(columns[2].number_input("Heads x batch", 1, 4096, 1, key="masks_heads"))
     if lengths:
         table = masks_page.score_memory_table(key, lengths, dtype, heads, **params)
@@ -144,7 +152,7 @@ def memory_section(key: str, params: dict) -> None:
 
 def main() -> None:
     start_page("Masks")
-    st.caption(
+    page_intro(
         "A mask decides which keys each query may see. Sparse patterns trade reach for cost: compare them on your "
         "sentence, then apply one to a real head."
     )

@@ -25,7 +25,7 @@ from attnviz.pagelogic.positional import (
 )
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.messages import queries_unavailable
 from attnviz.ui.session_models import current_bundle
 from attnviz.ui.sidebar import current_sentence
@@ -365,7 +365,7 @@ def order_tab() -> None:
 
 def main() -> None:
     start_page("Positional encodings")
-    st.caption(
+    page_intro(
         "Attention itself has no idea of order: without a mask, permute the tokens and the weights permute with "
         "them. A causal mask (decoders) is the exception: each token sees only those before it, so order leaks in "
         "even without positions. Position enters through added vectors (sinusoidal, learned), rotations of Q and K "

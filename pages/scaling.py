@@ -9,7 +9,7 @@ from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import setup_area, start_page
 from attnviz.ui.messages import queries_unavailable
 from attnviz.ui.scaling_cache import (
     SCALING_DEFAULTS,
@@ -27,12 +27,14 @@ from attnviz.viz.matrix import heatmap_row
 
 def variance_section() -> int:
     st.subheader("1 · Dot products grow with d_k")
-    columns = st.columns(3)
-    seed = int(columns[0].number_input("Seed", 0, 10_000, SCALING_DEFAULTS["seed"], key="scale_seed"))
-    samples = columns[1].select_slider("Samples", [500, 1000, 4000, 16000], SCALING_DEFAULTS["samples"],
-                                       key="scale_samples")
-    d_hist = columns[2].select_slider("d_k for the histogram", scaling.D_K_VALUES, SCALING_DEFAULTS["d_hist"],
+    columns = st.columns([2, 3])
+    d_hist = columns[0].select_slider("d_k for the histogram", scaling.D_K_VALUES, SCALING_DEFAULTS["d_hist"],
                                       key="scale_d_hist")
+    with columns[1], setup_area("Seed and samples"):  # on a projector, the two figures come first
+        inner = st.columns(2)
+        seed = int(inner[0].number_input("Seed", 0, 10_000, SCALING_DEFAULTS["seed"], key="scale_seed"))
+        samples = inner[1].select_slider("Samples", [500, 1000, 4000, 16000], SCALING_DEFAULTS["samples"],
+                                         key="scale_samples")
     variance = scaling_variance_rows(samples, seed)
     worst = max(abs(r["measured"] / r["theory"] - 1) for r in variance)
     left, right = st.columns(2)
@@ -189,8 +191,11 @@ def stability_section(seed: int) -> None:
     table = pd.DataFrame(scaling_stability_rows(tuple(sorted(scales)), seed))
     if table.empty:
         return
+    # A result that is not finite has no error to show: say so in words (a NaN cell would read "None").
+    errors = zip(table["max |error| vs fp64"], table["finite"], strict=True)
+    table["max |error| vs fp64"] = [f"{error:.2e}" if finite else "— (not finite)" for error, finite in errors]
     st.dataframe(
-        table.style.format({"max |error| vs fp64": "{:.2e}", "max logit": "{:g}"}).map(
+        table.style.format({"max logit": "{:g}"}).map(
             lambda ok: "color: #b00020; font-weight: bold" if ok is False else "", subset=["finite", "right"]
         ),
         hide_index=True,

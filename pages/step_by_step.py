@@ -8,12 +8,14 @@ import streamlit as st
 
 from attnviz import mask_patterns, masks, stepwise
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import presenting, setup_area, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, SIGNED, SignedScale, matrix_heatmap
 from attnviz.viz.style import format_number, token_labels
 
+INTRO = ("Every number below is computed live from the Q, K and V tables. Edit a cell, change the mask or the "
+         "score function, and watch each step change.")
 SIDE_BY_SIDE_KEYS = 6  # up to this many keys, two steps sit side by side with their numbers readable
 STEP_1_CAPTIONS = {
     "scaled_dot": "Q·Kᵀ: how well each query matches each key. Red = strong match, blue = mismatch.",
@@ -31,7 +33,7 @@ FORMULAS = {  # the formula of the chosen score function, above the page
 
 
 def controls() -> dict:
-    columns = st.columns([3, 2, 2, 2, 1])
+    columns = st.columns([3, 2, 2, 2])
     chosen = {
         "score_function": columns[0].selectbox(
             "Score function", list(stepwise.SCORE_FUNCTIONS), format_func=stepwise.SCORE_FUNCTIONS.get,
@@ -51,13 +53,19 @@ def controls() -> dict:
                                           format_func=mask_patterns.label, key="sbs_mask", bind="query-params")
     chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.STEP, [columns[3]], stepwise.MAX_TOKENS,
                                             prefix="sbs")
-    chosen["seed"] = int(columns[4].number_input("Seed", 0, 2**31 - 1, 0, key="sbs_seed",
-                                                 help="Seeds the random projections."))
-    st.radio(
+    return chosen
+
+
+def source_control() -> int:
+    """Where Q, K and V come from (read by :func:`controls` from the session, drawn with the tables), and the seed
+    of the random embeddings and projections they are made with; returns the seed."""
+    left, right = st.columns([4, 1])
+    seed = int(right.number_input("Seed", 0, 2**31 - 1, 0, key="sbs_seed", help="Seeds the random projections."))
+    left.radio(
         "Q, K and V", ["From the sentence", "Type numbers by hand"], horizontal=True, key="sbs_source",
         help="From the sentence: each word gets a seeded random embedding x, and Q = xW_Q, K = xW_K, V = xW_V.",
     )
-    return chosen
+    return seed
 
 
 def matrix_to_text(matrix) -> str:
@@ -92,8 +100,11 @@ def qkv_typed_by_hand(d_k: int, seed: int):
     default_tokens, _ = stepwise.tokens_of(current_sentence())
     default = stepwise.prefill_qkv(default_tokens or ["attention"], d_k, seed)
     st.caption("One row per line, numbers separated by spaces or commas. Q and K need the same number of columns.")
+    # Keyed by the example's size and seed: moving either starts again from its new example (a box keeps what was
+    # typed in it otherwise, and the two controls would change nothing).
     texts = {
-        name: area.text_area(f"{name}", matrix_to_text(default[name]), height=200, key=f"sbs_text_{name}")
+        name: area.text_area(f"{name}", matrix_to_text(default[name]), height=200,
+                             key=f"sbs_text_{name}_{d_k}_{seed}")
         for area, name in zip(st.columns(3), ("Q", "K", "V"), strict=True)
     }
     q, k, v = (stepwise.parse_matrix_text(texts[name], name) for name in ("Q", "K", "V"))
@@ -109,7 +120,6 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
             f"keys (density {masks.density(steps.mask):.0%})."
         )
     bound = stepwise.score_colour_bound(steps)
-    st.caption(f"Steps 1 to 3 share one colour scale, −{bound:.3g} to +{bound:.3g}.")
     # Two figures a row while their numbers fit in half the width; one a row (numbers kept) for more keys.
     side_by_side = len(key_labels) <= SIDE_BY_SIDE_KEYS
     width = HALF_WIDTH if side_by_side else FULL_WIDTH
@@ -138,6 +148,7 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
         show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title,
                                    scale=SignedScale(bound=bound), width=width),
                     caption, key="sbs_fig_scaled")
+    st.caption(f"Steps 1 to 3 share one colour scale, −{bound:.3g} to +{bound:.3g}.")
     left, right = st.columns(2) if side_by_side else (st.container(), st.container())
     with left:
         show_figure(
@@ -174,17 +185,19 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
 def main() -> None:
     start_page("Attention step by step")
     formula = st.empty()  # filled once the score function is chosen
-    st.caption(
-        "Every number below is computed live from the Q, K and V tables. Edit a cell, change the mask or the score "
-        "function, and watch each step change."
-    )
+    if not presenting():  # on a projector it opens the Q, K and V area below, and the steps come up sooner
+        st.caption(INTRO)
     chosen = controls()
     formula.latex(r"\mathrm{Attention}(Q, K, V) = " + FORMULAS[chosen["score_function"]])
     try:
-        if chosen["source"] == "From the sentence":
-            q, k, v, query_labels, key_labels = qkv_from_the_sentence(chosen["d_k"], chosen["seed"])
-        else:
-            q, k, v, query_labels, key_labels = qkv_typed_by_hand(chosen["d_k"], chosen["seed"])
+        with setup_area("Q, K and V: edit the numbers"):  # on a projector, the steps come first
+            if presenting():
+                st.caption(INTRO)
+            chosen["seed"] = source_control()
+            if chosen["source"] == "From the sentence":
+                q, k, v, query_labels, key_labels = qkv_from_the_sentence(chosen["d_k"], chosen["seed"])
+            else:
+                q, k, v, query_labels, key_labels = qkv_typed_by_hand(chosen["d_k"], chosen["seed"])
         stepwise.check_qkv(q, k, v)
     except stepwise.InputError as problem:
         st.error(f"{problem}")

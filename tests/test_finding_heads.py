@@ -10,6 +10,7 @@ import torch
 from attnviz import analysis
 from attnviz.models.capture import capture
 from attnviz.pagelogic import explore_heads as explore
+from attnviz.pagelogic.explore_heads.qk import QK_BARS
 from attnviz.viz import style
 from attnviz.viz.heads import attention_lines, head_grid, statistic_heatmap
 from attnviz.viz.matrix import (
@@ -219,6 +220,33 @@ def test_the_query_key_view_includes_t5s_position_bias(tmp_path):
     assert anatomy.score == pytest.approx(anatomy.dot * anatomy.scale + float(bias), rel=1e-5, abs=1e-6)
     _, _, caption = explore.query_key_figures(anatomy, record, 0, 1, 2, 4)
     assert "position bias" in caption
+
+
+def test_the_query_key_row_counts_and_ranks_only_the_keys_the_query_may_see(tmp_path):
+    """A causal model on 80 tokens: query 2 may see 3 keys. The row shows those 3 (not the 60 largest of 80, most
+    of them masked zeros), its rank counts among them, and a hidden key is said to be hidden; a late query's row
+    still shows its strongest visible keys only."""
+    from transformers import GPT2Config
+
+    from attnviz.bench.tiny import VOCAB
+    from attnviz.models.loading import load_model_dir
+    from tests.tiny_models import make_tiny_checkpoint
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=1, n_head=2)
+    bundle = load_model_dir(make_tiny_checkpoint("gpt2", tmp_path / "gpt2", config=config))
+    record = capture(bundle, " ".join(["word"] * 79)).records["self"]
+    assert record.n_k > QK_BARS and record.is_causal()
+    anatomy = explore.query_key(record, 0, 0, 2, 1)
+    assert anatomy.visible.tolist() == [True] * 3 + [False] * (record.n_k - 3)
+    _, row, caption = explore.query_key_figures(anatomy, record, 0, 0, 2, 1)
+    assert len(row.data[0].x) == 3 and f"the 3 keys it may see (of {record.n_k})" in row.layout.title.text
+    weights = record.head_weights(0, 0, 2, 3)[0, :3]
+    assert f"rank {int((weights > weights[1]).sum()) + 1} of the 3 keys it may see" in caption
+    _, _, hidden = explore.query_key_figures(explore.query_key(record, 0, 0, 2, 40), record, 0, 0, 2, 40)
+    assert "mask hides this key" in hidden and "rank" not in hidden
+    late = explore.query_key(record, 0, 0, record.n_q - 1, 0)
+    _, row, _ = explore.query_key_figures(late, record, 0, 0, record.n_q - 1, 0)
+    assert QK_BARS - 1 <= len(row.data[0].x) <= QK_BARS and f"of the {record.n_k} it may see" in row.layout.title.text
 
 
 def test_compare_and_what_if_heatmaps_mark_sentence_b_too(pair):

@@ -219,13 +219,29 @@ def test_the_zoom_window_holds_the_exact_weights(capture_600):
     assert matrix.window == (300, 250, 64, 64)
 
 
-def test_the_lines_view_caps_its_queries_and_says_so(capture_600):
-    figure, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", layer=0, head=0))
+def test_the_lines_view_draws_a_readable_window_and_says_so(capture_600):
+    """600 tokens: a window of LINES_TOKEN_LIMIT queries (movable), and of the 600 keys the LINES_TOKEN_LIMIT these
+    queries give the most weight, in text order; a figure whose labels stay readable (22 px a row)."""
+    limit = explore.LINES_TOKEN_LIMIT
+    record = capture_600.records["self"]
+    figure, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", layer=0, head=0,
+                                                                           lines_start=300))
     queries = next(trace for trace in figure.data if trace.name == "queries")
-    assert len(queries.y) == explore.LINES_TOKEN_LIMIT
-    assert f"Only the first {explore.LINES_TOKEN_LIMIT} queries are drawn" in caption
+    keys = next(trace for trace in figure.data if trace.name == "keys")
+    assert len(queries.y) == limit and len(keys.y) == limit
+    assert f"Queries 300–{300 + limit - 1} of 600 are drawn" in caption
+    assert [row[0] for row in queries.customdata] == list(range(300, 300 + limit))  # the window asked for
+    # the keys: the most weight received from those queries, computed here from the record's own weights
+    received = record.head_weights(0, 0)[300:300 + limit].sum(0)  # [600]
+    expected = sorted(torch.topk(received, limit).indices.tolist())
+    share = float(received[expected].sum() / received.sum())
+    assert f"({share:.0%} of it)" in caption
+    assert [int(label.split(" ")[0]) for label in keys.text] == expected  # labelled "position · token"
+    assert figure.layout.height <= 70 + 22 * limit
+    last, _ = explore.view_figure(capture_600, explore.ViewOptions(view="lines", lines_start=10_000))
+    assert next(t for t in last.data if t.name == "queries").customdata[-1][0] == 599  # clamped to the end
     followed, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", follow=[500]))
-    assert "Only the first" not in caption
+    assert "are drawn: move the window" not in caption
 
 
 @pytest.mark.parametrize("scale", ["row", "log", "head"])

@@ -24,7 +24,7 @@ def test_the_encoder_in_the_sidebar_hands_over_to_the_bundled_gpt_which_generate
     timeline = figure_titled(at, "Timeline")
     assert len(timeline["layout"]["yaxis"]["ticktext"]) == 12  # the default: 12 new tokens, one row each
     assert figure_titled(at, "Step 12: next-token distribution")
-    assert metric(at, "Same tokens without the cache") == "yes"
+    assert metric(at, "Same tokens uncached") == "yes"
     assert float(metric(at, "Largest logit difference")) < 1e-4
     check = next(c.value for c in at.caption if "float64 copy" in c.value)
     assert "the same tokens" in check and float(check.split("at most **")[1].split("**")[0]) <= 1e-5
@@ -97,7 +97,7 @@ def test_an_encoder_decoder_generates_on_the_page_with_its_cross_attention(tmp_p
     rows = len(figure_titled(at, "Cross-attention timeline")["layout"]["yaxis"]["ticktext"])
     assert 1 <= rows <= 12  # up to 12 new tokens: an encoder-decoder stops after its end-of-sequence token
     assert figure_titled(at, f"Step {rows}: cross-attention of layer 0, head 0 over the source")
-    assert metric(at, "Same tokens without the cache") == "yes"
+    assert metric(at, "Same tokens uncached") == "yes"
     assert any("cross-attention cache" in c.value for c in at.caption)
     at = open_page(PAGE, timeout=300, models=models, model="tiny-bart", gen_tab="PagedAttention")
     assert any(i.value.startswith("PagedAttention is simulated here on a decoder") for i in at.info)

@@ -157,9 +157,9 @@ def test_sinusoidal_tab_with_few_positions_and_a_large_shift():
 def test_step_by_step_says_when_a_row_has_no_allowed_key():
     at = open_page("pages/step_by_step.py")
     at.radio(key="sbs_source").set_value("Type numbers by hand").run()
-    at.text_area(key="sbs_text_Q").input("1 0\n0 1\n1 1\n0 0").run()
-    at.text_area(key="sbs_text_K").input("1 0\n0 1").run()
-    at.text_area(key="sbs_text_V").input("1\n2").run()
+    at.text_area(key="sbs_text_Q_4_0").input("1 0\n0 1\n1 1\n0 0").run()
+    at.text_area(key="sbs_text_K_4_0").input("1 0\n0 1").run()
+    at.text_area(key="sbs_text_V_4_0").input("1\n2").run()
     at.selectbox(key="sbs_mask").set_value("causal").run()
     assert not at.exception and not at.error
     caption = next(c.value for c in at.caption if "row sums" in c.value)

@@ -98,7 +98,7 @@ def test_bad_hand_typed_input_gives_a_message_not_a_traceback(q_text, message):
     at = open_page(PAGE)
     at.radio(key="sbs_source").set_value("Type numbers by hand").run()
     at.slider(key="sbs_d_k").set_value(2).run()
-    at.text_area(key="sbs_text_Q").input(q_text).run()
+    at.text_area(key="sbs_text_Q_2_0").input(q_text).run()
     assert not at.exception
     assert any(message in error.value for error in at.error), [e.value for e in at.error]
     assert not at.get("plotly_chart")
@@ -107,9 +107,9 @@ def test_bad_hand_typed_input_gives_a_message_not_a_traceback(q_text, message):
 def test_hand_typed_matrices_of_different_lengths():
     at = open_page(PAGE)
     at.radio(key="sbs_source").set_value("Type numbers by hand").run()
-    at.text_area(key="sbs_text_Q").input("1 0\n0 1").run()
-    at.text_area(key="sbs_text_K").input("1 0\n0 1\n1 1").run()
-    at.text_area(key="sbs_text_V").input("1\n2\n3").run()
+    at.text_area(key="sbs_text_Q_4_0").input("1 0\n0 1").run()  # the boxes of the 4-column example, seed 0
+    at.text_area(key="sbs_text_K_4_0").input("1 0\n0 1\n1 1").run()
+    at.text_area(key="sbs_text_V_4_0").input("1\n2\n3").run()
     assert not at.exception and not at.error
     weights = weights_of(at)
     assert weights.shape == (2, 3)
@@ -121,9 +121,9 @@ def test_typed_matrices_are_scaled_by_their_own_d_k_and_the_title_says_so():
     at = open_page(PAGE)
     at.radio(key="sbs_source").set_value("Type numbers by hand").run()
     at.slider(key="sbs_d_k").set_value(8).run()  # the example starts with 8 columns...
-    at.text_area(key="sbs_text_Q").input("1 0 2\n0 1 1").run()  # ...but the typed Q and K have 3
-    at.text_area(key="sbs_text_K").input("1 0 0\n0 1 0\n1 1 1").run()
-    at.text_area(key="sbs_text_V").input("1\n2\n3").run()
+    at.text_area(key="sbs_text_Q_8_0").input("1 0 2\n0 1 1").run()  # ...but the typed Q and K have 3
+    at.text_area(key="sbs_text_K_8_0").input("1 0 0\n0 1 0\n1 1 1").run()
+    at.text_area(key="sbs_text_V_8_0").input("1\n2\n3").run()
     assert not at.exception and not at.error
     scaled = figure_titled(at, "Step 2")
     assert scaled["layout"]["title"]["text"].startswith("Step 2 · Scaled scores (÷ √3 = ÷ 1.73)")

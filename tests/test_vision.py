@@ -13,7 +13,7 @@ from PIL import Image
 from attnviz import vision
 from attnviz.bench.tiny import VISION_KINDS
 from attnviz.models.capture import capture_image, replay_difference
-from attnviz.models.loading import load_model_dir
+from attnviz.models.loading import default_model_dir, folder_reads_images, load_model_dir
 from tests.apptest_helpers import figures, open_page
 
 PREFIX = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]"], "clip_vision_model": ["[CLS]"],
@@ -105,6 +105,32 @@ def test_the_overlay_figure_sends_one_png_and_a_clickable_patch_grid(vision_chec
     assert len(figure.to_json()) < 2_000_000
 
 
+def test_the_overlay_keeps_the_photo_readable(vision_checkpoint, photo):
+    """Weight 0 is fully transparent; the opacity control scales the overlay; a head that spreads its weight evenly
+    stays faint (the scale reaches 4x the uniform weight at least) instead of painting the whole photo; the per-head
+    thumbnails carry the image (one small PNG) and outline the query's patch in every head."""
+    from attnviz.viz.vision import OVERLAY_COLOURS, heads_overlay_figure, overlay_figure
+
+    assert OVERLAY_COLOURS[0][1].endswith(",0)")  # rgba(…, 0): transparent at weight 0
+    result = capture_image(load_model_dir(vision_checkpoint("vit")), photo)
+    layout = result.layout
+    uniform = np.full((layout.rows, layout.cols), 1 / (layout.rows * layout.cols))
+    figure = overlay_figure(result.image, uniform, layout, 6, "uniform", opacity=0.5)
+    heatmap = figure.data[1]
+    assert heatmap.opacity == 0.5 and heatmap.zmin == 0
+    assert heatmap.zmax == pytest.approx(4 / uniform.size)  # uniform weights sit at a quarter of the scale
+    peaked = np.zeros_like(uniform)
+    peaked[1, 2] = 0.9
+    assert overlay_figure(result.image, peaked, layout, 6, "one patch").data[1].zmax == pytest.approx(0.9)
+    grids = [vision.overlay(result, 0, "head", head, 6).grid for head in range(result.records["self"].n_heads)]
+    small = heads_overlay_figure(grids, "heads", image=result.image, query_patch=layout.patch_of(6))
+    images = [trace for trace in small.data if trace.type == "image"]
+    assert len(images) == len(grids) and len({trace.source for trace in images}) == 1  # one PNG, drawn per head
+    row, col = layout.patch_of(6)
+    assert [(shape.x0, shape.y0) for shape in small.layout.shapes] == [(col - 0.5, row - 0.5)] * len(grids)
+    assert len(small.to_json()) < 2_000_000
+
+
 def test_a_checkpoint_without_a_processor_gets_a_marked_stand_in(vision_checkpoint, photo):
     bundle = load_model_dir(vision_checkpoint("vit", with_processor=False))
     assert "no preprocessor_config.json" in bundle.tokenizer_note and "0.5" in bundle.tokenizer_note
@@ -165,8 +191,10 @@ def test_explore_heads_shows_a_vision_model_on_an_image(vision_models):
     at = open_page("pages/explore_heads.py", models=vision_models, model="tiny-deit")
     assert not at.exception, [e.value for e in at.exception]
     assert at.selectbox(key="explore_image_sample").value == "China (scikit-learn sample)"
-    # the page's text box and sentence B are gone (the sidebar's sentence stays, for the text pages)
+    # the page's text box and sentence B are gone; the sidebar drops its sentence box for a model that reads
+    # images (the rule below; the browser test sees the box gone)
     assert not any(t.key == "explore_pair" for t in at.text_input)
+    assert folder_reads_images(vision_models["tiny-deit"]) and not folder_reads_images(default_model_dir())
     assert not any(w.key == "explore_source" for w in at.get("segmented_control"))
     titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
     layer, head = at.number_input(key="layer").value, at.number_input(key="head").value
@@ -175,8 +203,18 @@ def test_explore_heads_shows_a_vision_model_on_an_image(vision_models):
     at.selectbox(key="explore_image_query").set_value(2 + 5).run()  # patch (1,1), as a click on it sets
     titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
     assert any(t.startswith("Attention of (1,1)") for t in titles), titles
+    # One set of views on the Image tab: its own Heads choice, no View control whose Grid or Rollout did nothing here
+    assert not any(w.key == "view" for w in at.get("segmented_control"))
+    at.slider(key="explore_image_opacity").set_value(0.4).run()
+    overlay = next(spec for spec in figures(at) if spec["layout"]["title"]["text"].startswith("Attention of"))
+    assert overlay["data"][1]["opacity"] == 0.4
+    at.segmented_control(key="explore_image_mode").set_value("mean").run()
+    assert not any(w.key == "head" for w in at.number_input)  # no head to choose in a mean over heads
     at.segmented_control(key="explore_image_mode").set_value("rollout").run()
+    assert at.number_input(key="layer").value == layer  # the same Layer box, labelled the same
     assert any(f"rollout through layers 0..{layer}" in spec["layout"]["title"]["text"] for spec in figures(at))
+    at.segmented_control(key="explore_image_mode").set_value("head").run()
+    assert at.number_input(key="head").value == head  # kept while hidden
     at.selectbox(key="explore_image_sample").set_value("Flower (scikit-learn sample)").run()
     assert not at.exception
 

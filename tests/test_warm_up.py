@@ -197,3 +197,23 @@ def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
     assert not [name for name in calls if name in experiments], calls
     at.select_slider(key="scale_keys").set_value(64).run()
     assert "softmax_statistics" in calls
+
+
+def test_the_second_part_fills_what_the_generation_page_reads_first(monkeypatch, clean_streamlit_caches):
+    """After the warm-up's second part a fresh Generation page computes nothing itself: loading the tiny GPT,
+    measuring its heads and generating from the default prompt would fail here, and the page still shows its
+    generation and the heads it learned (the entries the warm-up made, the very ones the page reads)."""
+    from attnviz.pagelogic import generation as gen
+    from attnviz.pagelogic import generation_heads
+
+    warm_up_module.warm_up_later()
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("computed again on the first visit")
+
+    monkeypatch.setattr(gen, "generate", not_again)
+    monkeypatch.setattr(generation_heads, "find_circuits", not_again)
+    monkeypatch.setattr(loaded_models, "load_causal_lm", not_again)
+    at = open_page("pages/generation.py")
+    assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
+    assert any("induction head" in m.value for m in at.markdown)

@@ -128,15 +128,27 @@ def _architecture_of(config) -> str:
                                    is_decoder=bool(getattr(config, "is_decoder", False)))
 
 
-def architecture_of_folder(folder: str | Path) -> str | None:
-    """"encoder", "decoder" or "encoder-decoder" from a folder's config.json, without loading the model (None if
-    it cannot be read)."""
+def _config_of_folder(folder: str | Path) -> dict | None:
+    """A folder's config.json, read with the upload checks and nothing else (None if it cannot be read)."""
     try:
         checked = preflight.regular_file(Path(folder), preflight.CONFIG, link_rule_for(Path(folder)))
         config = preflight.read_json(checked, preflight.CONFIG_LIMITS[preflight.CONFIG]) if checked else None
     except (CheckpointRefused, OSError):
         return None
-    return architecture_of_config(config) if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def architecture_of_folder(folder: str | Path) -> str | None:
+    """"encoder", "decoder" or "encoder-decoder" from a folder's config.json, without loading the model (None if
+    it cannot be read)."""
+    config = _config_of_folder(folder)
+    return architecture_of_config(config) if config is not None else None
+
+
+def folder_reads_images(folder: str | Path) -> bool:
+    """Whether the model in ``folder`` reads images (a vision transformer), from its config.json alone."""
+    config = _config_of_folder(folder)
+    return config is not None and support.reads_images(str(config.get("model_type", "")))
 
 
 def architecture_of_config(config: dict) -> str:

@@ -68,7 +68,7 @@ def _why_not(name: str, q: torch.Tensor, allow_interpreter: bool) -> str | None:
     if CONTENDERS[name].options["backend"] != "triton" or q.device.type != "cpu":
         return None
     if not allow_interpreter:
-        return "no GPU here: tick 'run the Triton interpreter' (correctness only)"
+        return "no GPU: switch on Triton interpreter"
     if q.shape[2] > INTERPRETER_LIMIT:
         return f"the interpreter would take minutes above N = {INTERPRETER_LIMIT}"
     return None

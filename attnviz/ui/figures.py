@@ -7,6 +7,8 @@ import re
 
 import streamlit as st
 
+from attnviz.viz import framing
+
 
 def figure_scale() -> float:
     return 1.35 if st.session_state.get("presentation_mode") else 1.0
@@ -33,8 +35,8 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
     ``on_select``: a callback run when the user clicks a point (it reads ``st.session_state[key].selection``)."""
     scale = figure_scale()
     if scale != 1.0:
-        figure.update_layout(font=dict(size=int(12 * scale)), title_font_size=int(17 * scale),
-                             height=int((figure.layout.height or 400) * scale))
+        framing.enlarge_text(figure, scale)  # 16 px at least for every text inside the figure
+    framing.title_below_toolbar(figure)
     config = figure_config(figure)
     if on_select is None:
         st.plotly_chart(figure, key=key, config=config)

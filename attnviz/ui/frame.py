@@ -46,17 +46,61 @@ PRESENTATION_CSS = """
 <style>
 html, body, [data-testid="stAppViewContainer"] { font-size: 1.25rem; }
 [data-testid="stMarkdownContainer"] p, [data-testid="stCaptionContainer"] { font-size: 1.2rem; }
-h1 { font-size: 2.6rem !important; }
-/* The whole width of a 1280-px projector for the content: the sidebar starts collapsed, the margins shrink. */
-[data-testid="stMainBlockContainer"] { max-width: 100%; padding: 2.5rem 1.5rem 2rem 1.5rem; }
+h1 { font-size: 2.1rem !important; padding: 0.25rem 0 0.25rem 0 !important; }
+[data-testid="stHeader"] { background: transparent; }  /* the title just under it stays whole */
+[data-testid="stMain"] [data-testid="stVerticalBlock"] { gap: 0.6rem; }
+/* The whole width of a 1280-px projector for the content: the sidebar starts collapsed, the margins shrink, and
+   the first screen goes to the page's point (the header's strip is only the sidebar's button). */
+[data-testid="stMainBlockContainer"] { max-width: 100%; padding: 2.25rem 1.5rem 2rem 1.5rem; }
+</style>
+"""
+
+
+# Every page, every width: a row of controls too narrow for its labels wraps onto the next line instead of cutting
+# them ("Hid…", "Ca", "fp" at 900 px); a column never gets narrower than its labels need.
+LAYOUT_CSS = """
+<style>
+/* The story's links above the title sit in the header's band, at the right, on every screen of the page: no line
+   of their own, and Next is one click away wherever the page is scrolled to. */
+.st-key-story_top {
+  position: fixed; top: 0.7rem; right: 4.5rem; left: auto; width: max-content !important; z-index: 999991; }
+@media (max-width: 1000px) { .st-key-story_top { position: static; } }
+[data-testid="stMain"] [data-testid="stHorizontalBlock"] { flex-wrap: wrap; }
+[data-testid="stMain"] [data-testid="stHorizontalBlock"] > [data-testid="stColumn"] {
+  min-width: min(120px, 100%); flex-grow: 0; }
 </style>
 """
 
 
 def apply_presentation_mode(enabled: bool) -> None:
-    """Larger text for a projector, and the page's full width (figures read ``figure_scale()``)."""
-    if enabled:
-        st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)
+    """Every page's layout rules; in presentation mode also larger text for a projector and the page's full width
+    (figures read ``figure_scale()``)."""
+    with st.sidebar:  # the rules apply to the whole page from there, without a gap in the page's own column
+        st.markdown(LAYOUT_CSS + (PRESENTATION_CSS if enabled else ""), unsafe_allow_html=True)
+
+
+def presenting() -> bool:
+    """Whether presentation mode is on (a projector: the page's point first, the speaker says the rest)."""
+    return bool(st.session_state.get("presentation_mode", False))
+
+
+def page_intro(text: str) -> None:
+    """The page's opening words: a caption; on a projector, behind one click (the speaker says them), so that the
+    page's point comes up on the first screen."""
+    if presenting():
+        with st.expander("About this page", icon=":material/info:"):
+            st.caption(text)
+    else:
+        st.caption(text)
+
+
+def setup_area(label: str):
+    """Where a page puts what sets up its point but is not the point (the text, the model, checks, secondary
+    options): in presentation mode a closed expander, so that the page's main figure is on the projector's first
+    screen; otherwise a plain container, in place."""
+    if presenting():
+        return st.expander(label, expanded=False, icon=":material/tune:")
+    return st.container()
 
 
 def presentation_requested() -> bool:
@@ -78,10 +122,18 @@ def story_neighbours(title: str) -> tuple[str | None, str | None]:
     return (STORY[index - 1] if index > 0 else None), (STORY[index + 1] if index + 1 < len(STORY) else None)
 
 
-def story_links(pages_by_title: dict, title: str) -> None:
-    """At the end of each page of the story: "← Previous" and "Next →", one click each."""
+def story_links(pages_by_title: dict, title: str, *, top: bool = False) -> None:
+    """Above and at the end of each page of the story: "← Previous" and "Next →", one click each (``top``: the
+    row above the title, without the divider that ends a page)."""
     previous, following = story_neighbours(title)
     if previous is None and following is None:
+        return
+    if top:  # in the page's top margin, at the right (STORY_TOP_CSS): no line of its own above the title
+        with st.container(key="story_top", horizontal=True, gap="medium", width="content"):
+            if previous:
+                st.page_link(pages_by_title[previous], label=f"← Previous: {previous}")
+            if following:
+                st.page_link(pages_by_title[following], label=f"Next: {following} →")
         return
     st.divider()
     left, right = st.columns(2)

@@ -13,7 +13,7 @@ from attnviz.models import keep
 from attnviz.ui.session_models import browser_store
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-PAGE_SCRIPTS = ("svg_downloads.js", "lines_highlight.js")
+PAGE_SCRIPTS = ("svg_downloads.js", "lines_highlight.js", "narrow_sidebar.js")
 COOKIE_SCRIPT = "browser_cookie.js"
 # The hidden element the scripts are installed from (in the sidebar).
 _SCRIPT_HOST = """

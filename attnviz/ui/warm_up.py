@@ -7,10 +7,17 @@ import plotly.graph_objects as go
 import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (analysis, vision, the figures)
 import attnviz.viz.heads  # noqa: F401
 import attnviz.viz.vision  # noqa: F401
-from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir
+from attnviz.models.loading import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
 from attnviz.ui.captures import cached_capture, text_capture_key
 from attnviz.ui.explore_cache import cached_replay_difference
-from attnviz.ui.loaded_models import _bundled_model
+from attnviz.ui.generation_cache import (
+    REQUEST_DEFAULTS,
+    cached_circuits,
+    cached_float64_check,
+    cached_generation,
+    default_sampling_key,
+)
+from attnviz.ui.loaded_models import _bundled_model, generation_model
 from attnviz.ui.scaling_cache import (
     SCALING_DEFAULTS,
     scaling_dot_samples,
@@ -40,9 +47,22 @@ def warm_up() -> None:
 
 def warm_up_later() -> None:
     """The second part of the warm-up, once the first visitor's page is drawn: the Scaling page's experiments at
-    their defaults (4 s of sampling on 2 cores, once per process)."""
+    their defaults (4 s of sampling on 2 cores, once per process), and the Generation page's first visit: the
+    bundled tiny GPT with its LM head, the heads it learned (measured on its own text), and the default prompt's
+    generation."""
     seed, samples = SCALING_DEFAULTS["seed"], SCALING_DEFAULTS["samples"]
     scaling_variance_rows(samples, seed)
     scaling_dot_samples(SCALING_DEFAULTS["d_hist"], samples, seed)
     scaling_saturation_rows(SCALING_DEFAULTS["n_keys"], seed)
     scaling_stability_rows(tuple(sorted(SCALING_DEFAULTS["logits"])), seed)
+    folder = bundled_models().get(BUNDLED_GPT_NAME)
+    if folder is not None:
+        folder = str(folder)
+        generation_model(folder, BUNDLED_GPT_NAME)
+        cached_circuits(folder, BUNDLED_GPT_NAME)
+        request = REQUEST_DEFAULTS
+        for use_cache in (True, False):  # the page compares the two
+            cached_generation(folder, BUNDLED_GPT_NAME, request["prompt"], request["new_tokens"],
+                              default_sampling_key(), use_cache, request["keep"])
+        cached_float64_check(folder, BUNDLED_GPT_NAME, request["prompt"], request["new_tokens"],
+                             default_sampling_key(), request["keep"])

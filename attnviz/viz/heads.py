@@ -378,10 +378,12 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
 
 
 def statistic_heatmap(values, *, title: str, statistic: str, labels: list[list[str]] | None = None,
-                      highlight: tuple[int, int] | None = None, width: int = 1000) -> go.Figure:
+                      highlight: tuple[int, int] | None = None, width: int = 1000,
+                      value_range: tuple[float, float] | None = None) -> go.Figure:
     """One statistic of every head as a layers x heads heatmap, ``values [layers, heads]``, to find heads at a
-    glance. Each cell holds an invisible point with ``customdata = [layer, head]``: clicking it selects that head
-    (Streamlit reports point selections, not heatmap cells). The hover names the head, the value and its label."""
+    glance, coloured on ``value_range`` (default: the values' own spread). Each cell holds an invisible point with
+    ``customdata = [layer, head]``: clicking it selects that head (Streamlit reports point selections, not heatmap
+    cells). The hover names the head, the value and its label."""
     matrix = np.asarray(values, dtype=np.float64)
     layers, heads = matrix.shape
     height = int(min(900, max(280, 130 + 44 * layers)))
@@ -389,6 +391,7 @@ def statistic_heatmap(values, *, title: str, statistic: str, labels: list[list[s
     show_text = numbers_fit(text, *plot_area(width, height, layers, heads))
     figure = go.Figure(go.Heatmap(
         z=matrix, x=list(range(heads)), y=list(range(layers)), colorscale=style.PLAIN_COLORSCALE,
+        zmin=value_range[0] if value_range else None, zmax=value_range[1] if value_range else None,
         text=text if show_text else None, texttemplate="%{text}" if show_text else None,
         textfont=dict(size=12), hoverinfo="skip", colorbar=dict(title=dict(text=statistic, side="right")),
         xgap=1, ygap=1,

@@ -73,8 +73,9 @@ def browser():
 
 @pytest.fixture(scope="session")
 def screenshot_dir():
-    """Screenshots go to $ATTNVIZ_SCREENSHOTS if set (to look at them), else to a temp dir."""
-    path = Path(os.environ.get("ATTNVIZ_SCREENSHOTS") or tempfile.mkdtemp(prefix="attnviz-shots-"))
+    """Screenshots are kept as the run's artefacts: in $ATTNVIZ_SCREENSHOTS if set, else in test-artefacts/screenshots
+    (ignored by git), each page at 900 px, at 1280 x 720 in presentation mode and at 1440 x 900 among them."""
+    path = Path(os.environ.get("ATTNVIZ_SCREENSHOTS") or ROOT / "test-artefacts" / "screenshots")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -29,7 +29,7 @@ def test_the_bundled_gpt_generates_five_tokens_and_the_timeline_grows(page, app_
     assert timeline_rows(page) == 6
     # The page's own check of the cache: the same tokens, logits within rounding (a model loaded beside the
     # server's warm-up once broke this: models/loading.LOADING).
-    same = page.locator('[data-testid="stMetric"]').filter(has_text="Same tokens without the cache").first
+    same = page.locator('[data-testid="stMetric"]').filter(has_text="Same tokens uncached").first
     assert same.inner_text().split()[-1] == "yes"
     difference = page.locator('[data-testid="stMetric"]').filter(has_text="Largest logit difference").first
     assert float(difference.inner_text().split()[-1]) < 1e-4

@@ -13,17 +13,25 @@ PAGES = ["step_by_step", "scaling", "masks", "positional", "", "heads_kv_cache",
 # Labels and tabs whose text does not fit their box (the browser cuts them with an ellipsis or a scroll).
 TRUNCATED = """
 () => [...document.querySelectorAll(
-    '[data-testid="stMain"] label p, [data-testid="stMain"] [role="tab"] p, [data-testid="stMain"] [role="tablist"]')]
+    '[data-testid="stMain"] label p, [data-testid="stMain"] [data-testid="stMetricLabel"] p, '
+    + '[data-testid="stMain"] [role="tab"] p, [data-testid="stMain"] [role="tablist"]')]
   .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
   .map(el => el.innerText.slice(0, 40))
 """
 
 
+def _window(browser, width: int, height: int):
+    """A browser window of this size (a generator: its page, then the window closed, also by ``.close()``)."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
 @pytest.fixture
 def projector(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    yield context.new_page()
-    context.close()
+    yield from _window(browser, 1280, 720)
 
 
 def test_a_link_opens_presentation_mode_with_the_whole_width(projector, app_url, screenshot_dir):
@@ -41,18 +49,113 @@ def test_a_link_opens_presentation_mode_with_the_whole_width(projector, app_url,
         previous, following = story_neighbours(projector.locator("h1").first.inner_text())
         links = [text.splitlines()[-1] for text in  # the last line: the first is the page's icon
                  projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').all_inner_texts()]
-        assert links == ([f"← Previous: {previous}"] if previous else []) + (
-            [f"Next: {following} →"] if following else []), (path, links)
+        row = ([f"← Previous: {previous}"] if previous else []) + ([f"Next: {following} →"] if following else [])
+        assert links == row + row, (path, links)  # above the title and at the end of the page
+        first_link = projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').first
+        assert first_link.bounding_box()["y"] < projector.locator("h1").first.bounding_box()["y"], path
         projector.screenshot(path=str(screenshot_dir / f"presentation_{path or 'explore'}.png"))
+
+
+# The page's main figure (the first Plotly chart or table, whichever comes first) and where it starts.
+FIRST_FIGURE = """
+() => {
+  const found = [...document.querySelectorAll(
+      '[data-testid="stMain"] [data-testid="stPlotlyChart"], [data-testid="stMain"] [data-testid="stDataFrame"]')]
+    .filter(el => el.checkVisibility() && !el.closest('details:not([open])')
+                  && el.getBoundingClientRect().height > 50);  // not inside a closed expander
+  if (!found.length) { return null; }
+  const box = found[0].getBoundingClientRect();
+  return {top: box.top + window.scrollY, height: box.height};
+}
+"""
+# Every text Plotly drew inside the page's figures, with its size in px.
+FIGURE_TEXT_SIZES = """
+() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot svg text')]
+  .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0 && !t.closest('.modebar'))
+  .map(t => [t.textContent.slice(0, 30), parseFloat(getComputedStyle(t).fontSize)])
+"""
+
+
+def test_in_presentation_mode_the_point_is_on_the_first_screen(projector, app_url, screenshot_dir):
+    """1280 x 720: each story page's main figure starts high enough that 280 px of it (its title and first rows)
+    show on the first screen, and no text inside any figure on it is under 16 px."""
+    for path in PAGES:
+        projector.goto(f"{app_url}/{path}?presentation_mode=true")
+        wait_until_idle(projector)
+        projector.locator('[data-testid="stPlotlyChart"] .main-svg').first.wait_for(timeout=60_000)
+        projector.wait_for_timeout(800)
+        projector.screenshot(path=str(screenshot_dir / f"first_screen_1280_{path or 'explore'}.png"))
+        figure = projector.evaluate(FIRST_FIGURE)
+        assert figure is not None and figure["top"] <= 720 - 280, (path, figure)
+        small = [(text, size) for text, size in projector.evaluate(FIGURE_TEXT_SIZES) if size < 16]
+        assert small == [], (path, small[:8])
+
+
+def test_the_toolbar_never_covers_a_title(page, app_url):
+    """With the pointer over a figure its toolbars appear (Plotly's and Streamlit's): neither overlaps the title."""
+    for path in ("masks", "flash", ""):
+        page.goto(f"{app_url}/{path}")
+        wait_until_idle(page)
+        chart = page.locator('[data-testid="stPlotlyChart"]').first
+        chart.locator(".main-svg").first.wait_for(timeout=60_000)
+        chart.scroll_into_view_if_needed()
+        chart.hover()
+        page.wait_for_timeout(600)
+        title = chart.locator(".gtitle").first.bounding_box()
+        bars = [box for box in (chart.locator(".modebar").first.bounding_box(),
+                                page.locator('[data-testid="stElementToolbar"]').first.bounding_box()
+                                if page.locator('[data-testid="stElementToolbar"]').count() else None) if box]
+        assert title and bars, path
+        for bar in bars:
+            apart = (bar["y"] + bar["height"] <= title["y"] or title["y"] + title["height"] <= bar["y"]
+                     or bar["x"] + bar["width"] <= title["x"] or title["x"] + title["width"] <= bar["x"])
+            assert apart, (path, title, bar)
+
+
+@pytest.fixture
+def narrow(browser):
+    yield from _window(browser, 900, 1000)
+
+
+def test_a_900_px_window_closes_the_sidebar_and_cuts_no_label(narrow, app_url, screenshot_dir):
+    """At 900 px the sidebar closes on the first visit (Streamlit alone closes it only under 768 px), every
+    control's label and tab fits its box, and nothing runs off the page sideways; a sidebar the user opens again
+    stays open."""
+    for path in [*PAGES, "checkpoints"]:
+        narrow.goto(f"{app_url}/{path}")
+        wait_until_idle(narrow)
+        narrow.wait_for_timeout(800)
+        sidebar = narrow.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_attribute("data-collapsed") == "true", path
+        assert narrow.evaluate(TRUNCATED) == [], path
+        assert narrow.evaluate("document.documentElement.scrollWidth") <= 900, path
+        narrow.screenshot(path=str(screenshot_dir / f"narrow_900_{path or 'explore'}.png"))
+    narrow.locator('[data-testid="stExpandSidebarButton"]').click()
+    narrow.goto(f"{app_url}/masks")
+    wait_until_idle(narrow)
+    narrow.wait_for_timeout(800)
+    assert narrow.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "false"
+
+
+def test_screenshots_at_1440_x_900(browser, app_url, screenshot_dir):
+    """The researcher's window: every page renders with the sidebar open; screenshots kept with the others."""
+    page = next(window := _window(browser, 1440, 900))
+    for path in [*PAGES, "checkpoints"]:
+        page.goto(f"{app_url}/{path}")
+        wait_until_idle(page)
+        assert page.locator('[data-testid="stException"]').count() == 0, path
+        assert page.evaluate(TRUNCATED) == [], path
+        page.screenshot(path=str(screenshot_dir / f"wide_1440_{path or 'explore'}.png"))
+    window.close()
 
 
 def test_next_and_previous_follow_the_story(page, app_url):
     page.goto(f"{app_url}/step_by_step")
     wait_until_idle(page)
     assert page.get_by_role("link", name="← Previous").count() == 0  # the story starts here
-    page.get_by_role("link", name="Next: Scaling and softmax →").click()
+    page.get_by_role("link", name="Next: Scaling and softmax →").first.click()  # above the title (and at the end)
     wait_until_idle(page)
     assert page.locator("h1").first.inner_text() == "Scaling and softmax"
-    page.get_by_role("link", name="← Previous: Attention step by step").click()
+    page.get_by_role("link", name="← Previous: Attention step by step").last.click()  # the one at the end
     wait_until_idle(page)
     assert page.locator("h1").first.inner_text() == "Attention step by step"

@@ -34,6 +34,10 @@ def test_an_image_upload_is_overlaid_and_a_click_on_a_patch_follows_it(page, app
     wait_until_idle(page)
     page.get_by_text("Attention of [CLS]").first.wait_for(timeout=60_000)
     assert page.locator('[data-testid="stException"]').count() == 0
+    # no sentence box while a model that reads images is current: it would change nothing
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    assert sidebar.get_by_text("This model reads images").count() == 1
+    assert sidebar.get_by_role("textbox", name="Sentence").count() == 0
     page.get_by_text("Replay check").wait_for(timeout=30_000)
     page.screenshot(path=str(screenshot_dir / "explore_vision_upload.png"), full_page=True)
     # click the centre of patch (2, 5): the heatmap covers the 64 x 64 image the model saw

@@ -32,6 +32,24 @@ SCALES = {  # colour scales of a weights heatmap: how the title says it
     "row": "each row scaled to its maximum",
     "log": "log10 of the weights",
 }
+LONG_TEXT = 300  # tokens a side: above this a row's weights are mostly near 0, and on 0–1 a head looks blank
+
+
+def automatic_scale(n_q: int, n_k: int) -> str:
+    """The colour scale a head view opens on: weights on 0–1 (heads comparable) up to :data:`LONG_TEXT` tokens a
+    side; above, each row to its maximum, which shows the structure a 0–1 scale hides in near-zero weights."""
+    return "row" if max(n_q, n_k) > LONG_TEXT else "fixed"
+
+
+def automatic_scale_note(n_q: int, n_k: int) -> str:
+    """What the page says when the automatic scale stretched the rows (empty when it did not)."""
+    if automatic_scale(n_q, n_k) == "fixed":
+        return ""
+    return (f"Colour: each row scaled to its maximum, chosen automatically because the text has "
+            f"{max(n_q, n_k):,} tokens: spread over that many keys most weights are near 0, and on 0–1 the head would "
+            "look blank. Choose **weights on 0–1** under Colour to compare heads' absolute weights.")
+
+
 GRID_SCALES = {  # the grid's thumbnails: the same 0–1 as the head view, or each head to its own maximum
     "head": "each head scaled to its maximum",
     "fixed": "weights on 0–1",
@@ -53,8 +71,10 @@ class ViewOptions:
     line_heads: list[int] | None = None
     pooling: str = "max"  # for inputs longer than matrices.POOL_LIMIT: max or mean of each cell's weights
     scale: str = "fixed"  # a key of SCALES
+    automatic_scale: bool = False  # the scale was chosen by the text's length (automatic_scale), not by the user
     grid_scale: str = "head"  # a key of GRID_SCALES
     top_k: int | None = None  # the lines view: only each query's strongest keys
+    lines_start: int = 0  # the lines view on a long text: the first of the window of queries drawn
     rollout_layer: int | None = None  # the rollout view: through this layer (None: the last)
     zoom_query: int = 0  # the zoom window's first query and key, counted among the kept tokens
     zoom_key: int = 0

@@ -29,6 +29,7 @@ class QueryKey:
     score: float  # what the softmax sees for this key (the record's scores: scaling, soft-capping, bias)
     scores: torch.Tensor  # [n_k], the whole row
     weights: torch.Tensor  # [n_k], the row's weights (the model's mask applied)
+    visible: torch.Tensor  # [n_k] bool, the keys the model's mask lets this query see (True = may attend)
 
 
 QK_BARS = 64  # keys drawn in the Q·K view's softmax row when there are more
@@ -43,8 +44,9 @@ def query_key(record: AttentionRecord, layer: int, head: int, query: int, key: i
     scores = record.scores(layer, query, query + 1, heads=[head])[0, 0]  # [n_k]
     weights = record.head_weights(layer, head, query, query + 1)[0]  # [n_k]
     product = q * k
+    visible = record.mask_rows(layer, query, query + 1)[0]  # [n_k]
     return QueryKey(q, k, product, float(product.sum()), float(record.scales[layer]), float(scores[key]), scores,
-                    weights)
+                    weights, visible)
 
 
 def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, head: int, query: int,
@@ -60,13 +62,17 @@ def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, he
                              title=style.plotly_text(f"Layer {layer}, head {head}: query {query_label} and key "
                                                      f"{key_label}"),
                              x_title="dimension of the head", y_title="", show_values=False, height=300)
-    shown = list(range(record.n_k))
-    title = f"The softmax over every key of {style.plotly_text(query_label)}"
-    if record.n_k > QK_BARS:  # long inputs: the strongest keys (and the chosen one), in their order
-        strongest = set(anatomy.weights.topk(QK_BARS - 1).indices.tolist()) | {key}
+    # The softmax runs over the keys the model's mask lets this query see; the others are no part of its row.
+    visible = anatomy.visible.nonzero().flatten().tolist() or list(range(record.n_k))
+    n_visible = len(visible)
+    shown = visible
+    every = "every key" if n_visible == record.n_k else f"the {n_visible:,} keys it may see (of {record.n_k:,})"
+    title = f"The softmax over {every} of {style.plotly_text(query_label)}"
+    if n_visible > QK_BARS:  # long inputs: the strongest visible keys (and the chosen one), in their order
+        strongest = set(torch.tensor(visible)[anatomy.weights[visible].topk(QK_BARS - 1).indices].tolist()) | {key}
         shown = sorted(strongest)
-        title = (f"The softmax over the keys of {style.plotly_text(query_label)}: the {len(shown)} largest of "
-                 f"{record.n_k:,}")
+        title = (f"The softmax over the keys of {style.plotly_text(query_label)}: the {len(shown)} largest of the "
+                 f"{n_visible:,} it may see")
     labels = [style.token_label(j, record.key_display[j]) for j in shown]
     notes = [piece_note(record.key_tokens[j], None if key_ids is None else key_ids[j]) for j in shown]
     row = bar_chart(labels, anatomy.weights[shown].tolist(), title=title, y_title="weight",
@@ -74,12 +80,14 @@ def query_key_figures(anatomy: QueryKey, record: AttentionRecord, layer: int, he
     row.data[0].marker.color = ["#ff7f0e" if j == key else "#1f77b4" for j in shown]
     adjusted = "" if abs(anatomy.score - anatomy.dot * anatomy.scale) < 1e-6 * max(1.0, abs(anatomy.score)) else (
         f", then the model's own adjustments (position bias or soft-capping) make it {anatomy.score:.4g}")
-    rank = int((anatomy.weights > anatomy.weights[key]).sum()) + 1
+    rank = int((anatomy.weights[visible] > anatomy.weights[key]).sum()) + 1
+    standing = (f"rank {rank} of the {n_visible:,} keys it may see" if bool(anatomy.visible[key]) else
+                "the model's mask hides this key from this query")
     sinks = record.sinks[layer] if record.sinks else None
     softmax = "The softmax of the row's scores" if sinks is None else (
         f"The softmax of the row's scores and this head's sink logit {float(sinks[head]):.4g} (a column every row "
         f"has, dropped after the softmax: the row keeps {float(anatomy.weights.sum()):.3g} of its weight)")
     caption = (f"q·k = Σ q∘k = {anatomy.dot:.4g}; times the scaling {anatomy.scale:.4g} gives the score "
                f"{anatomy.dot * anatomy.scale:.4g}{adjusted}. {softmax} gives {key_label} the "
-               f"weight {float(anatomy.weights[key]):.3g} (rank {rank} of {record.n_k}).")
+               f"weight {float(anatomy.weights[key]):.3g} ({standing}).")
     return vectors, row, caption

@@ -4,6 +4,7 @@ statistic. The grid view labels its thumbnails from the same table."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -59,10 +60,27 @@ MAPPABLE_STATISTICS = ("previous token", "next token", "self", "first token", "s
                        "entropy (nats)", "normalised entropy", "mean distance", "top key share")
 
 
+def statistic_range(statistic: str, n_keys: int) -> tuple[float, float, str]:
+    """The colour range that means something for ``statistic`` (not the spread of the values, which turns noise
+    between 0.0063 and 0.0064 into full contrast): shares and normalised entropy on 0–1, entropy from 0 to that of
+    a uniform row over ``n_keys`` keys (ln n), the mean distance from 0 to ``n_keys`` − 1. With the range in
+    words."""
+    if statistic == "entropy (nats)":
+        top = math.log(max(n_keys, 2))
+        return 0.0, top, f"0 (one key) to ln {n_keys} = {top:.3g} (uniform over every key)"
+    if statistic == "mean distance":
+        return 0.0, float(max(n_keys - 1, 1)), f"0 to {max(n_keys - 1, 1)} tokens"
+    if statistic == "normalised entropy":
+        return 0.0, 1.0, "0 (one key) to 1 (uniform)"
+    return 0.0, 1.0, "0 to 1 (a share of each row's weight)"
+
+
 def statistic_figure(table: pd.DataFrame, statistic: str, labels: list[str],
-                     selected: tuple[int, int]) -> tuple[go.Figure, str]:
-    """A layers x heads heatmap of one column of :func:`statistics_table`; heads whose label is not in ``labels``
-    are left blank. Click a cell to open that head."""
+                     selected: tuple[int, int], n_keys: int | None = None) -> tuple[go.Figure, str]:
+    """A layers x heads heatmap of one column of :func:`statistics_table`, coloured on the statistic's meaningful
+    range (:func:`statistic_range`, for a text of ``n_keys`` tokens; default: the largest value seen as the
+    distance, e^max as the entropy's key count); heads whose label is not in ``labels`` are left blank. Click a
+    cell to open that head."""
     if statistic not in MAPPABLE_STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {MAPPABLE_STATISTICS}")
     layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
@@ -73,11 +91,16 @@ def statistic_figure(table: pd.DataFrame, statistic: str, labels: list[str],
         names[layer][head] = row["label"]
         if row["label"] in labels:
             values[layer, head] = row[statistic]
+    if n_keys is None:  # no text length given: enough keys for the largest value seen
+        seen = float(np.nanmax(table[statistic])) if len(table) else 1.0
+        n_keys = (int(math.ceil(math.exp(seen))) if statistic == "entropy (nats)" else int(math.ceil(seen)) + 1)
+    low, high, in_words = statistic_range(statistic, n_keys)
     figure = statistic_heatmap(values, title=f"{statistic} of every head", statistic=statistic, labels=names,
-                               highlight=selected)
+                               highlight=selected, value_range=(low, high))
     hidden = int(np.isnan(values).sum())
     note = f" Blank: {hidden} heads with other labels." if hidden else ""
-    return figure, f"One cell per head; the orange box is the page's Layer and Head. Click a cell to open it.{note}"
+    return figure, (f"One cell per head, coloured from {in_words}; the orange box is the page's Layer and Head. "
+                    f"Click a cell to open it.{note}")
 
 
 STATISTICS_SHORT = {  # the table's narrow column headers (the full name is the header's tooltip)

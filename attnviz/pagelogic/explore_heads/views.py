@@ -36,7 +36,7 @@ from attnviz.pagelogic.explore_heads.options import (
 from attnviz.tokens_display import piece_note
 from attnviz.viz.heads import attention_lines
 
-LINES_TOKEN_LIMIT = 128  # above this, the lines view draws only the followed tokens (or the first 128 rows)
+LINES_TOKEN_LIMIT = 64  # a side: above this, the lines view draws a window of queries and the keys they use most
 
 
 def mark_zoom(figure: go.Figure, capture: Capture, record: AttentionRecord, matrix: Matrix,
@@ -93,14 +93,20 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
         drawn = query_positions  # every query listed; lines for the followed ones (or all)
     elif followed:
         drawn = followed[:LINES_TOKEN_LIMIT]
-    else:
-        drawn = query_positions[:LINES_TOKEN_LIMIT]
-        cut = f" Only the first {LINES_TOKEN_LIMIT} queries are drawn; follow tokens to see others."
+    else:  # a window of consecutive queries, which the page can move
+        start = max(0, min(options.lines_start, len(query_positions) - LINES_TOKEN_LIMIT))
+        drawn = query_positions[start:start + LINES_TOKEN_LIMIT]
+        cut = (f" Queries {start:,}–{start + LINES_TOKEN_LIMIT - 1:,} of {len(query_positions):,} are drawn: move the "
+               "window, or follow tokens.")
     renormalise = options.renormalises
     heads = options.line_heads if options.line_heads else [options.head]
     # Only the drawn rows are computed, for the heads drawn: [heads, drawn, kept keys]
     weights = torch.cat([w for _, w in stream_rows(record, options.layer, heads, drawn, key_positions,
                                                    renormalise, "fixed")], dim=1)
+    if len(key_positions) > LINES_TOKEN_LIMIT:  # a readable column of keys: those these queries use most
+        weights, key_positions, share = strongest_keys(weights, key_positions, LINES_TOKEN_LIMIT)
+        cut += (f" Keys: the {LINES_TOKEN_LIMIT} of {len(positions(capture, record, options)[1]):,} that receive the "
+                f"most weight from the drawn queries ({share:.0%} of it), in text order.")
     plural = "s" if len(heads) > 1 else ""
     figure = attention_lines(
         weights,
@@ -121,6 +127,16 @@ def _lines_view(capture: Capture, record: AttentionRecord, options: ViewOptions,
         f"Line width and opacity = attention weight (lines under 0.02 hidden{strongest}); one colour per head. "
         "Hover a token to see its lines alone; click a query token to follow it, click it again to see all." + cut
     )
+
+
+def strongest_keys(weights: torch.Tensor, key_positions: list[int], count: int) -> tuple[torch.Tensor, list[int],
+                                                                                          float]:
+    """The ``count`` keys of ``weights [heads, queries, keys]`` that receive the most weight in total, in text order:
+    their weights, positions, and the share of all the weight they hold."""
+    received = weights.sum(dim=(0, 1))  # [keys]
+    kept = sorted(torch.topk(received, count).indices.tolist())
+    share = float(received[kept].sum() / received.sum().clamp_min(1e-30))
+    return weights[..., kept], [key_positions[j] for j in kept], share
 
 
 def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> list[str] | None:

@@ -1,0 +1,25 @@
+// In a narrow window (a laptop split screen, a 900-px browser) the open sidebar leaves the page a column too thin
+// for its controls and figures. Streamlit closes it on its own only below 768 px; this closes it once per tab,
+// when the tab opens narrower than NARROW px, and never again, so a user who opens it keeps it open.
+// No markup in this file: Streamlit's sanitiser (DOMPurify) drops a script whose text looks like tags.
+(function () {
+  var NARROW = 1100;
+  var DONE = 'attnviz-narrow-sidebar-closed';
+  if (window.__attnvizNarrowSidebar) { return; }
+  window.__attnvizNarrowSidebar = true;
+  if (window.innerWidth >= NARROW || window.innerWidth <= 768) { return; }  // wide, or Streamlit's own rule
+  try { if (window.sessionStorage.getItem(DONE)) { return; } } catch (e) { /* storage off: close each load */ }
+  var tries = 0;
+  function close() {
+    var sidebar = document.querySelector('[data-testid="stSidebar"]');
+    var button = document.querySelector('[data-testid="stSidebarCollapseButton"] button');
+    if (sidebar && button && sidebar.getAttribute('data-collapsed') === 'false') {
+      button.click();
+      try { window.sessionStorage.setItem(DONE, '1'); } catch (e) { /* nothing to remember it in */ }
+      return;
+    }
+    if (sidebar && sidebar.getAttribute('data-collapsed') === 'true') { return; }  // already closed
+    if (tries++ < 50) { window.setTimeout(close, 100); }
+  }
+  close();
+})();

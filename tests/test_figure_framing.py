@@ -1,0 +1,85 @@
+"""Every figure as the pages frame it (attnviz.viz.framing, applied by ui.figures.show_figure): in presentation mode
+no text inside a figure is under 16 px, and a title never sits where the toolbars appear under the pointer."""
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from attnviz.viz import framing
+from attnviz.viz.charts import bar_chart, line_chart
+from attnviz.viz.heads import statistic_heatmap
+from attnviz.viz.matrix import SIGNED, heatmap_row, mask_heatmap, matrix_heatmap
+
+LABELS = [f"t{i}" for i in range(6)]
+
+
+def figures() -> dict[str, go.Figure]:
+    values = torch.rand(6, 6)
+    return {
+        "heatmap with cell values": matrix_heatmap(values, LABELS, LABELS, title="Weights", show_values=True),
+        "signed heatmap": matrix_heatmap(values - 0.5, LABELS, LABELS, title="Scores", scale=SIGNED),
+        "mask": mask_heatmap(torch.ones(6, 6, dtype=torch.long), LABELS, LABELS, title="Mask"),
+        "panels with titles": heatmap_row([values, values], ["left verdict", "right verdict"], LABELS, LABELS,
+                                          title="Conventions", show_values=True),
+        "log line chart": line_chart([1, 2, 3], {"gap": [1e-3, 1e-9, 1e-16]}, title="Converging", x_title="blocks",
+                                     y_title="difference", log_y=True),
+        "bars with text": bar_chart(["a", "b"], [0.2, 0.8], title="Next token", y_title="p", text=["0.20", "0.80"]),
+        "statistic map": statistic_heatmap(np.random.rand(3, 4), title="previous token", statistic="previous"),
+    }
+
+
+def font_sizes(figure: go.Figure) -> list[tuple[str, float]]:
+    """Every explicit font size in the figure's JSON, with where it is."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "size" and path.endswith(("font", "tickfont")) and isinstance(value, (int, float)):
+                    found.append((path, value))
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+
+    walk(figure.to_plotly_json(), "")
+    return found
+
+
+@pytest.mark.parametrize("name", list(figures()))
+def test_presentation_mode_leaves_no_text_under_16_px(name):
+    figure = figures()[name]
+    height = figure.layout.height
+    framing.enlarge_text(figure, 1.35)
+    sizes = font_sizes(figure)
+    assert sizes and all(size >= framing.PROJECTOR_FLOOR for _, size in sizes), sizes
+    assert figure.layout.font.size >= 16 and figure.layout.title.font.size >= 22  # 17 px x 1.35
+    for trace in figure.data:  # text drawn on the data (cell values, bar labels) has a size of its own
+        if getattr(trace, "texttemplate", None) or getattr(trace, "text", None) is not None:
+            assert trace.textfont.size >= 16, (name, trace.type)
+    for axis in [*figure.select_xaxes(), *figure.select_yaxes()]:
+        assert axis.tickfont.size >= 16
+        if axis.type == "log":
+            assert axis.minorloglabels == "none"  # not Plotly's smaller labels between the decades
+    assert figure.layout.height == int((height or 400) * 1.35)
+
+
+def test_on_a_screen_the_sizes_are_left_alone():
+    figure = figures()["heatmap with cell values"]
+    assert figure.layout.font.size is None  # Plotly's 12 px
+    framed = framing.title_below_toolbar(figure)
+    assert framed.layout.font.size is None
+
+
+@pytest.mark.parametrize("name", list(figures()))
+def test_the_title_sits_below_the_toolbars_band(name):
+    figure = framing.title_below_toolbar(figures()[name])
+    height = figure.layout.height or 450
+    title = figure.layout.title
+    assert title.yref == "container" and title.yanchor == "top"
+    assert (1 - title.y) * height == pytest.approx(framing.TOOLBAR_BAND)  # its top edge 34 px down
+    lines = title.text.count("<br>") + 1
+    assert figure.layout.margin.t >= framing.TOOLBAR_BAND + lines * (title.font.size or 17) * framing.TITLE_LINE
+    again = framing.title_below_toolbar(figure)  # idempotent: cached figures are framed on every rerun
+    assert again.layout.margin.t == figure.layout.margin.t and again.layout.title.y == title.y
