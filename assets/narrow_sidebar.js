@@ -10,16 +10,18 @@
   if (window.innerWidth >= NARROW || window.innerWidth <= 768) { return; }  // wide, or Streamlit's own rule
   try { if (window.sessionStorage.getItem(DONE)) { return; } } catch (e) { /* storage off: close each load */ }
   var tries = 0;
+  var clicked = false;
   function close() {
     var sidebar = document.querySelector('[data-testid="stSidebar"]');
     var button = document.querySelector('[data-testid="stSidebarCollapseButton"] button');
-    if (sidebar && button && sidebar.getAttribute('data-collapsed') === 'false') {
-      button.click();
-      try { window.sessionStorage.setItem(DONE, '1'); } catch (e) { /* nothing to remember it in */ }
+    if (sidebar && sidebar.getAttribute('data-collapsed') === 'true') {
+      // closed: remembered only once our click took (a click before the page is ready is lost), so that a sidebar
+      // the user opens again stays open
+      if (clicked) { try { window.sessionStorage.setItem(DONE, '1'); } catch (e) { /* nowhere to keep it */ } }
       return;
     }
-    if (sidebar && sidebar.getAttribute('data-collapsed') === 'true') { return; }  // already closed
-    if (tries++ < 50) { window.setTimeout(close, 100); }
+    if (sidebar && button) { button.click(); clicked = true; }
+    if (tries++ < 150) { window.setTimeout(close, 200); }  // up to 30 s: a busy server draws the sidebar late
   }
   close();
 })();

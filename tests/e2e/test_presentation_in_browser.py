@@ -124,9 +124,10 @@ def test_a_900_px_window_closes_the_sidebar_and_cuts_no_label(narrow, app_url, s
     for path in [*PAGES, "checkpoints"]:
         narrow.goto(f"{app_url}/{path}")
         wait_until_idle(narrow)
-        narrow.wait_for_timeout(800)
-        sidebar = narrow.locator('[data-testid="stSidebar"]')
-        assert sidebar.get_attribute("data-collapsed") == "true", path
+        collapsed = """() => document.querySelector('[data-testid="stSidebar"]')
+                                     ?.getAttribute('data-collapsed') === 'true'"""
+        narrow.wait_for_function(collapsed, timeout=20_000)  # the page's script closes it once the page is drawn
+        narrow.wait_for_timeout(500)
         assert narrow.evaluate(TRUNCATED) == [], path
         assert narrow.evaluate("document.documentElement.scrollWidth") <= 900, path
         narrow.screenshot(path=str(screenshot_dir / f"narrow_900_{path or 'explore'}.png"))
