@@ -57,9 +57,39 @@ STATISTICS = ("entropy", "normalised_entropy", "mean_distance", "self", "previou
               "punctuation")
 
 
+def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, punctuation: torch.Tensor,
+                   dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    """Each query row's statistics of :data:`STATISTICS`, for the rows ``start .. start + rows`` of
+    ``weights [heads, rows, n_k]``: ``{name: [heads, rows]}`` in ``dtype``. ``separators`` and ``punctuation`` are
+    ``[n_k]`` bools saying which keys are which. "self", "previous" and "next" are NaN for a row without such a
+    key (the first query has no previous token)."""
+    weights = weights.to(dtype)  # [heads, rows, n_k]
+    heads, rows, n_k = weights.shape
+    positions = torch.arange(start, start + rows)
+    entropy = row_entropy(weights)  # [heads, rows]
+    keys_seen = (weights > 0).sum(-1)
+    distance = (positions.unsqueeze(1) - torch.arange(n_k).unsqueeze(0)).abs().to(dtype)  # [rows, n_k]
+    values = {
+        "entropy": entropy,
+        "normalised_entropy": torch.where(keys_seen > 1, entropy / keys_seen.clamp_min(2).to(dtype).log(),
+                                          torch.zeros_like(entropy)),
+        "mean_distance": (weights * distance).sum(-1),
+        "first": weights[..., 0],
+        "separator": weights[..., separators].sum(-1),
+        "punctuation": weights[..., punctuation].sum(-1),
+    }
+    for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
+        keys = positions + offset
+        inside = (keys >= 0) & (keys < n_k)  # [rows]: rows that have such a key
+        picked = weights.gather(-1, keys.clamp(0, n_k - 1).view(1, rows, 1).expand(heads, rows, 1))[..., 0]
+        values[name] = torch.where(inside, picked, torch.full_like(picked, float("nan")))
+    return values
+
+
 class StatisticsAccumulator:
     """The statistics of :class:`HeadStats` for the heads of one layer, accumulated one block of query rows at a
-    time, so a long input never needs a head's whole ``N x N`` matrix: every statistic is a mean over rows.
+    time, so a long input never needs a head's whole ``N x N`` matrix: every statistic is a mean over rows (over
+    the rows that have the key it asks about, for "self", "previous" and "next").
 
     ``add(start, weights)`` takes the rows ``start .. start + rows`` of every head, ``[heads, rows, n_k]``.
     """
@@ -67,40 +97,18 @@ class StatisticsAccumulator:
     def __init__(self, n_heads: int, tokens: list[str], special: list[bool]):
         n_k = len(tokens)
         self.n_heads, self.n_k = n_heads, n_k
-        self.separators = torch.tensor([special[j] and j != 0 for j in range(n_k)])
-        self.punctuation = torch.tensor([is_punctuation(t) for t in tokens])
+        self.separators = separator_keys(special)
+        self.punctuation = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
         self.sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STATISTICS}
         self.counts = {name: 0 for name in STATISTICS}
         self.key_sums = torch.zeros(n_heads, n_k, dtype=torch.float64)  # weight each key received, summed over rows
 
     def add(self, start: int, weights: torch.Tensor) -> None:
-        weights = weights.double()  # [heads, rows, n_k]
-        rows = weights.shape[1]
-        positions = torch.arange(start, start + rows)
-        entropy = row_entropy(weights)  # [heads, rows]
-        keys_seen = (weights > 0).sum(-1)
-        normalised = torch.where(keys_seen > 1, entropy / keys_seen.clamp_min(2).double().log(),
-                                 torch.zeros_like(entropy))
-        distance = (positions.unsqueeze(1) - torch.arange(self.n_k).unsqueeze(0)).abs().double()  # [rows, n_k]
-        block = {
-            "entropy": entropy.sum(-1),
-            "normalised_entropy": normalised.sum(-1),
-            "mean_distance": (weights * distance).sum((-2, -1)),
-            "first": weights[..., 0].sum(-1),
-            "separator": weights[..., self.separators].sum((-2, -1)),
-            "punctuation": weights[..., self.punctuation].sum((-2, -1)),
-        }
-        for name, value in block.items():
-            self.sums[name] += value
-            self.counts[name] += rows
-        self.key_sums += weights.sum(1)
-        for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
-            keys = positions + offset
-            inside = (keys >= 0) & (keys < self.n_k)  # rows that have such a key
-            if inside.any():
-                rows_in = inside.nonzero().flatten()
-                self.sums[name] += weights[:, rows_in, keys[rows_in]].sum(-1)
-                self.counts[name] += int(inside.sum())
+        for name, value in row_statistics(weights, start, self.separators, self.punctuation).items():
+            present = ~value[0].isnan()  # [rows]: the same rows for every head
+            self.sums[name] += value[:, present].sum(-1)
+            self.counts[name] += int(present.sum())
+        self.key_sums += weights.double().sum(1)
 
     def result(self, layer: int) -> list[HeadStats]:
         means = {name: self.sums[name] / max(self.counts[name], 1) for name in STATISTICS}
@@ -112,6 +120,11 @@ class StatisticsAccumulator:
             stats.append(HeadStats(layer=layer, head=head, label=label_head(values), top_key=int(top_key[head]),
                                    top_key_share=float(top_share[head]), **values))
         return stats
+
+
+def separator_keys(special: list[bool]) -> torch.Tensor:
+    """``[n_k]`` bool: the special tokens other than the first ([SEP], </s>), the "separator" statistic's keys."""
+    return torch.tensor([flag and j != 0 for j, flag in enumerate(special)], dtype=torch.bool)
 
 
 def head_statistics(weights: torch.Tensor, tokens: list[str], special: list[bool]) -> list[HeadStats]:

@@ -1,20 +1,109 @@
-"""The text the bundled tiny GPT is trained and measured on: Python's own documentation (``pydoc_data.topics``,
-shipped with every Python), split into the part it trains on and the held-out end it never sees.
+"""English that ships with every Python: its documentation (``pydoc_data.topics``) and the standard library's
+docstrings. The bundled tiny GPT is trained and measured on it (split into the part it trains on and the held-out
+end it never sees), and it is the bundled corpus of a scan (:mod:`attnviz.scan.corpus`).
 
-Shared by the training script (``python -m attnviz.train_tiny``) and the pages that measure the shipped model on
-its held-out text, so that neither imports the other.
+Shared by the training script (``python -m attnviz.train_tiny``), the pages that measure the shipped model on its
+held-out text, and the scans, so that none imports another.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import json
+import os
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
 HELD_OUT_SHARE = 0.1  # the shipped recipe's share of the documentation held out (the end of the text)
 
 
-def documentation_text() -> str:
-    """Python's documentation topics (the text ``help()`` shows), in a fixed order."""
+def documentation_topics() -> list[tuple[str, str]]:
+    """Python's documentation topics (the text ``help()`` shows) as (topic, text), in a fixed order."""
     import pydoc_data.topics
 
-    return "\n\n".join(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics))
+    return [(name, pydoc_data.topics.topics[name]) for name in sorted(pydoc_data.topics.topics)]
+
+
+def documentation_text() -> str:
+    """Python's documentation topics in one text, in a fixed order."""
+    return "\n\n".join(text for _, text in documentation_topics())
+
+
+def standard_library_docstrings(min_chars: int = 80, *, named: bool = False):
+    """Docstrings of the standard library's modules, classes and functions (tests and IDLE left out), in a fixed
+    order: about 1.5 M characters of English prose about Python. One text joined by blank lines, or with
+    ``named`` a list of (``module.qualified.name``, docstring).
+
+    Reading them parses every module of the standard library (10-20 s), so the result is kept in a private file
+    of this account's in the temporary folder, per Python version, and read from there next time."""
+    found = _docstrings(min_chars)
+    return found if named else "\n\n".join(text for _, text in found)
+
+
+@functools.lru_cache(maxsize=2)
+def _docstrings(min_chars: int) -> list[tuple[str, str]]:
+    cache = _cache_file(min_chars)
+    if cache is not None and cache.is_file():
+        try:
+            return [tuple(pair) for pair in json.loads(cache.read_text(encoding="utf-8"))]
+        except (OSError, ValueError):
+            pass
+    found = _parse_docstrings(min_chars)
+    if cache is not None:
+        scratch = cache.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            scratch.write_text(json.dumps(found), encoding="utf-8")
+            scratch.replace(cache)  # atomic: a reader never sees half a file
+        except OSError:
+            pass
+    return found
+
+
+def _cache_file(min_chars: int) -> Path | None:
+    """Where the docstrings are kept: a folder of this account's, or None if that is not safe (another account
+    made it, or others may write to it)."""
+    from attnviz.models.disk import private_folder
+
+    folder = private_folder(Path(tempfile.gettempdir()) / f"attnviz-text-{os.getuid()}")
+    version = "-".join(map(str, sys.version_info[:3]))
+    return None if folder is None else folder / f"docstrings-{version}-{min_chars}.json"
+
+
+def _parse_docstrings(min_chars: int) -> list[tuple[str, str]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(part in ("test", "tests", "idlelib", "site-packages") for part in parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        found += _named_docstrings(tree, module, min_chars)
+    return found
+
+
+def _named_docstrings(tree: ast.Module, module: str, min_chars: int) -> list[tuple[str, str]]:
+    """The module's docstrings in ``ast.walk`` order (the order the tiny GPT was trained on), with their names."""
+    names = {id(tree): module}
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                names[id(child)] = f"{names.get(id(parent), module)}.{child.name}"
+            elif id(parent) in names:
+                names.setdefault(id(child), names[id(parent)])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= min_chars:
+                found.append((names.get(id(node), module), doc))
+    return found
 
 
 def split_text(text: str, held_out_share: float) -> tuple[str, str]:

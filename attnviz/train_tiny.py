@@ -33,7 +33,13 @@ import torch
 
 from attnviz import circuits
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
-from attnviz.tiny_gpt_text import HELD_OUT_SHARE, REPEAT_SENTENCES, documentation_text, split_text
+from attnviz.tiny_gpt_text import (
+    HELD_OUT_SHARE,
+    REPEAT_SENTENCES,
+    documentation_text,
+    split_text,
+    standard_library_docstrings,
+)
 
 BUNDLED_DIR = BUNDLED_GPT_DIR
 EOS = "<|endoftext|>"
@@ -100,30 +106,6 @@ class Recipe:
     # GPT-2 only: False drops the 1/sqrt(d_head) of the scores (GPT2Config.scale_attn_weights), so that the same
     # weights give logits sqrt(d_head) times larger: a sharp pattern costs less weight (and weight decay).
     scale_attention: bool = True
-
-
-def standard_library_docstrings(min_chars: int = 80) -> str:
-    """Docstrings of the standard library's modules, classes and functions (tests and IDLE left out), in a fixed
-    order: about 1.5 M characters of English prose about Python, shipped with every Python like the topics."""
-    import ast
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).parts
-        if any(part in ("test", "tests", "idlelib", "site-packages") for part in parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= min_chars:
-                    found.append(doc)
-    return "\n\n".join(found)
 
 
 def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:

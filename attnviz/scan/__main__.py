@@ -1,0 +1,118 @@
+"""``python -m attnviz.scan CORPUS --model DIR --out FILE.duckdb``: scan a model over a corpus (see
+:mod:`attnviz.scan`). CORPUS is ``bundled`` or a ``.txt``, ``.jsonl``, ``.csv`` or ``.parquet`` file; ``--model``
+a checkpoint folder or the name of a bundled model. Run again with the same arguments to resume a stopped scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from attnviz.runtime import configure_environment
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Reporter:
+    """A progress line on the terminal, and the JSON progress file the page reads."""
+
+    def __init__(self, progress_file: str | None, quiet: bool):
+        self.progress_file = Path(progress_file) if progress_file else None
+        self.quiet = quiet
+
+    def __call__(self, state) -> None:
+        if self.progress_file is not None:
+            write_json(self.progress_file, state.as_dict())
+        if not self.quiet:
+            share = state.done / max(state.planned, 1)
+            bar = "#" * int(share * 30)
+            print(f"\r[{bar:<30}] {state.done:,}/{state.planned:,} documents · "
+                  f"{state.documents_per_second:.1f} doc/s · {state.tokens_per_second:,.0f} tok/s · "
+                  f"ETA {_duration(state.eta)} · {state.status}   ", end="", file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, value: dict) -> None:
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(json.dumps(value))
+    scratch.replace(path)  # atomic: the page never reads half a file
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m attnviz.scan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpus", help="'bundled', or a .txt, .jsonl, .csv or .parquet file")
+    parser.add_argument("--model", required=True, help="a checkpoint folder, or a bundled model's name")
+    parser.add_argument("--out", required=True, help="the scan's DuckDB file (created, or resumed)")
+    parser.add_argument("--max-docs", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--chunk", type=int, default=16, help="documents per committed chunk (and Ray batch)")
+    parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
+    parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
+    parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or float32")
+    parser.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+                        help="run on Ray: 'auto' (a local cluster, started if none runs) or a cluster's address")
+    parser.add_argument("--workers", type=int, default=2, help="Ray: model replicas (actors)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (in-process), per worker on Ray")
+    parser.add_argument("--progress-file", default=None, help="write progress as JSON here after every chunk")
+    parser.add_argument("--stop-file", default=None, help="stop (resumably) after the chunk during which this "
+                                                          "file appears")
+    parser.add_argument("--quiet", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    configure_environment()
+    import torch
+
+    from attnviz.models.loading import bundled_models, load_model_dir
+    from attnviz.models.safety import CheckpointRefused
+    from attnviz.scan.corpus import CorpusRefused, open_corpus
+    from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan
+
+    reporter = Reporter(args.progress_file, args.quiet)
+    stop_file = Path(args.stop_file) if args.stop_file else None
+    try:
+        settings = ScanSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk)
+        if args.threads and not args.ray:
+            torch.set_num_threads(args.threads)
+        corpus = open_corpus(args.corpus, split=args.split, field_name=args.field)
+        for line in corpus.report.lines():
+            print(line, file=sys.stderr)
+        if not corpus.documents:
+            raise CorpusRefused("the corpus holds no document to scan")
+        folder = bundled_models().get(args.model, args.model)
+        bundle = load_model_dir(folder, dtype=args.dtype)
+        should_stop = (lambda: stop_file.exists()) if stop_file else None
+        started = time.time()
+        if args.ray:
+            from attnviz.scan.on_ray import run_scan_on_ray
+
+            state = run_scan_on_ray(corpus, bundle, args.out, settings, address=args.ray, workers=args.workers,
+                                    threads_per_worker=args.threads or 1, dtype=args.dtype, progress=reporter,
+                                    should_stop=should_stop)
+        else:
+            state = run_scan(corpus, bundle, args.out, settings, progress=reporter, should_stop=should_stop)
+    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError) as problem:
+        if args.progress_file:
+            write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
+        print(f"\nattnviz.scan: {problem}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"\n{state.status}: {state.done:,} of {state.planned:,} documents in {args.out} "
+              f"({time.time() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""What every head does on one document, and the mergeable aggregate of many: the statistics of a scan.
+
+:func:`document_partial` reads one document's weights (``[heads, n, n]`` per layer, rows summing to 1) and returns a
+:class:`Partial`: sums, squared sums and counts per head and statistic (row level and document level), label
+counts, the weight at each relative offset, a histogram of each query's largest weight, each head's top examples per
+criterion (a bounded heap), and the rows that go to the database as they are (per-document head statistics, each
+query's top key, token pairs, key tokens). ``a.merge(b)`` adds two partials; merging is exact for the counts and
+the heaps, and for the sums up to the order of floating-point additions (float64), so a scan can be split,
+resumed and run in parallel, its memory bounded by the heaps and one chunk of rows, not by the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnviz.analysis import BROAD_ENTROPY, LABEL_RULES, STATISTICS, is_punctuation, label_head, row_statistics
+
+SCAN_STATISTICS = (*STATISTICS, "special", "max_weight")  # row statistics a scan keeps per head
+LABELS = (*LABEL_RULES, "broad head", "mixed")
+MAX_OFFSET = 32  # the offset profile: mean weight at key - query = -32 .. +32
+OFFSETS = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))
+HISTOGRAM_BINS = 20  # of each query's largest weight, over 0..1
+PAIR_KEYS = 3  # each query's strongest keys count for the (query token, key token) pairs
+EXAMPLES = 12  # top examples kept per head and criterion
+WINDOW_BEFORE, WINDOW_AFTER = 12, 6  # an example's context: keys this far before and after its query
+# What an example shows the head doing most strongly: the value ranked, per query row.
+CRITERIA = {
+    "strongest": "largest weight on another ordinary token (not itself, not a special token)",
+    "previous": "weight on the previous token",
+    "next": "weight on the next token",
+    "self": "weight on itself",
+    "first": "weight on the first token",
+    "separator": "weight on separator tokens ([SEP], </s>)",
+    "punctuation": "weight on punctuation",
+    "focused": "1 - normalised entropy: all weight on few keys",
+    "far": "mean distance of the weight, in tokens",
+}
+# Reported beside the statistics: BROAD_ENTROPY is the threshold of the "broad head" label.
+LABEL_NOTE = f"a document's label is its head's, by the rules of Explore heads (broad: entropy >= {BROAD_ENTROPY})"
+
+
+def token_id_of(piece: str) -> int:
+    """A stable id for a token without a tokenizer id (a stand-in tokenizer): the first 62 bits of its SHA-256,
+    negated so it never meets a real id."""
+    return -int.from_bytes(hashlib.sha256(piece.encode("utf-8", "surrogatepass")).digest()[:8], "big") // 4 - 1
+
+
+@dataclass
+class Example:
+    score: float
+    doc: int
+    query: int
+    key: int  # the key the criterion points at (the row's strongest, among ordinary keys for "strongest")
+    weight: float  # that key's weight
+    window_start: int
+    tokens: list[str]  # the readable tokens of positions window_start ..
+    weights: list[float]  # the query's weights on them
+
+    def order(self) -> tuple:
+        """Best first; ties go to the earlier document and query, so every split of a scan keeps the same ones."""
+        return (-self.score, self.doc, self.query)
+
+
+@dataclass
+class Partial:
+    n_layers: int
+    n_heads: int
+    sums: np.ndarray = None  # [layers, heads, stats]: over query rows
+    squares: np.ndarray = None
+    counts: np.ndarray = None  # rows where the statistic is defined
+    doc_sums: np.ndarray = None  # [layers, heads, stats]: over documents (each document's mean)
+    doc_squares: np.ndarray = None
+    doc_counts: np.ndarray = None
+    labels: np.ndarray = None  # [layers, heads, labels]: documents where the head got each label
+    offsets: np.ndarray = None  # [layers, heads, offsets]: weight at key - query = offset, summed over rows
+    offset_rows: np.ndarray = None  # [offsets]: rows that have a key at that offset
+    histogram: np.ndarray = None  # [layers, heads, bins]: rows by their largest weight
+    examples: dict = field(default_factory=dict)  # (layer, head, criterion) -> [Example], best first
+    # Rows for the database, as column arrays per table (one chunk's; the runner writes and drops them)
+    rows: dict = field(default_factory=dict)  # table -> list of {column: array}
+    tokens: dict = field(default_factory=dict)  # token id -> (piece, readable)
+    documents: list = field(default_factory=list)  # {doc, n_tokens, truncated}
+
+    def __post_init__(self):
+        shape = (self.n_layers, self.n_heads)
+        stats = len(SCAN_STATISTICS)
+        for name, size, dtype in (("sums", stats, np.float64), ("squares", stats, np.float64),
+                                  ("counts", stats, np.int64), ("doc_sums", stats, np.float64),
+                                  ("doc_squares", stats, np.float64), ("doc_counts", stats, np.int64),
+                                  ("labels", len(LABELS), np.int64), ("offsets", len(OFFSETS), np.float64),
+                                  ("histogram", HISTOGRAM_BINS, np.int64)):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros((*shape, size), dtype=dtype))
+        if self.offset_rows is None:
+            self.offset_rows = np.zeros(len(OFFSETS), dtype=np.int64)
+
+    ARRAYS = ("sums", "squares", "counts", "doc_sums", "doc_squares", "doc_counts", "labels", "offsets",
+              "offset_rows", "histogram")
+
+    def merge(self, other: Partial) -> Partial:
+        """Add ``other`` into this partial (in place) and return it."""
+        if (other.n_layers, other.n_heads) != (self.n_layers, self.n_heads):
+            raise ValueError("partials of different models cannot be merged")
+        for name in self.ARRAYS:
+            getattr(self, name).__iadd__(getattr(other, name))
+        for key, found in other.examples.items():
+            self.examples[key] = best_examples([*self.examples.get(key, []), *found])
+        for table, chunks in other.rows.items():
+            self.rows.setdefault(table, []).extend(chunks)
+        self.tokens.update(other.tokens)
+        self.documents.extend(other.documents)
+        return self
+
+    def take_rows(self) -> tuple[dict, dict, list]:
+        """The rows, tokens and documents gathered since the last call (for the database), forgotten here."""
+        taken = self.rows, self.tokens, self.documents
+        self.rows, self.tokens, self.documents = {}, {}, []
+        return taken
+
+    def floors(self) -> np.ndarray:
+        """``[layers, heads, criteria]``: the score an example must beat to enter its heap (-inf while not full)."""
+        floor = np.full((self.n_layers, self.n_heads, len(CRITERIA)), -np.inf)
+        for (layer, head, criterion), kept in self.examples.items():
+            if len(kept) >= EXAMPLES:
+                floor[layer, head, list(CRITERIA).index(criterion)] = kept[-1].score
+        return floor
+
+
+def best_examples(examples: list[Example]) -> list[Example]:
+    return sorted(examples, key=Example.order)[:EXAMPLES]
+
+
+def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, pieces: list[str], readable: list[str],
+                     special: list[bool], token_ids: list[int] | None, truncated: bool,
+                     floors: np.ndarray | None = None) -> Partial:
+    """The partial of one document. ``layer_weights(layer)`` gives that layer's ``[heads, n, n]`` weights (rows
+    sum to 1); ``pieces`` are the tokenizer's tokens, ``readable`` how pages show them, ``token_ids`` the
+    tokenizer's ids (None: :func:`token_id_of` each piece). ``floors`` (from :meth:`Partial.floors`) lets it skip
+    examples that could not enter the heaps anyway.
+
+    Row values are computed in float32 (the weights' own precision) and summed in float64."""
+    n = len(pieces)
+    ids = np.asarray(token_ids if token_ids is not None else [token_id_of(p) for p in pieces], dtype=np.int64)
+    keys = _KeyKinds(special, pieces)
+    partial = Partial(n_layers, n_heads)
+    partial.tokens = {int(i): (p, r) for i, p, r in zip(ids.tolist(), pieces, readable, strict=True)}
+    partial.documents.append({"doc": doc, "n_tokens": n, "truncated": truncated})
+    partial.offset_rows += np.clip(n - np.abs(np.asarray(OFFSETS)), 0, None)
+    for layer in range(n_layers):
+        weights = layer_weights(layer).float()  # [heads, n, n]
+        values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32)  # [heads, n]
+        values["special"] = weights[..., keys.special].sum(-1)
+        top_weight, top_key = weights.max(-1)  # [heads, n]
+        values["max_weight"] = top_weight
+        _add_statistics(partial, doc, layer, values)
+        for index, offset in enumerate(OFFSETS):
+            if abs(offset) < n:
+                partial.offsets[layer, :, index] = weights.diagonal(offset, -2, -1).double().sum(-1).numpy()
+        bins = (top_weight * HISTOGRAM_BINS).long().clamp(0, HISTOGRAM_BINS - 1)  # [heads, n]
+        partial.histogram[layer] = torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(1).numpy()
+        _add_rows(partial, doc, layer, weights, top_weight, top_key, ids)
+        _add_examples(partial, doc, layer, weights, values, top_key, keys, readable,
+                      None if floors is None else floors[layer])
+    return partial
+
+
+class _KeyKinds:
+    """Which keys of a document are special tokens, separators (special, not the first) and punctuation."""
+
+    def __init__(self, special: list[bool], pieces: list[str]):
+        n = len(pieces)
+        self.special = torch.tensor(special, dtype=torch.bool)  # [n]
+        self.separators = self.special & (torch.arange(n) != 0)
+        self.punctuation = torch.tensor([is_punctuation(p) for p in pieces], dtype=torch.bool)
+        # "strongest" looks past the query itself and the special tokens (where heads park their weight)
+        self.not_ordinary = self.special.unsqueeze(0) | torch.eye(n, dtype=torch.bool)  # [n, n]
+
+
+def _add_statistics(partial: Partial, doc: int, layer: int, values: dict[str, torch.Tensor]) -> None:
+    stacked = torch.stack([values[name] for name in SCAN_STATISTICS]).double()  # [stats, heads, n]; NaN: undefined
+    present = ~stacked[:, 0].isnan()  # [stats, n]: the same rows for every head
+    rows = torch.where(present.unsqueeze(1), stacked, torch.zeros_like(stacked))
+    counts = present.sum(-1)  # [stats]
+    partial.sums[layer] = rows.sum(-1).T.numpy()
+    partial.squares[layer] = (rows * rows).sum(-1).T.numpy()
+    partial.counts[layer] = counts.numpy()[None, :]
+    doc_means = (rows.sum(-1) / counts.clamp_min(1).unsqueeze(1)).T.numpy()  # [heads, stats]
+    defined = np.broadcast_to((counts > 0).numpy()[None, :], doc_means.shape)
+    doc_means = np.where(defined, doc_means, np.nan)
+    partial.doc_sums[layer] = np.where(defined, doc_means, 0.0)
+    partial.doc_squares[layer] = np.where(defined, doc_means**2, 0.0)
+    partial.doc_counts[layer] = defined
+    needed = {stat for stat, _ in LABEL_RULES.values()} | {"normalised_entropy"}
+    labels = [label_head({name: float(np.nan_to_num(doc_means[head, SCAN_STATISTICS.index(name)]))
+                          for name in needed}) for head in range(partial.n_heads)]
+    for head, label in enumerate(labels):
+        partial.labels[layer, head, LABELS.index(label)] += 1
+    columns = {"doc": np.full(partial.n_heads, doc, dtype=np.int32),
+               "layer": np.full(partial.n_heads, layer, dtype=np.int16),
+               "head": np.arange(partial.n_heads, dtype=np.int16)}
+    columns.update({name: doc_means[:, i] for i, name in enumerate(SCAN_STATISTICS)})
+    columns["label"] = np.array(labels, dtype=object)
+    partial.rows.setdefault("head_documents", []).append(columns)
+
+
+def _add_rows(partial: Partial, doc: int, layer: int, weights: torch.Tensor, top_weight: torch.Tensor,
+              top_key: torch.Tensor, ids: np.ndarray) -> None:
+    """Each query's strongest key (one row per head and query), the (query token, key token) pairs of each query's
+    PAIR_KEYS strongest keys, and the weight each key token received."""
+    heads, n, _ = weights.shape
+    head_of = np.repeat(np.arange(heads, dtype=np.int16), n)
+    query_of = np.tile(np.arange(n, dtype=np.int32), heads)
+    keys = top_key.numpy().reshape(-1)
+    partial.rows.setdefault("query_top_keys", []).append({
+        "doc": np.full(heads * n, doc, dtype=np.int32), "layer": np.full(heads * n, layer, dtype=np.int16),
+        "head": head_of, "query": query_of, "query_id": ids[query_of], "key": keys.astype(np.int32),
+        "key_id": ids[keys], "weight": top_weight.numpy().reshape(-1).astype(np.float32)})
+    strongest = weights.topk(min(PAIR_KEYS, n), dim=-1)  # values, indices: [heads, n, k]
+    pair_weights = strongest.values.numpy().reshape(-1)
+    pair_keys = strongest.indices.numpy().reshape(-1)
+    k = strongest.values.shape[-1]
+    kept = pair_weights > 0
+    partial.rows.setdefault("pair_parts", []).append({
+        "layer": np.full(int(kept.sum()), layer, dtype=np.int16), "head": np.repeat(head_of, k)[kept],
+        "query_id": ids[np.repeat(query_of, k)][kept], "key_id": ids[pair_keys][kept],
+        "weight": pair_weights[kept].astype(np.float64)})
+    received = weights.double().sum(1)  # [heads, n]: the weight each key position received
+    unique, where = np.unique(ids, return_inverse=True)
+    totals = torch.zeros(heads, len(unique), dtype=torch.float64).index_add_(1, torch.from_numpy(where), received)
+    occurrences = np.bincount(where, minlength=len(unique))
+    partial.rows.setdefault("key_parts", []).append({
+        "layer": np.full(heads * len(unique), layer, dtype=np.int16),
+        "head": np.repeat(np.arange(heads, dtype=np.int16), len(unique)),
+        "key_id": np.tile(unique, heads), "weight": totals.numpy().reshape(-1),
+        "occurrences": np.tile(occurrences, heads).astype(np.int64)})
+
+
+def _add_examples(partial: Partial, doc: int, layer: int, weights: torch.Tensor, values: dict[str, torch.Tensor],
+                  top_key: torch.Tensor, keys: _KeyKinds, readable: list[str], floors: np.ndarray | None) -> None:
+    """Each head's best query of this document by every criterion, kept if it can enter the head's heap."""
+    strongest, strongest_key = weights.masked_fill(keys.not_ordinary, -1.0).max(-1)  # [heads, n]
+    scores = {"strongest": strongest, "focused": 1 - values["normalised_entropy"], "far": values["mean_distance"]}
+    stacked = torch.stack([scores[c] if c in scores else values[c] for c in CRITERIA])  # [criteria, heads, n]
+    best_score, best_query = torch.nan_to_num(stacked, nan=-np.inf).max(-1)  # [criteria, heads]
+    best_score, best_query = best_score.T.numpy(), best_query.T.numpy()  # [heads, criteria]
+    wanted = np.isfinite(best_score) & (best_score > 0)
+    if floors is not None:
+        wanted &= best_score >= floors
+    criteria = list(CRITERIA)
+    n = weights.shape[-1]
+    for head, c in zip(*np.nonzero(wanted), strict=True):
+        query = int(best_query[head, c])
+        criterion = criteria[c]
+        key = int(strongest_key[head, query] if criterion == "strongest" else top_key[head, query])
+        start, end = max(0, query - WINDOW_BEFORE), min(n, query + WINDOW_AFTER + 1)
+        row = weights[head, query]
+        example = Example(float(best_score[head, c]), doc, query, key, float(row[key]), start, readable[start:end],
+                          [round(w, 5) for w in row[start:end].tolist()])
+        slot = (layer, int(head), criterion)
+        partial.examples[slot] = best_examples([*partial.examples.get(slot, []), example])

@@ -1,0 +1,207 @@
+"""Scan a model over a corpus, in this process: documents in chunks, each chunk's partial merged into the
+running aggregate and committed to the scan's database in one transaction, so a scan stopped at any point resumes
+from its last chunk and gives the same tables as one that ran through (:mod:`attnviz.scan.on_ray` runs the same
+chunks on a Ray cluster).
+
+Each document is captured by :func:`attnviz.models.capture.capture` (the model's own forward on its fast path,
+every attention call recorded) and its weights replayed one layer at a time: any checkpoint attnviz reads can be
+scanned, and a document's memory is one layer's ``[heads, n, n]`` weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnviz.models.capture import capture
+from attnviz.models.loading import ModelBundle
+from attnviz.scan import store
+from attnviz.scan.corpus import Corpus, Document
+from attnviz.scan.heads import Partial, document_partial
+
+SCANNED_KINDS = ("self", "encoder")  # the self-attention over the input text: decoders' and encoders'
+
+
+class ScanRefused(ValueError):
+    """The scan cannot run as asked (a model that reads images, a file that holds another scan); says why."""
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    max_docs: int = 1_000  # the corpus's first documents scanned
+    max_tokens: int = 128  # each document's first tokens read (special tokens included)
+    chunk_docs: int = 16  # documents per committed chunk (and per Ray batch)
+
+    def __post_init__(self):
+        if self.max_docs < 1 or self.max_tokens < 2 or self.chunk_docs < 1:
+            raise ScanRefused("a scan reads at least 1 document of at least 2 tokens, in chunks of at least 1")
+
+
+DEFAULT_SETTINGS = ScanSettings()
+
+
+@dataclass
+class Progress:
+    done: int  # documents scanned, this run and before
+    planned: int
+    started: float  # this run's start (time.time())
+    done_this_run: int = 0
+    tokens_this_run: int = 0
+    status: str = store.STATUS_RUNNING
+
+    @property
+    def elapsed(self) -> float:
+        return max(time.time() - self.started, 1e-9)
+
+    @property
+    def documents_per_second(self) -> float:
+        return self.done_this_run / self.elapsed
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_this_run / self.elapsed
+
+    @property
+    def eta(self) -> float | None:
+        rate = self.documents_per_second
+        return (self.planned - self.done) / rate if rate > 0 else None
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "documents_per_second": self.documents_per_second,
+                "tokens_per_second": self.tokens_per_second, "eta": self.eta, "updated": time.time()}
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """What identifies a checkpoint cheaply: its config, and each weight file's name, size and first 64 KB."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.name == "config.json" or path.suffix == ".safetensors":
+            digest.update(path.name.encode())
+            digest.update(str(path.stat().st_size).encode())
+            with open(path, "rb") as handle:
+                digest.update(handle.read(65_536))
+    return digest.hexdigest()
+
+
+def scan_key(corpus: Corpus, folder: str | Path, settings: ScanSettings) -> str:
+    """The same corpus, model and limits give the same key (and the page the same file): reused, or resumed."""
+    wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
+              "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION}
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def scanned_kind(bundle: ModelBundle) -> tuple[str, int, int]:
+    """(attention kind, layers, heads) that a scan reads: the self-attention over the input text."""
+    if bundle.modality != "text":
+        raise ScanRefused(f"{bundle.name} reads images; a scan reads a corpus of text")
+    records = capture(bundle, "a b", max_tokens=8).records
+    for kind in SCANNED_KINDS:
+        if kind in records:
+            return kind, records[kind].n_layers, records[kind].n_heads
+    raise ScanRefused(f"{bundle.name} has no self-attention over its input that a scan could read")
+
+
+def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Document]], max_tokens: int,
+               n_layers: int, n_heads: int, floors=None) -> Partial:
+    """The partial of a chunk of documents (doc number, document): each captured and read a layer at a time."""
+    partial = Partial(n_layers, n_heads)
+    for doc, document in documents:
+        try:
+            result = capture(bundle, document.text, max_tokens=max_tokens)
+        except ValueError as problem:  # a tokenizer that does not fit its model, an empty text after all
+            partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": str(problem)})
+            continue
+        record = result.records[kind]  # self-attention over the input: its queries are result.tokens
+        partial.merge(document_partial(
+            doc, record.layer_weights, record.n_layers, record.n_heads, result.tokens, result.display_tokens,
+            result.special, result.token_ids, result.truncated,
+            None if floors is None else _current(partial, floors)))
+    return partial
+
+
+def _current(partial: Partial, floors):
+    """The floors for the next document: the higher of the running scan's and this chunk's own."""
+    import numpy as np
+
+    return np.maximum(floors, partial.floors())
+
+
+def planned_documents(corpus: Corpus, settings: ScanSettings) -> list[tuple[int, Document]]:
+    return list(enumerate(corpus.documents[:settings.max_docs]))
+
+
+def chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings: ScanSettings, kind: str,
+                n_layers: int, n_heads: int) -> store.ScanWriter:
+    """The scan's database: new (its settings written), or the same scan's to resume. Refused if the file holds
+    another scan."""
+    key = scan_key(corpus, bundle.folder, settings)
+    writer = store.ScanWriter(path)
+    existing = writer.settings()
+    if existing and existing.get("key") != key:
+        writer.close()
+        raise ScanRefused(f"{Path(path).name} holds another scan (another corpus, model or limits): choose a new "
+                          "file, or delete it")
+    if not existing:
+        writer.set(key=key, model=bundle.name, model_folder=str(bundle.folder), model_type=bundle.model_type,
+                   tokenizer=type(bundle.tokenizer).__name__, kind=kind, n_layers=n_layers, n_heads=n_heads,
+                   corpus=corpus.name, corpus_fingerprint=corpus.fingerprint,
+                   corpus_documents=len(corpus.documents), corpus_report=corpus.report.lines(),
+                   max_docs=settings.max_docs, max_tokens=settings.max_tokens,
+                   planned=min(settings.max_docs, len(corpus.documents)), versions=store.versions(),
+                   started=time.time(), status=store.STATUS_RUNNING)
+    return writer
+
+
+def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: ScanSettings = DEFAULT_SETTINGS, *,
+             progress: Callable[[Progress], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> Progress:
+    """Scan ``bundle`` over ``corpus`` into the database at ``path`` (created, or resumed where it stopped).
+    ``progress`` is called after every chunk; ``should_stop`` is asked before every chunk: a stopped scan keeps
+    what it committed and resumes on the next call. Returns the last progress (``status`` finished or stopped)."""
+    kind, n_layers, n_heads = scanned_kind(bundle)
+    with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:
+        done = writer.done_documents()
+        planned = planned_documents(corpus, settings)
+        todo = [(doc, document) for doc, document in planned if doc not in done]
+        state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
+        partial = writer.load_partial(n_layers, n_heads)
+        writer.set(status=store.STATUS_RUNNING)
+        for chunk in chunks(todo, settings.chunk_docs):
+            if should_stop is not None and should_stop():
+                state.status = store.STATUS_STOPPED
+                break
+            part = scan_chunk(bundle, kind, chunk, settings.max_tokens, n_layers, n_heads, partial.floors())
+            record_chunk(writer, partial, part, dict(chunk), state)
+            if progress is not None:
+                progress(state)
+        finish(writer, state)
+    if progress is not None:
+        progress(state)
+    return state
+
+
+def record_chunk(writer: store.ScanWriter, partial: Partial, part: Partial, documents: dict[int, Document],
+                 state: Progress) -> None:
+    """Merge a chunk's partial into the running one and commit it; count it in ``state``."""
+    state.done_this_run += len(part.documents)
+    state.tokens_this_run += sum(entry["n_tokens"] for entry in part.documents)
+    partial.merge(part)
+    writer.commit(partial, {doc: (document.source, document.text) for doc, document in documents.items()})
+    state.done += len(documents)
+
+
+def finish(writer: store.ScanWriter, state: Progress) -> None:
+    if state.status != store.STATUS_STOPPED:
+        state.status = store.STATUS_FINISHED
+        writer.compact()
+    writer.set(status=state.status, finished=time.time() if state.status == store.STATUS_FINISHED else None)

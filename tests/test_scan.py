@@ -1,0 +1,367 @@
+"""Scans: the statistics equal a brute-force computation from transformers' eager weights; partials merge to one
+pass; a resumed scan equals an uninterrupted one; the searches find what a brute-force search finds; the command
+line scans, stops and resumes."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.analysis import is_punctuation, label_head
+from attnviz.scan import store
+from attnviz.scan.corpus import Corpus, Document
+from attnviz.scan.heads import CRITERIA, LABELS, OFFSETS, SCAN_STATISTICS, Partial, document_partial
+from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan, scan_key
+
+TEXTS = [
+    "The cat sat on the mat, and the dog slept by the door.",
+    "Attention weights say where a head looks; ablation says whether the model needs it.",
+    "Paris is the capital of France. Berlin is the capital of Germany.",
+    "A list, a tuple and a dict: three containers, each with its own rules!",
+    "Short one.",
+    "Induction heads copy: red blue green red blue green red blue green.",
+]
+MAX_TOKENS = 24
+
+
+def small_corpus() -> Corpus:
+    return Corpus("tests", [Document(text, f"line {i + 1}") for i, text in enumerate(TEXTS)])
+
+
+@pytest.fixture(scope="module")
+def gpt2(tiny_checkpoint):
+    from attnviz.models.loading import load_model_dir
+
+    return load_model_dir(tiny_checkpoint("gpt2"))
+
+
+def tables(path) -> dict:
+    """Every table and view of a scan, sorted, for comparing two scans."""
+    with store.ScanReader(path) as reader:
+        found = {}
+        for table in ("documents", "tokens", "head_documents", "query_top_keys", "token_pairs", "key_tokens",
+                      "head_stats", "label_state", "offset_state", "histogram_state", "examples"):
+            frame = reader.frame(f"SELECT * FROM {table}")
+            found[table] = frame.sort_values(list(frame.columns[:min(5, len(frame.columns))])).reset_index(drop=True)
+        return found
+
+
+def assert_same_tables(a: dict, b: dict, rtol: float = 1e-9, atol: float = 1e-12) -> None:
+    """Equal tables: the same rows, floats equal to ``rtol`` (the order of additions; on Ray, each worker's own
+    float32 matrix products with its own thread count)."""
+    for name in a:
+        left, right = a[name], b[name]
+        assert list(left.columns) == list(right.columns), name
+        assert len(left) == len(right), name
+        for column in left.columns:
+            x, y = left[column].to_numpy(), right[column].to_numpy()
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"{name}.{column}")
+            elif x.dtype == object and len(x) and isinstance(x[0], np.ndarray):
+                for u, v in zip(x, y, strict=True):
+                    np.testing.assert_allclose(np.asarray(u, dtype=float) if u.dtype.kind == "f" else 0,
+                                               np.asarray(v, dtype=float) if v.dtype.kind == "f" else 0,
+                                               rtol=rtol, atol=max(atol, 1e-5))
+                    assert list(map(str, u)) == list(map(str, v)) or u.dtype.kind == "f"
+            else:
+                assert list(x) == list(y), f"{name}.{column}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The statistics against transformers' own eager weights, computed row by row in numpy
+
+
+def eager_documents(bundle, texts, max_tokens):
+    """Per document: (token ids, tokens, special flags, [layers, heads, n, n] float64 weights) from transformers'
+    eager attention, run here (not through attnviz's capture)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(bundle.folder, attn_implementation="eager", local_files_only=True,
+                                      use_safetensors=True).eval()
+    tokenizer = bundle.tokenizer
+    documents = []
+    for text in texts:
+        encoded = tokenizer(text, truncation=True, max_length=max_tokens, return_tensors="pt",
+                            return_special_tokens_mask=True)
+        special = encoded.pop("special_tokens_mask")[0].bool().tolist()  # token_type_ids stay, as capture passes them
+        with torch.no_grad():
+            attentions = model(**encoded, output_attentions=True).attentions
+        weights = torch.stack([a[0] for a in attentions]).double().numpy()
+        ids = encoded["input_ids"][0].tolist()
+        documents.append((ids, tokenizer.convert_ids_to_tokens(ids), special, weights))
+    return documents
+
+
+def brute_force(documents, layer, head):
+    """Every row's statistics of one head over all documents, one row at a time."""
+    rows = {name: [] for name in SCAN_STATISTICS}
+    offsets = {offset: [] for offset in OFFSETS}
+    for _, tokens, special, weights in documents:
+        w = weights[layer, head]
+        n = len(tokens)
+        for i in range(n):
+            row = w[i]
+            seen = row[row > 0]
+            entropy = float(-(seen * np.log(seen)).sum())
+            rows["entropy"].append(entropy)
+            rows["normalised_entropy"].append(entropy / math.log(len(seen)) if len(seen) > 1 else 0.0)
+            rows["mean_distance"].append(sum(row[j] * abs(i - j) for j in range(n)))
+            rows["self"].append(row[i])
+            if i > 0:
+                rows["previous"].append(row[i - 1])
+            if i < n - 1:
+                rows["next"].append(row[i + 1])
+            rows["first"].append(row[0])
+            rows["separator"].append(sum(row[j] for j in range(1, n) if special[j]))
+            rows["punctuation"].append(sum(row[j] for j in range(n) if is_punctuation(tokens[j])))
+            rows["special"].append(sum(row[j] for j in range(n) if special[j]))
+            rows["max_weight"].append(row.max())
+            for offset in OFFSETS:
+                if 0 <= i + offset < n:
+                    offsets[offset].append(row[i + offset])
+    return rows, offsets
+
+
+@pytest.mark.parametrize("which", ["bert", "gpt2"])
+def test_statistics_equal_brute_force_from_eager_weights(which, bert, gpt2, tmp_path):
+    bundle = bert if which == "bert" else gpt2
+    corpus = small_corpus()
+    path = tmp_path / "scan.duckdb"
+    state = run_scan(corpus, bundle, path, ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=4))
+    assert state.status == store.STATUS_FINISHED and state.done == len(TEXTS)
+    documents = eager_documents(bundle, TEXTS, MAX_TOKENS)
+    with store.ScanReader(path) as reader:
+        assert (reader.n_layers, reader.n_heads) == documents[0][3].shape[:2]
+        # the scan read the same tokens as the tokenizer gives
+        top = reader.frame("SELECT doc, query, query_id FROM query_top_keys WHERE layer = 0 AND head = 0 "
+                           "ORDER BY doc, query")
+        for doc, (ids, *_) in enumerate(documents):
+            assert top[top.doc == doc].query_id.tolist() == ids
+        for layer, head in ((0, 0), (reader.n_layers - 1, reader.n_heads - 1), (1, 2)):
+            rows, offsets = brute_force(documents, layer, head)
+            summary = reader.head_summary(layer, head).set_index("statistic")
+            for name in SCAN_STATISTICS:
+                values = np.asarray(rows[name])
+                assert summary.loc[name, "mean"] == pytest.approx(values.mean(), rel=1e-4, abs=2e-5), name
+                assert summary.loc[name, "spread"] == pytest.approx(values.std(), abs=2e-4), name
+                assert summary.loc[name, "queries"] == len(values)
+            profile = reader.offset_profile(layer, head).set_index("offset")["weight"]
+            for offset in OFFSETS:
+                expected = np.mean(offsets[offset]) if offsets[offset] else None
+                if expected is None:
+                    assert math.isnan(profile[offset]) or profile[offset] is None
+                else:
+                    assert profile[offset] == pytest.approx(expected, abs=2e-5)
+            if which == "gpt2":  # causal: nothing attends to a later token
+                assert all(profile[o] == 0 for o in OFFSETS if o > 0 and not math.isnan(profile[o]))
+            # each document's label, by Explore's rules on that document's means
+            labels = reader.label_shares(layer, head).set_index("label")["documents"]
+            expected_labels = {}
+            for ids, tokens, special, weights in documents:
+                one_rows, _ = brute_force([(ids, tokens, special, weights)], layer, head)
+                label = label_head({name: float(np.mean(v)) if v else 0.0 for name, v in one_rows.items()})
+                expected_labels[label] = expected_labels.get(label, 0) + 1
+            assert {k: int(v) for k, v in labels.items() if v} == expected_labels
+            # the best "previous" example is the largest weight on a previous token anywhere in the corpus
+            best = max((weights[layer, head, i, i - 1], doc, i) for doc, (_, _, _, weights) in enumerate(documents)
+                       for i in range(1, weights.shape[-1]))
+            example = reader.examples(layer, head, "previous")[0]
+            assert example["score"] == pytest.approx(best[0], abs=1e-5)
+            assert (example["doc"], example["query"], example["key"]) == (best[1], best[2], best[2] - 1)
+            window = example["window_weights"]
+            assert window[best[2] - example["window_start"] - 1] == pytest.approx(best[0], abs=1e-4)
+            # token pairs: each query's three strongest keys, their weights summed by (query token, key token)
+            pairs: dict = {}
+            for ids, tokens, _, weights in documents:
+                w = weights[layer, head]
+                for i in range(len(ids)):
+                    for j in np.argsort(-w[i], kind="stable")[:3]:
+                        pairs[(ids[i], ids[j])] = pairs.get((ids[i], ids[j]), 0.0) + w[i, j]
+            strongest = sorted(pairs.values(), reverse=True)[:5]
+            found = reader.token_pairs(layer, head, limit=5)["weight"].tolist()
+            np.testing.assert_allclose(found, strongest, atol=1e-4)
+            # key tokens: all the weight each key token received, over every query
+            received: dict = {}
+            for ids, _, _, weights in documents:
+                for j, token in enumerate(ids):
+                    received[token] = received.get(token, 0.0) + weights[layer, head, :, j].sum()
+            top_keys = reader.key_tokens(layer, head, limit=3)["weight"].tolist()
+            np.testing.assert_allclose(top_keys, sorted(received.values(), reverse=True)[:3], atol=1e-4)
+            assert sum(received.values()) == pytest.approx(summary.loc["entropy", "queries"], abs=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Merging, resuming, reusing
+
+
+def random_weights(seed, heads, n, causal):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(heads, n, n, generator=generator) * 3
+    if causal:
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1)
+
+
+def partial_of(doc, n, layers=2, heads=3):
+    pieces = ["[CLS]", *[f"w{(doc * 7 + i) % 5}" for i in range(n - 2)], "[SEP]"]
+    weights = [random_weights(doc * 10 + layer, heads, n, causal=doc % 2 == 1) for layer in range(layers)]
+    return document_partial(doc, lambda layer: weights[layer], layers, heads, pieces, pieces,
+                            [True, *[False] * (n - 2), True], [100 + (doc * 7 + i) % 5 for i in range(n)], False)
+
+
+def test_merging_partials_equals_one_pass_in_any_grouping():
+    sizes = [5, 9, 3, 12, 7, 30, 4, 16]
+    parts = [partial_of(doc, n) for doc, n in enumerate(sizes)]
+    one_pass = Partial(2, 3)
+    for part in [partial_of(doc, n) for doc, n in enumerate(sizes)]:
+        one_pass.merge(part)
+    left = Partial(2, 3).merge(parts[0]).merge(parts[1]).merge(parts[2])
+    right = Partial(2, 3)
+    for part in reversed(parts[3:]):  # another order too
+        right.merge(part)
+    merged = Partial(2, 3).merge(right).merge(left)
+    for name in Partial.ARRAYS:
+        np.testing.assert_allclose(getattr(merged, name), getattr(one_pass, name), rtol=1e-12, err_msg=name)
+    assert merged.examples.keys() == one_pass.examples.keys()
+    for slot, kept in one_pass.examples.items():
+        assert [(e.doc, e.query, e.score) for e in merged.examples[slot]] == [(e.doc, e.query, e.score) for e in kept]
+    assert int(one_pass.labels.sum()) == len(sizes) * 2 * 3  # one label per document and head
+    assert sorted(d["doc"] for d in merged.documents) == list(range(len(sizes)))
+
+
+def test_chunk_size_does_not_change_the_tables(bert, tmp_path):
+    corpus = small_corpus()
+    run_scan(corpus, bert, tmp_path / "one.duckdb", ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=10))
+    run_scan(corpus, bert, tmp_path / "many.duckdb", ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=1))
+    assert_same_tables(tables(tmp_path / "one.duckdb"), tables(tmp_path / "many.duckdb"))
+
+
+def test_a_resumed_scan_equals_an_uninterrupted_one(gpt2, tmp_path):
+    corpus = small_corpus()
+    settings = ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=2)
+    whole = tmp_path / "whole.duckdb"
+    run_scan(corpus, gpt2, whole, settings)
+    stopped = tmp_path / "stopped.duckdb"
+    asked = []
+    state = run_scan(corpus, gpt2, stopped, settings, should_stop=lambda: asked.append(1) or len(asked) > 1)
+    assert state.status == store.STATUS_STOPPED and state.done == 2
+    with store.ScanReader(stopped) as reader:
+        assert reader.documents == 2 and reader.settings["status"] == store.STATUS_STOPPED
+    state = run_scan(corpus, gpt2, stopped, settings)
+    assert state.status == store.STATUS_FINISHED and state.done == len(TEXTS) and state.done_this_run == 4
+    assert_same_tables(tables(whole), tables(stopped))
+    # A finished scan asked again does nothing and changes nothing
+    again = run_scan(corpus, gpt2, stopped, settings)
+    assert again.done_this_run == 0
+    assert_same_tables(tables(whole), tables(stopped))
+
+
+def test_a_file_of_another_scan_is_refused_and_keys_follow_the_inputs(bert, tmp_path):
+    corpus = small_corpus()
+    path = tmp_path / "scan.duckdb"
+    run_scan(corpus, bert, path, ScanSettings(max_docs=2, max_tokens=MAX_TOKENS))
+    with pytest.raises(ScanRefused, match="holds another scan"):
+        run_scan(corpus, bert, path, ScanSettings(max_docs=2, max_tokens=MAX_TOKENS + 1))
+    base = scan_key(corpus, bert.folder, ScanSettings(max_docs=2, max_tokens=24))
+    assert base == scan_key(small_corpus(), bert.folder, ScanSettings(max_docs=2, max_tokens=24, chunk_docs=3))
+    assert base != scan_key(corpus, bert.folder, ScanSettings(max_docs=3, max_tokens=24))
+    other = Corpus("tests", [*corpus.documents[:-1], Document("changed", "line 6")])
+    assert base != scan_key(other, bert.folder, ScanSettings(max_docs=2, max_tokens=24))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Searches and exports
+
+
+@pytest.fixture(scope="module")
+def bert_scan(bert, tmp_path_factory):
+    path = tmp_path_factory.mktemp("scan") / "bert.duckdb"
+    run_scan(small_corpus(), bert, path, ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=3))
+    return path
+
+
+def test_query_search_finds_what_a_brute_force_search_finds(bert, bert_scan):
+    documents = eager_documents(bert, TEXTS, MAX_TOKENS)
+    layer, head, min_weight = 2, 5, 0.2
+    expected = set()
+    for doc, (_, tokens, _, weights) in enumerate(documents):
+        for i, token in enumerate(tokens):
+            j = int(weights[layer, head, i].argmax())
+            if token == "the" and weights[layer, head, i, j] >= min_weight:
+                expected.add((doc, i, tokens[j]))
+    with store.ScanReader(bert_scan) as reader:
+        found, sql = reader.search_queries(query_word="The", key_word=None, layer=layer, head=head,
+                                           min_weight=min_weight)
+        assert {(r.doc, r.query, r.key_token) for r in found.itertuples()} == expected and expected
+        assert "query_top_keys" in sql
+        key = next(iter(expected))[2]
+        narrowed, _ = reader.search_queries(query_word="the", key_word=key, layer=layer, head=head,
+                                            min_weight=min_weight)
+        assert set(narrowed.key_token) == {key} and len(narrowed) == sum(e[2] == key for e in expected)
+
+
+def test_head_search_and_label_map(bert_scan):
+    with store.ScanReader(bert_scan) as reader:
+        found, _ = reader.search_heads("[CLS]", 0.3)
+        shares = reader.statistic_map("first")[0]  # [CLS] is every document's first token
+        expected = {(layer, head) for layer, head in zip(*np.nonzero(shares > 0.3), strict=True)}
+        assert {(r.layer, r.head) for r in found.itertuples()} == expected
+        np.testing.assert_allclose(found["share"], [shares[r.layer, r.head] for r in found.itertuples()], atol=1e-6)
+        total = sum(reader.statistic_map(label)[0] for label in LABELS)
+        np.testing.assert_allclose(total, 1.0)  # every document gives each head one label
+
+
+def test_every_table_exports_to_parquet(bert_scan, tmp_path):
+    import duckdb
+
+    with store.ScanReader(bert_scan) as reader:
+        for table in store.EXPORTABLE:
+            target = reader.export_parquet(table, tmp_path / f"{table}.parquet")
+            with duckdb.connect() as connection:
+                rows = connection.execute("SELECT count(*) FROM read_parquet(?)", [str(target)]).fetchone()[0]
+            assert rows == reader.frame(f"SELECT count(*) AS n FROM {table}")["n"][0] and rows > 0
+        with pytest.raises(ValueError):
+            reader.export_parquet("pg_catalog.pg_tables; --", tmp_path / "x.parquet")
+
+
+def test_examples_are_kept_per_criterion_best_first(bert_scan):
+    with store.ScanReader(bert_scan) as reader:
+        for criterion in CRITERIA:
+            found = reader.examples(0, 1, criterion)
+            scores = [e["score"] for e in found]
+            assert scores == sorted(scores, reverse=True)
+            assert len({e["doc"] for e in found}) == len(found)  # one per document
+            for e in found:
+                assert len(e["window_tokens"]) == len(e["window_weights"])
+                assert e["window_start"] <= e["query"] < e["window_start"] + len(e["window_tokens"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
+    import json
+
+    from attnviz.models.loading import DEFAULT_MODEL_NAME
+    from attnviz.scan.__main__ import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS), encoding="utf-8")
+    out, progress, stop = tmp_path / "scan.duckdb", tmp_path / "progress.json", tmp_path / "stop"
+    stop.touch()
+    arguments = [str(corpus), "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--max-tokens", "16", "--chunk",
+                 "2", "--progress-file", str(progress)]
+    assert main([*arguments, "--stop-file", str(stop)]) == 0
+    assert json.loads(progress.read_text())["status"] == store.STATUS_STOPPED
+    stop.unlink()
+    assert main(arguments) == 0
+    said = json.loads(progress.read_text())
+    assert said["status"] == store.STATUS_FINISHED and said["done"] == len(TEXTS)
+    assert "finished: 6 of 6 documents" in capsys.readouterr().err
+    with store.ScanReader(out) as reader:
+        assert reader.documents == len(TEXTS) and reader.settings["max_tokens"] == 16
+    assert main(["missing.txt", "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--progress-file",
+                 str(progress)]) == 2
+    assert json.loads(progress.read_text())["status"] == "failed"
