@@ -173,7 +173,7 @@ def test_statistics_equal_brute_force_from_eager_weights(which, bert, gpt2, tmp_
             assert window[best[2] - example["window_start"] - 1] == pytest.approx(best[0], abs=1e-4)
             # token pairs: each query's three strongest keys, their weights summed by (query token, key token)
             pairs: dict = {}
-            for ids, tokens, _, weights in documents:
+            for ids, _, _, weights in documents:
                 w = weights[layer, head]
                 for i in range(len(ids)):
                     for j in np.argsort(-w[i], kind="stable")[:3]:
