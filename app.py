@@ -25,6 +25,7 @@ PAGES = (  # (script, title, icon); the first is the default page
     ("pages/heads_kv_cache.py", "Heads and KV cache", ":material/memory:"),
     ("pages/flash.py", "Flash vs naive", ":material/bolt:"),
     ("pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
+    ("pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
     ("pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
 )
 

@@ -1,0 +1,414 @@
+"""Heads across a corpus: scan a model over many documents and see what each head does in general."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from attnviz.scan import background, store
+from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_bytes
+from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
+from attnviz.scan.runner import ScanSettings
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import page_intro, setup_area, start_page
+from attnviz.ui.messages import problem_text
+from attnviz.ui.scans import corpus_facts, export_bytes, key_for, scan_folder, scan_read
+from attnviz.ui.session_models import current_bundle, registered_models
+from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
+from attnviz.viz import corpus as figures
+
+STATISTIC_NAMES = {
+    "previous": "weight on the previous token", "next": "weight on the next token", "self": "weight on itself",
+    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>)",
+    "special": "weight on special tokens", "punctuation": "weight on punctuation",
+    "max_weight": "largest weight of a query", "normalised_entropy": "normalised entropy (1 = uniform)",
+    "entropy": "entropy (nats)", "mean_distance": "mean distance (tokens)",
+    **{label: f"documents labelled '{label}'" for label in LABELS},
+}
+VIEWS = ("Map", "Head", "Search", "Compare", "Export")
+BUNDLED_CHOICE, UPLOAD_CHOICE = "Bundled: Python's documentation and docstrings", "Upload a file"
+EXAMPLES_SHOWN = 6
+
+start_page("Heads across a corpus")
+if st.session_state.pop("corpus_open_explore", False):
+    st.switch_page("pages/explore_heads.py")
+page_intro(
+    "What does a head do in general? Scan the sidebar's model over many documents: every head's statistics with "
+    "their spread, how often each label holds, where its weight goes by relative position, the token pairs it "
+    "links and the examples where it does its thing most strongly. Results are kept in a DuckDB file per scan "
+    "(searchable, exportable to Parquet); the same scan runs from the command line and on Ray "
+    "(`python -m attnviz.scan`)."
+)
+folder = scan_folder()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Starting a scan
+
+
+def chosen_corpus() -> tuple[str | None, str, str | None] | None:
+    """(kept corpus path or None for the bundled one, txt split, field), or None until a file is given."""
+    choice = st.radio("Corpus", (BUNDLED_CHOICE, UPLOAD_CHOICE), horizontal=True, key="corpus_source")
+    if choice == BUNDLED_CHOICE:
+        return None, "line", None
+    upload = st.file_uploader(f"A corpus file ({', '.join(FORMATS)}; at most {max_corpus_bytes() / 1024**2:,.0f} "
+                              "MB): read by its format's reader, never run", type=[f[1:] for f in FORMATS],
+                              key="corpus_upload")
+    if upload is None:
+        return None
+    if upload.size > max_corpus_bytes():
+        st.error(f"{upload.name} is {upload.size / 1024**2:,.1f} MB; a corpus may be at most "
+                 f"{max_corpus_bytes() / 1024**2:,.0f} MB here.", icon=":material/block:")
+        return None
+    try:
+        path = folder.keep_corpus(upload.getvalue(), upload.name)
+        split, field = "line", None
+        if path.suffix == ".txt":
+            split = st.radio("One document per", ("line", "paragraph"), horizontal=True, key="corpus_split",
+                             help="paragraph: blank lines separate documents")
+        else:
+            names = columns_of(path)
+            if not names:
+                st.error("No text field or column found in this file.", icon=":material/block:")
+                return None
+            field = st.selectbox("The text is in", names, index=names.index("text") if "text" in names else 0,
+                                 key="corpus_field")
+    except CorpusRefused as problem:
+        st.error(f"{upload.name} cannot be used: {problem}.", icon=":material/block:")
+        return None
+    return str(path), split, field
+
+
+def scan_controls(bundle) -> None:
+    with setup_area("Scan a corpus"):
+        corpus = chosen_corpus()
+        columns = st.columns(3)
+        max_docs = int(columns[0].number_input("Documents", 1, 100_000, 200, step=100, key="corpus_docs",
+                                               help="the corpus's first documents (the bundled one is shuffled)"))
+        max_tokens = int(columns[1].number_input("Tokens per document", 8, max(8, bundle.max_positions),
+                                                 min(128, bundle.max_positions), step=32, key="corpus_tokens",
+                                                 help="each document's first tokens, special tokens included"))
+        columns[2].markdown(f"**Model**  \n{bundle.name}  \n:small[(the sidebar's)]")
+        if corpus is None:
+            return
+        path, split, field = corpus
+        try:
+            facts = corpus_facts(path, _stamp(path), split, field)
+        except CorpusRefused as problem:
+            st.error(f"The corpus cannot be read: {problem}.", icon=":material/block:")
+            return
+        for line in facts["report"]:
+            st.caption(f":material/info: {line}")
+        if not facts["documents"]:
+            st.error("The corpus holds no document to scan.", icon=":material/block:")
+            return
+        if bundle.modality != "text":
+            st.info(f"{bundle.name} reads images; a scan reads text. Choose a text model in the sidebar.",
+                    icon=":material/image:")
+            return
+        settings = ScanSettings(max_docs=max_docs, max_tokens=max_tokens)
+        planned = min(max_docs, facts["documents"])
+        key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings)
+        existing = folder.database(key)
+        said = scan_read(existing, "settings") if existing.is_file() and folder.job() is None else None
+        finished = said is not None and said.get("status") == store.STATUS_FINISHED
+        label = ("Open the finished scan" if finished else
+                 "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")
+        if st.button(label, type="primary", key="corpus_scan", disabled=folder.job() is not None,
+                     icon=":material/play_arrow:"):
+            st.session_state["corpus_chosen"] = str(existing)
+            if not finished:
+                folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
+                             field_name=field, dtype="stored")
+            st.rerun()
+        st.caption(f"{planned:,} of the corpus's {facts['documents']:,} documents, at most {max_tokens} tokens each, "
+                   f"with {bundle.name}. The scan runs in the background: leave the page or reload, it goes on; "
+                   "the same corpus, model and limits reopen the same scan.")
+
+
+def _stamp(path: str | None) -> float:
+    return 0.0 if path is None else Path(path).stat().st_mtime
+
+
+@st.fragment(run_every=1.0)
+def running_scan() -> None:
+    """The running scan's progress, refreshed every second; the whole page reruns when it ends."""
+    job = folder.job()
+    if job is None:
+        st.session_state["corpus_chosen"] = st.session_state.get("corpus_running") or st.session_state.get(
+            "corpus_chosen")
+        st.session_state.pop("corpus_running", None)
+        st.rerun(scope="app")
+    st.session_state["corpus_running"] = str(folder.database(job.key))
+    said = folder.progress(job.key) or {}
+    done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
+    rate, eta = said.get("documents_per_second") or 0.0, said.get("eta")
+    left = "" if eta is None else f" · about {int(eta) // 60} min {int(eta) % 60:02d} s left"
+    started = time.time() - job.started
+    st.progress(min(1.0, done / planned),
+                text=f"Scanning: {done:,} of {planned:,} documents · {rate:.1f} documents/s · "
+                     f"{said.get('tokens_per_second', 0):,.0f} tokens/s{left}"
+                if said else f"Starting the scan (loading the model, reading the corpus): {started:.0f} s")
+    if st.button("Stop", key="corpus_stop", icon=":material/stop:",
+                 help="stops after the current chunk; what was scanned is kept, and Scan resumes it"):
+        folder.stop(job.key)
+        st.toast("Stopping after the current chunk…")
+
+
+def failed_scan_note() -> None:
+    chosen = st.session_state.get("corpus_chosen")
+    if not chosen:
+        return
+    key = Path(chosen).stem
+    said = folder.progress(key)
+    if said and said.get("status") == "failed":
+        st.error(f"The scan failed: {said.get('error')}", icon=":material/error:")
+    elif not Path(chosen).is_file() and folder.job() is None:
+        tail = folder.log_tail(key)
+        if tail:
+            st.error(f"The scan ended without results:\n\n```\n{tail}\n```", icon=":material/error:")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading a scan
+
+
+def scan_label(path: Path) -> str:
+    try:
+        said = scan_read(path, "settings")
+    except Exception:  # noqa: BLE001 - a file being written, or not a scan
+        return f"{path.name} (cannot be read now)"
+    status = said.get("status")
+    state = "" if status == store.STATUS_FINISHED else f" · {status}"
+    return (f"{said.get('model')} · {said.get('corpus')} · {said.get('documents_scanned', 0):,} documents · "
+            f"≤ {said.get('max_tokens')} tokens{state}")
+
+
+def readable_scans() -> list[Path]:
+    job = folder.job()
+    running = None if job is None else folder.database(job.key)
+    return [path for path in [*folder.scans(), *background.server_scans()] if path != running]
+
+
+def choose_scan(scans: list[Path], key: str, label: str, exclude: Path | None = None) -> Path | None:
+    choices = [path for path in scans if path != exclude]
+    if not choices:
+        return None
+    wanted = st.session_state.get("corpus_chosen")
+    index = next((i for i, path in enumerate(choices) if str(path) == wanted), 0) if key == "corpus_scan_choice" else 0
+    return st.selectbox(label, choices, index=index, format_func=scan_label, key=key)
+
+
+def map_view(path: Path, said: dict) -> None:
+    columns = st.columns([3, 2])
+    statistic = columns[0].selectbox("Statistic", [*SCAN_STATISTICS, *LABELS], index=SCAN_STATISTICS.index("previous"),
+                                     format_func=STATISTIC_NAMES.get, key="corpus_statistic")
+    over = columns[1].radio("Mean and spread over", ("queries", "documents"), horizontal=True, key="corpus_over",
+                            disabled=statistic in LABELS,
+                            help="queries: every query of every document; documents: each document's mean")
+    mean, spread = scan_read(path, "statistic_map", statistic, over)
+    title = f"{STATISTIC_NAMES[statistic]}, every head, over {said['documents_scanned']:,} documents"
+    figure = figures.statistic_map(mean, spread, statistic=statistic, title=title,
+                                   highlight=(st.session_state.get("corpus_layer", 0),
+                                              st.session_state.get("corpus_head", 0)))
+    best = np.unravel_index(np.nanargmax(mean), mean.shape) if np.isfinite(mean).any() else (0, 0)
+    show_figure(figure, f"Highest: layer {best[0]}, head {best[1]} ({mean[best]:.3g}). The hover gives each head's "
+                        "spread; click a head to open it.", key="corpus_map", on_select=open_clicked_head)
+
+
+def open_clicked_head() -> None:
+    selection = st.session_state.get("corpus_map")
+    points = (selection.get("selection", {}).get("points", []) if isinstance(selection, dict)
+              else selection.selection.points if selection is not None else [])
+    for point in points:
+        data = point.get("customdata")
+        if data and len(data) == 2:
+            st.session_state["corpus_layer"], st.session_state["corpus_head"] = int(data[0]), int(data[1])
+            st.session_state["corpus_view"] = "Head"
+            return
+
+
+def head_view(path: Path, said: dict) -> None:
+    for key, most in (("corpus_layer", said["n_layers"] - 1), ("corpus_head", said["n_heads"] - 1)):
+        if st.session_state.get(key, 0) > most:  # a head of another scan's model
+            st.session_state[key] = most
+    columns = st.columns(3)
+    layer = int(columns[0].number_input("Layer", 0, said["n_layers"] - 1, 0, key="corpus_layer"))
+    head = int(columns[1].number_input("Head", 0, said["n_heads"] - 1, 0, key="corpus_head"))
+    labels = scan_read(path, "label_shares", layer, head)
+    top = labels.iloc[0]
+    columns[2].metric("Its label on most documents", top["label"], f"{top['share']:.0%} of documents",
+                      delta_color="off")
+    left, right = st.columns(2)
+    with left:
+        profile = scan_read(path, "offset_profile", layer, head)
+        show_figure(figures.offset_profile(profile["offset"].tolist(), profile["weight"].tolist(),
+                                           title=f"Layer {layer}, head {head}: mean weight by relative position"),
+                    "Where its weight goes, counted from the query: a previous-token head is one bar at −1, a "
+                    "head that reads the first token puts its weight far left.", key="corpus_offsets")
+    with right:
+        histogram = scan_read(path, "histogram", layer, head)
+        show_figure(figures.largest_weight_histogram(HISTOGRAM_BINS, histogram["queries"].tolist(),
+                                                     title=f"Layer {layer}, head {head}: how sharp its queries are"),
+                    "Each query's largest weight: a sharp head piles up at the right, a broad one at the left.",
+                    key="corpus_histogram")
+    summary = scan_read(path, "head_summary", layer, head)
+    summary["statistic"] = summary["statistic"].map(STATISTIC_NAMES)
+    left, right = st.columns([3, 2])
+    left.dataframe(summary.round(4), hide_index=True, width="stretch")
+    right.dataframe(labels.round(3), hide_index=True, width="stretch")
+    left, right = st.columns(2)
+    left.markdown("**Token pairs it links most** (the weight each query gives its 3 strongest keys)")
+    left.dataframe(scan_read(path, "token_pairs", layer, head, 15).round(4), hide_index=True, width="stretch")
+    by = right.radio("**Key tokens that attract most**", ("weight", "per occurrence"), horizontal=True,
+                     key="corpus_keys_by", help="per occurrence: among tokens seen 5 times or more")
+    right.dataframe(scan_read(path, "key_tokens", layer, head, 15, by=by).round(4), hide_index=True,
+                    width="stretch")
+    examples_section(path, said, layer, head)
+
+
+def examples_section(path: Path, said: dict, layer: int, head: int) -> None:
+    criterion = st.selectbox("Top examples by", list(CRITERIA), format_func=CRITERIA.get, key="corpus_criterion")
+    examples = scan_read(path, "examples", layer, head, criterion)
+    if not examples:
+        st.info("No document gives this head a positive score by this criterion.", icon=":material/info:")
+        return
+    st.caption("Each token shaded by the weight the query (boxed) gives it; the key the criterion points at is "
+               "underlined. Hover a token for its weight.")
+    for rank, example in enumerate(examples[:EXAMPLES_SHOWN]):
+        text_column, button_column = st.columns([6, 1])
+        query, key = example["query"], example["key"]
+        start = example["window_start"]
+        text_column.markdown(
+            f"**{rank + 1}.** score {example['score']:.3f} · document {example['doc']} ({example['source']}) · "
+            f"query {query} → key {key} (weight {example['weight']:.3f})")
+        text_column.html(figures.example_html(list(example["window_tokens"]), list(example["window_weights"]),
+                                              query - start, key - start if start <= key else None))
+        button_column.button("Open in Explore heads", key=f"corpus_open_{rank}", on_click=open_in_explore,
+                             args=(path, int(example["doc"]), layer, head, said.get("model")),
+                             icon=":material/search:")
+
+
+def open_in_explore(path: Path, doc: int, layer: int, head: int, model: str | None) -> None:
+    """Callback (before the sidebar's widgets exist): the document becomes the sentence, Explore opens on the
+    head, with the scan's model when this session has it."""
+    document = scan_read(path, "document", doc)
+    if document is None:
+        return
+    st.session_state["sentence"] = str(document["text"])[:MAX_SENTENCE_CHARS]
+    note_sidebar_edit("sentence")
+    st.session_state["layer"], st.session_state["head"] = layer, head
+    st.session_state["view"], st.session_state["explore_tab"] = "head", "View"
+    if model in registered_models():
+        st.session_state["pending_model"] = model
+    st.session_state["corpus_open_explore"] = True
+
+
+def search_view(path: Path, said: dict) -> None:
+    st.markdown("**Queries**: where a head's strongest key is a given token")
+    with st.form("corpus_query_search"):
+        columns = st.columns(5)
+        query_word = columns[0].text_input("Query token", "the", key="corpus_q_word", max_chars=100)
+        key_word = columns[1].text_input("Strongest key token (any if empty)", "", key="corpus_k_word", max_chars=100)
+        layer = columns[2].selectbox("Layer", ["any", *range(said["n_layers"])], key="corpus_q_layer")
+        head = columns[3].selectbox("Head", ["any", *range(said["n_heads"])], key="corpus_q_head")
+        min_weight = columns[4].number_input("Weight at least", 0.0, 1.0, 0.5, 0.05, key="corpus_q_min")
+        st.form_submit_button("Search", icon=":material/search:")
+    found, sql = scan_read(path, "search_queries", query_word=query_word or None, key_word=key_word or None,
+                           layer=None if layer == "any" else layer, head=None if head == "any" else head,
+                           min_weight=min_weight)
+    st.caption(f"{len(found):,} queries{' (the first 200)' if len(found) == 200 else ''}. Words match any case, "
+               "with or without the tokenizer's space mark.")
+    st.dataframe(found, hide_index=True, width="stretch", height=260)
+    with st.expander("The SQL"):
+        st.code(sql, language="sql")
+    st.markdown("**Heads**: where a key token takes a share of all the weight")
+    with st.form("corpus_head_search"):
+        columns = st.columns(2)
+        key_token = columns[0].text_input("Key token", "[SEP]" if said.get("model_type") == "bert" else ".",
+                                          key="corpus_h_word", max_chars=100)
+        share = columns[1].number_input("More than this share of the head's weight", 0.0, 1.0, 0.3, 0.05,
+                                        key="corpus_h_share")
+        st.form_submit_button("Find heads", icon=":material/search:")
+    heads, sql = scan_read(path, "search_heads", key_token, share)
+    st.caption(f"{len(heads):,} heads.")
+    st.dataframe(heads.round(4), hide_index=True, width="stretch", height=220)
+    with st.expander("The SQL"):
+        st.code(sql, language="sql")
+
+
+def compare_view(path: Path, said: dict, scans: list[Path]) -> None:
+    other = choose_scan(scans, "corpus_other", "Compare with", exclude=path)
+    if other is None:
+        st.info("Scan another model (or a fine-tuned checkpoint of this one) over the same corpus to compare them "
+                "head by head.", icon=":material/compare:")
+        return
+    other_said = scan_read(other, "settings")
+    if (other_said["n_layers"], other_said["n_heads"]) != (said["n_layers"], said["n_heads"]):
+        st.warning(f"{other_said['model']} has {other_said['n_layers']} x {other_said['n_heads']} heads and "
+                   f"{said['model']} {said['n_layers']} x {said['n_heads']}: head by head, they do not line up.",
+                   icon=":material/warning:")
+        return
+    statistic = st.selectbox("Statistic", [*SCAN_STATISTICS, *LABELS], index=SCAN_STATISTICS.index("previous"),
+                             format_func=STATISTIC_NAMES.get, key="corpus_compare_statistic")
+    mine, _ = scan_read(path, "statistic_map", statistic, "queries")
+    theirs, _ = scan_read(other, "statistic_map", statistic, "queries")
+    difference = mine - theirs
+    figure = figures.difference_map(difference, statistic=statistic,
+                                    title=f"{STATISTIC_NAMES[statistic]}: {said['model']} minus {other_said['model']}")
+    if np.isfinite(difference).any():
+        layer, head = np.unravel_index(np.nanargmax(np.abs(difference)), difference.shape)
+        note = f"Largest change: layer {layer}, head {head} ({difference[layer, head]:+.3g})."
+    else:
+        note = "No head has this statistic in both scans."
+    same_corpus = other_said.get("corpus_fingerprint") == said.get("corpus_fingerprint")
+    show_figure(figure, note + ("" if same_corpus else " The two scans read different corpora."),
+                key="corpus_compare_map")
+
+
+def export_view(path: Path) -> None:
+    table = st.selectbox("Table", store.EXPORTABLE, key="corpus_export_table")
+    if st.button("Prepare the Parquet file", key="corpus_export"):
+        st.session_state["corpus_export_ready"] = (str(path), table, export_bytes(path, table))
+    ready = st.session_state.get("corpus_export_ready")
+    if ready and ready[:2] == (str(path), table):
+        st.download_button(f"Download {table}.parquet ({len(ready[2]) / 1024:,.0f} KB)", ready[2],
+                           file_name=f"{table}.parquet", mime="application/octet-stream", key="corpus_download")
+    st.caption(f"The whole scan is one DuckDB file: `{path.name}`. Its tables are described in the docs "
+               "(docs/scans.md).")
+
+
+def results() -> None:
+    scans = readable_scans()
+    if not scans:
+        st.info("No scan yet: choose a corpus and press Scan. The bundled corpus and 200 documents take about a "
+                "minute with the bundled BERT on two CPU cores.", icon=":material/dataset:")
+        return
+    path = choose_scan(scans, "corpus_scan_choice", "Scan")
+    try:
+        said = scan_read(path, "settings")
+    except Exception as problem:  # noqa: BLE001 - a broken or foreign file in the scans folder
+        st.error(f"{path.name} cannot be read as a scan: {problem_text(problem)}.", icon=":material/error:")
+        return
+    if said.get("status") != store.STATUS_FINISHED:
+        st.caption(f":material/pause: This scan {said.get('status')} after {said['documents_scanned']:,} of "
+                   f"{said.get('planned', 0):,} documents: what it scanned is shown; Scan with the same settings "
+                   "resumes it.")
+    for line in said.get("corpus_report") or []:
+        st.caption(f":material/info: {line}")
+    view = st.segmented_control("Show", VIEWS, default="Map", key="corpus_view", label_visibility="collapsed") or "Map"
+    {"Map": lambda: map_view(path, said), "Head": lambda: head_view(path, said),
+     "Search": lambda: search_view(path, said), "Compare": lambda: compare_view(path, said, scans),
+     "Export": lambda: export_view(path)}[view]()
+
+
+try:
+    bundle = current_bundle()
+    scan_controls(bundle)
+except Exception as problem:  # noqa: BLE001 - the page stays usable for the scans already made
+    st.error(f"Cannot start a scan: {problem_text(problem)}.", icon=":material/error:")
+if folder.job() is not None:
+    running_scan()
+failed_scan_note()
+results()

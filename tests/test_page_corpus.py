@@ -1,0 +1,123 @@
+"""The page "Heads across a corpus" in AppTest: a scan started from the page runs in its own process and its
+results appear; scans made on the command line open from ATTNVIZ_SCAN_ROOT; the map, a head, the searches, the
+comparison and the export show what the database holds; hostile uploads get a message."""
+
+import json
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+from attnviz.scan import store
+from attnviz.scan.corpus import Corpus, Document
+from attnviz.scan.runner import ScanSettings, run_scan
+from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
+from tests.test_scan import TEXTS
+
+PAGE = "pages/corpus.py"
+
+
+def wait_for_results(at, seconds: float = 180):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        if not at.get("progress") and any(s.label == "Scan" for s in at.selectbox):
+            return at
+        time.sleep(1)
+    raise AssertionError("the scan did not finish")
+
+
+@pytest.mark.slow
+def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(clean_streamlit_caches):
+    at = open_page(PAGE)
+    assert any("No scan yet" in info.value for info in at.info)
+    at.number_input(key="corpus_docs").set_value(6)
+    at.number_input(key="corpus_tokens").set_value(24)
+    at.run()
+    at.button(key="corpus_scan").click()
+    at.run()
+    assert at.get("progress") or at.session_state["corpus_chosen"]  # running (or already done)
+    wait_for_results(at)
+    chosen = at.session_state["corpus_chosen"]
+    with store.ScanReader(chosen) as reader:
+        assert reader.settings["status"] == store.STATUS_FINISHED and reader.documents == 6
+        expected, _ = reader.statistic_map("previous")
+    spec = figure_titled(at, "weight on the previous token, every head, over 6 documents")
+    np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), expected, atol=1e-12)
+    # The same corpus, model and limits: the page offers the finished scan instead of a new one
+    assert at.button(key="corpus_scan").label == "Open the finished scan"
+
+    at.segmented_control(key="corpus_view").set_value("Head").run()
+    at.number_input(key="corpus_layer").set_value(2).run()
+    assert not at.exception
+    titles = [f["layout"]["title"]["text"] for f in figures(at)]
+    assert "Layer 2, head 0: mean weight by relative position" in titles
+    at.button(key="corpus_open_0").click().run()
+    with store.ScanReader(chosen) as reader:
+        example = reader.examples(2, 0, "strongest")[0]
+        text = reader.document(example["doc"])["text"]
+    assert at.session_state["sentence"] == text
+    assert (at.session_state["layer"], at.session_state["head"]) == (2, 0)
+
+
+@pytest.fixture(scope="module")
+def server_scans(bert, tmp_path_factory):
+    root = tmp_path_factory.mktemp("scans")
+    corpus = Corpus("tests", [Document(text, f"line {i + 1}") for i, text in enumerate(TEXTS)])
+    run_scan(corpus, bert, root / "short.duckdb", ScanSettings(max_docs=6, max_tokens=12))
+    run_scan(corpus, bert, root / "long.duckdb", ScanSettings(max_docs=6, max_tokens=24))
+    (root / "outside.duckdb").symlink_to(root / "short.duckdb")  # a link is never listed
+    return root
+
+
+def test_server_scans_search_compare_and_export(server_scans, monkeypatch, clean_streamlit_caches):
+    monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(server_scans))
+    at = open_page(PAGE)
+    choices = at.selectbox(key="corpus_scan_choice").options
+    assert len(choices) == 2 and all("all-MiniLM" in c for c in choices)
+    at.segmented_control(key="corpus_view").set_value("Search").run()
+    at.text_input(key="corpus_q_word").input("the")
+    at.number_input(key="corpus_q_min").set_value(0.0)
+    at.button[0].click()  # the form's Search
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    found = at.dataframe[0].value
+    assert len(found) and set(found["query_token"]) == {"the"}
+    at.segmented_control(key="corpus_view").set_value("Compare").run()
+    spec = figure_titled(at, "weight on the previous token: all-MiniLM")
+    with store.ScanReader(server_scans / "long.duckdb") as a, store.ScanReader(server_scans / "short.duckdb") as b:
+        chosen = at.selectbox(key="corpus_scan_choice").value
+        mine, other = (a, b) if chosen.name == "long.duckdb" else (b, a)
+        expected = mine.statistic_map("previous")[0] - other.statistic_map("previous")[0]
+    np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), expected, atol=1e-12)
+    at.segmented_control(key="corpus_view").set_value("Export").run()
+    at.selectbox(key="corpus_export_table").set_value("head_stats").run()
+    at.button(key="corpus_export").click().run()
+    assert not at.exception
+    assert at.get("download_button")
+
+
+def test_hostile_uploads_get_a_message(clean_streamlit_caches, tmp_path):
+    at = open_page(PAGE)
+    at.radio(key="corpus_source").set_value("Upload a file").run()
+
+    class Exploding:
+        def __reduce__(self):
+            return (print, ("pickle executed",))
+
+    uploads = [("corpus.jsonl", pickle.dumps(Exploding()), "No text field"),
+               ("corpus.parquet", b"PAR1 not parquet PAR1", "cannot be used"),
+               ("corpus.csv", b"", "No text field"),
+               ("corpus.txt", b"\xff\xfe\n\n", "no document")]
+    for name, data, said in uploads:
+        at.get("file_uploader")[0].set_value((name, data, "application/octet-stream"))
+        at.run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        shown = " ".join(e.value for e in at.error)
+        assert said in shown, (name, shown)
+    good = json.dumps({"text": "A good document."}).encode()
+    at.get("file_uploader")[0].set_value(("corpus.jsonl", good, "application/json"))
+    at.run()
+    assert not at.error and at.button(key="corpus_scan").label == "Scan 1 document"
