@@ -14,7 +14,7 @@ from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
 from attnviz.ui.scans import corpus_facts, export_bytes, key_for, scan_folder, scan_read
-from attnviz.ui.session_models import current_bundle, registered_models
+from attnviz.ui.session_models import current_bundle, model_dtype, registered_models
 from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
 from attnviz.viz import corpus as figures
 
@@ -81,7 +81,9 @@ def chosen_corpus() -> tuple[str | None, str, str | None] | None:
 
 
 def scan_controls(bundle) -> None:
-    with setup_area("Scan a corpus"):
+    area = (st.expander("Scan a corpus", icon=":material/play_arrow:", expanded=False) if readable_scans()
+            else setup_area("Scan a corpus"))  # once there are scans, their results come first
+    with area:
         corpus = chosen_corpus()
         columns = st.columns(3)
         max_docs = int(columns[0].number_input("Documents", 1, 100_000, 200, step=100, key="corpus_docs",
@@ -120,7 +122,7 @@ def scan_controls(bundle) -> None:
             st.session_state["corpus_chosen"] = str(existing)
             if not finished:
                 folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
-                             field_name=field, dtype="stored")
+                             field_name=field, dtype=model_dtype(bundle.name), model_name=bundle.name)
             st.rerun()
         st.caption(f"{planned:,} of the corpus's {facts['documents']:,} documents, at most {max_tokens} tokens each, "
                    f"with {bundle.name}. The scan runs in the background: leave the page or reload, it goes on; "

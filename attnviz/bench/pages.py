@@ -41,6 +41,7 @@ PAGES = (
     PageVisit("Heads and KV cache", "pages/heads_kv_cache.py", "kv_seq", (8192, 16384)),
     PageVisit("Flash vs naive", "pages/flash.py", "flash_step", (1, 2)),
     PageVisit("Generation and KV cache", "pages/generation.py", "gen_step", (3, 4)),
+    PageVisit("Heads across a corpus", "pages/corpus.py", "corpus_docs", (300, 400)),
     PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )
 

@@ -52,13 +52,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m attnviz.scan", description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", help="'bundled', or a .txt, .jsonl, .csv or .parquet file")
     parser.add_argument("--model", required=True, help="a checkpoint folder, or a bundled model's name")
+    parser.add_argument("--name", default=None, help="the model's name in the scan (default: the bundled model's "
+                                                     "name, or the folder's)")
     parser.add_argument("--out", required=True, help="the scan's DuckDB file (created, or resumed)")
     parser.add_argument("--max-docs", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=16, help="documents per committed chunk (and Ray batch)")
     parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
     parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
-    parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or float32")
+    parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")
     parser.add_argument("--ray", default=None, metavar="auto|ADDRESS",
                         help="run on Ray: 'auto' (a local cluster, started if none runs) or a cluster's address")
     parser.add_argument("--workers", type=int, default=2, help="Ray: model replicas (actors)")
@@ -91,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr)
         if not corpus.documents:
             raise CorpusRefused("the corpus holds no document to scan")
-        folder = bundled_models().get(args.model, args.model)
-        bundle = load_model_dir(folder, dtype=args.dtype)
+        bundled = bundled_models()
+        folder = bundled.get(args.model, args.model)
+        bundle = load_model_dir(folder, name=args.name or (args.model if args.model in bundled else None),
+                                dtype=args.dtype)
         should_stop = (lambda: stop_file.exists()) if stop_file else None
         started = time.time()
         if args.ray:

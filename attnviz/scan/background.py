@@ -94,7 +94,8 @@ class ScanFolder:
             return ""
 
     def start(self, key: str, corpus: str | Path, model_folder: str | Path, settings: ScanSettings, *,
-              split: str = "line", field_name: str | None = None, dtype: str = "stored") -> Job:
+              split: str = "line", field_name: str | None = None, dtype: str = "stored",
+              model_name: str | None = None) -> Job:
         """Start the scan ``key`` (or resume it) in a process of its own. Refused while another scan of this
         folder runs."""
         running = self.job()
@@ -109,6 +110,8 @@ class ScanFolder:
                    "--quiet", "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
         if field_name:
             command += ["--field", field_name]
+        if model_name:
+            command += ["--name", model_name]
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])])}
         with open(self.folder / f"{key}.log", "w") as log:

@@ -45,7 +45,7 @@ def offset_profile(offsets: list[int], weights: list[float], *, title: str) -> g
     labels = [f"{o:+d}" if o else "0 (self)" for o in offsets]
     figure = bar_chart(labels, [0.0 if w is None or not np.isfinite(w) else w for w in weights], title=title,
                        y_title="mean weight", height=320)
-    figure.update_xaxes(title="key position − query position", tickangle=0,
+    figure.update_xaxes(type="category", title="key position − query position", tickangle=0,  # "+1" is no number
                         tickvals=[labels[i] for i in range(0, len(labels), 4)])
     return figure
 
