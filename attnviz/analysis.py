@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 PUNCTUATION_CHARACTERS = set(".,;:!?-—–'\"()[]{}…«»“”‘’")
@@ -58,11 +59,13 @@ STATISTICS = ("entropy", "normalised_entropy", "mean_distance", "self", "previou
 
 
 def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, punctuation: torch.Tensor,
-                   dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+                   dtype: torch.dtype = torch.float64,
+                   extra_keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Each query row's statistics of :data:`STATISTICS`, for the rows ``start .. start + rows`` of
     ``weights [heads, rows, n_k]``: ``{name: [heads, rows]}`` in ``dtype``. ``separators`` and ``punctuation`` are
-    ``[n_k]`` bools saying which keys are which. "self", "previous" and "next" are NaN for a row without such a
-    key (the first query has no previous token)."""
+    ``[n_k]`` bools saying which keys are which; ``extra_keys`` names more such sets, whose shares are added under
+    their names. "self", "previous" and "next" are NaN for a row without such a key (the first query has no
+    previous token)."""
     weights = weights.to(dtype)  # [heads, rows, n_k]
     heads, rows, n_k = weights.shape
     positions = torch.arange(start, start + rows)
@@ -75,9 +78,10 @@ def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, 
                                           torch.zeros_like(entropy)),
         "mean_distance": (weights * distance).sum(-1),
         "first": weights[..., 0],
-        "separator": weights[..., separators].sum(-1),
-        "punctuation": weights[..., punctuation].sum(-1),
     }
+    sets = {"separator": separators, "punctuation": punctuation, **(extra_keys or {})}
+    shares = weights @ torch.stack(list(sets.values()), dim=1).to(dtype)  # [heads, rows, sets]: one pass for all
+    values.update({name: shares[..., i] for i, name in enumerate(sets)})
     for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
         keys = positions + offset
         inside = (keys >= 0) & (keys < n_k)  # [rows]: rows that have such a key
@@ -206,6 +210,21 @@ def label_head(values: dict) -> str:
     if values["normalised_entropy"] >= BROAD_ENTROPY:
         return "broad head"
     return "mixed"
+
+
+def label_heads(values: dict[str, np.ndarray]) -> list[str]:
+    """:func:`label_head` for many heads at once: ``values`` maps each statistic to an array over the heads."""
+    heads = len(values["normalised_entropy"])
+    best = np.full(heads, -1)
+    best_value = np.full(heads, -np.inf)
+    names = list(LABEL_RULES)
+    for index, (stat, threshold) in enumerate(LABEL_RULES.values()):
+        value = np.asarray(values[stat], dtype=np.float64)
+        wins = (value >= threshold) & (value > best_value)  # strictly larger: the earlier rule keeps a tie
+        best = np.where(wins, index, best)
+        best_value = np.where(wins, value, best_value)
+    broad = np.asarray(values["normalised_entropy"]) >= BROAD_ENTROPY
+    return [names[b] if b >= 0 else ("broad head" if wide else "mixed") for b, wide in zip(best, broad, strict=True)]
 
 
 def average_heads(weights: torch.Tensor) -> torch.Tensor:

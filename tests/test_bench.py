@@ -27,3 +27,16 @@ def test_pages_benchmark_runs_the_real_pages_and_names_the_slow_parts(tmp_path, 
     assert shares and all(0 < share <= 1 for share in shares) and shares == sorted(shares, reverse=True)
     printed = capsys.readouterr().out
     assert "Slowest warm rerun:" in printed and "Positional encodings" in printed
+
+
+def test_scan_benchmark_compares_with_the_forward_and_measures_memory(tmp_path, capsys):
+    out = tmp_path / "scan.json"
+    assert main(["scan", "--documents", "6", "--max-tokens", "24", "--ray-workers", "--memory-docs", "3", "6",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    paths = [row["path"] for row in report["results"]]
+    assert paths == ["forward (the model alone)", "capture (every attention call recorded)", "scan in-process"]
+    assert report["results"][0]["vs_forward"] == 1.0 and all(row["seconds"] > 0 for row in report["results"])
+    assert [row["documents"] for row in report["memory"]] == [3, 6] and report["memory"][0]["peak_mb"] > 100
+    printed = capsys.readouterr().out
+    assert "x the forward" in printed and "peak memory growth" in printed

@@ -31,6 +31,7 @@ PAGES = {
     "heads and KV cache": ("pages/heads_kv_cache.py", {}),
     "flash": ("pages/flash.py", {"flash_n": 256}),
     "generation": ("pages/generation.py", {}),
+    "corpus": ("pages/corpus.py", {}),
     "checkpoints": ("pages/checkpoints.py", {}),
 }
 

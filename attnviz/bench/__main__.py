@@ -1,5 +1,5 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``, ``... startup``."""
+``... load``, ``... startup``, ``... scan``."""
 
 from __future__ import annotations
 
@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     startup_parser = commands.add_parser("startup", help="cold starts of streamlit run app.py to the first chart")
     startup_parser.add_argument("--repeats", type=int, default=3)
     startup_parser.add_argument("--out", type=Path, default=Path("bench-results/startup.json"))
+    scan_parser = commands.add_parser("scan", help="a scan over the bundled corpus against the model's forward")
+    scan_parser.add_argument("--documents", type=int, default=200)
+    scan_parser.add_argument("--max-tokens", type=int, default=128)
+    scan_parser.add_argument("--ray-workers", type=int, nargs="*", default=[1, 2], help="none: skip Ray")
+    scan_parser.add_argument("--memory-docs", type=int, nargs="*", default=[1000, 10000],
+                             help="corpus sizes whose command-line scans' peak memory is compared (none: skip)")
+    scan_parser.add_argument("--out", type=Path, default=Path("bench-results/scan.json"))
     return parser
 
 
@@ -98,7 +105,14 @@ def _flash(args) -> tuple[dict, list[str], Path]:
     return report, flash_cpu.print_cpu(report), args.out or Path("bench-results/flash-cpu.json")
 
 
-BENCHMARKS = {"explore": _explore, "pages": _pages, "load": _load, "startup": _startup, "long": _long,
+def _scan(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import scan
+
+    report = scan.bench_scan(args.documents, args.max_tokens, tuple(args.ray_workers), tuple(args.memory_docs))
+    return report, scan.print_scan(report), args.out
+
+
+BENCHMARKS = {"scan": _scan, "explore": _explore, "pages": _pages, "load": _load, "startup": _startup, "long": _long,
               "flash": _flash}
 
 

@@ -57,7 +57,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="the scan's DuckDB file (created, or resumed)")
     parser.add_argument("--max-docs", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--chunk", type=int, default=16, help="documents per committed chunk (and Ray batch)")
+    parser.add_argument("--chunk", type=int, default=64, help="documents per committed chunk (and Ray batch)")
     parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
     parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
     parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")

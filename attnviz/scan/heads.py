@@ -11,13 +11,14 @@ resumed and run in parallel, its memory bounded by the heaps and one chunk of ro
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from attnviz.analysis import BROAD_ENTROPY, LABEL_RULES, STATISTICS, is_punctuation, label_head, row_statistics
+from attnviz.analysis import BROAD_ENTROPY, LABEL_RULES, STATISTICS, is_punctuation, label_heads, row_statistics
 
 SCAN_STATISTICS = (*STATISTICS, "special", "max_weight")  # row statistics a scan keeps per head
 LABELS = (*LABEL_RULES, "broad head", "mixed")
@@ -80,6 +81,7 @@ class Partial:
     offset_rows: np.ndarray = None  # [offsets]: rows that have a key at that offset
     histogram: np.ndarray = None  # [layers, heads, bins]: rows by their largest weight
     examples: dict = field(default_factory=dict)  # (layer, head, criterion) -> [Example], best first
+    changed: set = field(default_factory=set)  # the slots of ``examples`` changed since the last take_rows
     # Rows for the database, as column arrays per table (one chunk's; the runner writes and drops them)
     rows: dict = field(default_factory=dict)  # table -> list of {column: array}
     tokens: dict = field(default_factory=dict)  # token id -> (piece, readable)
@@ -108,17 +110,21 @@ class Partial:
         for name in self.ARRAYS:
             getattr(self, name).__iadd__(getattr(other, name))
         for key, found in other.examples.items():
-            self.examples[key] = best_examples([*self.examples.get(key, []), *found])
+            merged = best_examples([*self.examples.get(key, []), *found])
+            if merged != self.examples.get(key):
+                self.examples[key] = merged
+                self.changed.add(key)
         for table, chunks in other.rows.items():
             self.rows.setdefault(table, []).extend(chunks)
         self.tokens.update(other.tokens)
         self.documents.extend(other.documents)
         return self
 
-    def take_rows(self) -> tuple[dict, dict, list]:
-        """The rows, tokens and documents gathered since the last call (for the database), forgotten here."""
-        taken = self.rows, self.tokens, self.documents
-        self.rows, self.tokens, self.documents = {}, {}, []
+    def take_rows(self) -> tuple[dict, dict, list, set]:
+        """The rows, tokens, documents and changed example slots gathered since the last call (for the database),
+        forgotten here."""
+        taken = self.rows, self.tokens, self.documents, self.changed
+        self.rows, self.tokens, self.documents, self.changed = {}, {}, [], set()
         return taken
 
     def floors(self) -> np.ndarray:
@@ -136,32 +142,34 @@ def best_examples(examples: list[Example]) -> list[Example]:
 
 def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, pieces: list[str], readable: list[str],
                      special: list[bool], token_ids: list[int] | None, truncated: bool,
-                     floors: np.ndarray | None = None) -> Partial:
+                     floors: np.ndarray | None = None, into: Partial | None = None) -> Partial:
     """The partial of one document. ``layer_weights(layer)`` gives that layer's ``[heads, n, n]`` weights (rows
     sum to 1); ``pieces`` are the tokenizer's tokens, ``readable`` how pages show them, ``token_ids`` the
     tokenizer's ids (None: :func:`token_id_of` each piece). ``floors`` (from :meth:`Partial.floors`) lets it skip
-    examples that could not enter the heaps anyway.
+    examples that could not enter the heaps anyway. ``into``: a partial to add the document to (a chunk's),
+    returned; by default a new one.
 
     Row values are computed in float32 (the weights' own precision) and summed in float64."""
     n = len(pieces)
     ids = np.asarray(token_ids if token_ids is not None else [token_id_of(p) for p in pieces], dtype=np.int64)
     keys = _KeyKinds(special, pieces)
-    partial = Partial(n_layers, n_heads)
-    partial.tokens = {int(i): (p, r) for i, p, r in zip(ids.tolist(), pieces, readable, strict=True)}
+    partial = Partial(n_layers, n_heads) if into is None else into
+    partial.tokens.update({int(i): (p, r) for i, p, r in zip(ids.tolist(), pieces, readable, strict=True)})
     partial.documents.append({"doc": doc, "n_tokens": n, "truncated": truncated})
     partial.offset_rows += np.clip(n - np.abs(np.asarray(OFFSETS)), 0, None)
     for layer in range(n_layers):
         weights = layer_weights(layer).float()  # [heads, n, n]
-        values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32)  # [heads, n]
-        values["special"] = weights[..., keys.special].sum(-1)
+        values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32,
+                                extra_keys={"special": keys.special})  # {name: [heads, n]}
         top_weight, top_key = weights.max(-1)  # [heads, n]
         values["max_weight"] = top_weight
         _add_statistics(partial, doc, layer, values)
-        for index, offset in enumerate(OFFSETS):
-            if abs(offset) < n:
-                partial.offsets[layer, :, index] = weights.diagonal(offset, -2, -1).double().sum(-1).numpy()
+        # the weight at each offset key - query, in one scatter: cells past +-MAX_OFFSET land in two spare columns
+        by_offset = torch.zeros(n_heads, len(OFFSETS) + 2, dtype=torch.float64)
+        by_offset.index_add_(1, keys.offset_column, weights.reshape(n_heads, -1).double())
+        partial.offsets[layer] += by_offset[:, 1:-1].numpy()
         bins = (top_weight * HISTOGRAM_BINS).long().clamp(0, HISTOGRAM_BINS - 1)  # [heads, n]
-        partial.histogram[layer] = torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(1).numpy()
+        partial.histogram[layer] += torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(1).numpy()
         _add_rows(partial, doc, layer, weights, top_weight, top_key, ids)
         _add_examples(partial, doc, layer, weights, values, top_key, keys, readable,
                       None if floors is None else floors[layer])
@@ -169,15 +177,18 @@ def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, piece
 
 
 class _KeyKinds:
-    """Which keys of a document are special tokens, separators (special, not the first) and punctuation."""
+    """What a document's positions are: special tokens, separators (special, not the first), punctuation; which
+    keys "strongest" looks past (the query itself and the special tokens, where heads park their weight); each
+    cell's offset column."""
 
     def __init__(self, special: list[bool], pieces: list[str]):
         n = len(pieces)
         self.special = torch.tensor(special, dtype=torch.bool)  # [n]
         self.separators = self.special & (torch.arange(n) != 0)
         self.punctuation = torch.tensor([is_punctuation(p) for p in pieces], dtype=torch.bool)
-        # "strongest" looks past the query itself and the special tokens (where heads park their weight)
-        self.not_ordinary = self.special.unsqueeze(0) | torch.eye(n, dtype=torch.bool)  # [n, n]
+        self.ordinary = (~(self.special.unsqueeze(0) | torch.eye(n, dtype=torch.bool))).float()  # [n, n]
+        relative = torch.arange(n).unsqueeze(0) - torch.arange(n).unsqueeze(1)  # [n, n]: key - query
+        self.offset_column = (relative.clamp(-MAX_OFFSET - 1, MAX_OFFSET + 1) + MAX_OFFSET + 1).reshape(-1)
 
 
 def _add_statistics(partial: Partial, doc: int, layer: int, values: dict[str, torch.Tensor]) -> None:
@@ -185,24 +196,22 @@ def _add_statistics(partial: Partial, doc: int, layer: int, values: dict[str, to
     present = ~stacked[:, 0].isnan()  # [stats, n]: the same rows for every head
     rows = torch.where(present.unsqueeze(1), stacked, torch.zeros_like(stacked))
     counts = present.sum(-1)  # [stats]
-    partial.sums[layer] = rows.sum(-1).T.numpy()
-    partial.squares[layer] = (rows * rows).sum(-1).T.numpy()
-    partial.counts[layer] = counts.numpy()[None, :]
+    partial.sums[layer] += rows.sum(-1).T.numpy()
+    partial.squares[layer] += (rows * rows).sum(-1).T.numpy()
+    partial.counts[layer] += counts.numpy()[None, :]
     doc_means = (rows.sum(-1) / counts.clamp_min(1).unsqueeze(1)).T.numpy()  # [heads, stats]
     defined = np.broadcast_to((counts > 0).numpy()[None, :], doc_means.shape)
-    doc_means = np.where(defined, doc_means, np.nan)
-    partial.doc_sums[layer] = np.where(defined, doc_means, 0.0)
-    partial.doc_squares[layer] = np.where(defined, doc_means**2, 0.0)
-    partial.doc_counts[layer] = defined
-    needed = {stat for stat, _ in LABEL_RULES.values()} | {"normalised_entropy"}
-    labels = [label_head({name: float(np.nan_to_num(doc_means[head, SCAN_STATISTICS.index(name)]))
-                          for name in needed}) for head in range(partial.n_heads)]
+    partial.doc_sums[layer] += np.where(defined, doc_means, 0.0)
+    partial.doc_squares[layer] += np.where(defined, doc_means**2, 0.0)
+    partial.doc_counts[layer] += defined
+    labels = label_heads({name: np.where(defined[:, i], doc_means[:, i], 0.0)
+                          for i, name in enumerate(SCAN_STATISTICS)})
     for head, label in enumerate(labels):
         partial.labels[layer, head, LABELS.index(label)] += 1
     columns = {"doc": np.full(partial.n_heads, doc, dtype=np.int32),
                "layer": np.full(partial.n_heads, layer, dtype=np.int16),
                "head": np.arange(partial.n_heads, dtype=np.int16)}
-    columns.update({name: doc_means[:, i] for i, name in enumerate(SCAN_STATISTICS)})
+    columns.update({name: np.where(defined[:, i], doc_means[:, i], np.nan) for i, name in enumerate(SCAN_STATISTICS)})
     columns["label"] = np.array(labels, dtype=object)
     partial.rows.setdefault("head_documents", []).append(columns)
 
@@ -242,7 +251,7 @@ def _add_rows(partial: Partial, doc: int, layer: int, weights: torch.Tensor, top
 def _add_examples(partial: Partial, doc: int, layer: int, weights: torch.Tensor, values: dict[str, torch.Tensor],
                   top_key: torch.Tensor, keys: _KeyKinds, readable: list[str], floors: np.ndarray | None) -> None:
     """Each head's best query of this document by every criterion, kept if it can enter the head's heap."""
-    strongest, strongest_key = weights.masked_fill(keys.not_ordinary, -1.0).max(-1)  # [heads, n]
+    strongest, strongest_key = (weights * keys.ordinary).max(-1)  # [heads, n]: past itself and special tokens
     scores = {"strongest": strongest, "focused": 1 - values["normalised_entropy"], "far": values["mean_distance"]}
     stacked = torch.stack([scores[c] if c in scores else values[c] for c in CRITERIA])  # [criteria, heads, n]
     best_score, best_query = torch.nan_to_num(stacked, nan=-np.inf).max(-1)  # [criteria, heads]
@@ -250,15 +259,22 @@ def _add_examples(partial: Partial, doc: int, layer: int, weights: torch.Tensor,
     wanted = np.isfinite(best_score) & (best_score > 0)
     if floors is not None:
         wanted &= best_score >= floors
+    if not wanted.any():
+        return
     criteria = list(CRITERIA)
     n = weights.shape[-1]
-    for head, c in zip(*np.nonzero(wanted), strict=True):
-        query = int(best_query[head, c])
+    heads, columns = np.nonzero(wanted)
+    queries = best_query[heads, columns]
+    rows = weights[torch.from_numpy(heads), torch.from_numpy(queries)].numpy()  # [candidates, n]
+    strongest_keys, top_keys = strongest_key.numpy(), top_key.numpy()
+    for row, head, c, query in zip(rows, heads.tolist(), columns.tolist(), queries.tolist(), strict=True):
         criterion = criteria[c]
-        key = int(strongest_key[head, query] if criterion == "strongest" else top_key[head, query])
+        key = int(strongest_keys[head, query] if criterion == "strongest" else top_keys[head, query])
         start, end = max(0, query - WINDOW_BEFORE), min(n, query + WINDOW_AFTER + 1)
-        row = weights[head, query]
         example = Example(float(best_score[head, c]), doc, query, key, float(row[key]), start, readable[start:end],
-                          [round(w, 5) for w in row[start:end].tolist()])
-        slot = (layer, int(head), criterion)
-        partial.examples[slot] = best_examples([*partial.examples.get(slot, []), example])
+                          np.round(row[start:end].astype(np.float64), 5).tolist())
+        slot = (layer, head, criterion)
+        kept = partial.examples.setdefault(slot, [])
+        bisect.insort(kept, example, key=Example.order)
+        del kept[EXAMPLES:]
+        partial.changed.add(slot)

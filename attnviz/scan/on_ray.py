@@ -119,6 +119,8 @@ def run_scan_on_ray(corpus: Corpus, bundle: ModelBundle, path: str | Path, setti
                         state.status = store.STATUS_STOPPED
                         break
             finish(writer, state)
+        if state.status == store.STATUS_FINISHED and state.done_this_run:
+            store.rewrite_compactly(path)
     finally:
         if started_here:
             ray.shutdown()

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from attnviz.models.capture import capture
 from attnviz.models.loading import ModelBundle
 from attnviz.scan import store
@@ -34,7 +36,7 @@ class ScanRefused(ValueError):
 class ScanSettings:
     max_docs: int = 1_000  # the corpus's first documents scanned
     max_tokens: int = 128  # each document's first tokens read (special tokens included)
-    chunk_docs: int = 16  # documents per committed chunk (and per Ray batch)
+    chunk_docs: int = 64  # documents per committed chunk (and per Ray batch): what a stop may lose
 
     def __post_init__(self):
         if self.max_docs < 1 or self.max_tokens < 2 or self.chunk_docs < 1:
@@ -117,18 +119,10 @@ def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Docume
             partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": str(problem)})
             continue
         record = result.records[kind]  # self-attention over the input: its queries are result.tokens
-        partial.merge(document_partial(
-            doc, record.layer_weights, record.n_layers, record.n_heads, result.tokens, result.display_tokens,
-            result.special, result.token_ids, result.truncated,
-            None if floors is None else _current(partial, floors)))
+        document_partial(doc, record.layer_weights, record.n_layers, record.n_heads, result.tokens,
+                         result.display_tokens, result.special, result.token_ids, result.truncated,
+                         floors=None if floors is None else np.maximum(floors, partial.floors()), into=partial)
     return partial
-
-
-def _current(partial: Partial, floors):
-    """The floors for the next document: the higher of the running scan's and this chunk's own."""
-    import numpy as np
-
-    return np.maximum(floors, partial.floors())
 
 
 def planned_documents(corpus: Corpus, settings: ScanSettings) -> list[tuple[int, Document]]:
@@ -185,6 +179,8 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
             if progress is not None:
                 progress(state)
         finish(writer, state)
+    if state.status == store.STATUS_FINISHED and state.done_this_run:
+        store.rewrite_compactly(path)
     if progress is not None:
         progress(state)
     return state

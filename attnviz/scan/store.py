@@ -154,7 +154,7 @@ class ScanWriter:
     def commit(self, partial: Partial, documents: dict[int, tuple[str, str]]) -> None:
         """Write the rows ``partial`` gathered (then forgotten there) and its aggregate, in one transaction.
         ``documents``: doc -> (source, text) of the documents in the chunk."""
-        rows, tokens, scanned = partial.take_rows()
+        rows, tokens, scanned, changed = partial.take_rows()
         connection = self.connection
         connection.execute("BEGIN TRANSACTION")
         try:
@@ -189,7 +189,7 @@ class ScanWriter:
                     connection.unregister("chunk")
                 else:
                     self._insert(table, frame)
-            self._replace_state(partial)
+            self._replace_state(partial, changed)
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
@@ -201,11 +201,20 @@ class ScanWriter:
         self.connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM frame")
         self.connection.unregister("frame")
 
-    def _replace_state(self, partial: Partial) -> None:
+    def _replace_state(self, partial: Partial, changed: set) -> None:
+        """The aggregate's tables written again; of the examples, only the heaps that changed."""
         for table, frame in state_frames(partial).items():
             self.connection.execute(f"DELETE FROM {table}")
-            if len(frame):
-                self._insert(table, frame)
+            self._insert(table, frame)
+        if changed:
+            slots = pd.DataFrame(sorted(changed), columns=["layer", "head", "criterion"])
+            self.connection.register("slots", slots)
+            self.connection.execute("DELETE FROM examples WHERE (layer, head, criterion) IN "
+                                    "(SELECT (layer, head, criterion) FROM slots)")
+            self.connection.unregister("slots")
+            examples = example_frame(partial, changed)
+            if len(examples):
+                self._insert("examples", examples)
 
     def compact(self) -> None:
         """At the end of a scan: the parts grouped once (and sorted by head, so reading one head skips the
@@ -244,14 +253,31 @@ def state_frames(partial: Partial) -> dict[str, pd.DataFrame]:
     offsets["offset"] = offsets["offset"].astype(np.int32)
     histogram = _grid(partial, list(range(HISTOGRAM_BINS)), queries=partial.histogram).rename(columns={"name": "bin"})
     histogram["bin"] = histogram["bin"].astype(np.int32)
-    examples = pd.DataFrame([
+    return {"head_state": state, "label_state": labels, "offset_state": offsets, "histogram_state": histogram}
+
+
+def example_frame(partial: Partial, slots) -> pd.DataFrame:
+    """The heaps of ``slots`` as rows of the examples table, best first (rank 0)."""
+    return pd.DataFrame([
         (layer, head, criterion, rank, e.score, e.doc, e.query, e.key, e.weight, e.window_start, e.tokens, e.weights)
-        for (layer, head, criterion), kept in sorted(partial.examples.items())
-        for rank, e in enumerate(kept)],
+        for layer, head, criterion in sorted(slots) for rank, e in enumerate(partial.examples.get(
+            (layer, head, criterion), []))],
         columns=["layer", "head", "criterion", "rank", "score", "doc", "query", "key", "weight", "window_start",
                  "window_tokens", "window_weights"])
-    return {"head_state": state, "label_state": labels, "offset_state": offsets, "histogram_state": histogram,
-            "examples": examples}
+
+
+def rewrite_compactly(path: str | Path) -> None:
+    """A finished scan copied into a fresh file, which takes the old one's place: DuckDB reuses the blocks that the
+    chunks' rewritten aggregate and the compacted parts freed, but never gives them back to the disk."""
+    path = Path(path)
+    fresh = path.with_name(f".{path.stem}.compact.duckdb")
+    fresh.unlink(missing_ok=True)
+    with duckdb.connect(str(path)) as connection:
+        name = connection.execute("SELECT current_database()").fetchone()[0]  # the file's stem
+        connection.execute(f"ATTACH '{_literal(fresh)}' AS fresh")
+        connection.execute(f'COPY FROM DATABASE "{name}" TO fresh')  # tables, views and data
+        connection.execute("DETACH fresh")
+    fresh.replace(path)
 
 
 class ScanReader:
