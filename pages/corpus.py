@@ -86,13 +86,17 @@ def scan_controls(bundle) -> None:
     with area:
         corpus = chosen_corpus()
         columns = st.columns(3)
-        max_docs = int(columns[0].number_input("Documents", 1, 100_000, 200, step=100, key="corpus_docs",
-                                               help="the corpus's first documents (the bundled one is shuffled)"))
+        most = background.max_page_documents()
+        max_docs = int(columns[0].number_input("Documents", 1, most, min(200, most), step=100, key="corpus_docs",
+                                               help=f"the corpus's first documents (the bundled one is shuffled); at "
+                                                    f"most {most:,} from this page"))
         max_tokens = int(columns[1].number_input("Tokens per document", 8, max(8, bundle.max_positions),
                                                  min(128, bundle.max_positions), step=32, key="corpus_tokens",
                                                  help="each document's first tokens, special tokens included"))
         columns[2].markdown(f"**Model**  \n{bundle.name}  \n:small[(the sidebar's)]")
         if corpus is None:
+            st.caption(f"Choose a file: the scan reads its first {max_docs:,} documents, at most {max_tokens} tokens "
+                       "each.")
             return
         path, split, field = corpus
         try:

@@ -28,6 +28,15 @@ from attnviz.scan.corpus import BUNDLED, format_of
 from attnviz.scan.runner import ScanSettings
 
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
+
+
+def max_page_documents() -> int:
+    """The most documents a scan started from the page reads (``ATTNVIZ_SCAN_MAX_DOCS``, 20,000: about 3 GB of
+    database for 128-token documents of a 6 x 12 model); the command line has no such bound."""
+    try:
+        return max(1, int(os.environ.get("ATTNVIZ_SCAN_MAX_DOCS", "20000")))
+    except ValueError:
+        return 20_000
 JOB = "job.json"
 SCAN_ROOT_VARIABLE = "ATTNVIZ_SCAN_ROOT"
 REPOSITORY = Path(__file__).resolve().parents[2]  # where ``python -m attnviz.scan`` finds the package
