@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
-import os
-import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 HELD_OUT_SHARE = 0.1  # the shipped recipe's share of the documentation held out (the end of the text)
@@ -35,44 +31,14 @@ def documentation_text() -> str:
 def standard_library_docstrings(min_chars: int = 80, *, named: bool = False):
     """Docstrings of the standard library's modules, classes and functions (tests and IDLE left out), in a fixed
     order: about 1.5 M characters of English prose about Python. One text joined by blank lines, or with
-    ``named`` a list of (``module.qualified.name``, docstring).
-
-    Reading them parses every module of the standard library (10-20 s), so the result is kept in a private file
-    of this account's in the temporary folder, per Python version, and read from there next time."""
-    found = _docstrings(min_chars)
+    ``named`` a list of (``module.qualified.name``, docstring). Parsing every module takes 10-20 s (once per
+    process; :mod:`attnviz.scan.corpus` also keeps them on disk)."""
+    found = parse_docstrings(min_chars)
     return found if named else "\n\n".join(text for _, text in found)
 
 
 @functools.lru_cache(maxsize=2)
-def _docstrings(min_chars: int) -> list[tuple[str, str]]:
-    cache = _cache_file(min_chars)
-    if cache is not None and cache.is_file():
-        try:
-            return [tuple(pair) for pair in json.loads(cache.read_text(encoding="utf-8"))]
-        except (OSError, ValueError):
-            pass
-    found = _parse_docstrings(min_chars)
-    if cache is not None:
-        scratch = cache.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            scratch.write_text(json.dumps(found), encoding="utf-8")
-            scratch.replace(cache)  # atomic: a reader never sees half a file
-        except OSError:
-            pass
-    return found
-
-
-def _cache_file(min_chars: int) -> Path | None:
-    """Where the docstrings are kept: a folder of this account's, or None if that is not safe (another account
-    made it, or others may write to it)."""
-    from attnviz.models.disk import private_folder
-
-    folder = private_folder(Path(tempfile.gettempdir()) / f"attnviz-text-{os.getuid()}")
-    version = "-".join(map(str, sys.version_info[:3]))
-    return None if folder is None else folder / f"docstrings-{version}-{min_chars}.json"
-
-
-def _parse_docstrings(min_chars: int) -> list[tuple[str, str]]:
+def parse_docstrings(min_chars: int = 80) -> list[tuple[str, str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
     for path in sorted(root.rglob("*.py")):

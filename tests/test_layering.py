@@ -15,6 +15,7 @@ RANKS = {
     "core": 0,  # attnviz/*.py: the from-scratch attention, masks, positions, statistics, units
     "flash": 1, "models": 1, "viz": 1,  # each on the core only, never on each other
     "pagelogic": 2,  # what each page computes
+    "scan": 2,  # corpus scans: capture, statistics, the database, Ray
     "train_tiny": 2,  # the bundled GPT's training script (reads models' loading)
     "streamlit_compat": 3,  # the one reach past Streamlit's public API
     "ui": 4,  # the app layer: pages' frame, session models, caches, figures
@@ -25,7 +26,7 @@ STREAMLIT_GROUPS = {"ui", "streamlit_compat", "bench"}
 
 def group_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in ("flash", "models", "viz", "pagelogic", "ui", "bench"):
+    if len(parts) >= 2 and parts[1] in ("flash", "models", "viz", "pagelogic", "scan", "ui", "bench"):
         return parts[1]
     if module in ("attnviz.train_tiny", "attnviz.streamlit_compat"):
         return parts[1]

@@ -10,11 +10,14 @@ counted in the :class:`CorpusReport` and left out, never fatal.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
 import os
 import random
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,7 +321,7 @@ def bundled_corpus() -> Corpus:
     """English that ships with Python: its documentation topics (cut into documents of about
     TOPIC_DOCUMENT_CHARS) and the standard library's docstrings (one document each), shuffled with a fixed seed
     so that the first N documents mix both."""
-    from attnviz.tiny_gpt_text import documentation_topics, standard_library_docstrings
+    from attnviz.tiny_gpt_text import documentation_topics
 
     documents = []
     for topic, text in documentation_topics():
@@ -330,12 +333,38 @@ def bundled_corpus() -> Corpus:
                 piece = []
         if piece:
             documents.append(Document("\n\n".join(piece), f"topics: {topic}"))
-    documents += [Document(text, f"docstring: {where}") for where, text in standard_library_docstrings(named=True)]
+    documents += [Document(text, f"docstring: {where}") for where, text in kept_docstrings()]
     random.Random(0).shuffle(documents)
     collector = _Collector()
     for document in documents:
         collector.offer(document.text, document.source)
     return collector.corpus(BUNDLED)
+
+
+@functools.lru_cache(maxsize=1)
+def kept_docstrings() -> list[tuple[str, str]]:
+    """The standard library's docstrings (:func:`attnviz.tiny_gpt_text.parse_docstrings`, 10-20 s to parse), kept in
+    a private file of this account's in the temporary folder per Python version, and read from there next time
+    (not kept where that folder is not safe: a link, another account's, writable by others)."""
+    from attnviz.models.disk import private_folder
+    from attnviz.tiny_gpt_text import parse_docstrings
+
+    folder = private_folder(Path(tempfile.gettempdir()) / f"attnviz-text-{os.getuid()}")
+    cache = None if folder is None else folder / f"docstrings-{'-'.join(map(str, sys.version_info[:3]))}.json"
+    if cache is not None and cache.is_file():
+        try:
+            return [(str(name), str(text)) for name, text in json.loads(cache.read_text(encoding="utf-8"))]
+        except (OSError, ValueError, TypeError):
+            pass
+    found = parse_docstrings()
+    if cache is not None:
+        scratch = cache.with_name(f".{cache.name}.{os.getpid()}")
+        try:
+            scratch.write_text(json.dumps(found), encoding="utf-8")
+            scratch.replace(cache)  # atomic: a reader never sees half a file
+        except OSError:
+            pass
+    return found
 
 
 def open_corpus(spec: str, *, split: str = "line", field_name: str | None = None) -> Corpus:
