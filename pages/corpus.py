@@ -244,15 +244,15 @@ def head_view(path: Path, said: dict) -> None:
     head = int(columns[1].number_input("Head", 0, said["n_heads"] - 1, 0, key="corpus_head"))
     labels = scan_read(path, "label_shares", layer, head)
     top = labels.iloc[0]
-    columns[2].metric("Its label on most documents", top["label"], f"{top['share']:.0%} of documents",
-                      delta_color="off")
+    columns[2].metric(f"Its label on {top['share']:.0%} of the documents", top["label"],
+                      help="each document's label, by Explore heads' rules on that document's means")
     left, right = st.columns(2)
     with left:
         profile = scan_read(path, "offset_profile", layer, head)
         show_figure(figures.offset_profile(profile["offset"].tolist(), profile["weight"].tolist(),
                                            title=f"Layer {layer}, head {head}: mean weight by relative position"),
-                    "Where its weight goes, counted from the query: a previous-token head is one bar at −1, a "
-                    "head that reads the first token puts its weight far left.", key="corpus_offsets")
+                    "Where its weight goes, counted from the query (0 is the query itself): a previous-token head "
+                    "is one bar at −1. Keys further than ±32 away are not drawn.", key="corpus_offsets")
     with right:
         histogram = scan_read(path, "histogram", layer, head)
         show_figure(figures.largest_weight_histogram(HISTOGRAM_BINS, histogram["queries"].tolist(),

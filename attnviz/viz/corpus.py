@@ -41,8 +41,9 @@ def difference_map(difference: np.ndarray, *, statistic: str, title: str) -> go.
 
 
 def offset_profile(offsets: list[int], weights: list[float], *, title: str) -> go.Figure:
-    """Mean weight at each offset (key position - query position): a previous-token head is one bar at -1."""
-    labels = [f"{o:+d}" if o else "0 (self)" for o in offsets]
+    """Mean weight at each offset (key position - query position; 0 is the query itself): a previous-token head is
+    one bar at -1."""
+    labels = [f"{o:+d}" if o else "0" for o in offsets]
     figure = bar_chart(labels, [0.0 if w is None or not np.isfinite(w) else w for w in weights], title=title,
                        y_title="mean weight", height=320)
     figure.update_xaxes(type="category", title="key position − query position", tickangle=0,  # "+1" is no number
