@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_parser.add_argument("--ray-workers", type=int, nargs="*", default=[1, 2], help="none: skip Ray")
     scan_parser.add_argument("--memory-docs", type=int, nargs="*", default=[1000, 10000],
                              help="corpus sizes whose command-line scans' peak memory is compared (none: skip)")
+    scan_parser.add_argument("--model", default=None, help="a checkpoint folder or bundled model (default: the BERT)")
     scan_parser.add_argument("--out", type=Path, default=Path("bench-results/scan.json"))
     return parser
 
@@ -108,7 +109,8 @@ def _flash(args) -> tuple[dict, list[str], Path]:
 def _scan(args) -> tuple[dict, list[str], Path]:
     from attnviz.bench import scan
 
-    report = scan.bench_scan(args.documents, args.max_tokens, tuple(args.ray_workers), tuple(args.memory_docs))
+    report = scan.bench_scan(args.documents, args.max_tokens, tuple(args.ray_workers), tuple(args.memory_docs),
+                             args.model)
     return report, scan.print_scan(report), args.out
 
 

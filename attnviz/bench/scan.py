@@ -59,15 +59,13 @@ def _scan_seconds(run, path: Path) -> float:
     return time.perf_counter() - started
 
 
-def _memory(sizes: list[int], max_tokens: int, folder: Path) -> list[dict]:
-    from attnviz.models.loading import DEFAULT_MODEL_NAME
-
+def _memory(sizes: list[int], max_tokens: int, folder: Path, model: str) -> list[dict]:
     rows = []
     for size in sizes:
         out = folder / f"memory-{size}.duckdb"
         out.unlink(missing_ok=True)
         result = subprocess.run(
-            [sys.executable, "-c", CHILD, "bundled", "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--max-docs",
+            [sys.executable, "-c", CHILD, "bundled", "--model", model, "--out", str(out), "--max-docs",
              str(size), "--max-tokens", str(max_tokens), "--quiet"],
             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
         said = json.loads(result.stdout.strip().splitlines()[-1])
@@ -78,12 +76,15 @@ def _memory(sizes: list[int], max_tokens: int, folder: Path) -> list[dict]:
 
 
 def bench_scan(documents: int = 200, max_tokens: int = 128, ray_workers: tuple[int, ...] = (1, 2),
-               memory_sizes: tuple[int, ...] = (1_000, 10_000)) -> dict:
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir, load_model_dir
+               memory_sizes: tuple[int, ...] = (1_000, 10_000), model: str | None = None) -> dict:
+    """``model``: a checkpoint folder or a bundled model's name (default: the bundled BERT)."""
+    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
     from attnviz.scan.corpus import Corpus, bundled_corpus
     from attnviz.scan.runner import ScanSettings, run_scan
 
-    bundle = load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
+    model = model or DEFAULT_MODEL_NAME
+    bundled = bundled_models()
+    bundle = load_model_dir(bundled.get(model, model), name=model if model in bundled else None)
     corpus = bundled_corpus()
     chosen = Corpus(corpus.name, corpus.documents[:documents])
     texts = [document.text for document in chosen.documents]
@@ -99,12 +100,13 @@ def bench_scan(documents: int = 200, max_tokens: int = 128, ray_workers: tuple[i
             "database_mb": (folder / "local.duckdb").stat().st_size / 1024**2})
         if ray_workers:
             rows += _ray_rows(chosen, bundle, settings, ray_workers, folder)
-        memory = _memory(list(memory_sizes), max_tokens, folder) if memory_sizes else []
+        memory = _memory(list(memory_sizes), max_tokens, folder, model) if memory_sizes else []
     for row in rows:
         row["documents_per_second"] = documents / row["seconds"]
         row["tokens_per_second"] = tokens / row["seconds"]
         row["vs_forward"] = row["seconds"] / forward
-    report = {"model": DEFAULT_MODEL_NAME, "documents": documents, "tokens": tokens, "max_tokens": max_tokens,
+    report = {"model": bundle.name, "shape": f"{bundle.n_layers} layers x {bundle.n_heads} heads, d_model "
+              f"{bundle.d_model}", "documents": documents, "tokens": tokens, "max_tokens": max_tokens,
               "threads": torch.get_num_threads(), "results": rows, "memory": memory}
     if len(memory) >= 2:
         report["memory_growth"] = memory[-1]["peak_mb"] / memory[0]["peak_mb"] - 1
@@ -133,7 +135,8 @@ def _ray_rows(corpus, bundle, settings, workers: tuple[int, ...], folder: Path) 
 
 def print_scan(report: dict) -> list[str]:
     lines = [f"Scan of {report['documents']} bundled documents ({report['tokens']:,} tokens, at most "
-             f"{report['max_tokens']} each) with {report['model']}, {report['threads']} torch threads:"]
+             f"{report['max_tokens']} each) with {report['model']} ({report['shape']}), {report['threads']} torch "
+             "threads:"]
     for row in report["results"]:
         extra = f", database {row['database_mb']:.1f} MB" if "database_mb" in row else ""
         lines.append(f"  {row['path']:<58} {row['documents_per_second']:7.1f} doc/s {row['tokens_per_second']:9,.0f} "

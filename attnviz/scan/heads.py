@@ -149,7 +149,8 @@ def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, piece
     examples that could not enter the heaps anyway. ``into``: a partial to add the document to (a chunk's),
     returned; by default a new one.
 
-    Row values are computed in float32 (the weights' own precision) and summed in float64."""
+    Every layer's heads are read at once, as ``layers x heads`` flat heads (one pass of each operation per
+    document); row values are computed in float32 (the weights' own precision) and summed in float64."""
     n = len(pieces)
     ids = np.asarray(token_ids if token_ids is not None else [token_id_of(p) for p in pieces], dtype=np.int64)
     keys = _KeyKinds(special, pieces)
@@ -157,22 +158,23 @@ def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, piece
     partial.tokens.update({int(i): (p, r) for i, p, r in zip(ids.tolist(), pieces, readable, strict=True)})
     partial.documents.append({"doc": doc, "n_tokens": n, "truncated": truncated})
     partial.offset_rows += np.clip(n - np.abs(np.asarray(OFFSETS)), 0, None)
-    for layer in range(n_layers):
-        weights = layer_weights(layer).float()  # [heads, n, n]
-        values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32,
-                                extra_keys={"special": keys.special})  # {name: [heads, n]}
-        top_weight, top_key = weights.max(-1)  # [heads, n]
-        values["max_weight"] = top_weight
-        _add_statistics(partial, doc, layer, values)
-        # the weight at each offset key - query, in one scatter: cells past +-MAX_OFFSET land in two spare columns
-        by_offset = torch.zeros(n_heads, len(OFFSETS) + 2, dtype=torch.float64)
-        by_offset.index_add_(1, keys.offset_column, weights.reshape(n_heads, -1).double())
-        partial.offsets[layer] += by_offset[:, 1:-1].numpy()
-        bins = (top_weight * HISTOGRAM_BINS).long().clamp(0, HISTOGRAM_BINS - 1)  # [heads, n]
-        partial.histogram[layer] += torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(1).numpy()
-        _add_rows(partial, doc, layer, weights, top_weight, top_key, ids)
-        _add_examples(partial, doc, layer, weights, values, top_key, keys, readable,
-                      None if floors is None else floors[layer])
+    shape = (n_layers, n_heads)
+    weights = torch.cat([layer_weights(layer).float() for layer in range(n_layers)])  # [layers * heads, n, n]
+    values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32,
+                            extra_keys={"special": keys.special})  # {name: [layers * heads, n]}
+    top_weight, top_key = weights.max(-1)  # [layers * heads, n]
+    values["max_weight"] = top_weight
+    _add_statistics(partial, doc, values)
+    # the weight at each offset key - query, in one scatter: cells past +-MAX_OFFSET land in two spare columns
+    by_offset = torch.zeros(n_layers * n_heads, len(OFFSETS) + 2, dtype=torch.float64)
+    by_offset.index_add_(1, keys.offset_column, weights.reshape(n_layers * n_heads, -1).double())
+    partial.offsets += by_offset[:, 1:-1].reshape(*shape, -1).numpy()
+    bins = (top_weight * HISTOGRAM_BINS).long().clamp(0, HISTOGRAM_BINS - 1)  # [layers * heads, n]
+    histogram = torch.zeros(n_layers * n_heads, HISTOGRAM_BINS, dtype=torch.int64)
+    partial.histogram += histogram.scatter_add_(1, bins, torch.ones_like(bins)).reshape(*shape, -1).numpy()
+    _add_rows(partial, doc, weights, top_weight, top_key, ids)
+    _add_examples(partial, doc, weights, values, top_key, keys, readable,
+                  None if floors is None else floors.reshape(n_layers * n_heads, -1))
     return partial
 
 
@@ -191,71 +193,79 @@ class _KeyKinds:
         self.offset_column = (relative.clamp(-MAX_OFFSET - 1, MAX_OFFSET + 1) + MAX_OFFSET + 1).reshape(-1)
 
 
-def _add_statistics(partial: Partial, doc: int, layer: int, values: dict[str, torch.Tensor]) -> None:
-    stacked = torch.stack([values[name] for name in SCAN_STATISTICS]).double()  # [stats, heads, n]; NaN: undefined
+def _flat_heads(partial: Partial, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(layer, head) of each of ``size`` rows per flat head, for the database's rows."""
+    flat = np.arange(partial.n_layers * partial.n_heads)
+    return (np.repeat(flat // partial.n_heads, size).astype(np.int16),
+            np.repeat(flat % partial.n_heads, size).astype(np.int16))
+
+
+def _add_statistics(partial: Partial, doc: int, values: dict[str, torch.Tensor]) -> None:
+    shape = (partial.n_layers, partial.n_heads, len(SCAN_STATISTICS))
+    stacked = torch.stack([values[name] for name in SCAN_STATISTICS]).double()  # [stats, flat heads, n]; NaN: none
     present = ~stacked[:, 0].isnan()  # [stats, n]: the same rows for every head
     rows = torch.where(present.unsqueeze(1), stacked, torch.zeros_like(stacked))
     counts = present.sum(-1)  # [stats]
-    partial.sums[layer] += rows.sum(-1).T.numpy()
-    partial.squares[layer] += (rows * rows).sum(-1).T.numpy()
-    partial.counts[layer] += counts.numpy()[None, :]
-    doc_means = (rows.sum(-1) / counts.clamp_min(1).unsqueeze(1)).T.numpy()  # [heads, stats]
-    defined = np.broadcast_to((counts > 0).numpy()[None, :], doc_means.shape)
-    partial.doc_sums[layer] += np.where(defined, doc_means, 0.0)
-    partial.doc_squares[layer] += np.where(defined, doc_means**2, 0.0)
-    partial.doc_counts[layer] += defined
+    totals = rows.sum(-1).T  # [flat heads, stats]
+    partial.sums += totals.reshape(shape).numpy()
+    partial.squares += (rows * rows).sum(-1).T.reshape(shape).numpy()
+    partial.counts += counts.numpy()
+    doc_means = (totals / counts.clamp_min(1)).numpy()  # [flat heads, stats]
+    defined = np.broadcast_to((counts > 0).numpy(), doc_means.shape)
+    partial.doc_sums += np.where(defined, doc_means, 0.0).reshape(shape)
+    partial.doc_squares += np.where(defined, doc_means**2, 0.0).reshape(shape)
+    partial.doc_counts += defined.reshape(shape)
     labels = label_heads({name: np.where(defined[:, i], doc_means[:, i], 0.0)
                           for i, name in enumerate(SCAN_STATISTICS)})
-    for head, label in enumerate(labels):
-        partial.labels[layer, head, LABELS.index(label)] += 1
-    columns = {"doc": np.full(partial.n_heads, doc, dtype=np.int32),
-               "layer": np.full(partial.n_heads, layer, dtype=np.int16),
-               "head": np.arange(partial.n_heads, dtype=np.int16)}
+    label_index = np.array([LABELS.index(label) for label in labels])
+    partial.labels += np.eye(len(LABELS), dtype=np.int64)[label_index].reshape(*shape[:2], -1)
+    layer_of, head_of = _flat_heads(partial, 1)
+    columns = {"doc": np.full(len(labels), doc, dtype=np.int32), "layer": layer_of, "head": head_of}
     columns.update({name: np.where(defined[:, i], doc_means[:, i], np.nan) for i, name in enumerate(SCAN_STATISTICS)})
     columns["label"] = np.array(labels, dtype=object)
     partial.rows.setdefault("head_documents", []).append(columns)
 
 
-def _add_rows(partial: Partial, doc: int, layer: int, weights: torch.Tensor, top_weight: torch.Tensor,
-              top_key: torch.Tensor, ids: np.ndarray) -> None:
+def _add_rows(partial: Partial, doc: int, weights: torch.Tensor, top_weight: torch.Tensor, top_key: torch.Tensor,
+              ids: np.ndarray) -> None:
     """Each query's strongest key (one row per head and query), the (query token, key token) pairs of each query's
     PAIR_KEYS strongest keys, and the weight each key token received."""
-    heads, n, _ = weights.shape
-    head_of = np.repeat(np.arange(heads, dtype=np.int16), n)
-    query_of = np.tile(np.arange(n, dtype=np.int32), heads)
+    flat, n, _ = weights.shape
+    layer_of, head_of = _flat_heads(partial, n)
+    query_of = np.tile(np.arange(n, dtype=np.int32), flat)
     keys = top_key.numpy().reshape(-1)
     partial.rows.setdefault("query_top_keys", []).append({
-        "doc": np.full(heads * n, doc, dtype=np.int32), "layer": np.full(heads * n, layer, dtype=np.int16),
-        "head": head_of, "query": query_of, "query_id": ids[query_of], "key": keys.astype(np.int32),
-        "key_id": ids[keys], "weight": top_weight.numpy().reshape(-1).astype(np.float32)})
-    strongest = weights.topk(min(PAIR_KEYS, n), dim=-1)  # values, indices: [heads, n, k]
+        "doc": np.full(flat * n, doc, dtype=np.int32), "layer": layer_of, "head": head_of, "query": query_of,
+        "query_id": ids[query_of], "key": keys.astype(np.int32), "key_id": ids[keys],
+        "weight": top_weight.numpy().reshape(-1).astype(np.float32)})
+    strongest = weights.topk(min(PAIR_KEYS, n), dim=-1)  # values, indices: [flat heads, n, k]
     pair_weights = strongest.values.numpy().reshape(-1)
     pair_keys = strongest.indices.numpy().reshape(-1)
     k = strongest.values.shape[-1]
     kept = pair_weights > 0
     partial.rows.setdefault("pair_parts", []).append({
-        "layer": np.full(int(kept.sum()), layer, dtype=np.int16), "head": np.repeat(head_of, k)[kept],
+        "layer": np.repeat(layer_of, k)[kept], "head": np.repeat(head_of, k)[kept],
         "query_id": ids[np.repeat(query_of, k)][kept], "key_id": ids[pair_keys][kept],
         "weight": pair_weights[kept].astype(np.float64)})
-    received = weights.double().sum(1)  # [heads, n]: the weight each key position received
+    received = weights.double().sum(1)  # [flat heads, n]: the weight each key position received
     unique, where = np.unique(ids, return_inverse=True)
-    totals = torch.zeros(heads, len(unique), dtype=torch.float64).index_add_(1, torch.from_numpy(where), received)
+    totals = torch.zeros(flat, len(unique), dtype=torch.float64).index_add_(1, torch.from_numpy(where), received)
     occurrences = np.bincount(where, minlength=len(unique))
+    layer_of, head_of = _flat_heads(partial, len(unique))
     partial.rows.setdefault("key_parts", []).append({
-        "layer": np.full(heads * len(unique), layer, dtype=np.int16),
-        "head": np.repeat(np.arange(heads, dtype=np.int16), len(unique)),
-        "key_id": np.tile(unique, heads), "weight": totals.numpy().reshape(-1),
-        "occurrences": np.tile(occurrences, heads).astype(np.int64)})
+        "layer": layer_of, "head": head_of, "key_id": np.tile(unique, flat), "weight": totals.numpy().reshape(-1),
+        "occurrences": np.tile(occurrences, flat).astype(np.int64)})
 
 
-def _add_examples(partial: Partial, doc: int, layer: int, weights: torch.Tensor, values: dict[str, torch.Tensor],
+def _add_examples(partial: Partial, doc: int, weights: torch.Tensor, values: dict[str, torch.Tensor],
                   top_key: torch.Tensor, keys: _KeyKinds, readable: list[str], floors: np.ndarray | None) -> None:
-    """Each head's best query of this document by every criterion, kept if it can enter the head's heap."""
-    strongest, strongest_key = (weights * keys.ordinary).max(-1)  # [heads, n]: past itself and special tokens
+    """Each head's best query of this document by every criterion, kept if it can enter the head's heap.
+    ``weights`` and ``values`` are over flat heads (layer * heads + head); ``floors`` ``[flat heads, criteria]``."""
+    strongest, strongest_key = (weights * keys.ordinary).max(-1)  # [flat heads, n]: past itself and special tokens
     scores = {"strongest": strongest, "focused": 1 - values["normalised_entropy"], "far": values["mean_distance"]}
-    stacked = torch.stack([scores[c] if c in scores else values[c] for c in CRITERIA])  # [criteria, heads, n]
-    best_score, best_query = torch.nan_to_num(stacked, nan=-np.inf).max(-1)  # [criteria, heads]
-    best_score, best_query = best_score.T.numpy(), best_query.T.numpy()  # [heads, criteria]
+    stacked = torch.stack([scores[c] if c in scores else values[c] for c in CRITERIA])  # [criteria, flat heads, n]
+    best_score, best_query = torch.nan_to_num(stacked, nan=-np.inf).max(-1)  # [criteria, flat heads]
+    best_score, best_query = best_score.T.numpy(), best_query.T.numpy()  # [flat heads, criteria]
     wanted = np.isfinite(best_score) & (best_score > 0)
     if floors is not None:
         wanted &= best_score >= floors
@@ -263,17 +273,17 @@ def _add_examples(partial: Partial, doc: int, layer: int, weights: torch.Tensor,
         return
     criteria = list(CRITERIA)
     n = weights.shape[-1]
-    heads, columns = np.nonzero(wanted)
-    queries = best_query[heads, columns]
-    rows = weights[torch.from_numpy(heads), torch.from_numpy(queries)].numpy()  # [candidates, n]
+    flats, columns = np.nonzero(wanted)
+    queries = best_query[flats, columns]
+    rows = weights[torch.from_numpy(flats), torch.from_numpy(queries)].numpy()  # [candidates, n]
     strongest_keys, top_keys = strongest_key.numpy(), top_key.numpy()
-    for row, head, c, query in zip(rows, heads.tolist(), columns.tolist(), queries.tolist(), strict=True):
+    for row, flat, c, query in zip(rows, flats.tolist(), columns.tolist(), queries.tolist(), strict=True):
         criterion = criteria[c]
-        key = int(strongest_keys[head, query] if criterion == "strongest" else top_keys[head, query])
+        key = int(strongest_keys[flat, query] if criterion == "strongest" else top_keys[flat, query])
         start, end = max(0, query - WINDOW_BEFORE), min(n, query + WINDOW_AFTER + 1)
-        example = Example(float(best_score[head, c]), doc, query, key, float(row[key]), start, readable[start:end],
+        example = Example(float(best_score[flat, c]), doc, query, key, float(row[key]), start, readable[start:end],
                           np.round(row[start:end].astype(np.float64), 5).tolist())
-        slot = (layer, head, criterion)
+        slot = (flat // partial.n_heads, flat % partial.n_heads, criterion)
         kept = partial.examples.setdefault(slot, [])
         bisect.insort(kept, example, key=Example.order)
         del kept[EXAMPLES:]
