@@ -117,7 +117,11 @@ def scan_controls(bundle) -> None:
         planned = min(max_docs, facts["documents"])
         key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings)
         existing = folder.database(key)
-        said = scan_read(existing, "settings") if existing.is_file() and folder.job() is None else None
+        try:
+            said = scan_read(existing, "settings") if existing.is_file() and folder.job() is None else None
+        except Exception:  # noqa: BLE001 - a scan file that cannot be read (cut short while being created): anew
+            folder.delete(key)
+            said = None
         finished = said is not None and said.get("status") == store.STATUS_FINISHED
         label = ("Open the finished scan" if finished else
                  "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from attnviz.scan import store
+
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
@@ -60,16 +62,29 @@ def _scan_seconds(run, path: Path) -> float:
 
 
 def _memory(sizes: list[int], max_tokens: int, folder: Path, model: str) -> list[dict]:
+    """Peak memory of command-line scans of ``sizes`` documents: the bundled corpus's documents, cycled (each copy
+    marked, so that no two texts are the same) to the largest size, in a .jsonl file."""
+    from attnviz.scan.corpus import bundled_corpus
+
+    documents = bundled_corpus().documents
+    corpus = folder / "memory-corpus.jsonl"
+    with open(corpus, "w", encoding="utf-8") as handle:
+        for index in range(max(sizes)):
+            copy, document = divmod(index, len(documents))
+            text = documents[document].text + (f" (copy {copy})" if copy else "")
+            handle.write(json.dumps({"text": text}) + "\n")
     rows = []
     for size in sizes:
         out = folder / f"memory-{size}.duckdb"
         out.unlink(missing_ok=True)
         result = subprocess.run(
-            [sys.executable, "-c", CHILD, "bundled", "--model", model, "--out", str(out), "--max-docs",
+            [sys.executable, "-c", CHILD, str(corpus), "--model", model, "--out", str(out), "--max-docs",
              str(size), "--max-tokens", str(max_tokens), "--quiet"],
             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
         said = json.loads(result.stdout.strip().splitlines()[-1])
-        rows.append({"documents": size, "peak_mb": said["peak_mb"], "seconds": said["seconds"],
+        with store.ScanReader(out) as reader:
+            scanned = reader.documents
+        rows.append({"documents": scanned, "peak_mb": said["peak_mb"], "seconds": said["seconds"],
                      "database_mb": out.stat().st_size / 1024**2})
         out.unlink(missing_ok=True)
     return rows

@@ -42,7 +42,8 @@ from attnviz.scan.heads import (
 SCHEMA_VERSION = 1
 STATUS_RUNNING, STATUS_STOPPED, STATUS_FINISHED = "running", "stopped", "finished"
 TOKEN_MARKS = "Ġ▁␣Ċ "  # leading marks of a word-start piece, stripped for ``tokens.word``
-MEMORY_LIMIT = "1GB"  # DuckDB's own buffer: what a scan's database may hold in memory (it spills past it)
+MEMORY_LIMIT = "256MB"  # DuckDB's own buffer: what a scan's database may hold in memory (it spills to disk past
+# it), so that a scan's memory does not grow with its database
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS settings (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -273,6 +274,7 @@ def rewrite_compactly(path: str | Path) -> None:
     fresh = path.with_name(f".{path.stem}.compact.duckdb")
     fresh.unlink(missing_ok=True)
     with duckdb.connect(str(path)) as connection:
+        connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         name = connection.execute("SELECT current_database()").fetchone()[0]  # the file's stem
         connection.execute(f"ATTACH '{_literal(fresh)}' AS fresh")
         connection.execute(f'COPY FROM DATABASE "{name}" TO fresh')  # tables, views and data
