@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from app import PAGES
 from tests.e2e.conftest import streamlit_server, wait_until_idle
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +69,7 @@ def test_a_first_visit_to_a_deep_link_on_a_fresh_server_gets_the_navigation(brow
         page.goto(url + "/masks")
         wait_until_idle(page)
         page.locator("h1", has_text="Masks").wait_for(timeout=60_000)
-        assert page.locator('[data-testid="stSidebarNav"] a').count() == 9
+        assert page.locator('[data-testid="stSidebarNav"] a').count() == len(PAGES)  # app.py's whole navigation
         assert page.get_by_label("Model", exact=True).count() == 1  # the global sidebar of app.py
         assert page.locator('[data-testid="stException"]').count() == 0
         context.close()
