@@ -9,7 +9,6 @@ Ray is an optional extra (``pip install "ray[data]"``; the README's test setup i
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from attnviz.scan.runner import (
     ScanSettings,
     finish,
     open_writer,
-    planned_documents,
     record_chunk,
+    resume,
     scan_chunk,
     scanned_kind,
 )
@@ -90,12 +89,7 @@ def run_scan_on_ray(corpus: Corpus, bundle: ModelBundle, path: str | Path, setti
     started_here = start_ray(address)
     try:
         with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:
-            done = writer.done_documents()
-            planned = planned_documents(corpus, settings)
-            todo = [(doc, document) for doc, document in planned if doc not in done]
-            state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
-            partial = writer.load_partial(n_layers, n_heads)
-            writer.set(status=store.STATUS_RUNNING)
+            todo, state, partial = resume(writer, corpus, settings, n_layers, n_heads)
             if todo:
                 context = ray.data.DataContext.get_current()
                 context.execution_options.preserve_order = True  # blocks arrive in corpus order: the same sums

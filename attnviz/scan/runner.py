@@ -129,6 +129,18 @@ def planned_documents(corpus: Corpus, settings: ScanSettings) -> list[tuple[int,
     return list(enumerate(corpus.documents[:settings.max_docs]))
 
 
+def resume(writer: store.ScanWriter, corpus: Corpus, settings: ScanSettings, n_layers: int,
+           n_heads: int) -> tuple[list[tuple[int, Document]], Progress, Partial]:
+    """What is left to scan, the progress so far and the aggregate as last committed; the scan marked running."""
+    done = writer.done_documents()
+    planned = planned_documents(corpus, settings)
+    todo = [(doc, document) for doc, document in planned if doc not in done]
+    state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
+    partial = writer.load_partial(n_layers, n_heads)
+    writer.set(status=store.STATUS_RUNNING)
+    return todo, state, partial
+
+
 def chunks(items: list, size: int) -> Iterator[list]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -164,12 +176,7 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
     what it committed and resumes on the next call. Returns the last progress (``status`` finished or stopped)."""
     kind, n_layers, n_heads = scanned_kind(bundle)
     with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:
-        done = writer.done_documents()
-        planned = planned_documents(corpus, settings)
-        todo = [(doc, document) for doc, document in planned if doc not in done]
-        state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
-        partial = writer.load_partial(n_layers, n_heads)
-        writer.set(status=store.STATUS_RUNNING)
+        todo, state, partial = resume(writer, corpus, settings, n_layers, n_heads)
         for chunk in chunks(todo, settings.chunk_docs):
             if should_stop is not None and should_stop():
                 state.status = store.STATUS_STOPPED
