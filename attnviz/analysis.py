@@ -32,7 +32,7 @@ def is_punctuation(token: str) -> bool:
 
 def row_entropy(weights: torch.Tensor) -> torch.Tensor:
     """Shannon entropy (nats) of each query row, ``[..., n_q]``; 0 * log 0 counts as 0."""
-    logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
+    logs = weights.clamp_min(1e-30).log_()  # a zero weight times log(1e-30) is 0: no masking pass needed
     return -(weights * logs).sum(-1)
 
 
@@ -83,11 +83,19 @@ def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, 
     shares = weights @ torch.stack(list(sets.values()), dim=1).to(dtype)  # [heads, rows, sets]: one pass for all
     values.update({name: shares[..., i] for i, name in enumerate(sets)})
     for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
-        keys = positions + offset
-        inside = (keys >= 0) & (keys < n_k)  # [rows]: rows that have such a key
-        picked = weights.gather(-1, keys.clamp(0, n_k - 1).view(1, rows, 1).expand(heads, rows, 1))[..., 0]
-        values[name] = torch.where(inside, picked, torch.full_like(picked, float("nan")))
+        values[name] = _diagonal_rows(weights, start + offset)
     return values
+
+
+def _diagonal_rows(weights: torch.Tensor, offset: int) -> torch.Tensor:
+    """``[heads, rows]``: each row ``r``'s weight on key ``r + offset`` of ``weights [heads, rows, n_k]``, NaN
+    for a row without that key."""
+    heads, rows, n_k = weights.shape
+    picked = weights.new_full((heads, rows), float("nan"))
+    first, last = max(0, -offset), min(rows, n_k - offset)  # the rows whose key exists
+    if last > first:
+        picked[:, first:last] = torch.diagonal(weights, offset, dim1=-2, dim2=-1)[:, :last - first]
+    return picked
 
 
 class StatisticsAccumulator:
@@ -214,6 +222,12 @@ def label_head(values: dict) -> str:
 
 def label_heads(values: dict[str, np.ndarray]) -> list[str]:
     """:func:`label_head` for many heads at once: ``values`` maps each statistic to an array over the heads."""
+    names = [*LABEL_RULES, "broad head", "mixed"]
+    return [names[index] for index in label_indices(values).tolist()]
+
+
+def label_indices(values: dict[str, np.ndarray]) -> np.ndarray:
+    """:func:`label_heads` as indices into ``[*LABEL_RULES, "broad head", "mixed"]``."""
     heads = len(values["normalised_entropy"])
     best = np.full(heads, -1)
     best_value = np.full(heads, -np.inf)
@@ -224,7 +238,7 @@ def label_heads(values: dict[str, np.ndarray]) -> list[str]:
         best = np.where(wins, index, best)
         best_value = np.where(wins, value, best_value)
     broad = np.asarray(values["normalised_entropy"]) >= BROAD_ENTROPY
-    return [names[b] if b >= 0 else ("broad head" if wide else "mixed") for b, wide in zip(best, broad, strict=True)]
+    return np.where(best >= 0, best, np.where(broad, len(names), len(names) + 1))
 
 
 def average_heads(weights: torch.Tensor) -> torch.Tensor:

@@ -60,9 +60,11 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> to
     Blocked entries get weight 0. A row with no allowed key (or whose scores are all -inf) gets all zeros,
     where a plain softmax would give NaN.
     """
-    if mask is not None:
+    if mask is not None and not bool(mask.all()):  # a mask that hides nothing costs no pass over the scores
         scores = scores.masked_fill(~mask, float("-inf"))
     row_is_empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # [..., n_q, 1]
+    if not bool(row_is_empty.any()):
+        return torch.softmax(scores, dim=-1)
     scores = scores.masked_fill(row_is_empty, 0.0)
     return torch.softmax(scores, dim=-1).masked_fill(row_is_empty, 0.0)
 

@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz.scan import background, store
 from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
-from attnviz.scan.runner import ScanSettings
+from attnviz.scan.runner import ScanSettings, token_limit
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
@@ -90,9 +90,12 @@ def scan_controls(bundle) -> None:
         max_docs = int(columns[0].number_input("Documents", 1, most, min(200, most), step=100, key="corpus_docs",
                                                help=f"the corpus's first documents (the bundled one is shuffled); at "
                                                     f"most {most:,} from this page"))
-        max_tokens = int(columns[1].number_input("Tokens per document", 8, max(8, bundle.max_positions),
-                                                 min(128, bundle.max_positions), step=32, key="corpus_tokens",
-                                                 help="each document's first tokens, special tokens included"))
+        longest = max(8, min(bundle.max_positions, token_limit(bundle.n_layers, bundle.n_heads)))
+        max_tokens = int(columns[1].number_input("Tokens per document", 8, longest, min(128, longest), step=32,
+                                                 key="corpus_tokens",
+                                                 help=f"each document's first tokens, special tokens included (at most "
+                                                      f"{longest:,} for this model: a scan reads every layer's weights "
+                                                      "of a document at once)"))
         columns[2].markdown(f"**Model**  \n{bundle.name}  \n:small[(the sidebar's)]")
         if corpus is None:
             st.caption(f"Choose a file: the scan reads its first {max_docs:,} documents, at most {max_tokens} tokens "

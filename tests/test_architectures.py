@@ -33,6 +33,9 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
     for record in result.records.values():
         weights = record.weights
         torch.testing.assert_close(weights, reference[record.kind], atol=1e-5, rtol=0, msg=f"{kind} {record.kind}")
+        # every layer at once (one batched softmax where it can) is each layer's own replay, stacked
+        each_layer = torch.stack([record.layer_weights(layer) for layer in range(record.n_layers)])
+        torch.testing.assert_close(weights, each_layer, atol=1e-6, rtol=0, msg=f"{kind} {record.kind}")
         if not any(sink is not None for sink in record.sinks):  # gpt-oss's sinks take a share of every row
             torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
         if record.kind in ("decoder",) or (record.kind == "self" and bundle.architecture == "decoder"):

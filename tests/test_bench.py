@@ -35,7 +35,8 @@ def test_scan_benchmark_compares_with_the_forward_and_measures_memory(tmp_path, 
                  "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     paths = [row["path"] for row in report["results"]]
-    assert paths == ["forward (the model alone)", "capture (every attention call recorded)", "scan in-process"]
+    assert paths == ["forward (tokenizer and model, nothing recorded)", "capture (every attention call recorded)",
+                     "scan in-process"]
     assert report["results"][0]["vs_forward"] == 1.0 and all(row["seconds"] > 0 for row in report["results"])
     assert [row["documents"] for row in report["memory"]] == [3, 6] and report["memory"][0]["peak_mb"] > 100
     printed = capsys.readouterr().out

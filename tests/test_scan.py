@@ -205,8 +205,8 @@ def random_weights(seed, heads, n, causal):
 
 def partial_of(doc, n, layers=2, heads=3):
     pieces = ["[CLS]", *[f"w{(doc * 7 + i) % 5}" for i in range(n - 2)], "[SEP]"]
-    weights = [random_weights(doc * 10 + layer, heads, n, causal=doc % 2 == 1) for layer in range(layers)]
-    return document_partial(doc, lambda layer: weights[layer], layers, heads, pieces, pieces,
+    weights = torch.stack([random_weights(doc * 10 + layer, heads, n, causal=doc % 2 == 1) for layer in range(layers)])
+    return document_partial(doc, weights, pieces, pieces,
                             [True, *[False] * (n - 2), True], [100 + (doc * 7 + i) % 5 for i in range(n)], False)
 
 
@@ -257,12 +257,47 @@ def test_a_resumed_scan_equals_an_uninterrupted_one(gpt2, tmp_path):
     assert_same_tables(tables(whole), tables(stopped))
 
 
+def test_a_document_whose_weights_are_not_finite_is_reported_and_left_out(bert, tmp_path, monkeypatch):
+    """A model that overflows on one document (NaN weights) must not spoil the sums of every head: that document
+    is listed with its problem, and the tables equal a scan of the corpus without it."""
+    from attnviz.models.record import AttentionRecord
+    from attnviz.scan import runner
+
+    replay = AttentionRecord.every_layer_weights
+
+    def overflowing(record, *args, **kwargs):
+        weights = replay(record, *args, **kwargs)
+        return weights.fill_(float("nan")) if "mat" in record.query_tokens else weights
+
+    monkeypatch.setattr(AttentionRecord, "every_layer_weights", overflowing)
+    corpus = small_corpus()
+    settings = ScanSettings(max_docs=10, max_tokens=MAX_TOKENS)
+    run_scan(corpus, bert, tmp_path / "with.duckdb", settings)
+    with store.ScanReader(tmp_path / "with.duckdb") as reader:
+        documents = reader.frame("SELECT doc, n_tokens, problem FROM documents ORDER BY doc")
+        stats = reader.frame("SELECT * FROM head_stats")
+    assert documents["problem"].iloc[0] == runner.NONFINITE and documents["problem"].iloc[1:].isna().all()
+    assert documents["n_tokens"].iloc[0] == 0
+    assert np.isfinite(stats[["mean", "spread"]].to_numpy(dtype=float)[~stats["mean"].isna()]).all()
+    assert stats["documents"].max() == len(TEXTS) - 1
+    without = Corpus("tests", corpus.documents[1:])
+    run_scan(without, bert, tmp_path / "without.duckdb", settings)
+    with store.ScanReader(tmp_path / "without.duckdb") as reader:
+        expected = reader.frame("SELECT * FROM head_stats")
+    merged = stats.merge(expected, on=["layer", "head", "statistic"], suffixes=("", "_without"))
+    assert len(merged) == len(stats)
+    np.testing.assert_allclose(merged["mean"], merged["mean_without"], rtol=1e-9)
+
+
 def test_a_file_of_another_scan_is_refused_and_keys_follow_the_inputs(bert, tmp_path):
     corpus = small_corpus()
     path = tmp_path / "scan.duckdb"
     run_scan(corpus, bert, path, ScanSettings(max_docs=2, max_tokens=MAX_TOKENS))
     with pytest.raises(ScanRefused, match="holds another scan"):
         run_scan(corpus, bert, path, ScanSettings(max_docs=2, max_tokens=MAX_TOKENS + 1))
+    with pytest.raises(ScanRefused, match="every layer's weights of a document at once, up to 1,024 tokens"):
+        run_scan(corpus, bert, tmp_path / "long.duckdb", ScanSettings(max_docs=2, max_tokens=4_096))
+    assert not (tmp_path / "long.duckdb").exists()
     base = scan_key(corpus, bert.folder, ScanSettings(max_docs=2, max_tokens=24))
     assert base == scan_key(small_corpus(), bert.folder, ScanSettings(max_docs=2, max_tokens=24, chunk_docs=3))
     assert base != scan_key(corpus, bert.folder, ScanSettings(max_docs=3, max_tokens=24))

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     startup_parser.add_argument("--repeats", type=int, default=3)
     startup_parser.add_argument("--out", type=Path, default=Path("bench-results/startup.json"))
     scan_parser = commands.add_parser("scan", help="a scan over the bundled corpus against the model's forward")
-    scan_parser.add_argument("--documents", type=int, default=200)
+    scan_parser.add_argument("--documents", type=int, default=1000, help="the command line's default scan")
     scan_parser.add_argument("--max-tokens", type=int, default=128)
     scan_parser.add_argument("--ray-workers", type=int, nargs="*", default=[1, 2], help="none: skip Ray")
     scan_parser.add_argument("--memory-docs", type=int, nargs="*", default=[1000, 10000],

@@ -1,10 +1,11 @@
 """``python -m attnviz.bench scan``: what a scan costs beside the model's own forward, in one run.
 
-Over the same documents of the bundled corpus (each read up to ``max_tokens``, batch of one), documents/s and
-tokens/s of: the model's forward alone; attnviz's capture (the forward with every attention call recorded); the
-scan in this process (capture, every head's statistics, the database); the scan on a local Ray cluster with 1 and
-2 workers. Then the peak memory of command-line scans of growing corpora, each in a process of its own (the
-scan's memory should not grow with the corpus). Ratios are measured in this run, on this machine.
+Over the same documents of the bundled corpus (each read up to ``max_tokens``, batch of one; by default the
+first 1,000, the command line's default scan), documents/s and tokens/s of: the model's forward alone (tokenizer
+and model); attnviz's capture (the forward with every attention call recorded); the scan in this process
+(capture, every head's statistics, the database); the scan on a local Ray cluster with 1 and 2 workers. Then the
+peak memory of command-line scans of growing corpora, each in a process of its own (the scan's memory should not
+grow with the corpus). Ratios are measured in this run, on this machine.
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ print(json.dumps({"code": code, "seconds": time.perf_counter() - started,
 
 
 def _forward_rate(bundle, texts: list[str], max_tokens: int) -> tuple[float, int]:
-    """Seconds for the model's own forward over ``texts`` (read as a capture reads them), and the tokens read."""
+    """Seconds for the model's own forward over ``texts``, each tokenized (as a capture reads them) and run, and
+    the tokens read: what running the model over the corpus costs, before anything is recorded."""
     from attnviz.models.capture import _model_inputs
 
-    inputs = [_model_inputs(bundle, text, None, max_tokens, None)[0] for text in texts]
-    tokens = sum(int(x["input_ids"].shape[-1]) for x in inputs)
+    tokens = 0
     with torch.no_grad():
-        bundle.model(**inputs[0])  # warm
+        bundle.model(**_model_inputs(bundle, texts[0], None, max_tokens, None)[0])  # warm
         started = time.perf_counter()
-        for x in inputs:
-            bundle.model(**x)
+        for text in texts:
+            inputs = _model_inputs(bundle, text, None, max_tokens, None)[0]
+            bundle.model(**inputs)
+            tokens += int(inputs["input_ids"].shape[-1])
     return time.perf_counter() - started, tokens
 
 
@@ -90,7 +93,7 @@ def _memory(sizes: list[int], max_tokens: int, folder: Path, model: str) -> list
     return rows
 
 
-def bench_scan(documents: int = 200, max_tokens: int = 128, ray_workers: tuple[int, ...] = (1, 2),
+def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple[int, ...] = (1, 2),
                memory_sizes: tuple[int, ...] = (1_000, 10_000), model: str | None = None) -> dict:
     """``model``: a checkpoint folder or a bundled model's name (default: the bundled BERT)."""
     from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
@@ -105,7 +108,7 @@ def bench_scan(documents: int = 200, max_tokens: int = 128, ray_workers: tuple[i
     texts = [document.text for document in chosen.documents]
     settings = ScanSettings(max_docs=documents, max_tokens=max_tokens)
     forward, tokens = _forward_rate(bundle, texts, max_tokens)
-    rows = [{"path": "forward (the model alone)", "seconds": forward}]
+    rows = [{"path": "forward (tokenizer and model, nothing recorded)", "seconds": forward}]
     rows.append({"path": "capture (every attention call recorded)",
                  "seconds": _capture_seconds(bundle, texts, max_tokens)})
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-scan-") as scratch:
@@ -113,9 +116,10 @@ def bench_scan(documents: int = 200, max_tokens: int = 128, ray_workers: tuple[i
         rows.append({"path": "scan in-process", "seconds": _scan_seconds(
             lambda path: run_scan(chosen, bundle, path, settings), folder / "local.duckdb"),
             "database_mb": (folder / "local.duckdb").stat().st_size / 1024**2})
+        # before Ray: a process started after ray.init inherits its environment, and peaked ~550 MB higher
+        memory = _memory(list(memory_sizes), max_tokens, folder, model) if memory_sizes else []
         if ray_workers:
             rows += _ray_rows(chosen, bundle, settings, ray_workers, folder)
-        memory = _memory(list(memory_sizes), max_tokens, folder, model) if memory_sizes else []
     for row in rows:
         row["documents_per_second"] = documents / row["seconds"]
         row["tokens_per_second"] = tokens / row["seconds"]

@@ -180,11 +180,14 @@ def capture(
     *,
     max_tokens: int | None = None,
     fallback_tokenizer: str | None = None,
+    check_finite: bool = True,
 ) -> Capture:
     """Run ``bundle``'s model on ``text`` (and ``text_pair`` for A/B pairs; for encoder-decoder models the pair
     is the decoder's input, defaulting to ``text``) and capture every attention call.
 
     ``fallback_tokenizer`` ("whitespace" or "bytes") chooses the stand-in tokenizer of a checkpoint that has none.
+    ``check_finite=False`` leaves ``nonfinite`` empty without reading the recorded tensors: for a caller that
+    checks what it reads itself (a scan checks every weight it replays, once per document).
     """
     if not text or not text.strip():
         raise ValueError("the text is empty: type a sentence")
@@ -212,7 +215,8 @@ def capture(
     )
     result.records, outputs_finite = _run_and_record(bundle, inputs, tokens, decoder_tokens)
     show_readable(result)
-    result.nonfinite = nonfinite_parts(result.records, outputs_finite)
+    if check_finite:
+        result.nonfinite = nonfinite_parts(result.records, outputs_finite)
     return result
 
 

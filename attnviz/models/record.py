@@ -268,7 +268,30 @@ class AttentionRecord:
     def weights(self) -> torch.Tensor:
         """All weights ``[layers, heads, n_q, n_k]`` fp32, replayed once and kept (inputs up to DENSE_LIMIT)."""
         self.check_dense()
-        return torch.stack([self.layer_weights(layer) for layer in range(self.n_layers)])
+        return self.every_layer_weights()
+
+    def every_layer_weights(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Every layer's weights ``[layers, heads, n_q, n_k]`` in ``dtype``, not kept: :meth:`layer_weights` of each
+        layer, stacked. Where the layers share their shapes and have no soft cap or sink (most models), the scores
+        and the softmax run once over all layers: a scan reads every layer of every document, and one call per
+        layer costs more than the arithmetic at a few hundred tokens. The caller bounds the size (see
+        :attr:`dense_ok`)."""
+        batched = (self.replayable and not any(self.softcaps or ()) and all(s is None for s in self.sinks or ())
+                   and len({tuple(t.shape) for t in self.queries.tensors}) == 1
+                   and len({tuple(t.shape) for t in self.keys.tensors}) == 1)
+        if not batched:
+            return torch.stack([self.layer_weights(layer, dtype=dtype) for layer in range(self.n_layers)])
+        q = self.queries.stacked().to(dtype)  # [layers, heads, n_q, d]
+        k = self.keys.stacked().to(dtype)  # [layers, kv_heads, n_k, d]
+        if self.n_kv_heads != self.n_heads:
+            k = k[:, [self.kv_head(head) for head in range(self.n_heads)]]  # [layers, heads, n_k, d]
+        scales = torch.tensor(self.scales, dtype=dtype).view(-1, 1, 1, 1)
+        scores = q @ k.transpose(-2, -1) * scales  # [layers, heads, n_q, n_k]
+        for layer, bias in enumerate(self.biases or ()):
+            if bias is not None:
+                scores[layer] += bias.to(dtype)  # [heads, n_q, n_k]
+        allowed = torch.stack([self.mask_rows(layer) for layer in range(self.n_layers)])  # [layers, n_q, n_k]
+        return scoring.weights(scores, allowed.unsqueeze(1))
 
     @property
     def allowed(self) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """What every head does on one document, and the mergeable aggregate of many: the statistics of a scan.
 
-:func:`document_partial` reads one document's weights (``[heads, n, n]`` per layer, rows summing to 1) and returns a
+:func:`document_partial` reads one document's weights (``[layers, heads, n, n]``, rows summing to 1) and returns a
 :class:`Partial`: sums, squared sums and counts per head and statistic (row level and document level), label
 counts, the weight at each relative offset, a histogram of each query's largest weight, each head's top examples per
 criterion (a bounded heap), and the rows that go to the database as they are (per-document head statistics, each
@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnviz.analysis import BROAD_ENTROPY, LABEL_RULES, STATISTICS, is_punctuation, label_heads, row_statistics
+from attnviz.analysis import BROAD_ENTROPY, LABEL_RULES, STATISTICS, is_punctuation, label_indices, row_statistics
 
 SCAN_STATISTICS = (*STATISTICS, "special", "max_weight")  # row statistics a scan keeps per head
-LABELS = (*LABEL_RULES, "broad head", "mixed")
+LABELS = (*LABEL_RULES, "broad head", "mixed")  # the order of analysis.label_indices
+_LABEL_NAMES = np.array(LABELS, dtype=object)
 MAX_OFFSET = 32  # the offset profile: mean weight at key - query = -32 .. +32
 OFFSETS = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))
 HISTOGRAM_BINS = 20  # of each query's largest weight, over 0..1
@@ -140,18 +141,21 @@ def best_examples(examples: list[Example]) -> list[Example]:
     return sorted(examples, key=Example.order)[:EXAMPLES]
 
 
-def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, pieces: list[str], readable: list[str],
+def document_partial(doc: int, weights: torch.Tensor, pieces: list[str], readable: list[str],
                      special: list[bool], token_ids: list[int] | None, truncated: bool,
                      floors: np.ndarray | None = None, into: Partial | None = None) -> Partial:
-    """The partial of one document. ``layer_weights(layer)`` gives that layer's ``[heads, n, n]`` weights (rows
-    sum to 1); ``pieces`` are the tokenizer's tokens, ``readable`` how pages show them, ``token_ids`` the
-    tokenizer's ids (None: :func:`token_id_of` each piece). ``floors`` (from :meth:`Partial.floors`) lets it skip
-    examples that could not enter the heaps anyway. ``into``: a partial to add the document to (a chunk's),
-    returned; by default a new one.
+    """The partial of one document. ``weights``: every layer's ``[layers, heads, n, n]`` (rows sum to 1);
+    ``pieces`` are the tokenizer's tokens, ``readable`` how pages show them, ``token_ids`` the tokenizer's ids
+    (None: :func:`token_id_of` each piece). ``floors`` (``[layers, heads, criteria]``, from
+    :meth:`Partial.floors`) lets it skip examples that could not enter the heaps anyway; it is raised in place as
+    the heaps of ``into`` fill, so a chunk's documents skip more and more. ``into``: a partial to add the document
+    to (a chunk's), returned; by default a new one.
 
     Every layer's heads are read at once, as ``layers x heads`` flat heads (one pass of each operation per
     document); row values are computed in float32 (the weights' own precision) and summed in float64."""
-    n = len(pieces)
+    n_layers, n_heads, n = weights.shape[:3]
+    if n != len(pieces):
+        raise ValueError(f"{n} queries of weights for {len(pieces)} tokens")
     ids = np.asarray(token_ids if token_ids is not None else [token_id_of(p) for p in pieces], dtype=np.int64)
     keys = _KeyKinds(special, pieces)
     partial = Partial(n_layers, n_heads) if into is None else into
@@ -159,16 +163,16 @@ def document_partial(doc: int, layer_weights, n_layers: int, n_heads: int, piece
     partial.documents.append({"doc": doc, "n_tokens": n, "truncated": truncated})
     partial.offset_rows += np.clip(n - np.abs(np.asarray(OFFSETS)), 0, None)
     shape = (n_layers, n_heads)
-    weights = torch.cat([layer_weights(layer).float() for layer in range(n_layers)])  # [layers * heads, n, n]
+    weights = weights.float().reshape(n_layers * n_heads, n, n)  # [layers * heads, n, n]
     values = row_statistics(weights, 0, keys.separators, keys.punctuation, dtype=torch.float32,
                             extra_keys={"special": keys.special})  # {name: [layers * heads, n]}
     top_weight, top_key = weights.max(-1)  # [layers * heads, n]
     values["max_weight"] = top_weight
     _add_statistics(partial, doc, values)
     # the weight at each offset key - query, in one scatter: cells past +-MAX_OFFSET land in two spare columns
-    by_offset = torch.zeros(n_layers * n_heads, len(OFFSETS) + 2, dtype=torch.float64)
-    by_offset.index_add_(1, keys.offset_column, weights.reshape(n_layers * n_heads, -1).double())
-    partial.offsets += by_offset[:, 1:-1].reshape(*shape, -1).numpy()
+    by_offset = torch.zeros(n_layers * n_heads, len(OFFSETS) + 2)  # a document's sums in float32, added in float64
+    by_offset.index_add_(1, keys.offset_column, weights.reshape(n_layers * n_heads, -1))
+    partial.offsets += by_offset[:, 1:-1].reshape(*shape, -1).double().numpy()
     bins = (top_weight * HISTOGRAM_BINS).long().clamp(0, HISTOGRAM_BINS - 1)  # [layers * heads, n]
     histogram = torch.zeros(n_layers * n_heads, HISTOGRAM_BINS, dtype=torch.int64)
     partial.histogram += histogram.scatter_add_(1, bins, torch.ones_like(bins)).reshape(*shape, -1).numpy()
@@ -215,14 +219,13 @@ def _add_statistics(partial: Partial, doc: int, values: dict[str, torch.Tensor])
     partial.doc_sums += np.where(defined, doc_means, 0.0).reshape(shape)
     partial.doc_squares += np.where(defined, doc_means**2, 0.0).reshape(shape)
     partial.doc_counts += defined.reshape(shape)
-    labels = label_heads({name: np.where(defined[:, i], doc_means[:, i], 0.0)
-                          for i, name in enumerate(SCAN_STATISTICS)})
-    label_index = np.array([LABELS.index(label) for label in labels])
+    label_index = label_indices({name: np.where(defined[:, i], doc_means[:, i], 0.0)
+                                 for i, name in enumerate(SCAN_STATISTICS)})  # [flat heads] into LABELS
     partial.labels += np.eye(len(LABELS), dtype=np.int64)[label_index].reshape(*shape[:2], -1)
     layer_of, head_of = _flat_heads(partial, 1)
-    columns = {"doc": np.full(len(labels), doc, dtype=np.int32), "layer": layer_of, "head": head_of}
+    columns = {"doc": np.full(len(label_index), doc, dtype=np.int32), "layer": layer_of, "head": head_of}
     columns.update({name: np.where(defined[:, i], doc_means[:, i], np.nan) for i, name in enumerate(SCAN_STATISTICS)})
-    columns["label"] = np.array(labels, dtype=object)
+    columns["label"] = _LABEL_NAMES[label_index]
     partial.rows.setdefault("head_documents", []).append(columns)
 
 
@@ -238,16 +241,16 @@ def _add_rows(partial: Partial, doc: int, weights: torch.Tensor, top_weight: tor
         "doc": np.full(flat * n, doc, dtype=np.int32), "layer": layer_of, "head": head_of, "query": query_of,
         "query_id": ids[query_of], "key": keys.astype(np.int32), "key_id": ids[keys],
         "weight": top_weight.numpy().reshape(-1).astype(np.float32)})
-    strongest = weights.topk(min(PAIR_KEYS, n), dim=-1)  # values, indices: [flat heads, n, k]
-    pair_weights = strongest.values.numpy().reshape(-1)
-    pair_keys = strongest.indices.numpy().reshape(-1)
-    k = strongest.values.shape[-1]
+    top_weights, top_keys = strongest_keys(weights, top_weight, top_key, min(PAIR_KEYS, n))  # [flat heads, n, k]
+    pair_weights = top_weights.numpy().reshape(-1)
+    pair_keys = top_keys.numpy().reshape(-1)
+    k = top_weights.shape[-1]
     kept = pair_weights > 0
     partial.rows.setdefault("pair_parts", []).append({
         "layer": np.repeat(layer_of, k)[kept], "head": np.repeat(head_of, k)[kept],
         "query_id": ids[np.repeat(query_of, k)][kept], "key_id": ids[pair_keys][kept],
         "weight": pair_weights[kept].astype(np.float64)})
-    received = weights.double().sum(1)  # [flat heads, n]: the weight each key position received
+    received = weights.sum(1).double()  # [flat heads, n]: the weight each key position received
     unique, where = np.unique(ids, return_inverse=True)
     totals = torch.zeros(flat, len(unique), dtype=torch.float64).index_add_(1, torch.from_numpy(where), received)
     occurrences = np.bincount(where, minlength=len(unique))
@@ -255,6 +258,22 @@ def _add_rows(partial: Partial, doc: int, weights: torch.Tensor, top_weight: tor
     partial.rows.setdefault("key_parts", []).append({
         "layer": layer_of, "head": head_of, "key_id": np.tile(unique, flat), "weight": totals.numpy().reshape(-1),
         "occurrences": np.tile(occurrences, flat).astype(np.int64)})
+
+
+def strongest_keys(weights: torch.Tensor, top_weight: torch.Tensor, top_key: torch.Tensor,
+                   k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` largest weights and their keys, largest first (``[heads, n, k]`` each), from its largest
+    (``top_weight``, ``top_key``, ``[heads, n]``): one more max per key on a copy with the keys found taken out,
+    which costs half of a ``topk`` at a few hundred keys. Ties go to the earlier key, as in ``max``."""
+    values, indices = [top_weight], [top_key]
+    if k > 1:
+        rest = weights.clone()  # [heads, n, n_k]
+        for _ in range(k - 1):
+            rest.scatter_(-1, indices[-1].unsqueeze(-1), -1.0)
+            value, index = rest.max(-1)
+            values.append(value)
+            indices.append(index)
+    return torch.stack(values, dim=-1), torch.stack(indices, dim=-1)
 
 
 def _add_examples(partial: Partial, doc: int, weights: torch.Tensor, values: dict[str, torch.Tensor],
@@ -275,16 +294,23 @@ def _add_examples(partial: Partial, doc: int, weights: torch.Tensor, values: dic
     n = weights.shape[-1]
     flats, columns = np.nonzero(wanted)
     queries = best_query[flats, columns]
-    rows = weights[torch.from_numpy(flats), torch.from_numpy(queries)].numpy()  # [candidates, n]
-    strongest_keys, top_keys = strongest_key.numpy(), top_key.numpy()
-    for row, flat, c, query in zip(rows, flats.tolist(), columns.tolist(), queries.tolist(), strict=True):
+    picked = weights[torch.from_numpy(flats), torch.from_numpy(queries)]  # [candidates, n]
+    rows, shown = picked.numpy(), torch.round(picked.double(), decimals=5).numpy()  # shown: what an example keeps
+    key_of = np.where(columns == criteria.index("strongest"), strongest_key.numpy()[flats, queries],
+                      top_key.numpy()[flats, queries])  # [candidates]
+    scores = best_score[flats, columns]
+    for i, (flat, c, query, key) in enumerate(zip(flats.tolist(), columns.tolist(), queries.tolist(),
+                                                  key_of.tolist(), strict=True)):
+        if floors is not None and scores[i] < floors[flat, c]:  # a heap this document filled since
+            continue
         criterion = criteria[c]
-        key = int(strongest_keys[flat, query] if criterion == "strongest" else top_keys[flat, query])
         start, end = max(0, query - WINDOW_BEFORE), min(n, query + WINDOW_AFTER + 1)
-        example = Example(float(best_score[flat, c]), doc, query, key, float(row[key]), start, readable[start:end],
-                          np.round(row[start:end].astype(np.float64), 5).tolist())
+        example = Example(float(scores[i]), doc, query, key, float(rows[i, key]), start, readable[start:end],
+                          shown[i, start:end].tolist())
         slot = (flat // partial.n_heads, flat % partial.n_heads, criterion)
         kept = partial.examples.setdefault(slot, [])
         bisect.insort(kept, example, key=Example.order)
         del kept[EXAMPLES:]
         partial.changed.add(slot)
+        if floors is not None and len(kept) == EXAMPLES:
+            floors[flat, c] = max(floors[flat, c], kept[-1].score)

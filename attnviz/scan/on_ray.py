@@ -20,6 +20,7 @@ from attnviz.scan.runner import (
     Progress,
     ScanRefused,
     ScanSettings,
+    check_token_limit,
     finish,
     open_writer,
     record_chunk,
@@ -86,6 +87,7 @@ def run_scan_on_ray(corpus: Corpus, bundle: ModelBundle, path: str | Path, setti
     import ray.data
 
     kind, n_layers, n_heads = scanned_kind(bundle)
+    check_token_limit(settings, n_layers, n_heads)
     started_here = start_ray(address)
     try:
         with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:

@@ -4,8 +4,9 @@ from its last chunk and gives the same tables as one that ran through (:mod:`att
 chunks on a Ray cluster).
 
 Each document is captured by :func:`attnviz.models.capture.capture` (the model's own forward on its fast path,
-every attention call recorded) and its weights replayed one layer at a time: any checkpoint attnviz reads can be
-scanned, and a document's memory is one layer's ``[heads, n, n]`` weights.
+every attention call recorded) and every layer's weights replayed at once (``[layers, heads, n, n]``, at most
+``max_tokens`` a side): any checkpoint attnviz reads can be scanned. A document whose weights are not finite is
+listed with its problem and left out of every statistic.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from attnviz.models.capture import capture
 from attnviz.models.loading import ModelBundle
+from attnviz.models.record import dense_token_limit
 from attnviz.scan import store
 from attnviz.scan.corpus import Corpus, Document
-from attnviz.scan.heads import Partial, document_partial
+from attnviz.scan.heads import CRITERIA, Partial, document_partial
 
+NONFINITE = "its attention weights hold NaN or infinity (the model overflows on it): left out of every statistic"
 SCANNED_KINDS = ("self", "encoder")  # the self-attention over the input text: decoders' and encoders'
 
 
@@ -108,20 +112,41 @@ def scanned_kind(bundle: ModelBundle) -> tuple[str, int, int]:
     raise ScanRefused(f"{bundle.name} has no self-attention over its input that a scan could read")
 
 
+def token_limit(n_layers: int, n_heads: int) -> int:
+    """The most tokens per document a scan reads with a model of this shape: a document's
+    ``[layers, heads, n, n]`` weights are read in one piece, bounded like the dense views (see
+    :func:`attnviz.models.record.dense_token_limit`)."""
+    return dense_token_limit(n_layers, n_heads)
+
+
+def check_token_limit(settings: ScanSettings, n_layers: int, n_heads: int) -> None:
+    """Refuse, in words, documents longer than :func:`token_limit`."""
+    limit = token_limit(n_layers, n_heads)
+    if settings.max_tokens > limit:
+        raise ScanRefused(f"{settings.max_tokens:,} tokens per document x {n_layers} layers x {n_heads} heads: a scan "
+                          f"reads every layer's weights of a document at once, up to {limit:,} tokens for this model")
+
+
 def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Document]], max_tokens: int,
-               n_layers: int, n_heads: int, floors=None) -> Partial:
-    """The partial of a chunk of documents (doc number, document): each captured and read a layer at a time."""
+               n_layers: int, n_heads: int, floors: np.ndarray | None = None) -> Partial:
+    """The partial of a chunk of documents (doc number, document), each captured and all its layers read at
+    once. ``floors``: the running aggregate's (:meth:`Partial.floors`), so examples that cannot enter its heaps
+    are skipped."""
     partial = Partial(n_layers, n_heads)
+    floors = np.full((n_layers, n_heads, len(CRITERIA)), -np.inf) if floors is None else floors.copy()
     for doc, document in documents:
         try:
-            result = capture(bundle, document.text, max_tokens=max_tokens)
+            result = capture(bundle, document.text, max_tokens=max_tokens, check_finite=False)
         except ValueError as problem:  # a tokenizer that does not fit its model, an empty text after all
             partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": str(problem)})
             continue
         record = result.records[kind]  # self-attention over the input: its queries are result.tokens
-        document_partial(doc, record.layer_weights, record.n_layers, record.n_heads, result.tokens,
-                         result.display_tokens, result.special, result.token_ids, result.truncated,
-                         floors=None if floors is None else np.maximum(floors, partial.floors()), into=partial)
+        weights = record.every_layer_weights()  # [layers, heads, n, n]
+        if not bool(torch.isfinite(weights).all()):  # one NaN would spoil every sum of its heads
+            partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": NONFINITE})
+            continue
+        document_partial(doc, weights, result.tokens, result.display_tokens, result.special, result.token_ids,
+                         result.truncated, floors=floors, into=partial)
     return partial
 
 
@@ -175,6 +200,7 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
     ``progress`` is called after every chunk; ``should_stop`` is asked before every chunk: a stopped scan keeps
     what it committed and resumes on the next call. Returns the last progress (``status`` finished or stopped)."""
     kind, n_layers, n_heads = scanned_kind(bundle)
+    check_token_limit(settings, n_layers, n_heads)
     with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:
         todo, state, partial = resume(writer, corpus, settings, n_layers, n_heads)
         for chunk in chunks(todo, settings.chunk_docs):
@@ -195,7 +221,9 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
 
 def record_chunk(writer: store.ScanWriter, partial: Partial, part: Partial, documents: dict[int, Document],
                  state: Progress) -> None:
-    """Merge a chunk's partial into the running one and commit it; count it in ``state``."""
+    """Merge a chunk's partial into the running one and commit it; count it in ``state``. (On this thread: on a
+    thread of its own, the commit took the CPU that the next chunk's forward needed, and the scan was no
+    faster.)"""
     state.done_this_run += len(part.documents)
     state.tokens_this_run += sum(entry["n_tokens"] for entry in part.documents)
     partial.merge(part)

@@ -64,9 +64,13 @@ def test_4096_tokens_of_a_llama_shaped_checkpoint_render_pooled_and_zoomed(page,
     page.get_by_text("Python's documentation", exact=True).click()
     wait_until_idle(page, timeout_ms=180_000)
     slider = page.get_by_role("slider", name="Tokens")
-    slider.focus()
-    slider.press("End")  # the checkpoint reads 4,096 tokens: the last length offered
-    wait_until_idle(page, timeout_ms=180_000)
+    for _ in range(3):  # a key pressed while the example's run still ends can be lost on a loaded machine
+        slider.focus()
+        slider.press("End")  # the checkpoint reads 4,096 tokens: the last length offered
+        wait_until_idle(page, timeout_ms=180_000)
+        if slider.get_attribute("aria-valuenow") == slider.get_attribute("aria-valuemax"):
+            break
+    assert slider.get_attribute("aria-valuenow") == slider.get_attribute("aria-valuemax")
     pooled = page.locator(".js-plotly-plot", has_text="4,096 x 4,096 pooled to 256 x 256")
     pooled.wait_for(timeout=180_000)
     seconds = time.perf_counter() - start
