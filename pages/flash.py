@@ -156,7 +156,7 @@ def memory_metrics(case) -> None:
     metrics[1].metric("Naive's N x N buffers at N = 131,072",
                       human_bytes(flash_page.naive_peak_bytes(131072, case.heads, case.dtype, case.batch,
                                                               masked=masked)),
-                      help=f"The same {flash_page.NAIVE_BUFFERS} buffers{' and mask' if masked else ''}, "
+                      help=f"The same {flash_page.naive_buffers(masked)} buffers{' and mask' if masked else ''}, "
                            f"{case.heads} heads, batch {case.batch}, {case.dtype}.")
     tiled = CONTENDERS["tiled"].options
     tiled_bytes = flash_page.flash_tile_bytes(tiled["block_q"], tiled["block_k"]) * case.heads

@@ -77,10 +77,10 @@ def test_flop_counts():
 
 
 def test_naive_memory_at_128k_and_the_tile_per_head():
-    buffers = flash_page.NAIVE_BUFFERS
-    assert flash_page.naive_peak_bytes(131072, 1, "fp16") == buffers * 131072**2 * 2
-    assert flash_page.naive_peak_bytes(1024, 4, "fp32") == buffers * 4 * 1024**2 * 4  # every head counts
-    assert flash_page.naive_peak_bytes(1024, 4, "fp32", masked=True) == (buffers * 4 + 1) * 4 * 1024**2
+    assert flash_page.naive_peak_bytes(131072, 1, "fp16") == 2 * 131072**2 * 2  # the scores and the probabilities
+    assert flash_page.naive_peak_bytes(1024, 4, "fp32") == 2 * 4 * 1024**2 * 4  # every head counts
+    # masked: the scores with hidden keys at -inf too, and the bool mask
+    assert flash_page.naive_peak_bytes(1024, 4, "fp32", masked=True) == (3 * 4 + 1) * 4 * 1024**2
     assert flash_page.flash_tile_bytes(64, 64) == 32 * 1024  # one head's tile: the page says "per head"
 
 

@@ -127,18 +127,25 @@ def run_contenders(case: AttentionCase, names: list[str], *, repeats: int = 3, a
 
 
 # attnviz's naive attention (attnviz.attention.scaled_dot_product_attention, the "naive" contender) holds this many
-# N x N buffers in the inputs' dtype at its peak: the scores, masked_softmax's copy of them (blocked keys and empty
-# rows filled in), the softmax and the weights with empty rows zeroed. A mask adds its own N x N bool (1 byte a cell).
-# A textbook naive attention needs at least 2 (scores and probabilities). tests/test_page_flash.py checks the count
-# against measure_peak_memory.
-NAIVE_BUFFERS = 4
+# N x N buffers in the inputs' dtype at its peak: the scores and the probabilities; a mask that hides keys adds the
+# scores with them at -inf, and its own N x N bool (1 byte a cell). (A row with no allowed key costs two more:
+# masked_softmax zeroes it.) A textbook naive attention needs at least 2 (scores and probabilities).
+# tests/test_page_flash.py checks the count against measure_peak_memory.
+NAIVE_BUFFERS = 2
+MASKED_BUFFERS = 1  # more, when a mask hides keys
 TEXTBOOK_BUFFERS = 2
 
 
+def naive_buffers(masked: bool) -> int:
+    return NAIVE_BUFFERS + (MASKED_BUFFERS if masked else 0)
+
+
 def naive_peak_bytes(n: int, heads: int, dtype: str, batch: int = 1, *, masked: bool = False,
-                     buffers: int = NAIVE_BUFFERS) -> int:
+                     buffers: int | None = None) -> int:
     """The N x N memory of naive attention at its peak, per batch x heads: ``buffers`` N x N matrices in ``dtype``
-    (attnviz's naive code: NAIVE_BUFFERS; a textbook one: TEXTBOOK_BUFFERS), and the bool mask when ``masked``."""
+    (attnviz's naive code: :func:`naive_buffers`; a textbook one: TEXTBOOK_BUFFERS), and the bool mask when
+    ``masked``."""
+    buffers = naive_buffers(masked) if buffers is None else buffers
     return int(batch * heads * n * n * (buffers * DTYPE_BYTES[dtype] + (1 if masked else 0)))
 
 
@@ -146,10 +153,11 @@ def naive_memory_note(case: AttentionCase) -> str:
     """What the naive memory metric counts, in words, for ``case``."""
     masked = not case.mask_spec().is_full
     textbook = naive_peak_bytes(case.n, case.heads, case.dtype, case.batch, buffers=TEXTBOOK_BUFFERS)
-    return (f"attnviz's naive attention keeps {NAIVE_BUFFERS} N x N {case.dtype} buffers alive at once for each of "
-            f"the {case.heads} heads (batch {case.batch}): the scores, softmax's copy of them, the probabilities and "
-            "the weights with empty rows zeroed" + (", and the N x N bool mask" if masked else "") + ". A textbook "
-            f"naive attention needs at least the scores and the probabilities: {human_bytes(textbook)}.")
+    return (f"attnviz's naive attention keeps {naive_buffers(masked)} N x N {case.dtype} buffers alive at once for "
+            f"each of the {case.heads} heads (batch {case.batch}): the scores"
+            + (", the scores with the hidden keys at -inf, the probabilities and the N x N bool mask" if masked else
+               " and the probabilities") + ". A textbook naive attention needs at least the scores and the "
+            f"probabilities: {human_bytes(textbook)}.")
 
 
 def tflops_caption(gpu_name: str | None, best_tflops: float | None) -> str:
