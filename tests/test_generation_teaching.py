@@ -286,6 +286,29 @@ def test_sampling_controls_are_enabled_only_when_sampling(_clean):
     assert any("Press **Generate**" in c.value for c in at.caption)
 
 
+def test_top_k_one_greys_out_what_it_makes_irrelevant(tiny, _clean):
+    """Top-k 1 keeps only the most likely token: the draw is greedy (checked on the model), so temperature, top-p
+    and the seed change nothing and are greyed out, saying why; top-k itself stays live."""
+    model, tokenizer = tiny
+    greedy = [step.token_id for step in gen.generate(model, tokenizer, FOX, 8, gen.Sampling()).steps]
+    for seed, temperature in ((0, 1.0), (1, 1.7)):
+        drawn = gen.generate(model, tokenizer, FOX, 8, gen.Sampling("sample", temperature, 1, 0.9, seed))
+        assert [step.token_id for step in drawn.steps] == greedy
+    at = open_page(PAGE, timeout=300)
+    at.radio(key="gen_strategy").set_value("sample").run()
+    at.number_input(key="gen_top_k").set_value(1)
+    generate_button(at).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["gen_request"]["top_k"] == 1
+    idle = [at.slider(key="gen_temperature"), at.slider(key="gen_top_p"), at.number_input(key="gen_seed")]
+    assert all(c.disabled for c in idle) and all("Top-k 1 keeps only the most likely token" in c.help for c in idle)
+    assert not at.number_input(key="gen_top_k").disabled
+    at.number_input(key="gen_top_k").set_value(2)
+    generate_button(at).click().run()
+    assert not any(c.disabled for c in [at.slider(key="gen_temperature"), at.slider(key="gen_top_p"),
+                                        at.number_input(key="gen_seed")])
+
+
 def test_a_refused_run_leaves_no_progress_box(monkeypatch, _clean):
     def refuse(*args, **kwargs):
         raise ValueError("Not finite: refused for the test")

@@ -173,7 +173,8 @@ def test_peak_memory_is_measured_in_fresh_processes():
     case = AttentionCase(1024, d=32, heads=2)
     naive = measure_peak_memory(case, "naive")
     tiled = measure_peak_memory(case, "tiled")
-    assert naive >= 2 * 1024 * 1024 * 4 * 2  # at least the scores and the probabilities of 2 heads
+    # the scores and the probabilities of 2 heads, 16 MiB; RSS may reuse a few pages the warm-up freed, so 90%
+    assert naive >= 0.9 * (2 * 1024 * 1024 * 4 * 2)
     assert tiled < naive / 2
     with pytest.raises(measure.MeasurementUnavailable):
         measure_peak_memory(AttentionCase(64, d=16, heads=1), "triton")
