@@ -26,6 +26,7 @@ PAGES = (  # (script, title, icon); the first is the default page
     ("pages/flash.py", "Flash vs naive", ":material/bolt:"),
     ("pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
     ("pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
+    ("pages/importance.py", "Does this head matter?", ":material/science:"),
     ("pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
 )
 

@@ -41,3 +41,15 @@ def test_scan_benchmark_compares_with_the_forward_and_measures_memory(tmp_path, 
     assert [row["documents"] for row in report["memory"]] == [3, 6] and report["memory"][0]["peak_mb"] > 100
     printed = capsys.readouterr().out
     assert "x the forward" in printed and "peak memory growth" in printed
+
+
+def test_ablation_benchmark_times_every_map_against_the_forwards(tmp_path, capsys):
+    out = tmp_path / "ablation.json"
+    assert main(["ablation", "--texts", "4", "--max-tokens", "16", "--repeats", "2", "--shape", "2", "3", "24",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["heads"] == 6 and report["texts"] == 4 and report["batch_shape"][0] == 4
+    assert set(report["seconds"]) == {"zero ablation map", "mean ablation map", "gradient importance"}
+    assert all(value > 0 for value in report["per_forward_of_heads"].values())
+    printed = capsys.readouterr().out
+    assert "forwards (" in printed and "target at most 1.2x" in printed and "JSON written" in printed

@@ -32,6 +32,9 @@ PAGES = {
     "flash": ("pages/flash.py", {"flash_n": 256}),
     "generation": ("pages/generation.py", {}),
     "corpus": ("pages/corpus.py", {}),
+    "importance, circuit": ("pages/importance.py", {}),
+    "importance, map": ("pages/importance.py", {"imp_view": "Importance map"}),
+    "importance, patching": ("pages/importance.py", {"imp_view": "Activation patching"}),
     "checkpoints": ("pages/checkpoints.py", {}),
 }
 

@@ -1,5 +1,5 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``, ``... startup``, ``... scan``."""
+``... load``, ``... startup``, ``... scan``, ``... ablation``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help="corpus sizes whose command-line scans' peak memory is compared (none: skip)")
     scan_parser.add_argument("--model", default=None, help="a checkpoint folder or bundled model (default: the BERT)")
     scan_parser.add_argument("--out", type=Path, default=Path("bench-results/scan.json"))
+    ablation_parser = commands.add_parser("ablation", help="a head-importance map against the model's forwards")
+    ablation_parser.add_argument("--texts", type=int, default=50)
+    ablation_parser.add_argument("--max-tokens", type=int, default=64)
+    ablation_parser.add_argument("--repeats", type=int, default=5, help="plain forwards timed (their median counts)")
+    ablation_parser.add_argument("--model", default=None, help="a checkpoint folder (default: GPT-2-small-shaped)")
+    ablation_parser.add_argument("--shape", type=int, nargs=3, default=[12, 12, 768], metavar=("LAYERS", "HEADS",
+                                                                                               "WIDTH"))
+    ablation_parser.add_argument("--out", type=Path, default=Path("bench-results/ablation.json"))
     return parser
 
 
@@ -114,8 +122,16 @@ def _scan(args) -> tuple[dict, list[str], Path]:
     return report, scan.print_scan(report), args.out
 
 
-BENCHMARKS = {"scan": _scan, "explore": _explore, "pages": _pages, "load": _load, "startup": _startup, "long": _long,
-              "flash": _flash}
+def _ablation(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import ablation
+
+    layers, heads, width = args.shape
+    report = ablation.bench_ablation(args.texts, args.max_tokens, args.repeats, args.model, layers, heads, width)
+    return report, ablation.print_ablation(report), args.out
+
+
+BENCHMARKS = {"ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages, "load": _load,
+              "startup": _startup, "long": _long, "flash": _flash}
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -42,6 +42,7 @@ PAGES = (
     PageVisit("Flash vs naive", "pages/flash.py", "flash_step", (1, 2)),
     PageVisit("Generation and KV cache", "pages/generation.py", "gen_step", (3, 4)),
     PageVisit("Heads across a corpus", "pages/corpus.py", "corpus_docs", (300, 400)),
+    PageVisit("Does this head matter?", "pages/importance.py", "imp_circuit_seed", (12, 13)),
     PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )
 

@@ -100,6 +100,24 @@ def recording(model: torch.nn.Module):
         _RECORDER.reset(token)
 
 
+# The editor of head outputs while an :func:`editing` block is active in this thread: (module name, output
+# [batch, n_q, heads, d_v]) -> the output the model goes on with (see attnviz.models.interventions).
+_EDITOR: contextvars.ContextVar[tuple[dict[int, str], object] | None] = contextvars.ContextVar(
+    "attnviz_editor", default=None)
+
+
+@contextlib.contextmanager
+def editing(model: torch.nn.Module, editor):
+    """Until the block ends, every attention call of ``model`` in this thread hands its output (``[batch, n_q,
+    heads, d_v]``, each head's weighted values before the output projection mixes the heads) to
+    ``editor(module_name, output)`` and goes on with what it returns."""
+    token = _EDITOR.set(({id(module): name for name, module in model.named_modules()}, editor))
+    try:
+        yield
+    finally:
+        _EDITOR.reset(token)
+
+
 def batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """The mask of batch item 0 as ``[n_q, n_k]`` bool (True = may attend); transformers' additive float masks
     (0 / large negative) are converted."""
@@ -140,6 +158,11 @@ def _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kw
 def attnviz_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers calls this for every attention of a model loaded with ``attn_implementation="attnviz"``."""
     output, _ = _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    # [batch, n_q, heads, d_v]
+    edit = _EDITOR.get()
+    if edit is not None:
+        names, editor = edit
+        output = editor(names.get(id(module), ""), output)
     recorder = _RECORDER.get()
     if recorder is not None:
         bias = kwargs.get("position_bias")

@@ -1,0 +1,159 @@
+"""Interventions on attention heads: zero a head's output, replace it (with its mean, or with its output on another
+input), or scale it by a gate whose gradient says how much the loss depends on the head.
+
+They act where attnviz records attention (:mod:`attnviz.models.attention_hook`): on the output of each attention
+call, ``[batch, n_q, heads, d_v]``, each head's weighted values before the output projection mixes the heads. A
+head's output there is exactly what its columns of the output projection read, so zeroing it equals zeroing those
+columns (the tests check this against a copy of the model with the columns zeroed). Grouped-query heads are query
+heads: each has its own output, whichever K/V head it shares.
+
+Models whose attention runs in their own code (attnviz reads them by hooks or by their eager weights) do not call
+the attention function, so they cannot be edited here: :func:`editable` says so before anything runs.
+
+Imports only torch and attnviz.models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnviz.models import support
+from attnviz.models.attention_hook import ATTENTION_NAME, editing, recording
+from attnviz.models.loading import load_causal_lm
+
+# what replaces a head's output: None (zeros), or a tensor broadcastable to [batch, n_q, d_v]
+Replacement = torch.Tensor | None
+# the edits of one forward: module name -> {head: replacement}
+Plan = dict[str, dict[int, Replacement]]
+
+
+@dataclass(frozen=True)
+class AttentionModule:
+    """One attention module of a model, as the model calls it: its name, how many (query) heads it has, and which
+    attention it is ("self"; in an encoder-decoder "encoder", "decoder" or "cross")."""
+
+    name: str
+    heads: int
+    kind: str
+    index: int  # its place among the modules of its kind, in call order: the layer number the pages show
+
+    @property
+    def label(self) -> str:
+        return f"layer {self.index}" if self.kind == "self" else f"{self.kind} layer {self.index}"
+
+
+def editable(model: torch.nn.Module) -> str | None:
+    """None when ``model``'s attention can be edited here, else why not, in words for the page."""
+    if not support.uses_attention_interface(model):
+        return ("its attention runs in its own code, which attnviz reads by hooks or by its eager weights: heads "
+                "can be shown but not edited for this architecture")
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation != ATTENTION_NAME:
+        return (f"its attention runs as {implementation!r}, not through attnviz's attention function: load it "
+                "with attnviz (interventions act on the attention function's output)")
+    return None
+
+
+def editable_lm(folder):
+    """The folder's causal LM (or encoder-decoder LM) and tokenizer, checked and loaded as
+    :func:`~attnviz.models.loading.load_causal_lm` does, with its attention switched to attnviz's function so its
+    heads can be edited (its own copy: generation's copy keeps eager attention)."""
+    model, tokenizer = load_causal_lm(folder)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model, tokenizer
+
+
+def attention_modules(model: torch.nn.Module, inputs: dict) -> list[AttentionModule]:
+    """The attention modules ``model`` calls on ``inputs``, in call order (one forward, recorded)."""
+    model_type = getattr(model.config, "model_type", "")
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    with torch.no_grad(), recording(model) as recorder:
+        model(**inputs)
+    modules, seen, counts = [], set(), {}
+    for call in recorder.calls:
+        if call.module_name in seen:
+            continue
+        seen.add(call.module_name)
+        kind = support.attention_kind(call.module_name, model_type, encoder_decoder)
+        modules.append(AttentionModule(call.module_name, int(call.query.shape[0]), kind, counts.get(kind, 0)))
+        counts[kind] = counts.get(kind, 0) + 1
+    if not modules:
+        raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
+    return modules
+
+
+def _apply(plan: Plan) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    def editor(name: str, output: torch.Tensor) -> torch.Tensor:  # output [batch, n_q, heads, d_v]
+        heads = plan.get(name)
+        if not heads:
+            return output
+        output = output.clone()
+        for head, replacement in heads.items():
+            if replacement is None:
+                output[:, :, head] = 0
+            else:
+                output[:, :, head] = replacement.to(output.dtype).to(output.device)  # [batch, n_q, d_v]
+        return output
+
+    return editor
+
+
+@contextlib.contextmanager
+def edited(model: torch.nn.Module, plan: Plan):
+    """Forwards of ``model`` inside the block run with ``plan``'s heads zeroed (None) or replaced."""
+    with editing(model, _apply(plan)):
+        yield
+
+
+def zeroed(module: str, heads: int | list[int]) -> Plan:
+    """The plan that zeroes ``heads`` (one or several) of ``module``."""
+    return {module: {head: None for head in ([heads] if isinstance(heads, int) else heads)}}
+
+
+@contextlib.contextmanager
+def gated(model: torch.nn.Module, gates: dict[str, torch.Tensor]):
+    """Forwards inside the block multiply each head's output by its gate: ``gates[module]`` is ``[heads]`` or
+    ``[batch, heads]`` (one gate per text, so each text's gradient is its own). With gates of ones the forward is
+    the model's; the loss's gradient with respect to a gate is Michel et al.'s (2019) head importance."""
+
+    def editor(name: str, output: torch.Tensor) -> torch.Tensor:  # output [batch, n_q, heads, d_v]
+        gate = gates.get(name)
+        if gate is None:
+            return output
+        gate = gate if gate.dim() == 2 else gate[None]  # [batch or 1, heads]
+        return output * gate[:, None, :, None].to(output.dtype)
+
+    with editing(model, editor):
+        yield
+
+
+def head_outputs(model: torch.nn.Module, inputs: dict, modules: list[str] | None = None,
+                 plan: Plan | None = None) -> tuple[dict[str, torch.Tensor], object]:
+    """One forward of ``model`` on ``inputs`` (with ``plan``'s edits, if any): every attention module's output
+    ``[batch, n_q, heads, d_v]`` (of ``modules`` only, if given; after the module's edits), and the model's
+    outputs."""
+    kept: dict[str, torch.Tensor] = {}
+    edit = _apply(plan or {})
+
+    def editor(name: str, output: torch.Tensor) -> torch.Tensor:
+        output = edit(name, output)
+        if modules is None or name in modules:
+            kept[name] = output.detach()
+        return output
+
+    with torch.no_grad(), editing(model, editor):
+        outputs = model(**inputs)
+    return kept, outputs
+
+
+def mean_over_tokens(output: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """A module's head outputs ``[batch, n_q, heads, d_v]`` averaged over every real token of every text (``real``:
+    ``[batch, n_q]`` True at a text's tokens, not its padding; None: all are real): ``[heads, d_v]``."""
+    if real is None:
+        return output.mean(dim=(0, 1))
+    weights = real.to(output.dtype)[..., None, None]  # [batch, n_q, 1, 1]
+    return (output * weights).sum(dim=(0, 1)) / weights.sum().clamp(min=1)

@@ -1,0 +1,447 @@
+"""Does a head matter? What the "Head importance" page computes: the loss change when each head is ablated (zeroed,
+or replaced by its mean), gradient importance (Michel et al., 2019), the tokens a head's ablation hurts most,
+activation patching from a clean into a corrupted input, and the bundled tiny GPT's induction circuit.
+
+Every intervention goes through :mod:`attnviz.models.interventions`. The objective is the model's own loss where
+it has a language-model head (next-token loss of a decoder; the sequence-to-sequence loss of an encoder-decoder,
+the text as its own target); an encoder without a head has no loss, so its effect is the change of its final
+hidden states (relative distance), and it is said so.
+
+Texts are batched: one forward per head over all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnviz import circuits
+from attnviz.models.capture import record_from_calls, recorded_calls
+from attnviz.models.interventions import (
+    AttentionModule,
+    Plan,
+    attention_modules,
+    edited,
+    gated,
+    head_outputs,
+    mean_over_tokens,
+    zeroed,
+)
+
+OBJECTIVES = {
+    "next-token": "next-token loss (nats per token)",
+    "seq2seq": "sequence-to-sequence loss, the text as its own target (nats per token)",
+    "hidden": "change of the final hidden states (distance relative to their size); the model has no loss",
+}
+ABLATIONS = {"zero": "zero its output", "mean": "replace its output by its mean over the texts"}
+MAX_TEXTS = 64
+MAX_TOKENS = 256  # per text: a map is (layers x heads + 1) forwards of every text
+
+
+def objective_of(model: torch.nn.Module) -> str:
+    """Which objective ``model`` has: "seq2seq" (an encoder-decoder with its LM head), "next-token" (a causal LM),
+    or "hidden" (no head that gives a loss)."""
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "seq2seq" if name.endswith("ForConditionalGeneration") else "hidden"
+    return "next-token" if name.endswith(("ForCausalLM", "LMHeadModel")) else "hidden"
+
+
+@dataclass
+class Batch:
+    """Texts tokenized and padded on the right: ``inputs`` for the model, ``real`` ``[texts, n]`` True at each
+    text's tokens, ``tokens`` the token strings of each text (without padding)."""
+
+    inputs: dict
+    real: torch.Tensor
+    tokens: list[list[str]]
+    texts: list[str]
+    cut: list[bool]  # whether each text was longer than it reads
+
+
+def batch_of(tokenizer, texts: list[str], objective: str, max_tokens: int = MAX_TOKENS) -> Batch:
+    """``texts`` (each non-empty) as one right-padded batch, each cut at ``max_tokens`` tokens."""
+    texts = [text for text in texts if text and text.strip()]
+    if not texts:
+        raise ValueError("no text to read: type a sentence (one per line for several)")
+    if len(texts) > MAX_TEXTS:
+        raise ValueError(f"{len(texts)} texts: at most {MAX_TEXTS} at once (a map runs every head on every text)")
+    encoded = [tokenizer(text, truncation=True, max_length=max_tokens + 1) for text in texts]
+    cut = [len(one["input_ids"]) > max_tokens for one in encoded]
+    n = min(max_tokens, max(len(one["input_ids"]) for one in encoded))
+    names = [name for name in ("input_ids", "token_type_ids") if name in encoded[0]]
+    inputs = {name: torch.zeros(len(texts), n, dtype=torch.long) for name in names}
+    real = torch.zeros(len(texts), n, dtype=torch.bool)
+    tokens = []
+    for row, one in enumerate(encoded):
+        ids = one["input_ids"][:n]
+        for name in names:
+            inputs[name][row, : len(ids)] = torch.tensor(one[name][:n])
+        real[row, : len(ids)] = True
+        tokens.append(tokenizer.convert_ids_to_tokens(ids))
+    inputs["attention_mask"] = real.long()
+    if objective == "seq2seq":  # the text is its own target: the decoder reads it shifted, the loss predicts it
+        labels = inputs["input_ids"].masked_fill(~real, -100)
+        inputs["labels"] = labels
+    return Batch(inputs, real, tokens, texts, cut)
+
+
+def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
+                 clean_hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token losses ``[texts, targets]`` and which of them count ``[texts, targets]`` (bool).
+
+    next-token: the loss of token t+1 read at t; seq2seq: the loss of each label; hidden: the distance of each
+    token's final hidden state from ``clean_hidden``'s, over the clean state's mean norm (0 for the clean run)."""
+    if objective == "next-token":
+        logits = _wide(outputs.logits[:, :-1])  # [texts, n - 1, vocab]
+        targets = batch.inputs["input_ids"][:, 1:]
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        return losses, batch.real[:, 1:]
+    if objective == "seq2seq":
+        logits = _wide(outputs.logits)
+        labels = batch.inputs["labels"]
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+        return losses, labels >= 0
+    hidden = _wide(_final_hidden(outputs))  # [texts, n, d_model]
+    if clean_hidden is None:
+        clean_hidden = hidden
+    size = clean_hidden.norm(dim=-1)[batch.real].mean().clamp(min=1e-12)
+    return (hidden - clean_hidden).norm(dim=-1) / size, batch.real
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """Losses in float32 at least (a half-precision model's logits are widened; float64 stays)."""
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
+def _final_hidden(outputs) -> torch.Tensor:
+    hidden = getattr(outputs, "last_hidden_state", None)
+    return outputs[0] if hidden is None else hidden
+
+
+def text_losses(losses: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """The mean counted loss of each text: ``[texts]``."""
+    weights = counted.to(losses.dtype)
+    return (losses * weights).sum(-1) / weights.sum(-1).clamp(min=1)
+
+
+@dataclass
+class ImportanceMap:
+    """The effect of each head, ``values [modules, heads]`` (NaN where a module has fewer heads), by ``method``
+    ("zero", "mean": ablations; "gradient")."""
+
+    method: str
+    values: torch.Tensor
+    modules: list[AttentionModule]
+    objective: str
+    clean: float  # the clean run's objective (0 for "hidden")
+    per_text: torch.Tensor | None = None  # [modules, heads, texts]
+
+    @property
+    def labels(self) -> list[str]:
+        return [module.label for module in self.modules]
+
+
+@dataclass
+class Study:
+    """What the page computed for one set of texts: the maps by method and what they were computed on."""
+
+    batch: Batch
+    objective: str
+    modules: list[AttentionModule]
+    maps: dict[str, ImportanceMap] = field(default_factory=dict)
+
+
+def _clean_run(model, batch: Batch, objective: str):
+    """The unedited forward: every module's head outputs, the final hidden states ("hidden" only), the per-token
+    losses and which count."""
+    outputs_by_module, outputs = head_outputs(model, batch.inputs)
+    hidden = _wide(_final_hidden(outputs)) if objective == "hidden" else None
+    losses, counted = token_losses(model, batch, outputs, objective, hidden)
+    return outputs_by_module, hidden, losses, counted
+
+
+def _empty(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
+    return torch.full((len(modules), max(module.heads for module in modules), *rest), float("nan"))
+
+
+def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, objective: str | None = None,
+                 modules: list[AttentionModule] | None = None,
+                 progress: Callable[[float, str], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> ImportanceMap:
+    """The mean over texts of the objective's change when each head alone is ablated (``how``: "zero" or "mean",
+    its mean output over every real token of the texts). One forward of the batch per head, plus one clean."""
+    if how not in ABLATIONS:
+        raise ValueError(f"unknown ablation {how!r}: one of {', '.join(ABLATIONS)}")
+    objective = objective or objective_of(model)
+    modules = modules or attention_modules(model, batch.inputs)
+    outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    clean = text_losses(clean_losses, counted)
+    per_text = _empty(modules, len(batch.texts))
+    total, done = sum(module.heads for module in modules), 0
+    with torch.no_grad():
+        for row, module in enumerate(modules):
+            means = None
+            if how == "mean":
+                # over every real query position (a seq2seq decoder reads the text shifted: the same mask)
+                means = mean_over_tokens(outputs_by_module[module.name], batch.real)  # [heads, d_v]
+            for head in range(module.heads):
+                if cancelled is not None and cancelled():
+                    raise InterruptedError("stopped")
+                plan: Plan = zeroed(module.name, head) if means is None else {module.name: {head: means[head]}}
+                with edited(model, plan):
+                    outputs = model(**batch.inputs)
+                losses, counted = token_losses(model, batch, outputs, objective, clean_hidden)
+                per_text[row, head] = text_losses(losses, counted) - clean
+                done += 1
+                if progress is not None:
+                    progress(done / total, f"{module.label}, head {head}")
+    return ImportanceMap(how, per_text.mean(-1), modules, objective,
+                         0.0 if objective == "hidden" else float(clean.mean()), per_text)
+
+
+def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str | None = None,
+                        modules: list[AttentionModule] | None = None) -> ImportanceMap:
+    """Michel et al.'s (2019) importance: |dL/dg| of a gate g (= 1) on each head's output, per text, averaged over
+    the texts. One forward and one backward. Needs a loss: refused for the "hidden" objective."""
+    objective = objective or objective_of(model)
+    if objective == "hidden":
+        raise ValueError("gradient importance needs a loss, and this model has no head that gives one (its hidden "
+                         "states' change has a zero gradient at the clean run)")
+    modules = modules or attention_modules(model, batch.inputs)
+    texts = len(batch.texts)
+    gates = {module.name: torch.ones(texts, module.heads, requires_grad=True) for module in modules}
+    with torch.enable_grad(), gated(model, gates):
+        outputs = model(**batch.inputs)
+        losses, counted = token_losses(model, batch, outputs, objective)
+        # each text's gates get its own loss's gradient; autograd.grad leaves the parameters' .grad alone (the
+        # model is shared by every session)
+        slopes = torch.autograd.grad(text_losses(losses, counted).sum(), [gates[m.name] for m in modules])
+    per_text = _empty(modules, texts)
+    for row, (module, slope) in enumerate(zip(modules, slopes, strict=True)):
+        per_text[row, : module.heads] = slope.abs().T  # [heads, texts]
+    return ImportanceMap("gradient", per_text.mean(-1), modules, objective, float("nan"), per_text)
+
+
+def study(model: torch.nn.Module, tokenizer, texts: list[str], *, max_tokens: int = MAX_TOKENS,
+          progress: Callable[[float, str], None] | None = None) -> Study:
+    """Every map of the page for ``texts``: zero ablation, mean ablation, and gradient importance where the model
+    has a loss."""
+    objective = objective_of(model)
+    batch = batch_of(tokenizer, texts, objective, max_tokens)
+    modules = attention_modules(model, batch.inputs)
+    result = Study(batch, objective, modules)
+    for part, how in enumerate(ABLATIONS):
+        def step(share: float, what: str, part=part, how=how) -> None:
+            if progress is not None:
+                progress((part + share) / len(ABLATIONS), f"{ABLATIONS[how]}: {what}")
+
+        result.maps[how] = ablation_map(model, batch, how, objective=objective, modules=modules, progress=step)
+    if objective != "hidden":
+        result.maps["gradient"] = gradient_importance(model, batch, objective=objective, modules=modules)
+    return result
+
+
+def ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks of ``values`` (1-D, finite), ties given their mean rank."""
+    order = values.argsort()
+    ranked = torch.empty_like(values, dtype=torch.float64)
+    ranked[order] = torch.arange(1, len(values) + 1, dtype=torch.float64)
+    for value in values.unique():
+        tied = values == value
+        if tied.sum() > 1:
+            ranked[tied] = ranked[tied].mean()
+    return ranked
+
+
+def spearman(first: torch.Tensor, second: torch.Tensor) -> float:
+    """Spearman's rank correlation of two maps over the heads both have (NaN cells left out)."""
+    keep = ~(first.isnan() | second.isnan())
+    a, b = ranks(first[keep].double()), ranks(second[keep].double())
+    a, b = a - a.mean(), b - b.mean()
+    denominator = (a.norm() * b.norm()).item()
+    return float("nan") if denominator == 0 else float((a @ b).item() / denominator)
+
+
+def agreement(maps: dict[str, ImportanceMap]) -> list[tuple[str, str, float]]:
+    """Spearman's rho of every pair of maps."""
+    names = list(maps)
+    return [(names[i], names[j], spearman(maps[names[i]].values, maps[names[j]].values))
+            for i in range(len(names)) for j in range(i + 1, len(names))]
+
+
+def disagreements(first: ImportanceMap, second: ImportanceMap, count: int = 5) -> list[dict]:
+    """The heads whose ranks differ most between two maps (rank 1 = most important), largest difference first."""
+    keep = ~(first.values.isnan() | second.values.isnan())
+    cells = keep.nonzero().tolist()
+    size = len(cells)
+    rank_first = size + 1 - ranks(first.values[keep].double())
+    rank_second = size + 1 - ranks(second.values[keep].double())
+    gaps = (rank_first - rank_second).abs()
+    rows = []
+    for index in gaps.argsort(descending=True)[:count].tolist():
+        row, head = cells[index]
+        rows.append({"head": f"{first.modules[row].label}, head {head}", first.method: int(rank_first[index]),
+                     second.method: int(rank_second[index]), "rank gap": int(gaps[index])})
+    return rows
+
+
+def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, head: int, how: str = "zero",
+                 text: int = 0, *, objective: str | None = None) -> tuple[list[str], torch.Tensor]:
+    """For one head: how each target token's loss of text ``text`` moves when the head is ablated (positive:
+    the head helped predict it). Returns the target tokens and ``[targets]`` changes (next-token: the token
+    predicted at each position, so the text's tokens from the second on)."""
+    objective = objective or objective_of(model)
+    outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    with torch.no_grad():
+        plan = zeroed(module.name, head)
+        if how == "mean":
+            means = mean_over_tokens(outputs_by_module[module.name], batch.real)
+            plan = {module.name: {head: means[head]}}
+        with edited(model, plan):
+            losses, _ = token_losses(model, batch, model(**batch.inputs), objective, clean_hidden)
+    keep = counted[text]
+    change = (losses - clean_losses)[text][keep]
+    tokens = batch.tokens[text]
+    targets = tokens[1:] if objective == "next-token" else tokens
+    return targets[: len(change)], change
+
+
+@dataclass
+class Patching:
+    """Activation patching: the answer's logit difference restored by putting each head's clean output into the
+    corrupted run, as a share of the clean-corrupted gap (1: all of it)."""
+
+    heads: torch.Tensor  # [modules, heads]
+    layers: torch.Tensor  # [modules]: every head of the module patched at once
+    modules: list[AttentionModule]
+    clean: float  # the logit difference (answer minus the corrupted run's top token) on the clean input
+    corrupted: float
+    answer: str
+    foil: str
+
+
+def patching_map(model: torch.nn.Module, clean_ids: list[int], corrupted_ids: list[int], answer: int,
+                 foil: int | None = None, *, tokenizer=None,
+                 progress: Callable[[float, str], None] | None = None) -> Patching:
+    """Patch each head's output (then each module's, all heads) from the clean run into the corrupted one and
+    measure, at the last position, logit(answer) - logit(foil); ``foil`` defaults to the corrupted run's most
+    likely token other than the answer. A causal LM only; both inputs the same length."""
+    if len(clean_ids) != len(corrupted_ids):
+        raise ValueError(f"the clean and corrupted inputs must have the same length in tokens "
+                         f"({len(clean_ids)} and {len(corrupted_ids)})")
+    if not clean_ids:
+        raise ValueError("the inputs are empty")
+    clean_inputs = {"input_ids": torch.tensor([clean_ids])}
+    corrupted_inputs = {"input_ids": torch.tensor([corrupted_ids])}
+    modules = attention_modules(model, clean_inputs)
+    clean_outputs, clean_run = head_outputs(model, clean_inputs)
+    _, corrupted_run = head_outputs(model, corrupted_inputs)
+    corrupted_logits = corrupted_run.logits[0, -1].float()
+    if foil is None:
+        ranked = corrupted_logits.argsort(descending=True).tolist()
+        foil = next(token for token in ranked if token != answer)
+
+    def difference(logits: torch.Tensor) -> float:
+        logits = logits[0, -1].float()
+        return float(logits[answer] - logits[foil])
+
+    clean, corrupted = difference(clean_run.logits), difference(corrupted_run.logits)
+    gap = clean - corrupted
+    heads, layers = _empty(modules), torch.full((len(modules),), float("nan"))
+    total, done = sum(module.heads for module in modules) + len(modules), 0
+    with torch.no_grad():
+        for row, module in enumerate(modules):
+            source = clean_outputs[module.name]  # [1, n, heads, d_v]
+            for head in [*range(module.heads), None]:
+                chosen = range(module.heads) if head is None else [head]
+                plan: Plan = {module.name: {h: source[:, :, h] for h in chosen}}
+                with edited(model, plan):
+                    patched = difference(model(**corrupted_inputs).logits)
+                share = (patched - corrupted) / gap if gap else float("nan")
+                if head is None:
+                    layers[row] = share
+                else:
+                    heads[row, head] = share
+                done += 1
+                if progress is not None:
+                    progress(done / total, module.label)
+    name = (lambda token: tokenizer.convert_ids_to_tokens(token)) if tokenizer is not None else str
+    return Patching(heads, layers, modules, clean, corrupted, name(answer), name(foil))
+
+
+def repeated_sequence(tokens: list[int], period: int, *, seed: int) -> tuple[list[int], list[int], int]:
+    """The induction preset: random tokens (from ``tokens``) of length ``period`` typed twice, the second copy
+    cut one token short (clean), and the same with the second copy replaced by other random tokens (corrupted).
+    The answer is the token the second copy continues with: only a model that copies from the first copy
+    predicts it."""
+    generator = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(tokens)
+    first = pool[torch.randperm(len(pool), generator=generator)[:period]].tolist()
+    stop = period // 2
+    others = [token for token in pool.tolist() if token not in set(first)]
+    other = torch.tensor(others)[torch.randperm(len(others), generator=generator)[:stop]].tolist()
+    clean = first + first[:stop]
+    corrupted = first + other
+    return clean, corrupted, first[stop]
+
+
+@dataclass
+class Circuit:
+    """The bundled tiny GPT's induction circuit on random tokens typed twice: each head's loss on the first and
+    the second copy with the head ablated, against the clean run's."""
+
+    first: torch.Tensor  # [modules, heads]: mean loss on the first copy with the head ablated
+    second: torch.Tensor
+    clean_first: float
+    clean_second: float
+    modules: list[AttentionModule]
+
+
+def copy_losses(model: torch.nn.Module, ids: torch.Tensor, period: int, plan: Plan | None = None
+                ) -> tuple[float, float]:
+    """Mean next-token loss on the first copy (its tokens after the first) and the second copy of ``ids`` ``[texts,
+    2 * period]``."""
+    with torch.no_grad(), edited(model, plan or {}):
+        logits = model(input_ids=ids).logits[:, :-1].float()
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return float(losses[:, : period - 1].mean()), float(losses[:, period:].mean())
+
+
+def _repeats(tokens: list[int], period: int, texts: int, seed: int) -> torch.Tensor:
+    """``texts`` sequences of ``period`` random tokens (from ``tokens``) typed twice: ``[texts, 2 * period]``."""
+    generator = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(tokens)
+    first = pool[torch.randint(len(pool), (texts, period), generator=generator)]  # [texts, period]
+    return torch.cat([first, first], dim=1)
+
+
+def induction_circuit(model: torch.nn.Module, tokens: list[int], *, period: int = 50, texts: int = 8,
+                      seed: int = 0) -> Circuit:
+    """Ablate each head (zero) of a decoder on ``texts`` random sequences (from ``tokens``) typed twice."""
+    ids = _repeats(tokens, period, texts, seed)
+    modules = attention_modules(model, {"input_ids": ids[:1]})
+    clean_first, clean_second = copy_losses(model, ids, period)
+    first_losses, second_losses = _empty(modules), _empty(modules)
+    for row, module in enumerate(modules):
+        for head in range(module.heads):
+            first_losses[row, head], second_losses[row, head] = copy_losses(model, ids, period,
+                                                                           zeroed(module.name, head))
+    return Circuit(first_losses, second_losses, clean_first, clean_second, modules)
+
+
+def circuit_scores(model: torch.nn.Module, tokens: list[int], *, period: int = 50, texts: int = 8,
+                   seed: int = 0) -> dict[str, torch.Tensor]:
+    """Where each head looks on the same sequences as :func:`induction_circuit`: its previous-token and induction
+    scores (Olsson et al., :mod:`attnviz.circuits`), ``[layers, heads]`` each, averaged over the texts."""
+    ids = _repeats(tokens, period, texts, seed)
+    previous, induction = [], []
+    for row in ids:
+        calls, _ = recorded_calls(model, {"input_ids": row[None]})
+        names = [str(token) for token in row.tolist()]
+        weights = record_from_calls("self", calls, names, names).every_layer_weights()  # [layers, heads, n, n]
+        previous.append(circuits.previous_token_score(weights))
+        induction.append(circuits.induction_score(weights, period))
+    return {"previous": torch.stack(previous).mean(0), "induction": torch.stack(induction).mean(0)}

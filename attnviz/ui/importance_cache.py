@@ -1,0 +1,100 @@
+"""The "Does this head matter?" page's models and results, kept process-wide by their inputs.
+
+Maps and patching report progress to the page while they run, so they are not ``st.cache_resource`` functions
+(Streamlit would replay the progress bar's updates on a cache hit): their results go in small stores of their own,
+bounded and shared by every session, keyed by everything they depend on."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import streamlit as st
+
+from attnviz.models.interventions import editable_lm
+from attnviz.models.loading import architecture_of_folder
+from attnviz.pagelogic import importance as imp
+from attnviz.scan.corpus import bundled_corpus
+from attnviz.ui.loaded_models import load_bundle
+
+WITH_LOSS = ("decoder", "encoder-decoder")
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head (first time only)…")
+def _editable_lm(folder: str, name: str):
+    return editable_lm(folder)
+
+
+def editable_model(folder: str, name: str, dtype: str = "stored"):
+    """``(model, tokenizer)`` whose heads can be edited: a decoder or an encoder-decoder with its LM head (its own
+    copy, with attnviz's attention function), else the loaded model itself (an encoder: no loss)."""
+    if architecture_of_folder(folder) in WITH_LOSS:
+        return _editable_lm(folder, name)
+    bundle = load_bundle(folder, name, dtype)
+    return bundle.model, bundle.tokenizer
+
+
+class ResultStore:
+    """At most ``size`` results by key, the least recently used going first; thread-safe."""
+
+    def __init__(self, size: int):
+        self.size, self.results, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple):
+        with self.lock:
+            if key in self.results:
+                self.results.move_to_end(key)
+                return self.results[key]
+        return None
+
+    def put(self, key: tuple, value) -> None:
+        with self.lock:
+            self.results[key] = value
+            self.results.move_to_end(key)
+            while len(self.results) > self.size:
+                self.results.popitem(last=False)
+
+
+@st.cache_resource(show_spinner=False)
+def _stores() -> dict[str, ResultStore]:
+    return {"study": ResultStore(8), "patching": ResultStore(8)}
+
+
+def study(key: tuple, model, tokenizer, texts: list[str], progress: Callable | None = None,
+          compute: bool = True) -> imp.Study | None:
+    """The maps of ``texts`` (``key``: the model and the texts), computed once (None if not yet and not
+    ``compute``)."""
+    store = _stores()["study"]
+    found = store.get(key)
+    if found is None and compute:
+        found = imp.study(model, tokenizer, texts, progress=progress)
+        store.put(key, found)
+    return found
+
+
+def patching(key: tuple, model, tokenizer, clean: list[int], corrupted: list[int], answer: int,
+             progress: Callable | None = None, compute: bool = True) -> imp.Patching | None:
+    store = _stores()["patching"]
+    found = store.get(key)
+    if found is None and compute:
+        found = imp.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer, progress=progress)
+        store.put(key, found)
+    return found
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def cached_token_effect(key: tuple, row: int, head: int, how: str, text: int, _model, _study: imp.Study):
+    return imp.token_effect(_model, _study.batch, _study.modules[row], head, how, text, objective=_study.objective)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Removing each head in turn…")
+def cached_circuit(folder: str, name: str, period: int, seed: int, _model, _tokens: list[int]):
+    return (imp.induction_circuit(_model, _tokens, period=period, seed=seed),
+            imp.circuit_scores(_model, _tokens, period=period, seed=seed))
+
+
+@st.cache_resource(show_spinner=False)
+def corpus_texts(count: int) -> list[str]:
+    """The first ``count`` documents of the bundled corpus, each on one line."""
+    return [" ".join(document.text.split()) for document in bundled_corpus().documents[:count]]

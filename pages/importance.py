@@ -1,0 +1,301 @@
+"""Does this head matter? Remove heads one at a time (zero, or mean), differentiate a gate on each, and patch heads
+from a clean input into a corrupted one: cause beside pattern, on any checkpoint whose attention attnviz records."""
+
+import time
+
+import streamlit as st
+
+from attnviz import circuits
+from attnviz.models.interventions import editable
+from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.pagelogic import importance as imp
+from attnviz.ui.figures import show_figure
+from attnviz.ui.frame import page_intro, start_page
+from attnviz.ui.importance_cache import (
+    WITH_LOSS,
+    cached_circuit,
+    cached_token_effect,
+    corpus_texts,
+    editable_model,
+    patching,
+    study,
+)
+from attnviz.ui.messages import problem_text
+from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
+from attnviz.ui.sidebar import current_sentence
+from attnviz.viz import importance as figures
+from attnviz.viz.style import format_number
+
+VIEWS = ("Induction circuit", "Importance map", "Activation patching")
+TEXT_SOURCES = ("Typed", "The bundled corpus")
+MEASURES = {"next-token": "loss change (nats)", "seq2seq": "loss change (nats)",
+            "hidden": "hidden-state change"}
+METHOD_TITLES = {"zero": "Zero ablation", "mean": "Mean ablation", "gradient": "Gradient importance"}
+
+start_page("Does this head matter?")
+page_intro(
+    "Attention weights say where a head looks, not whether the model needs it. Here heads are removed one at a "
+    "time (their output zeroed, or replaced by its mean) and the loss measured again; gradient importance "
+    "(Michel et al., 2019) asks the same of a gate on each head with one backward pass; activation patching puts a "
+    "head's output from a clean input into a corrupted one and measures how much of the answer comes back. Every "
+    "edit acts on the head's output before the output projection mixes the heads, through the attention function "
+    "attnviz records with."
+)
+
+
+def choose_model() -> tuple[str, str]:
+    """The model this page edits: the sidebar's when it has a loss (a decoder or an encoder-decoder), else the
+    bundled tiny GPT (whose circuit the first view shows); any loaded model can be chosen."""
+    models = registered_models()
+    sidebar = current_model_name()
+    names = list(models)
+    default = sidebar if architecture_of_folder(models[sidebar]) in WITH_LOSS else (
+        BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in models else sidebar)
+    name = st.selectbox("Model", names, index=names.index(default), key="imp_model",
+                        format_func=lambda n: f"{n} ({architecture_of_folder(models[n]) or 'model'})",
+                        help="A decoder or an encoder-decoder is measured by its own loss (its language-model head "
+                             "is loaded); an encoder without one by the change of its final hidden states.")
+    return name, models[name]
+
+
+def progress_bar(label: str):
+    bar = st.progress(0.0, text=label)
+    return bar, (lambda share, what: bar.progress(min(1.0, share), text=f"{label} {what}"))
+
+
+def texts_of(box: str) -> list[str]:
+    return [line.strip() for line in box.splitlines() if line.strip()]
+
+
+def importance_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
+    source = st.segmented_control("Texts", TEXT_SOURCES, default=TEXT_SOURCES[0], key="imp_source", required=True)
+    if source == TEXT_SOURCES[0]:
+        box = st.text_area(
+            "Texts, one per line", current_sentence(), key="imp_texts", height=110,
+            help=f"At most {imp.MAX_TEXTS} texts, each read up to {imp.MAX_TOKENS} tokens. A map runs the model "
+                 "once per head over all of them (batched), twice (zero and mean ablation), plus one backward pass.")
+        texts = texts_of(box)
+    else:
+        count = st.slider("Documents", 4, imp.MAX_TEXTS, 16, 4, key="imp_documents",
+                          help="The first documents of the bundled corpus (Python's documentation and docstrings, "
+                               "the Heads across a corpus page's default), each read up to "
+                               f"{imp.MAX_TOKENS} tokens.")
+        texts = corpus_texts(count)
+        st.caption(f"{len(texts)} documents, from “{texts[0][:60]}…” to “{texts[-1][:60]}…”")
+    key = (folder, name, tuple(texts))
+    if st.button("Measure every head", type="primary", key="imp_run", icon=":material/play_arrow:"):
+        if not texts:
+            st.warning("Type a text first (one per line for several).", icon=":material/edit:")
+            return
+        bar, progress = progress_bar("Ablating heads:")
+        started = time.perf_counter()
+        try:
+            study(key, model, tokenizer, texts, progress)
+        except ValueError as problem:
+            bar.empty()
+            st.error(problem_text(problem), icon=":material/block:")
+            return
+        bar.empty()
+        st.session_state["imp_done"] = {"key": key, "seconds": time.perf_counter() - started}
+    done = st.session_state.get("imp_done")
+    if not done or done["key"] != key:
+        st.info("Press **Measure every head**: each head is removed in turn and the model run again on the texts.",
+                icon=":material/info:")
+        return
+    result = study(key, model, tokenizer, texts, compute=False)
+    if result is None:  # pushed out of the store by other sessions' maps since: measure again
+        st.session_state.pop("imp_done", None)
+        st.rerun()
+    heads = result.modules
+    labels = [module.label for module in heads]
+    tokens = int(result.batch.real.sum())
+    cut = sum(result.batch.cut)
+    columns = st.columns(4)
+    columns[0].metric("Texts", f"{len(result.batch.texts):,}", help=f"{tokens:,} tokens read in all")
+    columns[1].metric("Heads", f"{sum(m.heads for m in heads):,}", help=f"{len(heads)} attention modules")
+    if objective != "hidden":
+        columns[2].metric("Loss without edits", f"{format_number(result.maps['zero'].clean)} nats",
+                          help=imp.OBJECTIVES[objective])
+    columns[3].metric("Measured in", f"{done['seconds']:.1f} s")
+    if cut:
+        st.caption(f":material/content_cut: {cut} text(s) longer than {imp.MAX_TOKENS} tokens were read up to "
+                   f"{imp.MAX_TOKENS}.")
+    if objective == "hidden":
+        st.info("This model has no head that gives a loss (an encoder without its language-model head): each "
+                "ablation is measured by how far the final hidden states move, relative to their size. Gradient "
+                "importance needs a loss and is left out.", icon=":material/info:")
+    measure = MEASURES[objective]
+    maps = result.maps
+    shown_columns = st.columns(len(maps))
+    for column, (method, one_map) in zip(shown_columns, maps.items(), strict=True):
+        with column:
+            signed = method != "gradient"
+            figure = figures.importance_heatmap(
+                one_map.values, labels, title=METHOD_TITLES[method],
+                measure=measure if signed else "|dL/dg|", signed=signed)
+            caption = ("Red: the loss rises without the head (it helps); blue: it falls." if signed and
+                       objective != "hidden" else "How far the final states move without the head."
+                       if signed else "How fast the loss moves as the head's gate leaves 1 (averaged over texts).")
+            show_figure(figure, caption, key=f"imp_map_{method}")
+    if len(maps) > 1:
+        agreement_tables(maps)
+    token_effect_view(key, model, result, measure)
+
+
+def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
+    left, right = st.columns([2, 3])
+    with left:
+        st.subheader("Do the measures agree?")
+        rows = [{"first": METHOD_TITLES[a], "second": METHOD_TITLES[b], "Spearman's rho": round(rho, 3)}
+                for a, b, rho in imp.agreement(maps)]
+        st.dataframe(rows, hide_index=True, width="stretch")
+        st.caption("Rank correlation over every head: 1, the same order of importance; 0, unrelated.")
+    with right:
+        names = list(maps)
+        second = "gradient" if "gradient" in maps else names[-1]
+        st.subheader(f"Where zero ablation and {METHOD_TITLES[second].lower()} disagree most")
+        rows = imp.disagreements(maps["zero"], maps[second])
+        names = {"zero": "rank by zero ablation", second: f"rank by {METHOD_TITLES[second].lower()}"}
+        st.dataframe([{names.get(column, column): value for column, value in row.items()} for row in rows],
+                     hide_index=True, width="stretch")
+        st.caption("Ranks among every head (1: the most important by that measure).")
+
+
+def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> None:
+    st.subheader("Which tokens does a head help predict?")
+    columns = st.columns([3, 2, 2, 4])
+    labels = [module.label for module in result.modules]
+    row = columns[0].selectbox("Layer", range(len(labels)), format_func=labels.__getitem__, key="imp_layer")
+    head = columns[1].selectbox("Head", range(result.modules[row].heads), key="imp_head")
+    how = columns[2].radio("Ablation", list(imp.ABLATIONS), key="imp_how", horizontal=True,
+                           help="zero: the head's output set to 0; mean: to its mean over every token of the texts")
+    text = 0
+    if len(result.batch.texts) > 1:
+        text = columns[3].selectbox("Text", range(len(result.batch.texts)), key="imp_text",
+                                    format_func=lambda i: result.batch.texts[i][:60])
+    targets, change = cached_token_effect(key, row, head, how, text, model, result)
+    label = f"{labels[row]}, head {head}"
+    show_figure(figures.token_effect_chart(
+        targets, change.tolist(), title=f"What {label} does for each token ({how} ablation)", measure=measure),
+        "Each bar: how the loss of predicting that token moves without the head (red: the head helped).",
+        key="imp_tokens")
+
+
+def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
+    if objective != "next-token":
+        st.info("Activation patching here measures a decoder's next token: choose a decoder (the bundled tiny GPT "
+                "has a preset).", icon=":material/info:")
+        return
+    source = st.segmented_control("Inputs", ("Preset: a repeat, second copy corrupted", "My own prompts"),
+                                  default="Preset: a repeat, second copy corrupted", key="imp_patch_source",
+                                  required=True)
+    if source.startswith("Preset"):
+        columns = st.columns(2)
+        period = columns[0].slider("Tokens in the first copy", 8, 60, 30, key="imp_patch_period")
+        seed = columns[1].number_input("Seed", 0, 10_000, 5, key="imp_patch_seed")
+        clean, corrupted, answer = imp.repeated_sequence(circuits.ordinary_token_ids(tokenizer), period, seed=seed)
+        st.caption(f"Clean: {period} random tokens, then the first {period // 2} again; the model should continue "
+                   f"with the {period // 2 + 1}th. Corrupted: the second copy replaced by other random tokens.")
+        shown = [" ".join(tokenizer.convert_ids_to_tokens(ids[-12:])) for ids in (clean, corrupted)]
+        st.code(f"clean      … {shown[0]}   → {tokenizer.convert_ids_to_tokens(answer)}\n"
+                f"corrupted  … {shown[1]}", language=None)
+    else:
+        columns = st.columns(3)
+        clean_text = columns[0].text_input("Clean prompt", "When Mary and John went to the store, John gave a "
+                                           "drink to", key="imp_clean")
+        corrupted_text = columns[1].text_input("Corrupted prompt (the same number of tokens)", "When Mary and "
+                                               "John went to the store, Mary gave a drink to", key="imp_corrupted")
+        answer_text = columns[2].text_input("Answer (its first token)", " Mary", key="imp_answer")
+        clean, corrupted = tokenizer(clean_text)["input_ids"], tokenizer(corrupted_text)["input_ids"]
+        answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+        if not clean or not answer_ids:
+            st.warning("Type a clean prompt and an answer.", icon=":material/edit:")
+            return
+        if len(clean) != len(corrupted):
+            st.warning(f"The prompts must have the same number of tokens: the clean one has {len(clean)}, the "
+                       f"corrupted one {len(corrupted)}.", icon=":material/straighten:")
+            return
+        answer = answer_ids[0]
+    key = (folder, name, tuple(clean), tuple(corrupted), int(answer))
+    if st.button("Patch every head", type="primary", key="imp_patch_run", icon=":material/play_arrow:"):
+        bar, progress = progress_bar("Patching:")
+        patching(key, model, tokenizer, clean, corrupted, answer, progress)
+        bar.empty()
+        st.session_state["imp_patched"] = key
+    if st.session_state.get("imp_patched") != key:
+        st.info("Press **Patch every head**: each head's output on the clean input is put into the corrupted run.",
+                icon=":material/info:")
+        return
+    result = patching(key, model, tokenizer, clean, corrupted, answer, compute=False)
+    if result is None:
+        st.session_state.pop("imp_patched", None)
+        st.rerun()
+    gap = result.clean - result.corrupted
+    columns = st.columns(3)
+    columns[0].metric("Clean", format_number(result.clean), help="logit(answer) - logit(foil) at the last token")
+    columns[1].metric("Corrupted", format_number(result.corrupted))
+    columns[2].metric("Answer / foil", f"{result.answer!r} / {result.foil!r}",
+                      help="The foil: the corrupted run's most likely token other than the answer")
+    if abs(gap) < 1e-6:
+        st.warning("The clean and corrupted runs give the same logit difference: there is nothing to recover.")
+        return
+    figure = figures.importance_heatmap(
+        result.heads, [module.label for module in result.modules], title="Share of the answer restored by patching",
+        measure="restored share", extra_column=result.layers.tolist())
+    show_figure(figure, "1: patching the head (or, in the last column, every head of the layer) restores the clean "
+                        "answer's logit difference; 0: nothing.", key="imp_patching")
+
+
+def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
+    if objective != "next-token":
+        st.info("The induction circuit lives in decoders: choose one (the bundled tiny GPT shows it in two layers).",
+                icon=":material/info:")
+        return
+    columns = st.columns([2, 2, 5])
+    period = columns[0].slider("Random tokens, typed twice", 10, 100, 50, 10, key="imp_circuit_period")
+    seed = columns[1].number_input("Seed", 0, 10_000, 11, key="imp_circuit_seed")
+    pool = circuits.ordinary_token_ids(tokenizer)
+    result, scores = cached_circuit(folder, name, period, seed, model, pool)
+    labels = [f"L{module.index} H{head}" for module in result.modules for head in range(module.heads)]
+    first = [float(v) for row in result.first for v in row if v == v]
+    second = [float(v) for row in result.second for v in row if v == v]
+    induction = scores["induction"].flatten().tolist()
+    previous = scores["previous"].flatten().tolist()
+    strongest = max(range(len(induction)), key=induction.__getitem__)
+    copier = max(range(len(previous)), key=previous.__getitem__)
+    st.markdown(
+        f"On {period} random tokens typed twice, the model's loss on the second copy is "
+        f"**{format_number(result.clean_second)}** nats against **{format_number(result.clean_first)}** on the "
+        f"first: it copies. Zeroing **{labels[strongest]}** (the strongest induction head by attention, "
+        f"{induction[strongest]:.2f}) makes the second copy **{second[strongest] / result.clean_second:.1f}x** "
+        f"harder while the first copy moves **{(first[strongest] / result.clean_first - 1):+.1%}**; zeroing the "
+        f"previous-token head **{labels[copier]}** ({previous[copier]:.2f} on the previous token) does "
+        f"**{second[copier] / result.clean_second:.1f}x**: the induction heads read what it wrote (the heads "
+        "compose).")
+    show_figure(figures.circuit_chart(labels, first, second, result.clean_first, result.clean_second,
+                                      title="The loss on each copy with one head removed"),
+                "A head whose removal lifts only the red bar is needed for copying; dashed: no head removed.",
+                key="imp_circuit")
+    st.dataframe([{"head": label, "previous-token score": round(p, 3), "induction score": round(i, 3),
+                   "second copy, ablated / clean": round(s / result.clean_second, 2)}
+                  for label, p, i, s in zip(labels, previous, induction, second, strict=True)],
+                 hide_index=True, width="stretch")
+    st.caption("Pattern beside cause: where each head looks (its attention scores, Olsson et al. 2022) and what "
+               "its removal costs. A head can attend like an induction head and matter less than another.")
+
+
+name, folder = choose_model()
+try:
+    model, tokenizer = editable_model(folder, name, model_dtype(name))
+except Exception as problem:  # noqa: BLE001 - a checkpoint that cannot load with its head: said, not raised
+    st.error(f"**{name}** could not be loaded for editing: {problem_text(problem)}", icon=":material/block:")
+    st.stop()
+reason = editable(model)
+if reason:
+    st.warning(f"**{name}** cannot be edited here: {reason}.", icon=":material/block:")
+    st.stop()
+objective = imp.objective_of(model)
+st.caption(f"Measured by the {imp.OBJECTIVES[objective]}.")
+view = st.segmented_control("View", VIEWS, default=VIEWS[0], key="imp_view", required=True)
+{"Induction circuit": circuit_view, "Importance map": importance_view,
+ "Activation patching": patching_view}[view](folder, name, model, tokenizer, objective)

@@ -1,0 +1,140 @@
+"""Head importance: ablation maps, gradient importance, their rank agreement, per-token effects, activation
+patching, and the bundled tiny GPT's induction circuit, measured on the model."""
+
+import pytest
+import torch
+import transformers as T
+from scipy.stats import spearmanr
+
+from attnviz import circuits
+from attnviz.models import interventions as iv
+from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.pagelogic import importance as imp
+
+SENTENCES = ["The cat sat on the mat because it was warm.", "Attention heads read keys.",
+             "A longer sentence, with a comma, and more words to read than the others have."]
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt():
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    return model, tokenizer
+
+
+def test_the_bundled_gpt_loads_editable_and_its_objective_is_next_token(tiny_gpt):
+    model, _ = tiny_gpt
+    assert iv.editable(model) is None
+    assert imp.objective_of(model) == "next-token"
+    eager, _ = load_causal_lm(BUNDLED_GPT_DIR)
+    assert "not through attnviz's attention function" in iv.editable(eager)
+
+
+def test_a_map_of_a_batch_is_the_mean_of_each_texts_own_map(tiny_gpt):
+    """Padding does not leak: each text's row of the batched map equals the map of that text alone."""
+    model, tokenizer = tiny_gpt
+    batch = imp.batch_of(tokenizer, SENTENCES, "next-token")
+    assert batch.real.sum(-1).tolist() == [len(tokenizer(text)["input_ids"]) for text in SENTENCES]
+    together = imp.ablation_map(model, batch, "zero")
+    assert together.values.shape == (2, 4) and together.per_text.shape == (2, 4, 3)
+    for index, text in enumerate(SENTENCES):
+        alone = imp.ablation_map(model, imp.batch_of(tokenizer, [text], "next-token"), "zero")
+        assert torch.allclose(together.per_text[..., index], alone.values, atol=1e-4)
+    assert torch.allclose(together.values, together.per_text.mean(-1))
+    assert together.clean > 0 and together.values.abs().max() > 0.01  # ablating some head changes the loss
+
+
+def test_mean_ablation_replaces_a_head_by_its_mean_over_the_real_tokens(tiny_gpt):
+    model, tokenizer = tiny_gpt
+    batch = imp.batch_of(tokenizer, SENTENCES, "next-token")
+    zero, mean = imp.ablation_map(model, batch, "zero"), imp.ablation_map(model, batch, "mean")
+    assert not torch.allclose(zero.values, mean.values)
+    # the mean the head is replaced by is its output averaged over every real token of every text
+    recorded, _ = iv.head_outputs(model, batch.inputs)
+    name = zero.modules[0].name
+    tokens = recorded[name][batch.real]  # [real tokens, heads, d_v]
+    assert torch.allclose(iv.mean_over_tokens(recorded[name], batch.real), tokens.mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="unknown ablation"):
+        imp.ablation_map(model, batch, "noise")
+
+
+def test_an_encoder_without_a_head_measures_its_hidden_states_and_refuses_gradients():
+    model = T.BertModel(T.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                                     intermediate_size=64, vocab_size=100)).eval()
+    model.set_attn_implementation(iv.ATTENTION_NAME)
+    assert imp.objective_of(model) == "hidden"
+    ids = torch.randint(1, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    batch = imp.Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.ones(2, 9, dtype=torch.bool),
+                      [["x"] * 9] * 2, ["a", "b"], [False, False])
+    result = imp.ablation_map(model, batch, "zero")
+    assert result.clean == 0.0 and (result.values > 0).all()  # a distance from the clean states: positive
+    with pytest.raises(ValueError, match="needs a loss"):
+        imp.gradient_importance(model, batch)
+
+
+def test_spearman_agrees_with_scipy_with_ties_and_missing_heads():
+    first = torch.tensor([[0.1, 0.5, 0.5, float("nan")], [0.9, -0.2, 0.3, 0.0]])
+    second = torch.tensor([[0.2, 0.1, 0.7, 0.4], [0.8, 0.0, 0.3, 0.3]])
+    keep = ~first.isnan()
+    expected = spearmanr(first[keep].numpy(), second[keep].numpy()).statistic
+    assert imp.spearman(first, second) == pytest.approx(expected, abs=1e-12)
+    assert imp.spearman(second, second) == pytest.approx(1.0)
+    assert imp.spearman(second, -second) == pytest.approx(-1.0)
+
+
+def test_disagreements_name_the_heads_ranked_furthest_apart():
+    modules = [iv.AttentionModule("a", 3, "self", 0), iv.AttentionModule("b", 3, "self", 1)]
+    first = imp.ImportanceMap("zero", torch.tensor([[6.0, 5.0, 4.0], [3.0, 2.0, 1.0]]), modules, "next-token", 1.0)
+    second = imp.ImportanceMap("gradient", torch.tensor([[6.0, 5.0, 4.0], [3.0, 2.0, 7.0]]), modules, "next-token",
+                               1.0)
+    top = imp.disagreements(first, second, count=1)[0]
+    assert top["head"] == "layer 1, head 2" and top["zero"] == 6 and top["gradient"] == 1 and top["rank gap"] == 5
+
+
+def test_the_token_effect_of_a_head_adds_up_to_its_map_cell(tiny_gpt):
+    model, tokenizer = tiny_gpt
+    batch = imp.batch_of(tokenizer, SENTENCES[:1], "next-token")
+    result = imp.ablation_map(model, batch, "zero")
+    module = result.modules[1]
+    targets, change = imp.token_effect(model, batch, module, 2)
+    assert len(targets) == len(change) == len(batch.tokens[0]) - 1
+    assert targets == batch.tokens[0][1:]  # each change is the loss of predicting that token
+    assert float(change.mean()) == pytest.approx(float(result.values[1, 2]), abs=1e-5)
+
+
+def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
+    """Ablating each induction head (the heads that attend to the token after the current one's earlier copy)
+    raises the second copy's loss at least 2x while the first copy's moves by less than 10%; ablating the
+    previous-token head breaks induction too, more than any single induction head: the heads compose."""
+    model, tokenizer = tiny_gpt
+    pool = circuits.ordinary_token_ids(tokenizer)
+    result = imp.induction_circuit(model, pool, period=50, texts=8, seed=11)
+    assert result.clean_second < 0.25 * result.clean_first  # the model copies: the second copy is easy
+    scores = imp.circuit_scores(model, pool, period=50, seed=11)
+    induction = [(1, head) for head in range(4) if scores["induction"][1, head] > 0.5]
+    previous = [(layer, head) for layer in range(2) for head in range(4) if scores["previous"][layer, head] > 0.5]
+    assert len(induction) >= 1 and previous == [(0, 1)]
+    for layer, head in induction:
+        assert result.second[layer, head] >= 2 * result.clean_second, (layer, head)
+        assert abs(result.first[layer, head] - result.clean_first) < 0.1 * result.clean_first, (layer, head)
+    layer, head = previous[0]
+    assert result.second[layer, head] > max(float(result.second[1, h]) for _, h in induction)
+    assert result.second[layer, head] >= 5 * result.clean_second
+
+
+def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(tiny_gpt):
+    model, tokenizer = tiny_gpt
+    pool = circuits.ordinary_token_ids(tokenizer)
+    clean, corrupted, answer = imp.repeated_sequence(pool, 30, seed=5)
+    assert len(clean) == len(corrupted) and clean[:30] == corrupted[:30] and clean[30:] != corrupted[30:]
+    result = imp.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer)
+    assert result.clean > result.corrupted + 2  # the clean run predicts the answer, the corrupted does not
+    # the second layer, where the induction heads are, restores most of the gap, and the single head that
+    # restores most is one of its induction heads (they share the work, so each restores a part)
+    assert result.layers[1] > 0.5 and result.layers[1] > result.layers[0]
+    best = int(result.heads.nan_to_num(-1).argmax())
+    assert best // 4 == 1 and best % 4 in (1, 2, 3)
+    # patching the corrupted run with its own outputs changes nothing
+    same = imp.patching_map(model, corrupted, corrupted, answer, foil=clean[0])
+    assert same.clean == pytest.approx(same.corrupted) and same.heads.isnan().all()
+    with pytest.raises(ValueError, match="same length"):
+        imp.patching_map(model, clean, corrupted[:-1], answer)

@@ -1,0 +1,144 @@
+"""The "Does this head matter?" page as a user sees it: the circuit, the maps, the token effects and patching."""
+
+import re
+
+import numpy as np
+import pytest
+
+from attnviz import circuits
+from attnviz.models import interventions as iv
+from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
+from attnviz.pagelogic import importance as imp
+from tests.apptest_helpers import figure_titled, open_page, plotly_array
+
+PAGE = "pages/importance.py"
+
+
+@pytest.fixture
+def _clean(clean_streamlit_caches):
+    yield
+
+
+def _heatmap(at, title: str) -> np.ndarray:
+    spec = figure_titled(at, title)
+    return plotly_array(spec["data"][0]["z"])
+
+
+def test_the_page_opens_on_the_tiny_gpts_circuit_with_its_numbers(_clean):
+    at = open_page(PAGE, timeout=300)
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="imp_model").value == BUNDLED_GPT_NAME  # the sidebar's MiniLM has no loss
+    statement = next(m.value for m in at.markdown if "typed twice" in m.value)
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    expected = imp.induction_circuit(model, circuits.ordinary_token_ids(tokenizer), period=50, seed=11)
+    ratio = float(expected.second.max()) / expected.clean_second
+    assert f"**{ratio:.1f}x**" in statement  # the previous-token head's ablation, measured again here
+    spec = figure_titled(at, "The loss on each copy")
+    assert [trace["name"].split(" (")[0] for trace in spec["data"]] == ["first copy", "second copy"]
+    assert np.allclose(plotly_array(spec["data"][1]["y"]), expected.second.flatten().numpy(), atol=1e-5)
+    table = at.dataframe[0].value
+    assert list(table["head"]) == [f"L{layer} H{head}" for layer in range(2) for head in range(4)]
+
+
+def test_the_importance_map_measures_every_head_and_reacts_to_the_head_chosen(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.text_area(key="imp_texts").set_value("The cat sat on the mat.\nA second line of text to read.").run()
+    assert any("Measure every head" in i.value for i in at.info)
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    zero = _heatmap(at, "Zero ablation")
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    batch = imp.batch_of(tokenizer, ["The cat sat on the mat.", "A second line of text to read."], "next-token")
+    assert np.allclose(zero, imp.ablation_map(model, batch, "zero").values.numpy(), atol=1e-5)
+    assert _heatmap(at, "Mean ablation").shape == (2, 4) and _heatmap(at, "Gradient importance").shape == (2, 4)
+    agreement = at.dataframe[0].value
+    assert len(agreement) == 3 and agreement["Spearman's rho"].between(-1, 1).all()
+    before = figure_titled(at, "What layer 0, head 0 does")
+    at.selectbox(key="imp_layer").set_value(1).run()
+    at.selectbox(key="imp_head").set_value(2).run()
+    after = figure_titled(at, "What layer 1, head 2 does")
+    assert before != after
+    targets, change = imp.token_effect(model, batch, imp.attention_modules(model, batch.inputs)[1], 2)
+    assert np.allclose(plotly_array(after["data"][0]["y"]), change.numpy(), atol=1e-5)
+
+
+def test_an_encoder_is_measured_by_its_hidden_states_and_says_so(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.selectbox(key="imp_model").set_value(DEFAULT_MODEL_NAME).run()
+    assert any("change of the final hidden states" in c.value for c in at.caption)
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("no head that gives a loss" in i.value for i in at.info)
+    assert _heatmap(at, "Zero ablation").shape == (6, 12)
+    assert (_heatmap(at, "Zero ablation") > 0).all()  # a distance from the unedited states
+    titles = [spec for spec in at.get("plotly_chart") if "Gradient" in spec.proto.spec]
+    assert not titles
+
+
+def test_patching_the_preset_shows_the_restored_share_of_each_head(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching")
+    code = at.code[0].value
+    assert code.startswith("clean") and "corrupted" in code
+    at.number_input(key="imp_patch_seed").set_value(6).run()
+    assert at.code[0].value != code  # another draw of random tokens
+    at.button(key="imp_patch_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = figure_titled(at, "Share of the answer restored")
+    cells = plotly_array(spec["data"][0]["z"])
+    assert cells.shape == (2, 6)  # four heads, a gap, every head of the layer
+    assert cells[1, 5] > 0.5  # the second layer, where the induction heads are, restores most of the answer
+
+
+def test_own_prompts_of_different_lengths_are_refused_in_words(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching")
+    at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
+    at.text_input(key="imp_corrupted").set_value("Something much shorter").run()
+    assert not at.exception
+    assert any(re.search(r"same number of tokens: the clean one has \d+", w.value) for w in at.warning)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    from tests.tiny_models import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("importance-tiny")
+    return {kind: str(make_tiny_checkpoint(kind, root / kind)) for kind in ARCHITECTURES}
+
+
+# decoders and encoder-decoders of the interface path, then BLOOM (hooks), DeBERTa and Falcon (eager weights)
+ARCHITECTURES = ("gpt2", "llama", "bart", "t5", "bloom", "deberta-v2", "falcon")
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_every_architecture_is_measured_or_refused_in_words(tiny_checkpoints, kind, _clean):
+    models = {DEFAULT_MODEL_NAME: "unused", BUNDLED_GPT_NAME: str(BUNDLED_GPT_DIR), kind: tiny_checkpoints[kind]}
+    at = open_page(PAGE, timeout=240, models=models, model=kind, imp_view="Importance map")
+    assert not at.exception, [e.value for e in at.exception]
+    if kind == "deberta-v2":  # an encoder: the page starts on the tiny GPT, whose circuit has a loss to show
+        assert at.selectbox(key="imp_model").value == BUNDLED_GPT_NAME
+        at.selectbox(key="imp_model").set_value(kind).run()
+    assert at.selectbox(key="imp_model").value == kind  # else the sidebar's model, which has a loss
+    if kind in ("bloom", "deberta-v2", "falcon"):
+        assert any("cannot be edited here" in w.value and "its own code" in w.value for w in at.warning)
+        return
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    objective = "seq2seq" if kind in ("bart", "t5") else "next-token"
+    assert any(imp.OBJECTIVES[objective] in c.value for c in at.caption)
+    zero = _heatmap(at, "Zero ablation")
+    assert np.isfinite(zero).all() and np.abs(zero).max() > 0
+    assert _heatmap(at, "Gradient importance").shape == zero.shape
+    if kind in ("bart", "t5"):  # encoder, decoder and cross-attention layers, each its own row
+        rows = figure_titled(at, "Zero ablation")["layout"]["yaxis"]["ticktext"]
+        assert any(r.startswith("encoder") for r in rows) and any(r.startswith("cross") for r in rows)
+
+
+def test_a_map_over_documents_of_the_bundled_corpus(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.segmented_control(key="imp_source").set_value("The bundled corpus").run()
+    at.slider(key="imp_documents").set_value(4).run()
+    assert any(c.value.startswith("4 documents, from") for c in at.caption)
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert next(m.value for m in at.metric if m.label == "Texts") == "4"
+    assert _heatmap(at, "Zero ablation").shape == (2, 4)
