@@ -237,3 +237,45 @@ def test_edits_end_with_their_block_and_stay_in_their_thread():
             assert not torch.allclose(_output(model, inputs), clean)
         assert torch.equal(_output(model, inputs), clean)
     assert torch.equal(elsewhere[0], clean)  # another session's forward during the block is untouched
+
+
+# Attention in the model's own code (read by hooks or by eager weights): edits go through a pre-hook on the output
+# projection, the reference zeroes that projection's weight columns
+OWN_CODE = {"gpt_neo": "out_proj", "mpnet": "o", "bloom": "dense", "falcon": "dense", "deberta-v2": "output.dense"}
+
+
+def _own_code_model(kind: str) -> torch.nn.Module:
+    from attnviz.bench.tiny import tiny_config
+
+    torch.manual_seed(0)
+    causal = kind in ("gpt_neo", "bloom", "falcon")
+    builder = T.AutoModelForCausalLM if causal else T.AutoModel
+    model = builder.from_config(tiny_config(kind), attn_implementation="eager").eval().double()
+    return model
+
+
+@pytest.mark.parametrize("kind", list(OWN_CODE))
+def test_models_whose_attention_runs_in_their_own_code_are_edited_at_their_output_projection(kind):
+    model = _own_code_model(kind)
+    assert iv.editable(model) is None  # the hooks are installed on the first check
+    inputs = {"input_ids": torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(3)),
+              "attention_mask": torch.ones(2, 9, dtype=torch.long)}
+    modules = iv.attention_modules(model, inputs)
+    assert len(modules) == 2 and all(module.heads == 4 for module in modules)
+    with torch.no_grad():
+        clean = _output(model, inputs)
+        recorded, _ = iv.head_outputs(model, inputs)
+        for module in modules:
+            projection = model.get_submodule(f"{module.name}.{OWN_CODE[kind]}")
+            width = projection.weight.shape[1] // module.heads
+            columns = slice(width, 2 * width)  # head 1
+            with iv.edited(model, iv.zeroed(module.name, 1)):
+                edited = _output(model, inputs)
+            reference = copy.deepcopy(model)
+            reference.get_submodule(f"{module.name}.{OWN_CODE[kind]}").weight[:, columns] = 0
+            assert torch.allclose(edited, _output(reference, inputs), atol=1e-6, rtol=0), module.name
+            assert not torch.allclose(edited, clean, atol=1e-6)
+            own = recorded[module.name][:, :, 1]
+            with iv.edited(model, {module.name: {1: own}}):  # patching with its own output changes nothing
+                assert torch.allclose(_output(model, inputs), clean, atol=1e-12, rtol=0)
+        assert torch.equal(_output(model, inputs), clean)  # outside a block the hooks do nothing

@@ -118,6 +118,13 @@ def editing(model: torch.nn.Module, editor):
         _EDITOR.reset(token)
 
 
+def current_editor():
+    """The editor of this thread's :func:`editing` block, ``(module_name, output) -> output``, or None: for the
+    output-projection hooks of models whose attention runs in their own code (attnviz.models.interventions)."""
+    edit = _EDITOR.get()
+    return None if edit is None else edit[1]
+
+
 def batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """The mask of batch item 0 as ``[n_q, n_k]`` bool (True = may attend); transformers' additive float masks
     (0 / large negative) are converted."""

@@ -8,7 +8,10 @@ columns (the tests check this against a copy of the model with the columns zeroe
 heads: each has its own output, whichever K/V head it shares.
 
 Models whose attention runs in their own code (attnviz reads them by hooks or by their eager weights) do not call
-the attention function, so they cannot be edited here: :func:`editable` says so before anything runs.
+the attention function: for them, :func:`install_projection_hooks` puts a forward pre-hook on each attention's
+output projection, whose input is the same heads' outputs, merged (``[batch, n, heads * d_v]``); the hook hands
+them to the same editor, so every edit below works on both paths. The hooks do nothing outside an edit block, and
+an edit block is per thread (a ``contextvars`` variable), so sessions sharing a model never see each other's edits.
 
 Imports only torch and attnviz.models.
 """
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.models import support
-from attnviz.models.attention_hook import ATTENTION_NAME, editing, recording
+from attnviz.models.attention_hook import ATTENTION_NAME, current_editor, editing
 from attnviz.models.loading import load_causal_lm
 
 # what replaces a head's output: None (zeros), or a tensor broadcastable to [batch, n_q, d_v]
@@ -46,16 +49,69 @@ class AttentionModule:
         return f"layer {self.index}" if self.kind == "self" else f"{self.kind} layer {self.index}"
 
 
+# Attention in the model's own code: its attention class -> the child (a dotted path) whose input is every head's
+# output, merged, and which mixes them (the output projection)
+OUTPUT_PROJECTIONS = {
+    "GPTNeoSelfAttention": "out_proj",
+    "MPNetSelfAttention": "o",
+    "BloomAttention": "dense",
+    "FalconAttention": "dense",
+    "DebertaV2Attention": "output.dense",
+}
+
+
+def _heads_of(module: torch.nn.Module) -> int | None:
+    for owner in (module, getattr(module, "self", None)):
+        for name in ("num_heads", "num_attention_heads", "n_head"):
+            value = getattr(owner, name, None) if owner is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _projection_hook(name: str, heads: int):
+    def hook(_, arguments):
+        editor = current_editor()
+        if editor is None:
+            return None
+        merged = arguments[0]  # [batch, n, heads * d_v]
+        output = merged.view(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # [batch, n, heads, d_v]
+        edited = editor(name, output)
+        return None if edited is output else (edited.reshape(merged.shape), *arguments[1:])
+
+    return hook
+
+
+def install_projection_hooks(model: torch.nn.Module) -> int:
+    """Put the editing hook on the output projection of every attention module of ``model`` that runs in its own
+    code (:data:`OUTPUT_PROJECTIONS`), once per model; returns how many modules have one."""
+    installed = getattr(model, "_attnviz_edit_hooks", None)
+    if installed is not None:
+        return installed
+    count = 0
+    for name, module in model.named_modules():
+        child = OUTPUT_PROJECTIONS.get(type(module).__name__)
+        heads = _heads_of(module) if child else None
+        if child is None or heads is None:
+            continue
+        module.get_submodule(child).register_forward_pre_hook(_projection_hook(name, heads))
+        count += 1
+    model._attnviz_edit_hooks = count
+    return count
+
+
 def editable(model: torch.nn.Module) -> str | None:
     """None when ``model``'s attention can be edited here, else why not, in words for the page."""
-    if not support.uses_attention_interface(model):
-        return ("its attention runs in its own code, which attnviz reads by hooks or by its eager weights: heads "
-                "can be shown but not edited for this architecture")
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if implementation != ATTENTION_NAME:
-        return (f"its attention runs as {implementation!r}, not through attnviz's attention function: load it "
-                "with attnviz (interventions act on the attention function's output)")
-    return None
+    if support.uses_attention_interface(model):
+        implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if implementation != ATTENTION_NAME:
+            return (f"its attention runs as {implementation!r}, not through attnviz's attention function: load it "
+                    "with attnviz (interventions act on the attention function's output)")
+        return None
+    if install_projection_hooks(model):
+        return None
+    return ("its attention runs in its own code, and attnviz does not know where this architecture mixes its "
+            "heads: they can be shown but not edited")
 
 
 def editable_lm(folder):
@@ -63,23 +119,30 @@ def editable_lm(folder):
     :func:`~attnviz.models.loading.load_causal_lm` does, with its attention switched to attnviz's function so its
     heads can be edited (its own copy: generation's copy keeps eager attention)."""
     model, tokenizer = load_causal_lm(folder)
-    model.set_attn_implementation(ATTENTION_NAME)
+    if support.uses_attention_interface(model):
+        model.set_attn_implementation(ATTENTION_NAME)
+    else:
+        install_projection_hooks(model)
     return model, tokenizer
 
 
 def attention_modules(model: torch.nn.Module, inputs: dict) -> list[AttentionModule]:
-    """The attention modules ``model`` calls on ``inputs``, in call order (one forward, recorded)."""
+    """The attention modules ``model`` calls on ``inputs``, in call order (one forward, watched by an editor that
+    changes nothing: the same place every edit acts)."""
     model_type = getattr(model.config, "model_type", "")
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
-    with torch.no_grad(), recording(model) as recorder:
+    seen: dict[str, int] = {}
+
+    def watch(name: str, output: torch.Tensor) -> torch.Tensor:  # output [batch, n_q, heads, d_v]
+        seen.setdefault(name, int(output.shape[2]))
+        return output
+
+    with torch.no_grad(), editing(model, watch):
         model(**inputs)
-    modules, seen, counts = [], set(), {}
-    for call in recorder.calls:
-        if call.module_name in seen:
-            continue
-        seen.add(call.module_name)
-        kind = support.attention_kind(call.module_name, model_type, encoder_decoder)
-        modules.append(AttentionModule(call.module_name, int(call.query.shape[0]), kind, counts.get(kind, 0)))
+    modules, counts = [], {}
+    for name, heads in seen.items():
+        kind = support.attention_kind(name, model_type, encoder_decoder)
+        modules.append(AttentionModule(name, heads, kind, counts.get(kind, 0)))
         counts[kind] = counts.get(kind, 0) + 1
     if not modules:
         raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
