@@ -9,6 +9,9 @@ from attnviz import circuits
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic.explore_heads.statistics import statistics_table
+from attnviz.tokens_display import readable_tokens, tokenizer_style
+from attnviz.ui.captures import cached_capture
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.importance_cache import (
@@ -20,6 +23,7 @@ from attnviz.ui.importance_cache import (
     patching,
     study,
 )
+from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
@@ -132,14 +136,37 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
             signed = method != "gradient"
             figure = figures.importance_heatmap(
                 one_map.values, labels, title=METHOD_TITLES[method],
-                measure=measure if signed else "|dL/dg|", signed=signed)
+                measure=measure if signed else "|dL/dg|", signed=signed, width=1000 // len(maps))
             caption = ("Red: the loss rises without the head (it helps); blue: it falls." if signed and
                        objective != "hidden" else "How far the final states move without the head."
                        if signed else "How fast the loss moves as the head's gate leaves 1 (averaged over texts).")
             show_figure(figure, caption, key=f"imp_map_{method}")
     if len(maps) > 1:
         agreement_tables(maps)
+    heads_beside_labels(folder, name, result)
     token_effect_view(key, model, result, measure)
+
+
+def heads_beside_labels(folder: str, name: str, result: imp.Study) -> None:
+    """Every head's importance beside what it looks like: Explore heads' label of the head on the first text."""
+    labels = {}
+    try:
+        bundle = load_bundle(folder, name, model_dtype(name))
+        capture = cached_capture(folder, name, result.batch.texts[0], None, bundle, max_tokens=imp.MAX_TOKENS,
+                                 dtype=model_dtype(name))
+        for kind, record in capture.records.items():
+            if record.n_q == record.n_k:  # labels describe self-attention
+                table = statistics_table(capture, kind)
+                labels.update({(kind, int(layer), int(head)): label
+                               for layer, head, label in zip(table["layer"], table["head"], table["label"],
+                                                             strict=True)})
+    except (ValueError, RuntimeError) as problem:
+        st.caption(f"Head labels are not available for this model: {problem_text(problem)}")
+    with st.expander("Every head: what it looks like and what it costs", icon=":material/table:"):
+        st.dataframe(imp.head_rows(result, labels), hide_index=True, width="stretch")
+        st.caption("Label: where the head looks on the first text (as Explore heads names it). Ranks: 1 is the "
+                   "most important by that measure. A head can look like a pattern and matter little, and the "
+                   "other way round.")
 
 
 def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
@@ -175,6 +202,9 @@ def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> Non
                                     format_func=lambda i: result.batch.texts[i][:60])
     targets, change = cached_token_effect(key, row, head, how, text, model, result)
     label = f"{labels[row]}, head {head}"
+    tokens = result.batch.tokens[text]
+    st.html(figures.token_effect_html(targets, change.tolist(),
+                                      first=tokens[0] if len(targets) < len(tokens) else None))
     show_figure(figures.token_effect_chart(
         targets, change.tolist(), title=f"What {label} does for each token ({how} ablation)", measure=measure),
         "Each bar: how the loss of predicting that token moves without the head (red: the head helped).",
@@ -196,9 +226,11 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         clean, corrupted, answer = imp.repeated_sequence(circuits.ordinary_token_ids(tokenizer), period, seed=seed)
         st.caption(f"Clean: {period} random tokens, then the first {period // 2} again; the model should continue "
                    f"with the {period // 2 + 1}th. Corrupted: the second copy replaced by other random tokens.")
-        shown = [" ".join(tokenizer.convert_ids_to_tokens(ids[-12:])) for ids in (clean, corrupted)]
-        st.code(f"clean      … {shown[0]}   → {tokenizer.convert_ids_to_tokens(answer)}\n"
-                f"corrupted  … {shown[1]}", language=None)
+        style = tokenizer_style(tokenizer)
+        shown = [" ".join(readable_tokens(tokenizer.convert_ids_to_tokens(ids[-12:]), style))
+                 for ids in (clean, corrupted)]
+        answer_shown = readable_tokens(tokenizer.convert_ids_to_tokens([answer]), style)[0]
+        st.code(f"clean      … {shown[0]}   → {answer_shown}\ncorrupted  … {shown[1]}", language=None)
     else:
         columns = st.columns(3)
         clean_text = columns[0].text_input("Clean prompt", "When Mary and John went to the store, John gave a "
@@ -232,8 +264,9 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         st.rerun()
     gap = result.clean - result.corrupted
     columns = st.columns(3)
-    columns[0].metric("Clean", format_number(result.clean), help="logit(answer) - logit(foil) at the last token")
-    columns[1].metric("Corrupted", format_number(result.corrupted))
+    columns[0].metric("Logit difference, clean", format_number(result.clean),
+                      help="logit(answer) - logit(foil) at the last token")
+    columns[1].metric("Logit difference, corrupted", format_number(result.corrupted))
     columns[2].metric("Answer / foil", f"{result.answer!r} / {result.foil!r}",
                       help="The foil: the corrupted run's most likely token other than the answer")
     if abs(gap) < 1e-6:
@@ -241,9 +274,24 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         return
     figure = figures.importance_heatmap(
         result.heads, [module.label for module in result.modules], title="Share of the answer restored by patching",
-        measure="restored share", extra_column=result.layers.tolist())
+        measure="restored share", extra_column=result.layers.tolist(), extra_label="all heads",
+        value_range=(-1.0, 1.0))
     show_figure(figure, "1: patching the head (or, in the last column, every head of the layer) restores the clean "
                         "answer's logit difference; 0: nothing.", key="imp_patching")
+
+
+def costliest_note(labels: list[str], induction: list[float], second: list[float], clean: float,
+                   strongest: int) -> str:
+    """When the induction head whose removal costs most is not the one that attends most like one: say so."""
+    inducting = [index for index, score in enumerate(induction) if score > 0.5]
+    if not inducting:
+        return ""
+    costliest = max(inducting, key=second.__getitem__)
+    if costliest == strongest:
+        return ""
+    return (f" Among the induction heads, removing **{labels[costliest]}** (attention {induction[costliest]:.2f}) "
+            f"costs most, **{second[costliest] / clean:.1f}x**: where a head looks does not rank how much it "
+            "matters.")
 
 
 def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
@@ -271,7 +319,7 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
         f"harder while the first copy moves **{(first[strongest] / result.clean_first - 1):+.1%}**; zeroing the "
         f"previous-token head **{labels[copier]}** ({previous[copier]:.2f} on the previous token) does "
         f"**{second[copier] / result.clean_second:.1f}x**: the induction heads read what it wrote (the heads "
-        "compose).")
+        "compose)." + costliest_note(labels, induction, second, result.clean_second, strongest))
     show_figure(figures.circuit_chart(labels, first, second, result.clean_first, result.clean_second,
                                       title="The loss on each copy with one head removed"),
                 "A head whose removal lifts only the red bar is needed for copying; dashed: no head removed.",

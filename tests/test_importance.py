@@ -138,3 +138,16 @@ def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(t
     assert same.clean == pytest.approx(same.corrupted) and same.heads.isnan().all()
     with pytest.raises(ValueError, match="same length"):
         imp.patching_map(model, clean, corrupted[:-1], answer)
+
+
+def test_the_head_table_ranks_every_head_by_each_measure():
+    modules = [iv.AttentionModule("a", 2, "self", 0), iv.AttentionModule("b", 2, "self", 1)]
+    result = imp.Study(batch=None, objective="next-token", modules=modules)
+    result.maps["zero"] = imp.ImportanceMap("zero", torch.tensor([[0.1, 0.4], [0.3, -0.2]]), modules, "next-token", 1)
+    result.maps["gradient"] = imp.ImportanceMap("gradient", torch.tensor([[0.9, 0.1], [0.2, 0.3]]), modules,
+                                                "next-token", 1)
+    rows = imp.head_rows(result, {("self", 0, 1): "previous token"})
+    assert [row["head"] for row in rows] == ["layer 0, head 1", "layer 1, head 0", "layer 0, head 0",
+                                             "layer 1, head 1"]
+    assert rows[0]["label"] == "previous token" and rows[1]["label"] == ""
+    assert [row["rank (gradient)"] for row in rows] == [4, 3, 1, 2]

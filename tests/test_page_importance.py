@@ -34,7 +34,10 @@ def test_the_page_opens_on_the_tiny_gpts_circuit_with_its_numbers(_clean):
     ratio = float(expected.second.max()) / expected.clean_second
     assert f"**{ratio:.1f}x**" in statement  # the previous-token head's ablation, measured again here
     spec = figure_titled(at, "The loss on each copy")
-    assert [trace["name"].split(" (")[0] for trace in spec["data"]] == ["first copy", "second copy"]
+    assert [trace["name"].split(" (")[0] for trace in spec["data"]] == [
+        "first copy", "second copy", f"first copy, no head removed: {expected.clean_first:.3g}",
+        f"second copy, no head removed: {expected.clean_second:.3g}"]
+    assert "costs most" in statement  # the strongest by attention is not the costliest to remove (L1 H3, L1 H2)
     assert np.allclose(plotly_array(spec["data"][1]["y"]), expected.second.flatten().numpy(), atol=1e-5)
     table = at.dataframe[0].value
     assert list(table["head"]) == [f"L{layer} H{head}" for layer in range(2) for head in range(4)]
@@ -53,6 +56,13 @@ def test_the_importance_map_measures_every_head_and_reacts_to_the_head_chosen(_c
     assert _heatmap(at, "Mean ablation").shape == (2, 4) and _heatmap(at, "Gradient importance").shape == (2, 4)
     agreement = at.dataframe[0].value
     assert len(agreement) == 3 and agreement["Spearman's rho"].between(-1, 1).all()
+    every_head = next(frame.value for frame in at.dataframe if "label" in frame.value.columns)
+    assert len(every_head) == 8 and every_head["label"].str.len().gt(0).all()  # Explore heads' labels, beside
+    assert list(every_head["rank (zero)"]) == sorted(every_head["rank (zero)"])
+    assert every_head["zero"].iloc[0] == pytest.approx(zero.max(), abs=1e-6)
+    chips = next(h.proto.body for h in at.get("html") if "rgba(" in h.proto.body)
+    first_text = imp.batch_of(iv.editable_lm(BUNDLED_GPT_DIR)[1], ["The cat sat on the mat."], "next-token")
+    assert chips.count("<span") == len(first_text.tokens[0])  # the text drawn: its first token, then each target
     before = figure_titled(at, "What layer 0, head 0 does")
     at.selectbox(key="imp_layer").set_value(1).run()
     at.selectbox(key="imp_head").set_value(2).run()

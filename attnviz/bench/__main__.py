@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_parser.add_argument("--out", type=Path, default=Path("bench-results/scan.json"))
     ablation_parser = commands.add_parser("ablation", help="a head-importance map against the model's forwards")
     ablation_parser.add_argument("--texts", type=int, default=50)
-    ablation_parser.add_argument("--max-tokens", type=int, default=64)
+    ablation_parser.add_argument("--max-tokens", type=int, default=32, help="per sentence (most have fewer)")
     ablation_parser.add_argument("--repeats", type=int, default=5, help="plain forwards timed (their median counts)")
     ablation_parser.add_argument("--model", default=None, help="a checkpoint folder (default: GPT-2-small-shaped)")
     ablation_parser.add_argument("--shape", type=int, nargs=3, default=[12, 12, 768], metavar=("LAYERS", "HEADS",

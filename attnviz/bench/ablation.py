@@ -1,17 +1,18 @@
 """``python -m attnviz.bench ablation``: what a head-importance map costs beside the model's own forwards, in one run.
 
 A map ablates each head alone and runs the model again on every text (batched): ``heads + 1`` forwards (the clean
-one first). Over the same texts (the first ``texts`` documents of the bundled corpus, each read up to ``max_tokens``),
-this times the model's plain forward of the batch (median of ``repeats``), then the zero-ablation map, the
-mean-ablation map and gradient importance (one forward and one backward), and prints each map's time against
-``heads`` and ``heads + 1`` plain forwards. The model is GPT-2-small-shaped by default (12 layers x 12 heads,
-width 768, random weights made from a config: the cost does not depend on what the weights learnt), or any
-checkpoint folder given with ``--model``.
+one first). Over the same texts (the first ``texts`` sentences of 8 to 30 words in the bundled corpus, each read
+up to ``max_tokens``), this times the model's plain forward of the batch (median of ``repeats``), then the
+zero-ablation map, the mean-ablation map and gradient importance (one forward and one backward), and prints each
+map's time against ``heads`` and ``heads + 1`` plain forwards. The model is GPT-2-small-shaped by default (12 layers
+x 12 heads, width 768, random weights made from a config, the bundled BERT's tokenizer: the cost does not depend on
+what the weights learnt), or any checkpoint folder given with ``--model``.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -19,21 +20,32 @@ import torch
 
 
 def _texts(count: int) -> list[str]:
-    """The first ``count`` documents of the bundled corpus (Python's documentation and docstrings)."""
+    """The first ``count`` sentences of 8 to 30 words in the bundled corpus (Python's documentation and
+    docstrings), in order."""
+    import re
+
     from attnviz.scan.corpus import bundled_corpus
 
-    return [document.text for document in bundled_corpus().documents[:count]]
+    texts = []
+    for document in bundled_corpus().documents:
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(document.text.split())):
+            if 8 <= len(sentence.split()) <= 30:
+                texts.append(sentence)
+                if len(texts) == count:
+                    return texts
+    return texts
 
 
 def _model(folder: str | None, layers: int, heads: int, width: int):
     from attnviz.models.interventions import ATTENTION_NAME, editable_lm
-    from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+    from attnviz.models.loading import default_model_dir
 
     if folder:
         return editable_lm(folder), Path(folder).name
     import transformers
 
-    _, tokenizer = load_causal_lm(BUNDLED_GPT_DIR)  # a byte-level BPE tokenizer of 512 tokens, bundled
+    # the bundled BERT's WordPiece tokenizer (30,522 tokens): about as many tokens per sentence as GPT-2's BPE
+    tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_dir(), local_files_only=True)
     config = transformers.GPT2Config(n_layer=layers, n_head=heads, n_embd=width, vocab_size=len(tokenizer),
                                      n_positions=1024, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
@@ -42,7 +54,19 @@ def _model(folder: str | None, layers: int, heads: int, width: int):
     return (model, tokenizer), f"GPT-2-shaped, {layers} x {heads}, width {width}, random weights"
 
 
-def bench_ablation(texts: int = 50, max_tokens: int = 64, repeats: int = 5, folder: str | None = None,
+def _progress(how: str):
+    """Prints how far a map is, every tenth of it (to stderr: the report stays on stdout)."""
+    shown = [-1]
+
+    def report(share: float, what: str) -> None:
+        if int(share * 10) > shown[0]:
+            shown[0] = int(share * 10)
+            print(f"  {how} ablation map: {share:.0%} ({what})", file=sys.stderr, flush=True)
+
+    return report
+
+
+def bench_ablation(texts: int = 50, max_tokens: int = 32, repeats: int = 5, folder: str | None = None,
                    layers: int = 12, heads: int = 12, width: int = 768) -> dict:
     from attnviz.pagelogic import importance as imp
 
@@ -62,7 +86,7 @@ def bench_ablation(texts: int = 50, max_tokens: int = 64, repeats: int = 5, fold
     timings = {}
     for how in imp.ABLATIONS:
         started = time.perf_counter()
-        imp.ablation_map(model, batch, how, objective=objective, modules=modules)
+        imp.ablation_map(model, batch, how, objective=objective, modules=modules, progress=_progress(how))
         timings[f"{how} ablation map"] = time.perf_counter() - started
     if objective != "hidden":
         started = time.perf_counter()

@@ -29,6 +29,7 @@ from attnviz.models.interventions import (
     mean_over_tokens,
     zeroed,
 )
+from attnviz.tokens_display import readable_token, readable_tokens, tokenizer_style
 
 OBJECTIVES = {
     "next-token": "next-token loss (nats per token)",
@@ -71,16 +72,18 @@ def batch_of(tokenizer, texts: list[str], objective: str, max_tokens: int = MAX_
     encoded = [tokenizer(text, truncation=True, max_length=max_tokens + 1) for text in texts]
     cut = [len(one["input_ids"]) > max_tokens for one in encoded]
     n = min(max_tokens, max(len(one["input_ids"]) for one in encoded))
-    names = [name for name in ("input_ids", "token_type_ids") if name in encoded[0]]
+    # input ids only: one segment's token types are zeros, a BERT's default, and a decoder given a BERT tokenizer
+    # would embed them (GPT-2 adds token-type embeddings when they are passed)
+    names = ["input_ids"]
     inputs = {name: torch.zeros(len(texts), n, dtype=torch.long) for name in names}
     real = torch.zeros(len(texts), n, dtype=torch.bool)
-    tokens = []
+    tokens, style = [], tokenizer_style(tokenizer)
     for row, one in enumerate(encoded):
         ids = one["input_ids"][:n]
         for name in names:
             inputs[name][row, : len(ids)] = torch.tensor(one[name][:n])
         real[row, : len(ids)] = True
-        tokens.append(tokenizer.convert_ids_to_tokens(ids))
+        tokens.append(readable_tokens(tokenizer.convert_ids_to_tokens(ids), style))
     inputs["attention_mask"] = real.long()
     if objective == "seq2seq":  # the text is its own target: the decoder reads it shifted, the loss predicts it
         labels = inputs["input_ids"].masked_fill(~real, -100)
@@ -288,6 +291,28 @@ def disagreements(first: ImportanceMap, second: ImportanceMap, count: int = 5) -
     return rows
 
 
+def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = None) -> list[dict]:
+    """One row per head: its label (``labels`` by (kind, layer, head), e.g. Explore heads' on the first text), each
+    map's value and rank (1: the most important by that measure), most important by zero ablation first."""
+    labels = labels or {}
+    ranked = {}
+    for method, one in result.maps.items():
+        keep = ~one.values.isnan()
+        order = len(keep.nonzero()) + 1 - ranks(one.values[keep].double())
+        ranked[method] = dict(zip(map(tuple, keep.nonzero().tolist()), order.tolist(), strict=True))
+    rows = []
+    for row, module in enumerate(result.modules):
+        for head in range(module.heads):
+            entry = {"head": f"{module.label}, head {head}",
+                     "label": labels.get((module.kind, module.index, head), "")}
+            for method, one in result.maps.items():
+                entry[method] = float(one.values[row, head])
+                entry[f"rank ({method})"] = int(ranked[method][(row, head)])
+            rows.append(entry)
+    first = next(iter(result.maps), None)
+    return sorted(rows, key=lambda entry: entry[f"rank ({first})"]) if first else rows
+
+
 def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, head: int, how: str = "zero",
                  text: int = 0, *, objective: str | None = None) -> tuple[list[str], torch.Tensor]:
     """For one head: how each target token's loss of text ``text`` moves when the head is ablated (positive:
@@ -368,7 +393,13 @@ def patching_map(model: torch.nn.Module, clean_ids: list[int], corrupted_ids: li
                 done += 1
                 if progress is not None:
                     progress(done / total, module.label)
-    name = (lambda token: tokenizer.convert_ids_to_tokens(token)) if tokenizer is not None else str
+    if tokenizer is not None:
+        style = tokenizer_style(tokenizer)
+
+        def name(token: int) -> str:
+            return readable_token(tokenizer.convert_ids_to_tokens(token), style)
+    else:
+        name = str
     return Patching(heads, layers, modules, clean, corrupted, name(answer), name(foil))
 
 
