@@ -20,6 +20,7 @@ from attnviz.ui.importance_cache import (
     cached_token_effect,
     corpus_texts,
     editable_model,
+    heads_measured,
     patching,
     study,
 )
@@ -87,10 +88,18 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
         texts = corpus_texts(count)
         st.caption(f"{len(texts)} documents, from “{texts[0][:60]}…” to “{texts[-1][:60]}…”")
     key = (folder, name, tuple(texts))
-    if st.button("Measure every head", type="primary", key="imp_run", icon=":material/play_arrow:"):
+    kept, note = heads_measured(key), st.empty()
+    pressed = st.button("Measure every head", type="primary", key="imp_run", icon=":material/play_arrow:")
+    if kept and not pressed and st.session_state.get("imp_done", {}).get("key") != key:
+        note.info(f"Stopped after {kept:,} head ablations: **Measure every head** goes on from there.",
+                  icon=":material/pause:")
+    if pressed:
         if not texts:
             st.warning("Type a text first (one per line for several).", icon=":material/edit:")
             return
+        st.button("Stop", key="imp_stop", icon=":material/stop:",
+                  help="Stops after the head being measured; what is measured is kept, and Measure every head "
+                       "goes on from there.")
         bar, progress = progress_bar("Ablating heads:")
         started = time.perf_counter()
         try:
@@ -103,8 +112,9 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
         st.session_state["imp_done"] = {"key": key, "seconds": time.perf_counter() - started}
     done = st.session_state.get("imp_done")
     if not done or done["key"] != key:
-        st.info("Press **Measure every head**: each head is removed in turn and the model run again on the texts.",
-                icon=":material/info:")
+        if not kept:
+            st.info("Press **Measure every head**: each head is removed in turn and the model run again on the "
+                    "texts.", icon=":material/info:")
         return
     result = study(key, model, tokenizer, texts, compute=False)
     if result is None:  # pushed out of the store by other sessions' maps since: measure again

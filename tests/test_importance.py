@@ -151,3 +151,24 @@ def test_the_head_table_ranks_every_head_by_each_measure():
                                              "layer 1, head 1"]
     assert rows[0]["label"] == "previous token" and rows[1]["label"] == ""
     assert [row["rank (gradient)"] for row in rows] == [4, 3, 1, 2]
+
+
+def test_a_stopped_map_goes_on_where_it_stopped_and_gives_the_same_map(tiny_gpt):
+    model, tokenizer = tiny_gpt
+    batch = imp.batch_of(tokenizer, SENTENCES, "next-token")
+    whole = imp.ablation_map(model, batch, "mean")
+    finished, seen = {}, []
+
+    def stop_after_three(share, what):
+        seen.append(what)
+        if len(seen) == 3:
+            raise KeyboardInterrupt("the page was rerun")
+
+    with pytest.raises(KeyboardInterrupt):
+        imp.ablation_map(model, batch, "mean", progress=stop_after_three, finished=finished)
+    assert len(finished) == 3
+    again = []
+    resumed = imp.ablation_map(model, batch, "mean", progress=lambda share, what: again.append(share),
+                               finished=finished)
+    assert len(again) == 5 and again[0] == 4 / 8 and again[-1] == 1.0  # only the five heads left were run
+    assert torch.allclose(resumed.values, whole.values, atol=1e-6)

@@ -151,3 +151,29 @@ def test_a_map_over_documents_of_the_bundled_corpus(_clean):
     assert not at.exception, [e.value for e in at.exception]
     assert next(m.value for m in at.metric if m.label == "Texts") == "4"
     assert _heatmap(at, "Zero ablation").shape == (2, 4)
+
+
+def test_a_stopped_map_is_said_and_goes_on_when_asked(_clean):
+    from attnviz.ui import importance_cache
+
+    text = "The cat sat on the mat."
+    key = (str(BUNDLED_GPT_DIR), BUNDLED_GPT_NAME, (text,))
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    calls = []
+
+    def stop(share, what):  # what a rerun does to a running map: an exception at a progress update
+        calls.append(what)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        importance_cache.study(key, model, tokenizer, [text], stop)
+    assert importance_cache.heads_measured(key) == 5  # each head is kept before its progress is reported
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.text_area(key="imp_texts").set_value(text).run()
+    assert any("Stopped after 5 head ablations" in i.value for i in at.info)
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("Stopped after" in i.value for i in at.info) and importance_cache.heads_measured(key) == 0
+    batch = imp.batch_of(tokenizer, [text], "next-token")
+    assert np.allclose(_heatmap(at, "Zero ablation"), imp.ablation_map(model, batch, "zero").values, atol=1e-5)

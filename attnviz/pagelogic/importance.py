@@ -173,34 +173,38 @@ def _empty(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
 def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, objective: str | None = None,
                  modules: list[AttentionModule] | None = None,
                  progress: Callable[[float, str], None] | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> ImportanceMap:
+                 finished: dict[tuple[int, int], torch.Tensor] | None = None) -> ImportanceMap:
     """The mean over texts of the objective's change when each head alone is ablated (``how``: "zero" or "mean",
-    its mean output over every real token of the texts). One forward of the batch per head, plus one clean."""
+    its mean output over every real token of the texts). One forward of the batch per head, plus one clean.
+
+    ``finished``: each head's per-text changes as they are measured, by (module row, head), written as it goes
+    and read first: a map stopped part way (its progress callback raising, e.g. the page being rerun) goes on
+    where it stopped when called again with the same dict, and gives the same map."""
     if how not in ABLATIONS:
         raise ValueError(f"unknown ablation {how!r}: one of {', '.join(ABLATIONS)}")
     objective = objective or objective_of(model)
     modules = modules or attention_modules(model, batch.inputs)
+    finished = {} if finished is None else finished
     outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
     clean = text_losses(clean_losses, counted)
     per_text = _empty(modules, len(batch.texts))
-    total, done = sum(module.heads for module in modules), 0
+    total = sum(module.heads for module in modules)
     with torch.no_grad():
         for row, module in enumerate(modules):
             means = None
-            if how == "mean":
+            if how == "mean" and any((row, head) not in finished for head in range(module.heads)):
                 # over every real query position (a seq2seq decoder reads the text shifted: the same mask)
                 means = mean_over_tokens(outputs_by_module[module.name], batch.real)  # [heads, d_v]
             for head in range(module.heads):
-                if cancelled is not None and cancelled():
-                    raise InterruptedError("stopped")
-                plan: Plan = zeroed(module.name, head) if means is None else {module.name: {head: means[head]}}
-                with edited(model, plan):
-                    outputs = model(**batch.inputs)
-                losses, counted = token_losses(model, batch, outputs, objective, clean_hidden)
-                per_text[row, head] = text_losses(losses, counted) - clean
-                done += 1
-                if progress is not None:
-                    progress(done / total, f"{module.label}, head {head}")
+                if (row, head) not in finished:
+                    plan: Plan = zeroed(module.name, head) if means is None else {module.name: {head: means[head]}}
+                    with edited(model, plan):
+                        outputs = model(**batch.inputs)
+                    losses, _ = token_losses(model, batch, outputs, objective, clean_hidden)
+                    finished[(row, head)] = text_losses(losses, counted) - clean
+                    if progress is not None:
+                        progress(len(finished) / total, f"{module.label}, head {head}")
+                per_text[row, head] = finished[(row, head)]
     return ImportanceMap(how, per_text.mean(-1), modules, objective,
                          0.0 if objective == "hidden" else float(clean.mean()), per_text)
 
@@ -229,9 +233,11 @@ def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str 
 
 
 def study(model: torch.nn.Module, tokenizer, texts: list[str], *, max_tokens: int = MAX_TOKENS,
-          progress: Callable[[float, str], None] | None = None) -> Study:
+          progress: Callable[[float, str], None] | None = None,
+          finished: dict[str, dict] | None = None) -> Study:
     """Every map of the page for ``texts``: zero ablation, mean ablation, and gradient importance where the model
-    has a loss."""
+    has a loss. ``finished``: what a stopped run measured, by ablation (see :func:`ablation_map`), to go on from."""
+    finished = {} if finished is None else finished
     objective = objective_of(model)
     batch = batch_of(tokenizer, texts, objective, max_tokens)
     modules = attention_modules(model, batch.inputs)
@@ -241,7 +247,8 @@ def study(model: torch.nn.Module, tokenizer, texts: list[str], *, max_tokens: in
             if progress is not None:
                 progress((part + share) / len(ABLATIONS), f"{ABLATIONS[how]}: {what}")
 
-        result.maps[how] = ablation_map(model, batch, how, objective=objective, modules=modules, progress=step)
+        result.maps[how] = ablation_map(model, batch, how, objective=objective, modules=modules, progress=step,
+                                        finished=finished.setdefault(how, {}))
     if objective != "hidden":
         result.maps["gradient"] = gradient_importance(model, batch, objective=objective, modules=modules)
     return result

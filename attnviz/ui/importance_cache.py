@@ -48,6 +48,10 @@ class ResultStore:
                 return self.results[key]
         return None
 
+    def drop(self, key: tuple) -> None:
+        with self.lock:
+            self.results.pop(key, None)
+
     def put(self, key: tuple, value) -> None:
         with self.lock:
             self.results[key] = value
@@ -58,19 +62,30 @@ class ResultStore:
 
 @st.cache_resource(show_spinner=False)
 def _stores() -> dict[str, ResultStore]:
-    return {"study": ResultStore(8), "patching": ResultStore(8)}
+    return {"study": ResultStore(8), "patching": ResultStore(8), "partial": ResultStore(8)}
 
 
 def study(key: tuple, model, tokenizer, texts: list[str], progress: Callable | None = None,
           compute: bool = True) -> imp.Study | None:
     """The maps of ``texts`` (``key``: the model and the texts), computed once (None if not yet and not
     ``compute``)."""
-    store = _stores()["study"]
+    store, partial = _stores()["study"], _stores()["partial"]
     found = store.get(key)
     if found is None and compute:
-        found = imp.study(model, tokenizer, texts, progress=progress)
+        finished = partial.get(key)
+        if finished is None:
+            finished = {}
+            partial.put(key, finished)  # filled head by head: a run stopped part way goes on from there
+        found = imp.study(model, tokenizer, texts, progress=progress, finished=finished)
         store.put(key, found)
+        partial.drop(key)
     return found
+
+
+def heads_measured(key: tuple) -> int:
+    """How many head ablations a stopped run of ``key`` has kept (0: none, or it finished)."""
+    finished = _stores()["partial"].get(key)
+    return sum(len(done) for done in finished.values()) if finished else 0
 
 
 def patching(key: tuple, model, tokenizer, clean: list[int], corrupted: list[int], answer: int,
