@@ -33,6 +33,7 @@ from attnviz.viz.style import format_number
 
 VIEWS = ("Induction circuit", "Importance map", "Activation patching")
 TEXT_SOURCES = ("Typed", "The bundled corpus")
+MAX_BOX_CHARS = 100_000  # what the box holds: 64 texts of 256 tokens need far less
 MEASURES = {"next-token": "loss change (nats)", "seq2seq": "loss change (nats)",
             "hidden": "hidden-state change"}
 METHOD_TITLES = {"zero": "Zero ablation", "mean": "Mean ablation", "gradient": "Gradient importance"}
@@ -76,7 +77,7 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
     source = st.segmented_control("Texts", TEXT_SOURCES, default=TEXT_SOURCES[0], key="imp_source", required=True)
     if source == TEXT_SOURCES[0]:
         box = st.text_area(
-            "Texts, one per line", current_sentence(), key="imp_texts", height=110,
+            "Texts, one per line", current_sentence(), key="imp_texts", height=110, max_chars=MAX_BOX_CHARS,
             help=f"At most {imp.MAX_TEXTS} texts, each read up to {imp.MAX_TOKENS} tokens. A map runs the model "
                  "once per head over all of them (batched), twice (zero and mean ablation), plus one backward pass.")
         texts = texts_of(box)

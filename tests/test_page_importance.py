@@ -177,3 +177,22 @@ def test_a_stopped_map_is_said_and_goes_on_when_asked(_clean):
     assert not any("Stopped after" in i.value for i in at.info) and importance_cache.heads_measured(key) == 0
     batch = imp.batch_of(tokenizer, [text], "next-token")
     assert np.allclose(_heatmap(at, "Zero ablation"), imp.ablation_map(model, batch, "zero").values, atol=1e-5)
+
+
+@pytest.mark.parametrize("box, said", [
+    ("   \n  ", "Type a text first"),
+    ("\n".join(f"line {i}" for i in range(imp.MAX_TEXTS + 1)), f"at most {imp.MAX_TEXTS} at once"),
+    ("naïve café — 日本語 🤖 \u200b zero\u200dwidth \u202eRTL\u202c ﷽ e\u0301 <script>alert(1)</script>", None),
+    ("word " * 5000, None),  # one long text: read up to MAX_TOKENS tokens, and the page says so
+])
+def test_hostile_texts_get_a_message_or_a_map(box, said, _clean):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.text_area(key="imp_texts").set_value(box).run()
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    if said:
+        assert any(said in message.value for message in [*at.warning, *at.error])
+    else:
+        assert np.isfinite(_heatmap(at, "Zero ablation")).all()
+    if box.startswith("word"):
+        assert any(f"read up to {imp.MAX_TOKENS}" in c.value for c in at.caption)
