@@ -133,9 +133,13 @@ def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(t
     assert result.layers[1] > 0.5 and result.layers[1] > result.layers[0]
     best = int(result.heads.nan_to_num(-1).argmax())
     assert best // 4 == 1 and best % 4 in (1, 2, 3)
-    # patching the corrupted run with its own outputs changes nothing
-    same = imp.patching_map(model, corrupted, corrupted, answer, foil=clean[0])
-    assert same.clean == pytest.approx(same.corrupted) and same.heads.isnan().all()
+    # patching the corrupted run with its own outputs changes nothing: the logits, not only the (empty) gap
+    own, _ = iv.head_outputs(model, {"input_ids": torch.tensor([corrupted])})
+    with torch.no_grad():
+        before = model(input_ids=torch.tensor([corrupted])).logits
+        for module in result.modules:
+            with iv.edited(model, {module.name: {h: own[module.name][:, :, h] for h in range(module.heads)}}):
+                assert torch.equal(model(input_ids=torch.tensor([corrupted])).logits, before)
     with pytest.raises(ValueError, match="same length"):
         imp.patching_map(model, clean, corrupted[:-1], answer)
 
@@ -172,3 +176,30 @@ def test_a_stopped_map_goes_on_where_it_stopped_and_gives_the_same_map(tiny_gpt)
                                finished=finished)
     assert len(again) == 5 and again[0] == 4 / 8 and again[-1] == 1.0  # only the five heads left were run
     assert torch.allclose(resumed.values, whole.values, atol=1e-6)
+
+
+def test_a_text_with_nothing_to_predict_is_left_out_of_the_means(tiny_gpt):
+    model, tokenizer = tiny_gpt
+    one_token = next(word for word in ("a", "I", "x") if len(tokenizer(word)["input_ids"]) == 1)
+    alone = imp.ablation_map(model, imp.batch_of(tokenizer, SENTENCES[:2], "next-token"), "zero")
+    both = imp.ablation_map(model, imp.batch_of(tokenizer, [*SENTENCES[:2], one_token], "next-token"), "zero")
+    assert both.clean == pytest.approx(alone.clean, abs=1e-5)
+    assert torch.allclose(both.values, alone.values, atol=1e-5)
+    gradient_alone = imp.gradient_importance(model, imp.batch_of(tokenizer, SENTENCES[:2], "next-token"))
+    gradient_both = imp.gradient_importance(model, imp.batch_of(tokenizer, [*SENTENCES[:2], one_token],
+                                                                "next-token"))
+    assert torch.allclose(gradient_both.values, gradient_alone.values, atol=1e-5)
+    with pytest.raises(ValueError, match="no text has a token to predict"):
+        imp.ablation_map(model, imp.batch_of(tokenizer, [one_token], "next-token"), "zero")
+
+
+def test_marian_style_encoder_decoders_are_measured_by_their_loss():
+    model = T.MarianMTModel(T.MarianConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
+                                           encoder_attention_heads=2, decoder_attention_heads=2,
+                                           encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                                           decoder_start_token_id=59, pad_token_id=59)).eval()
+    model.set_attn_implementation(iv.ATTENTION_NAME)
+    assert imp.objective_of(model) == "seq2seq"
+    assert imp.objective_of(T.BertForMaskedLM(T.BertConfig(hidden_size=16, num_attention_heads=2,
+                                                           num_hidden_layers=1, intermediate_size=32,
+                                                           vocab_size=60))) == "hidden"

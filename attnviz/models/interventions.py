@@ -19,6 +19,7 @@ Imports only torch and attnviz.models.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,14 @@ def _projection_hook(name: str, heads: int):
 def install_projection_hooks(model: torch.nn.Module) -> int:
     """Put the editing hook on the output projection of every attention module of ``model`` that runs in its own
     code (:data:`OUTPUT_PROJECTIONS`), once per model; returns how many modules have one."""
+    with _INSTALLING:  # two sessions opening the same model at once: one set of hooks
+        return _install(model)
+
+
+_INSTALLING = threading.Lock()
+
+
+def _install(model: torch.nn.Module) -> int:
     installed = getattr(model, "_attnviz_edit_hooks", None)
     if installed is not None:
         return installed

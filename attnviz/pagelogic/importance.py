@@ -42,12 +42,22 @@ MAX_TOKENS = 256  # per text: a map is (layers x heads + 1) forwards of every te
 
 
 def objective_of(model: torch.nn.Module) -> str:
-    """Which objective ``model`` has: "seq2seq" (an encoder-decoder with its LM head), "next-token" (a causal LM),
-    or "hidden" (no head that gives a loss)."""
-    name = type(model).__name__
+    """Which objective ``model`` has: "seq2seq" (an encoder-decoder with its LM head), "next-token" (a decoder with
+    its LM head), or "hidden" (no head that gives a loss)."""
+    try:
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        head = None
+    if head is None:
+        return "hidden"
     if getattr(model.config, "is_encoder_decoder", False):
-        return "seq2seq" if name.endswith("ForConditionalGeneration") else "hidden"
-    return "next-token" if name.endswith(("ForCausalLM", "LMHeadModel")) else "hidden"
+        return "seq2seq"
+    return "next-token" if _is_causal_lm(model) else "hidden"
+
+
+def _is_causal_lm(model: torch.nn.Module) -> bool:
+    """A decoder's LM head (a masked LM's head is not a next-token objective)."""
+    return not type(model).__name__.endswith(("ForMaskedLM", "ForPreTraining"))
 
 
 @dataclass
@@ -125,9 +135,11 @@ def _final_hidden(outputs) -> torch.Tensor:
 
 
 def text_losses(losses: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
-    """The mean counted loss of each text: ``[texts]``."""
+    """The mean counted loss of each text: ``[texts]`` (NaN for a text with nothing counted, e.g. one token
+    under next-token loss: it has no target, and is left out of the means over texts)."""
     weights = counted.to(losses.dtype)
-    return (losses * weights).sum(-1) / weights.sum(-1).clamp(min=1)
+    total = weights.sum(-1)
+    return torch.where(total > 0, (losses * weights).sum(-1) / total.clamp(min=1), float("nan"))
 
 
 @dataclass
@@ -205,8 +217,10 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
                     if progress is not None:
                         progress(len(finished) / total, f"{module.label}, head {head}")
                 per_text[row, head] = finished[(row, head)]
-    return ImportanceMap(how, per_text.mean(-1), modules, objective,
-                         0.0 if objective == "hidden" else float(clean.mean()), per_text)
+    if clean.isnan().all():
+        raise ValueError("no text has a token to predict: type texts of at least two tokens")
+    return ImportanceMap(how, per_text.nanmean(-1), modules, objective,
+                         0.0 if objective == "hidden" else float(clean.nanmean()), per_text)
 
 
 def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str | None = None,
@@ -225,11 +239,16 @@ def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str 
         losses, counted = token_losses(model, batch, outputs, objective)
         # each text's gates get its own loss's gradient; autograd.grad leaves the parameters' .grad alone (the
         # model is shared by every session)
-        slopes = torch.autograd.grad(text_losses(losses, counted).sum(), [gates[m.name] for m in modules])
+        each = text_losses(losses, counted)
+        measured = ~each.isnan()  # a text with no target has no loss and no gradient
+        if not measured.any():
+            raise ValueError("no text has a token to predict: type texts of at least two tokens")
+        slopes = torch.autograd.grad(each[measured].sum(), [gates[m.name] for m in modules])
     per_text = _empty(modules, texts)
     for row, (module, slope) in enumerate(zip(modules, slopes, strict=True)):
         per_text[row, : module.heads] = slope.abs().T  # [heads, texts]
-    return ImportanceMap("gradient", per_text.mean(-1), modules, objective, float("nan"), per_text)
+    per_text[..., ~measured] = float("nan")
+    return ImportanceMap("gradient", per_text.nanmean(-1), modules, objective, float("nan"), per_text)
 
 
 def study(model: torch.nn.Module, tokenizer, texts: list[str], *, max_tokens: int = MAX_TOKENS,
@@ -305,7 +324,7 @@ def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = No
     ranked = {}
     for method, one in result.maps.items():
         keep = ~one.values.isnan()
-        order = len(keep.nonzero()) + 1 - ranks(one.values[keep].double())
+        order = len(keep.nonzero()) + 1 - ranks(one.values[keep].double())  # tied heads share their mean rank
         ranked[method] = dict(zip(map(tuple, keep.nonzero().tolist()), order.tolist(), strict=True))
     rows = []
     for row, module in enumerate(result.modules):
@@ -314,10 +333,14 @@ def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = No
                      "label": labels.get((module.kind, module.index, head), "")}
             for method, one in result.maps.items():
                 entry[method] = float(one.values[row, head])
-                entry[f"rank ({method})"] = int(ranked[method][(row, head)])
+                rank = ranked[method].get((row, head), float("nan"))  # NaN: not measured (a non-finite loss)
+                entry[f"rank ({method})"] = rank if rank != int(rank) else int(rank)
             rows.append(entry)
     first = next(iter(result.maps), None)
-    return sorted(rows, key=lambda entry: entry[f"rank ({first})"]) if first else rows
+    if not first:
+        return rows
+    return sorted(rows, key=lambda entry: (entry[f"rank ({first})"] != entry[f"rank ({first})"],
+                                           entry[f"rank ({first})"]))
 
 
 def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, head: int, how: str = "zero",
