@@ -9,6 +9,7 @@ from attnviz import circuits
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
 from attnviz.tokens_display import readable_tokens, tokenizer_style
 from attnviz.ui.captures import cached_capture
@@ -234,7 +235,7 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         columns = st.columns(2)
         period = columns[0].slider("Tokens in the first copy", 8, 60, 30, key="imp_patch_period")
         seed = columns[1].number_input("Seed", 0, 10_000, 5, key="imp_patch_seed")
-        clean, corrupted, answer = imp.repeated_sequence(circuits.ordinary_token_ids(tokenizer), period, seed=seed)
+        clean, corrupted, answer = patch.repeated_sequence(circuits.ordinary_token_ids(tokenizer), period, seed=seed)
         st.caption(f"Clean: {period} random tokens, then the first {period // 2} again; the model should continue "
                    f"with the {period // 2 + 1}th. Corrupted: the second copy replaced by other random tokens.")
         style = tokenizer_style(tokenizer)

@@ -10,6 +10,8 @@ from attnviz import circuits
 from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic import induction_circuit as ind
+from attnviz.pagelogic import patching as patch
 
 SENTENCES = ["The cat sat on the mat because it was warm.", "Attention heads read keys.",
              "A longer sentence, with a comma, and more words to read than the others have."]
@@ -107,9 +109,9 @@ def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
     previous-token head breaks induction too, more than any single induction head: the heads compose."""
     model, tokenizer = tiny_gpt
     pool = circuits.ordinary_token_ids(tokenizer)
-    result = imp.induction_circuit(model, pool, period=50, texts=8, seed=11)
+    result = ind.induction_circuit(model, pool, period=50, texts=8, seed=11)
     assert result.clean_second < 0.25 * result.clean_first  # the model copies: the second copy is easy
-    scores = imp.circuit_scores(model, pool, period=50, seed=11)
+    scores = ind.circuit_scores(model, pool, period=50, seed=11)
     induction = [(1, head) for head in range(4) if scores["induction"][1, head] > 0.5]
     previous = [(layer, head) for layer in range(2) for head in range(4) if scores["previous"][layer, head] > 0.5]
     assert len(induction) >= 1 and previous == [(0, 1)]
@@ -124,9 +126,9 @@ def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
 def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(tiny_gpt):
     model, tokenizer = tiny_gpt
     pool = circuits.ordinary_token_ids(tokenizer)
-    clean, corrupted, answer = imp.repeated_sequence(pool, 30, seed=5)
+    clean, corrupted, answer = patch.repeated_sequence(pool, 30, seed=5)
     assert len(clean) == len(corrupted) and clean[:30] == corrupted[:30] and clean[30:] != corrupted[30:]
-    result = imp.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer)
+    result = patch.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer)
     assert result.clean > result.corrupted + 2  # the clean run predicts the answer, the corrupted does not
     # the second layer, where the induction heads are, restores most of the gap, and the single head that
     # restores most is one of its induction heads (they share the work, so each restores a part)
@@ -141,7 +143,7 @@ def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(t
             with iv.edited(model, {module.name: {h: own[module.name][:, :, h] for h in range(module.heads)}}):
                 assert torch.equal(model(input_ids=torch.tensor([corrupted])).logits, before)
     with pytest.raises(ValueError, match="same length"):
-        imp.patching_map(model, clean, corrupted[:-1], answer)
+        patch.patching_map(model, clean, corrupted[:-1], answer)
 
 
 def test_the_head_table_ranks_every_head_by_each_measure():

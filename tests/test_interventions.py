@@ -279,3 +279,57 @@ def test_models_whose_attention_runs_in_their_own_code_are_edited_at_their_outpu
             with iv.edited(model, {module.name: {1: own}}):  # patching with its own output changes nothing
                 assert torch.allclose(_output(model, inputs), clean, atol=1e-12, rtol=0)
         assert torch.equal(_output(model, inputs), clean)  # outside a block the hooks do nothing
+
+
+def test_a_layer_shared_by_every_layer_is_edited_one_layer_at_a_time():
+    """ALBERT calls one attention module for every layer: each call is its own layer (``name@k``), and zeroing a
+    head of layer 1 equals zeroing that head's input to the output projection on its second call only."""
+    torch.manual_seed(0)
+    model = T.AlbertModel(T.AlbertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=3,
+                                         intermediate_size=64, vocab_size=100, embedding_size=16)).eval().double()
+    model.set_attn_implementation(iv.ATTENTION_NAME)
+    inputs = _inputs("albert")
+    modules = iv.attention_modules(model, inputs)
+    assert [module.label for module in modules] == ["layer 0", "layer 1", "layer 2"]
+    assert len({module.name for module in modules}) == 3
+    projection = model.get_submodule(modules[0].name).dense
+    width = projection.weight.shape[1] // 4
+    with torch.no_grad():
+        clean = _output(model, inputs)
+        for layer, module in enumerate(modules):
+            with iv.edited(model, iv.zeroed(module.name, 2)):
+                edited = _output(model, inputs)
+                again = _output(model, inputs)  # two forwards in one block: each starts counting again
+            calls = []
+
+            def hook(_, arguments, layer=layer, calls=calls):
+                calls.append(1)
+                if len(calls) - 1 != layer:
+                    return None
+                zeroed = arguments[0].clone()
+                zeroed[..., 2 * width: 3 * width] = 0
+                return (zeroed,)
+
+            handle = projection.register_forward_pre_hook(hook)
+            expected = _output(model, inputs)
+            handle.remove()
+            assert len(calls) == 3
+            assert torch.allclose(edited, expected, atol=1e-6, rtol=0), layer
+            assert torch.equal(edited, again)
+            assert not torch.allclose(edited, clean, atol=1e-6)
+
+
+def test_an_edit_block_edits_only_its_own_model():
+    model, other = _tiny("gpt2"), _tiny("gpt2")
+    inputs = _inputs("gpt2")
+    own_code, own_code_other = _own_code_model("gpt_neo"), _own_code_model("gpt_neo")
+    iv.install_projection_hooks(own_code_other)
+    with torch.no_grad():
+        clean, clean_own_code = _output(other, inputs), _output(own_code_other, inputs)
+        with iv.edited(model, iv.zeroed("transformer.h.0.attn", [0, 1, 2, 3])):
+            assert torch.equal(_output(other, inputs), clean)
+        with iv.edited(own_code, iv.zeroed("transformer.h.0.attn.attention", [0, 1, 2, 3])):
+            assert torch.equal(_output(own_code_other, inputs), clean_own_code)
+        iv.install_projection_hooks(own_code)
+        with iv.edited(own_code, iv.zeroed("transformer.h.0.attn.attention", [0, 1, 2, 3])):
+            assert not torch.equal(_output(own_code, inputs), clean_own_code)  # the edit acts on its own model

@@ -9,6 +9,7 @@ from attnviz import circuits
 from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic import induction_circuit as ind
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 
 PAGE = "pages/importance.py"
@@ -30,7 +31,7 @@ def test_the_page_opens_on_the_tiny_gpts_circuit_with_its_numbers(_clean):
     assert at.selectbox(key="imp_model").value == BUNDLED_GPT_NAME  # the sidebar's MiniLM has no loss
     statement = next(m.value for m in at.markdown if "typed twice" in m.value)
     model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
-    expected = imp.induction_circuit(model, circuits.ordinary_token_ids(tokenizer), period=50, seed=11)
+    expected = ind.induction_circuit(model, circuits.ordinary_token_ids(tokenizer), period=50, seed=11)
     ratio = float(expected.second.max()) / expected.clean_second
     assert f"**{ratio:.1f}x**" in statement  # the previous-token head's ablation, measured again here
     spec = figure_titled(at, "The loss on each copy")

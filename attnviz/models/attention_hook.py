@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -100,29 +101,78 @@ def recording(model: torch.nn.Module):
         _RECORDER.reset(token)
 
 
-# The editor of head outputs while an :func:`editing` block is active in this thread: (module name, output
-# [batch, n_q, heads, d_v]) -> the output the model goes on with (see attnviz.models.interventions).
-_EDITOR: contextvars.ContextVar[tuple[dict[int, str], object] | None] = contextvars.ContextVar(
-    "attnviz_editor", default=None)
+# The edit block active in this thread (see :func:`editing` and attnviz.models.interventions).
+_EDITOR: contextvars.ContextVar["EditBlock | None"] = contextvars.ContextVar("attnviz_editor", default=None)
+
+
+@dataclass
+class EditBlock:
+    """One :func:`editing` block: the model it edits (its modules' names by id), the editor, and how often each
+    module has been called in the current forward."""
+
+    model: int  # id() of the edited model
+    names: dict[int, str]
+    editor: object
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def call_name(self, module: torch.nn.Module) -> str | None:
+        """The name of this call of ``module`` (None: not a module of the edited model): its module name, and for
+        a module called again in the same forward (ALBERT's one layer serving every layer), ``name@k`` for its
+        k-th call, so that each layer can be edited alone."""
+        name = self.names.get(id(module))
+        if name is None:
+            return None
+        count = self.calls.get(name, 0) + 1
+        self.calls[name] = count
+        return name if count == 1 else f"{name}@{count}"
+
+
+_RESETTING = threading.Lock()
+
+
+def _forward_starts(model: torch.nn.Module, _arguments) -> None:
+    block = _EDITOR.get()
+    if block is not None and block.model == id(model):
+        block.calls.clear()  # a new forward: the call counts start again
+
+
+def _count_forwards(model: torch.nn.Module) -> None:
+    """A forward pre-hook on the model, once: it restarts the call counts of this thread's edit block at each
+    forward (installed once and never removed: adding hooks per block would race with other threads' forwards)."""
+    with _RESETTING:
+        if not getattr(model, "_attnviz_counts_forwards", False):
+            model.register_forward_pre_hook(_forward_starts)
+            model._attnviz_counts_forwards = True
 
 
 @contextlib.contextmanager
 def editing(model: torch.nn.Module, editor):
     """Until the block ends, every attention call of ``model`` in this thread hands its output (``[batch, n_q,
     heads, d_v]``, each head's weighted values before the output projection mixes the heads) to
-    ``editor(module_name, output)`` and goes on with what it returns."""
-    token = _EDITOR.set(({id(module): name for name, module in model.named_modules()}, editor))
+    ``editor(call_name, output)`` and goes on with what it returns. ``call_name`` is the module's name (see
+    :meth:`EditBlock.call_name` for a module called more than once in a forward). Other models' calls, and
+    other threads', are not edited."""
+    _count_forwards(model)
+    token = _EDITOR.set(EditBlock(id(model), {id(module): name for name, module in model.named_modules()}, editor))
     try:
         yield
     finally:
         _EDITOR.reset(token)
 
 
-def current_editor():
-    """The editor of this thread's :func:`editing` block, ``(module_name, output) -> output``, or None: for the
-    output-projection hooks of models whose attention runs in their own code (attnviz.models.interventions)."""
-    edit = _EDITOR.get()
-    return None if edit is None else edit[1]
+def editing_now() -> bool:
+    """Whether an :func:`editing` block is active in this thread."""
+    return _EDITOR.get() is not None
+
+
+def edit_output(module: torch.nn.Module, output: torch.Tensor) -> torch.Tensor:
+    """``output`` ``[batch, n_q, heads, d_v]`` of one call of ``module``, as this thread's edit block makes it (the
+    same tensor where no block is active, or ``module`` is not the edited model's)."""
+    block = _EDITOR.get()
+    if block is None:
+        return output
+    name = block.call_name(module)
+    return output if name is None else block.editor(name, output)
 
 
 def batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -166,10 +216,7 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
     """transformers calls this for every attention of a model loaded with ``attn_implementation="attnviz"``."""
     output, _ = _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     # [batch, n_q, heads, d_v]
-    edit = _EDITOR.get()
-    if edit is not None:
-        names, editor = edit
-        output = editor(names.get(id(module), ""), output)
+    output = edit_output(module, output)
     recorder = _RECORDER.get()
     if recorder is not None:
         bias = kwargs.get("position_bias")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.models import support
-from attnviz.models.attention_hook import ATTENTION_NAME, current_editor, editing
+from attnviz.models.attention_hook import ATTENTION_NAME, edit_output, editing, editing_now
 from attnviz.models.loading import load_causal_lm
 
 # what replaces a head's output: None (zeros), or a tensor broadcastable to [batch, n_q, d_v]
@@ -70,14 +70,13 @@ def _heads_of(module: torch.nn.Module) -> int | None:
     return None
 
 
-def _projection_hook(name: str, heads: int):
+def _projection_hook(attention: torch.nn.Module, heads: int):
     def hook(_, arguments):
-        editor = current_editor()
-        if editor is None:
+        if not editing_now():
             return None
         merged = arguments[0]  # [batch, n, heads * d_v]
         output = merged.view(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # [batch, n, heads, d_v]
-        edited = editor(name, output)
+        edited = edit_output(attention, output)  # as the attention function does: by the attention module's call
         return None if edited is output else (edited.reshape(merged.shape), *arguments[1:])
 
     return hook
@@ -98,12 +97,12 @@ def _install(model: torch.nn.Module) -> int:
     if installed is not None:
         return installed
     count = 0
-    for name, module in model.named_modules():
+    for module in model.modules():
         child = OUTPUT_PROJECTIONS.get(type(module).__name__)
         heads = _heads_of(module) if child else None
         if child is None or heads is None:
             continue
-        module.get_submodule(child).register_forward_pre_hook(_projection_hook(name, heads))
+        module.get_submodule(child).register_forward_pre_hook(_projection_hook(module, heads))
         count += 1
     model._attnviz_edit_hooks = count
     return count
@@ -150,7 +149,7 @@ def attention_modules(model: torch.nn.Module, inputs: dict) -> list[AttentionMod
         model(**inputs)
     modules, counts = [], {}
     for name, heads in seen.items():
-        kind = support.attention_kind(name, model_type, encoder_decoder)
+        kind = support.attention_kind(name.split("@")[0], model_type, encoder_decoder)
         modules.append(AttentionModule(name, heads, kind, counts.get(kind, 0)))
         counts[kind] = counts.get(kind, 0) + 1
     if not modules:

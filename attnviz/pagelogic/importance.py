@@ -1,6 +1,7 @@
-"""Does a head matter? What the "Head importance" page computes: the loss change when each head is ablated (zeroed,
-or replaced by its mean), gradient importance (Michel et al., 2019), the tokens a head's ablation hurts most,
-activation patching from a clean into a corrupted input, and the bundled tiny GPT's induction circuit.
+"""Does a head matter? The importance maps of the "Does this head matter?" page: the loss change when each head is
+ablated (zeroed, or replaced by its mean), gradient importance (Michel et al., 2019), how far they agree, and the
+tokens a head's ablation hurts most. Activation patching is :mod:`attnviz.pagelogic.patching`; the induction
+circuit :mod:`attnviz.pagelogic.induction_circuit`.
 
 Every intervention goes through :mod:`attnviz.models.interventions`. The objective is the model's own loss where
 it has a language-model head (next-token loss of a decoder; the sequence-to-sequence loss of an encoder-decoder,
@@ -17,8 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz import circuits
-from attnviz.models.capture import record_from_calls, recorded_calls
 from attnviz.models.interventions import (
     AttentionModule,
     Plan,
@@ -29,7 +28,7 @@ from attnviz.models.interventions import (
     mean_over_tokens,
     zeroed,
 )
-from attnviz.tokens_display import readable_token, readable_tokens, tokenizer_style
+from attnviz.tokens_display import readable_tokens, tokenizer_style
 
 OBJECTIVES = {
     "next-token": "next-token loss (nats per token)",
@@ -178,7 +177,7 @@ def _clean_run(model, batch: Batch, objective: str):
     return outputs_by_module, hidden, losses, counted
 
 
-def _empty(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
+def empty_map(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
     return torch.full((len(modules), max(module.heads for module in modules), *rest), float("nan"))
 
 
@@ -199,7 +198,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     finished = {} if finished is None else finished
     outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
     clean = text_losses(clean_losses, counted)
-    per_text = _empty(modules, len(batch.texts))
+    per_text = empty_map(modules, len(batch.texts))
     total = sum(module.heads for module in modules)
     with torch.no_grad():
         for row, module in enumerate(modules):
@@ -244,7 +243,7 @@ def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str 
         if not measured.any():
             raise ValueError("no text has a token to predict: type texts of at least two tokens")
         slopes = torch.autograd.grad(each[measured].sum(), [gates[m.name] for m in modules])
-    per_text = _empty(modules, texts)
+    per_text = empty_map(modules, texts)
     for row, (module, slope) in enumerate(zip(modules, slopes, strict=True)):
         per_text[row, : module.heads] = slope.abs().T  # [heads, texts]
     per_text[..., ~measured] = float("nan")
@@ -362,147 +361,3 @@ def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, 
     tokens = batch.tokens[text]
     targets = tokens[1:] if objective == "next-token" else tokens
     return targets[: len(change)], change
-
-
-@dataclass
-class Patching:
-    """Activation patching: the answer's logit difference restored by putting each head's clean output into the
-    corrupted run, as a share of the clean-corrupted gap (1: all of it)."""
-
-    heads: torch.Tensor  # [modules, heads]
-    layers: torch.Tensor  # [modules]: every head of the module patched at once
-    modules: list[AttentionModule]
-    clean: float  # the logit difference (answer minus the corrupted run's top token) on the clean input
-    corrupted: float
-    answer: str
-    foil: str
-
-
-def patching_map(model: torch.nn.Module, clean_ids: list[int], corrupted_ids: list[int], answer: int,
-                 foil: int | None = None, *, tokenizer=None,
-                 progress: Callable[[float, str], None] | None = None) -> Patching:
-    """Patch each head's output (then each module's, all heads) from the clean run into the corrupted one and
-    measure, at the last position, logit(answer) - logit(foil); ``foil`` defaults to the corrupted run's most
-    likely token other than the answer. A causal LM only; both inputs the same length."""
-    if len(clean_ids) != len(corrupted_ids):
-        raise ValueError(f"the clean and corrupted inputs must have the same length in tokens "
-                         f"({len(clean_ids)} and {len(corrupted_ids)})")
-    if not clean_ids:
-        raise ValueError("the inputs are empty")
-    clean_inputs = {"input_ids": torch.tensor([clean_ids])}
-    corrupted_inputs = {"input_ids": torch.tensor([corrupted_ids])}
-    modules = attention_modules(model, clean_inputs)
-    clean_outputs, clean_run = head_outputs(model, clean_inputs)
-    _, corrupted_run = head_outputs(model, corrupted_inputs)
-    corrupted_logits = corrupted_run.logits[0, -1].float()
-    if foil is None:
-        ranked = corrupted_logits.argsort(descending=True).tolist()
-        foil = next(token for token in ranked if token != answer)
-
-    def difference(logits: torch.Tensor) -> float:
-        logits = logits[0, -1].float()
-        return float(logits[answer] - logits[foil])
-
-    clean, corrupted = difference(clean_run.logits), difference(corrupted_run.logits)
-    gap = clean - corrupted
-    heads, layers = _empty(modules), torch.full((len(modules),), float("nan"))
-    total, done = sum(module.heads for module in modules) + len(modules), 0
-    with torch.no_grad():
-        for row, module in enumerate(modules):
-            source = clean_outputs[module.name]  # [1, n, heads, d_v]
-            for head in [*range(module.heads), None]:
-                chosen = range(module.heads) if head is None else [head]
-                plan: Plan = {module.name: {h: source[:, :, h] for h in chosen}}
-                with edited(model, plan):
-                    patched = difference(model(**corrupted_inputs).logits)
-                share = (patched - corrupted) / gap if gap else float("nan")
-                if head is None:
-                    layers[row] = share
-                else:
-                    heads[row, head] = share
-                done += 1
-                if progress is not None:
-                    progress(done / total, module.label)
-    if tokenizer is not None:
-        style = tokenizer_style(tokenizer)
-
-        def name(token: int) -> str:
-            return readable_token(tokenizer.convert_ids_to_tokens(token), style)
-    else:
-        name = str
-    return Patching(heads, layers, modules, clean, corrupted, name(answer), name(foil))
-
-
-def repeated_sequence(tokens: list[int], period: int, *, seed: int) -> tuple[list[int], list[int], int]:
-    """The induction preset: random tokens (from ``tokens``) of length ``period`` typed twice, the second copy
-    cut one token short (clean), and the same with the second copy replaced by other random tokens (corrupted).
-    The answer is the token the second copy continues with: only a model that copies from the first copy
-    predicts it."""
-    generator = torch.Generator().manual_seed(seed)
-    pool = torch.tensor(tokens)
-    first = pool[torch.randperm(len(pool), generator=generator)[:period]].tolist()
-    stop = period // 2
-    others = [token for token in pool.tolist() if token not in set(first)]
-    other = torch.tensor(others)[torch.randperm(len(others), generator=generator)[:stop]].tolist()
-    clean = first + first[:stop]
-    corrupted = first + other
-    return clean, corrupted, first[stop]
-
-
-@dataclass
-class Circuit:
-    """The bundled tiny GPT's induction circuit on random tokens typed twice: each head's loss on the first and
-    the second copy with the head ablated, against the clean run's."""
-
-    first: torch.Tensor  # [modules, heads]: mean loss on the first copy with the head ablated
-    second: torch.Tensor
-    clean_first: float
-    clean_second: float
-    modules: list[AttentionModule]
-
-
-def copy_losses(model: torch.nn.Module, ids: torch.Tensor, period: int, plan: Plan | None = None
-                ) -> tuple[float, float]:
-    """Mean next-token loss on the first copy (its tokens after the first) and the second copy of ``ids`` ``[texts,
-    2 * period]``."""
-    with torch.no_grad(), edited(model, plan or {}):
-        logits = model(input_ids=ids).logits[:, :-1].float()
-    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-    return float(losses[:, : period - 1].mean()), float(losses[:, period:].mean())
-
-
-def _repeats(tokens: list[int], period: int, texts: int, seed: int) -> torch.Tensor:
-    """``texts`` sequences of ``period`` random tokens (from ``tokens``) typed twice: ``[texts, 2 * period]``."""
-    generator = torch.Generator().manual_seed(seed)
-    pool = torch.tensor(tokens)
-    first = pool[torch.randint(len(pool), (texts, period), generator=generator)]  # [texts, period]
-    return torch.cat([first, first], dim=1)
-
-
-def induction_circuit(model: torch.nn.Module, tokens: list[int], *, period: int = 50, texts: int = 8,
-                      seed: int = 0) -> Circuit:
-    """Ablate each head (zero) of a decoder on ``texts`` random sequences (from ``tokens``) typed twice."""
-    ids = _repeats(tokens, period, texts, seed)
-    modules = attention_modules(model, {"input_ids": ids[:1]})
-    clean_first, clean_second = copy_losses(model, ids, period)
-    first_losses, second_losses = _empty(modules), _empty(modules)
-    for row, module in enumerate(modules):
-        for head in range(module.heads):
-            first_losses[row, head], second_losses[row, head] = copy_losses(model, ids, period,
-                                                                           zeroed(module.name, head))
-    return Circuit(first_losses, second_losses, clean_first, clean_second, modules)
-
-
-def circuit_scores(model: torch.nn.Module, tokens: list[int], *, period: int = 50, texts: int = 8,
-                   seed: int = 0) -> dict[str, torch.Tensor]:
-    """Where each head looks on the same sequences as :func:`induction_circuit`: its previous-token and induction
-    scores (Olsson et al., :mod:`attnviz.circuits`), ``[layers, heads]`` each, averaged over the texts."""
-    ids = _repeats(tokens, period, texts, seed)
-    previous, induction = [], []
-    for row in ids:
-        calls, _ = recorded_calls(model, {"input_ids": row[None]})
-        names = [str(token) for token in row.tolist()]
-        weights = record_from_calls("self", calls, names, names).every_layer_weights()  # [layers, heads, n, n]
-        previous.append(circuits.previous_token_score(weights))
-        induction.append(circuits.induction_score(weights, period))
-    return {"previous": torch.stack(previous).mean(0), "induction": torch.stack(induction).mean(0)}

@@ -15,6 +15,8 @@ import streamlit as st
 from attnviz.models.interventions import editable_lm
 from attnviz.models.loading import architecture_of_folder
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic import induction_circuit as ind
+from attnviz.pagelogic import patching as patch
 from attnviz.scan.corpus import bundled_corpus
 from attnviz.ui.loaded_models import load_bundle
 
@@ -89,11 +91,11 @@ def heads_measured(key: tuple) -> int:
 
 
 def patching(key: tuple, model, tokenizer, clean: list[int], corrupted: list[int], answer: int,
-             progress: Callable | None = None, compute: bool = True) -> imp.Patching | None:
+             progress: Callable | None = None, compute: bool = True) -> patch.Patching | None:
     store = _stores()["patching"]
     found = store.get(key)
     if found is None and compute:
-        found = imp.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer, progress=progress)
+        found = patch.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer, progress=progress)
         store.put(key, found)
     return found
 
@@ -105,8 +107,8 @@ def cached_token_effect(key: tuple, row: int, head: int, how: str, text: int, _m
 
 @st.cache_resource(max_entries=4, show_spinner="Removing each head in turn…")
 def cached_circuit(folder: str, name: str, period: int, seed: int, _model, _tokens: list[int]):
-    return (imp.induction_circuit(_model, _tokens, period=period, seed=seed),
-            imp.circuit_scores(_model, _tokens, period=period, seed=seed))
+    return (ind.induction_circuit(_model, _tokens, period=period, seed=seed),
+            ind.circuit_scores(_model, _tokens, period=period, seed=seed))
 
 
 @st.cache_resource(show_spinner=False)
