@@ -9,6 +9,7 @@ from attnviz import circuits
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import importance as imp
+from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
 from attnviz.tokens_display import readable_tokens, tokenizer_style
@@ -188,7 +189,8 @@ def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
         rows = [{"first": METHOD_TITLES[a], "second": METHOD_TITLES[b], "Spearman's rho": round(rho, 3)}
                 for a, b, rho in imp.agreement(maps)]
         st.dataframe(rows, hide_index=True, width="stretch")
-        st.caption("Rank correlation over every head: 1, the same order of importance; 0, unrelated.")
+        st.caption("Rank correlation over every head of the size of its effect, either way (removing a head can also "
+                   "lower the loss): 1, the same order of importance; 0, unrelated.")
     with right:
         names = list(maps)
         second = "gradient" if "gradient" in maps else names[-1]
@@ -197,7 +199,7 @@ def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
         names = {"zero": "rank by zero ablation", second: f"rank by {METHOD_TITLES[second].lower()}"}
         st.dataframe([{names.get(column, column): value for column, value in row.items()} for row in rows],
                      hide_index=True, width="stretch")
-        st.caption("Ranks among every head (1: the most important by that measure).")
+        st.caption("Ranks among every head (1: the largest effect by that measure, either way).")
 
 
 def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> None:
@@ -274,36 +276,24 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
     if result is None:
         st.session_state.pop("imp_patched", None)
         st.rerun()
-    gap = result.clean - result.corrupted
     columns = st.columns(3)
     columns[0].metric("Logit difference, clean", format_number(result.clean),
                       help="logit(answer) - logit(foil) at the last token")
     columns[1].metric("Logit difference, corrupted", format_number(result.corrupted))
     columns[2].metric("Answer / foil", f"{result.answer!r} / {result.foil!r}",
                       help="The foil: the corrupted run's most likely token other than the answer")
-    if abs(gap) < 1e-6:
-        st.warning("The clean and corrupted runs give the same logit difference: there is nothing to recover.")
-        return
+    problem = patch.gap_problem(result)
+    if problem is not None:
+        level, words = problem
+        (st.error if level == "error" else st.warning)(words, icon=":material/warning:")
+        if level == "error":
+            return
     figure = figures.importance_heatmap(
         result.heads, [module.label for module in result.modules], title="Share of the answer restored by patching",
         measure="restored share", extra_column=result.layers.tolist(), extra_label="all heads",
         value_range=(-1.0, 1.0))
     show_figure(figure, "1: patching the head (or, in the last column, every head of the layer) restores the clean "
                         "answer's logit difference; 0: nothing.", key="imp_patching")
-
-
-def costliest_note(labels: list[str], induction: list[float], second: list[float], clean: float,
-                   strongest: int) -> str:
-    """When the induction head whose removal costs most is not the one that attends most like one: say so."""
-    inducting = [index for index, score in enumerate(induction) if score > 0.5]
-    if not inducting:
-        return ""
-    costliest = max(inducting, key=second.__getitem__)
-    if costliest == strongest:
-        return ""
-    return (f" Among the induction heads, removing **{labels[costliest]}** (attention {induction[costliest]:.2f}) "
-            f"costs most, **{second[costliest] / clean:.1f}x**: where a head looks does not rank how much it "
-            "matters.")
 
 
 def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
@@ -315,23 +305,13 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
     period = columns[0].slider("Random tokens, typed twice", 10, 100, 50, 10, key="imp_circuit_period")
     seed = columns[1].number_input("Seed", 0, 10_000, 11, key="imp_circuit_seed")
     pool = circuits.ordinary_token_ids(tokenizer)
-    result, scores = cached_circuit(folder, name, period, seed, model, pool)
+    result, scores = cached_circuit(folder, name, period, seed, tokenizer.bos_token_id, model, pool)
     labels = [f"L{module.index} H{head}" for module in result.modules for head in range(module.heads)]
     first = [float(v) for row in result.first for v in row if v == v]
     second = [float(v) for row in result.second for v in row if v == v]
     induction = scores["induction"].flatten().tolist()
     previous = scores["previous"].flatten().tolist()
-    strongest = max(range(len(induction)), key=induction.__getitem__)
-    copier = max(range(len(previous)), key=previous.__getitem__)
-    st.markdown(
-        f"On {period} random tokens typed twice, the model's loss on the second copy is "
-        f"**{format_number(result.clean_second)}** nats against **{format_number(result.clean_first)}** on the "
-        f"first: it copies. Zeroing **{labels[strongest]}** (the strongest induction head by attention, "
-        f"{induction[strongest]:.2f}) makes the second copy **{second[strongest] / result.clean_second:.1f}x** "
-        f"harder while the first copy moves **{(first[strongest] / result.clean_first - 1):+.1%}**; zeroing the "
-        f"previous-token head **{labels[copier]}** ({previous[copier]:.2f} on the previous token) does "
-        f"**{second[copier] / result.clean_second:.1f}x**: the induction heads read what it wrote (the heads "
-        "compose)." + costliest_note(labels, induction, second, result.clean_second, strongest))
+    st.markdown(ind.story(result, scores, period))
     show_figure(figures.circuit_chart(labels, first, second, result.clean_first, result.clean_second,
                                       title="The loss on each copy with one head removed"),
                 "A head whose removal lifts only the red bar is needed for copying; dashed: no head removed.",

@@ -73,6 +73,49 @@ def test_an_encoder_without_a_head_measures_its_hidden_states_and_refuses_gradie
         imp.gradient_importance(model, batch)
 
 
+def test_the_mean_map_equals_each_text_run_alone_with_the_mean_over_every_texts_tokens(tiny_gpt):
+    """Independent of padding: the reference runs each text alone (no padding), takes each head's mean output over
+    every token of every text, and measures each text's next-token loss with the head replaced by it."""
+    model, tokenizer = tiny_gpt
+    model = model.double()
+    try:
+        batch = imp.batch_of(tokenizer, SENTENCES, "next-token")
+        result = imp.ablation_map(model, batch, "mean")
+        alone = [torch.tensor([tokenizer(text)["input_ids"]]) for text in SENTENCES]
+        outputs = [iv.head_outputs(model, {"input_ids": ids})[0] for ids in alone]
+
+        def loss(ids: torch.Tensor, plan: dict) -> float:
+            with torch.no_grad(), iv.edited(model, plan):
+                logits = model(input_ids=ids).logits[0, :-1]
+            return float(torch.nn.functional.cross_entropy(logits, ids[0, 1:]))
+
+        for row, module in enumerate(result.modules):
+            every_token = torch.cat([kept[module.name][0] for kept in outputs])  # [all tokens, heads, d_v]
+            for head in (0, module.heads - 1):
+                mean = every_token[:, head].mean(0)
+                for index, ids in enumerate(alone):
+                    expected = loss(ids, {module.name: {head: mean}}) - loss(ids, {})
+                    # (the map keeps float32 numbers)
+                    assert float(result.per_text[row, head, index]) == pytest.approx(expected, rel=1e-6, abs=1e-7)
+    finally:
+        model.float()
+
+
+def test_the_measures_are_compared_by_the_size_of_each_effect_either_way():
+    """Removing a head can lower the loss (a negative change): it matters as much as one that raises it by as much,
+    and gradient importance is a size already (|dL/dg|)."""
+    modules = [iv.AttentionModule("a", 3, "self", 0), iv.AttentionModule("b", 3, "self", 1)]
+    ablation = imp.ImportanceMap("zero", torch.tensor([[-6.0, 1.0, 2.0], [3.0, -0.5, 0.1]]), modules,
+                                 "next-token", 1.0)
+    gradient = imp.ImportanceMap("gradient", torch.tensor([[6.0, 1.0, 2.0], [3.0, 0.5, 0.1]]), modules,
+                                 "next-token", 1.0)
+    assert imp.agreement({"zero": ablation, "gradient": gradient})[0][2] == pytest.approx(1.0)
+    assert all(row["rank gap"] == 0 for row in imp.disagreements(ablation, gradient))
+    study = imp.Study(None, "next-token", modules, {"zero": ablation, "gradient": gradient})
+    rows = imp.head_rows(study)
+    assert rows[0]["head"] == "layer 0, head 0" and rows[0]["rank (zero)"] == 1 and rows[0]["zero"] == -6.0
+
+
 def test_spearman_agrees_with_scipy_with_ties_and_missing_heads():
     first = torch.tensor([[0.1, 0.5, 0.5, float("nan")], [0.9, -0.2, 0.3, 0.0]])
     second = torch.tensor([[0.2, 0.1, 0.7, 0.4], [0.8, 0.0, 0.3, 0.3]])
@@ -109,9 +152,10 @@ def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
     previous-token head breaks induction too, more than any single induction head: the heads compose."""
     model, tokenizer = tiny_gpt
     pool = circuits.ordinary_token_ids(tokenizer)
-    result = ind.induction_circuit(model, pool, period=50, texts=8, seed=11)
+    bos = tokenizer.bos_token_id  # as the page and the training runs read the model: after a BOS
+    result = ind.induction_circuit(model, pool, period=50, texts=8, seed=11, bos=bos)
     assert result.clean_second < 0.25 * result.clean_first  # the model copies: the second copy is easy
-    scores = ind.circuit_scores(model, pool, period=50, seed=11)
+    scores = ind.circuit_scores(model, pool, period=50, seed=11, bos=bos)
     induction = [(1, head) for head in range(4) if scores["induction"][1, head] > 0.5]
     previous = [(layer, head) for layer in range(2) for head in range(4) if scores["previous"][layer, head] > 0.5]
     assert len(induction) >= 1 and previous == [(0, 1)]
@@ -121,6 +165,42 @@ def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
     layer, head = previous[0]
     assert result.second[layer, head] > max(float(result.second[1, h]) for _, h in induction)
     assert result.second[layer, head] >= 5 * result.clean_second
+
+
+def test_the_repeats_start_with_the_bos_and_no_token_repeats_inside_a_copy():
+    ids = ind.repeats(list(range(10, 70)), 50, 4, seed=3, bos=0)
+    assert ids.shape == (4, 101) and (ids[:, 0] == 0).all()
+    assert torch.equal(ids[:, 1:51], ids[:, 51:])
+    assert all(len(set(row[1:51].tolist())) == 50 for row in ids)
+    assert ind.repeats(list(range(10, 70)), 50, 2, seed=3).shape == (2, 100)  # no BOS: none put in
+    assert ind.repeats(list(range(5)), 8, 1, seed=3).shape == (1, 16)  # a pool smaller than a copy: drawn again
+
+
+def _circuit(first: list[list[float]], second: list[list[float]], clean_first: float, clean_second: float):
+    modules = [iv.AttentionModule("a", 2, "self", 0), iv.AttentionModule("b", 2, "self", 1)]
+    return ind.Circuit(torch.tensor(first), torch.tensor(second), clean_first, clean_second, modules)
+
+
+def test_the_circuit_story_claims_only_what_the_numbers_show():
+    copies = _circuit([[6.0, 6.0], [6.0, 6.1]], [[3.0, 0.6], [0.5, 2.0]], 6.0, 0.5)
+    scores = {"previous": torch.tensor([[0.1, 0.9], [0.0, 0.0]]), "induction": torch.tensor([[0.0, 0.0],
+                                                                                             [0.1, 0.8]])}
+    told = ind.story(copies, scores, 50)
+    assert "it copies" in told and "**L1 H1**" in told and "**4.0x**" in told and "**1.2x**" in told
+    assert "do not need it" in told and "compose" not in told  # L0 H1 removed costs 1.2x: no composition shown
+    composed = _circuit([[6.0, 6.0], [6.0, 6.1]], [[3.0, 4.0], [0.5, 2.0]], 6.0, 0.5)
+    assert "the heads compose" in ind.story(composed, scores, 50)
+    # the previous-token head must sit in an earlier layer than the induction head it feeds
+    later = {"previous": torch.tensor([[0.1, 0.1], [0.95, 0.0]]), "induction": scores["induction"]}
+    told = ind.story(composed, later, 50)
+    assert "No head in an earlier layer attends to the previous token" in told and "compose" not in told
+    no_copy = _circuit([[6.0, 6.0], [6.0, 6.0]], [[6.0, 6.0], [6.0, 6.0]], 6.0, 5.5)
+    told = ind.story(no_copy, scores, 50)
+    assert "does not copy" in told and "Zeroing" not in told
+    nothing_inducts = {"previous": scores["previous"], "induction": torch.full((2, 2), 0.1)}
+    assert "no head attends like an induction head" in ind.story(composed, nothing_inducts, 50)
+    unneeded = _circuit([[6.0, 6.0], [6.0, 6.0]], [[3.0, 4.0], [0.5, 0.6]], 6.0, 0.5)
+    assert "the model copies without it" in ind.story(unneeded, scores, 50)
 
 
 def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(tiny_gpt):
@@ -146,6 +226,19 @@ def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(t
         patch.patching_map(model, clean, corrupted[:-1], answer)
 
 
+def test_a_small_or_empty_patching_gap_is_said_before_its_shares():
+    modules = [iv.AttentionModule("a", 2, "self", 0)]
+
+    def result(clean: float, corrupted: float) -> patch.Patching:
+        return patch.Patching(torch.zeros(1, 2), torch.zeros(1), modules, clean, corrupted, "a", "b")
+
+    assert patch.gap_problem(result(5.0, -1.0)) is None
+    level, words = patch.gap_problem(result(0.5, 0.1))
+    assert level == "warning" and "only 0.40 logits" in words
+    assert patch.gap_problem(result(-0.3, 0.2))[0] == "warning"  # a gap the other way is as small
+    assert patch.gap_problem(result(2.0, 2.0))[0] == "error"
+
+
 def test_the_head_table_ranks_every_head_by_each_measure():
     modules = [iv.AttentionModule("a", 2, "self", 0), iv.AttentionModule("b", 2, "self", 1)]
     result = imp.Study(batch=None, objective="next-token", modules=modules)
@@ -153,10 +246,11 @@ def test_the_head_table_ranks_every_head_by_each_measure():
     result.maps["gradient"] = imp.ImportanceMap("gradient", torch.tensor([[0.9, 0.1], [0.2, 0.3]]), modules,
                                                 "next-token", 1)
     rows = imp.head_rows(result, {("self", 0, 1): "previous token"})
-    assert [row["head"] for row in rows] == ["layer 0, head 1", "layer 1, head 0", "layer 0, head 0",
-                                             "layer 1, head 1"]
+    # by the size of the effect: removing layer 1's head 1 lowers the loss by 0.2, more than layer 0's head 0 moves it
+    assert [row["head"] for row in rows] == ["layer 0, head 1", "layer 1, head 0", "layer 1, head 1",
+                                             "layer 0, head 0"]
     assert rows[0]["label"] == "previous token" and rows[1]["label"] == ""
-    assert [row["rank (gradient)"] for row in rows] == [4, 3, 1, 2]
+    assert [row["rank (gradient)"] for row in rows] == [4, 3, 2, 1]
 
 
 def test_a_stopped_map_goes_on_where_it_stopped_and_gives_the_same_map(tiny_gpt):

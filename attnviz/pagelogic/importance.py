@@ -24,8 +24,7 @@ from attnviz.models.interventions import (
     attention_modules,
     edited,
     gated,
-    head_outputs,
-    mean_over_tokens,
+    head_means,
     zeroed,
 )
 from attnviz.tokens_display import readable_tokens, tokenizer_style
@@ -169,12 +168,13 @@ class Study:
 
 
 def _clean_run(model, batch: Batch, objective: str):
-    """The unedited forward: every module's head outputs, the final hidden states ("hidden" only), the per-token
-    losses and which count."""
-    outputs_by_module, outputs = head_outputs(model, batch.inputs)
+    """The unedited forward: every module's head outputs averaged over the texts' real tokens (what mean ablation
+    puts in; over every real query position: a seq2seq decoder reads the text shifted, the same mask), the final
+    hidden states ("hidden" only), the per-token losses and which count."""
+    means, outputs = head_means(model, batch.inputs, batch.real)
     hidden = _wide(_final_hidden(outputs)) if objective == "hidden" else None
     losses, counted = token_losses(model, batch, outputs, objective, hidden)
-    return outputs_by_module, hidden, losses, counted
+    return means, hidden, losses, counted
 
 
 def empty_map(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
@@ -196,16 +196,13 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     objective = objective or objective_of(model)
     modules = modules or attention_modules(model, batch.inputs)
     finished = {} if finished is None else finished
-    outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
     clean = text_losses(clean_losses, counted)
     per_text = empty_map(modules, len(batch.texts))
     total = sum(module.heads for module in modules)
     with torch.no_grad():
         for row, module in enumerate(modules):
-            means = None
-            if how == "mean" and any((row, head) not in finished for head in range(module.heads)):
-                # over every real query position (a seq2seq decoder reads the text shifted: the same mask)
-                means = mean_over_tokens(outputs_by_module[module.name], batch.real)  # [heads, d_v]
+            means = means_by_module[module.name] if how == "mean" else None  # [heads, d_v]
             for head in range(module.heads):
                 if (row, head) not in finished:
                     plan: Plan = zeroed(module.name, head) if means is None else {module.name: {head: means[head]}}
@@ -293,20 +290,27 @@ def spearman(first: torch.Tensor, second: torch.Tensor) -> float:
     return float("nan") if denominator == 0 else float((a @ b).item() / denominator)
 
 
+def how_much(values: torch.Tensor) -> torch.Tensor:
+    """How much each head matters by a map: the size of its effect, either way. Removing a head can lower the loss
+    (it mattered, against the objective), and Michel et al.'s measure is already |dL/dg|: ranks compare sizes."""
+    return values.abs()
+
+
 def agreement(maps: dict[str, ImportanceMap]) -> list[tuple[str, str, float]]:
-    """Spearman's rho of every pair of maps."""
+    """Spearman's rho of every pair of maps, over the size of each head's effect (:func:`how_much`)."""
     names = list(maps)
-    return [(names[i], names[j], spearman(maps[names[i]].values, maps[names[j]].values))
+    return [(names[i], names[j], spearman(how_much(maps[names[i]].values), how_much(maps[names[j]].values)))
             for i in range(len(names)) for j in range(i + 1, len(names))]
 
 
 def disagreements(first: ImportanceMap, second: ImportanceMap, count: int = 5) -> list[dict]:
-    """The heads whose ranks differ most between two maps (rank 1 = most important), largest difference first."""
+    """The heads whose ranks differ most between two maps (rank 1 = the largest effect, :func:`how_much`), largest
+    difference first."""
     keep = ~(first.values.isnan() | second.values.isnan())
     cells = keep.nonzero().tolist()
     size = len(cells)
-    rank_first = size + 1 - ranks(first.values[keep].double())
-    rank_second = size + 1 - ranks(second.values[keep].double())
+    rank_first = size + 1 - ranks(how_much(first.values[keep]).double())
+    rank_second = size + 1 - ranks(how_much(second.values[keep]).double())
     gaps = (rank_first - rank_second).abs()
     rows = []
     for index in gaps.argsort(descending=True)[:count].tolist():
@@ -318,12 +322,14 @@ def disagreements(first: ImportanceMap, second: ImportanceMap, count: int = 5) -
 
 def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = None) -> list[dict]:
     """One row per head: its label (``labels`` by (kind, layer, head), e.g. Explore heads' on the first text), each
-    map's value and rank (1: the most important by that measure), most important by zero ablation first."""
+    map's value and rank (1: the largest effect by that measure, either way: :func:`how_much`), most important by
+    zero ablation first."""
     labels = labels or {}
     ranked = {}
     for method, one in result.maps.items():
         keep = ~one.values.isnan()
-        order = len(keep.nonzero()) + 1 - ranks(one.values[keep].double())  # tied heads share their mean rank
+        # tied heads share their mean rank
+        order = len(keep.nonzero()) + 1 - ranks(how_much(one.values[keep]).double())
         ranked[method] = dict(zip(map(tuple, keep.nonzero().tolist()), order.tolist(), strict=True))
     rows = []
     for row, module in enumerate(result.modules):
@@ -348,12 +354,11 @@ def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, 
     the head helped predict it). Returns the target tokens and ``[targets]`` changes (next-token: the token
     predicted at each position, so the text's tokens from the second on)."""
     objective = objective or objective_of(model)
-    outputs_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
     with torch.no_grad():
         plan = zeroed(module.name, head)
         if how == "mean":
-            means = mean_over_tokens(outputs_by_module[module.name], batch.real)
-            plan = {module.name: {head: means[head]}}
+            plan = {module.name: {head: means_by_module[module.name][head]}}
         with edited(model, plan):
             losses, _ = token_losses(model, batch, model(**batch.inputs), objective, clean_hidden)
     keep = counted[text]

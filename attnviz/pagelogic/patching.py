@@ -99,3 +99,20 @@ def repeated_sequence(tokens: list[int], period: int, *, seed: int) -> tuple[lis
     return clean, corrupted, first[stop]
 
 
+
+
+SMALL_GAP = 1.0  # logits: below this, a share of the gap is a share of noise
+
+
+def gap_problem(result: Patching) -> tuple[str, str] | None:
+    """What is wrong with the clean-corrupted gap the shares divide by, as ``(level, words)``: "error" when there
+    is none (nothing to recover), "warning" when it is small (the shares are noisy), else None."""
+    gap = result.clean - result.corrupted
+    if abs(gap) < 1e-6:
+        return "error", ("The clean and corrupted runs give the same logit difference: there is nothing to recover. "
+                         "Choose prompts whose answers differ.")
+    if abs(gap) < SMALL_GAP:
+        return "warning", (f"The clean and corrupted runs differ by only {abs(gap):.2f} logits: each share below "
+                           "divides by that, so small changes look large. Prompts that separate the answers more "
+                           "give a clearer map.")
+    return None

@@ -106,9 +106,9 @@ def cached_token_effect(key: tuple, row: int, head: int, how: str, text: int, _m
 
 
 @st.cache_resource(max_entries=4, show_spinner="Removing each head in turn…")
-def cached_circuit(folder: str, name: str, period: int, seed: int, _model, _tokens: list[int]):
-    return (ind.induction_circuit(_model, _tokens, period=period, seed=seed),
-            ind.circuit_scores(_model, _tokens, period=period, seed=seed))
+def cached_circuit(folder: str, name: str, period: int, seed: int, bos: int | None, _model, _tokens: list[int]):
+    return (ind.induction_circuit(_model, _tokens, period=period, seed=seed, bos=bos),
+            ind.circuit_scores(_model, _tokens, period=period, seed=seed, bos=bos))
 
 
 @st.cache_resource(show_spinner=False)
