@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from attnviz import circuits
-from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.with_heads import load_causal_lm
 from attnviz.tiny_gpt_text import (
     HELD_OUT_SHARE,
     REPEAT_SENTENCES,

@@ -8,6 +8,7 @@ import streamlit as st
 from attnviz import circuits
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.models.with_heads import declares_masked_lm_head
 from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
@@ -36,7 +37,7 @@ from attnviz.viz.style import format_number
 VIEWS = ("Induction circuit", "Importance map", "Activation patching")
 TEXT_SOURCES = ("Typed", "The bundled corpus")
 MAX_BOX_CHARS = 100_000  # what the box holds: 64 texts of 256 tokens need far less
-MEASURES = {"next-token": "loss change (nats)", "seq2seq": "loss change (nats)",
+MEASURES = {"next-token": "loss change (nats)", "seq2seq": "loss change (nats)", "masked": "loss change (nats)",
             "hidden": "hidden-state change"}
 METHOD_TITLES = {"zero": "Zero ablation", "mean": "Mean ablation", "gradient": "Gradient importance"}
 
@@ -52,17 +53,19 @@ page_intro(
 
 
 def choose_model() -> tuple[str, str]:
-    """The model this page edits: the sidebar's when it has a loss (a decoder or an encoder-decoder), else the
-    bundled tiny GPT (whose circuit the first view shows); any loaded model can be chosen."""
+    """The model this page edits: the sidebar's when it has a loss (a decoder, an encoder-decoder, or an encoder
+    saved with its masked-LM head), else the bundled tiny GPT (whose circuit the first view shows); any loaded model
+    can be chosen."""
     models = registered_models()
     sidebar = current_model_name()
     names = list(models)
-    default = sidebar if architecture_of_folder(models[sidebar]) in WITH_LOSS else (
-        BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in models else sidebar)
+    has_loss = architecture_of_folder(models[sidebar]) in WITH_LOSS or declares_masked_lm_head(models[sidebar])
+    default = sidebar if has_loss else (BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in models else sidebar)
     name = st.selectbox("Model", names, index=names.index(default), key="imp_model",
                         format_func=lambda n: f"{n} ({architecture_of_folder(models[n]) or 'model'})",
                         help="A decoder or an encoder-decoder is measured by its own loss (its language-model head "
-                             "is loaded); an encoder without one by the change of its final hidden states.")
+                             "is loaded), an encoder saved with its masked-LM head by its masked-LM loss; an encoder "
+                             "without one by the change of its final hidden states.")
     return name, models[name]
 
 
@@ -125,7 +128,7 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
         st.rerun()
     heads = result.modules
     labels = [module.label for module in heads]
-    tokens = int(result.batch.real.sum())
+    tokens = int(result.batch.real[: len(result.batch.texts)].sum())  # a text's copies are one text
     cut = sum(result.batch.cut)
     columns = st.columns(4)
     columns[0].metric("Texts", f"{len(result.batch.texts):,}", help=f"{tokens:,} tokens read in all")
@@ -137,6 +140,11 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
     if cut:
         st.caption(f":material/content_cut: {cut} text(s) longer than {imp.MAX_TOKENS} tokens were read up to "
                    f"{imp.MAX_TOKENS}.")
+    if objective == "masked":
+        st.caption(f":material/content_copy: Each text is read in {result.batch.copies} copies, a different one "
+                   f"in {imp.MASK_EVERY} of its tokens masked in each"
+                   + (": every token is predicted once." if result.batch.copies == imp.MASK_EVERY else
+                      f" ({result.batch.copies} of {imp.MASK_EVERY} tokens predicted: fewer texts give more)."))
     if objective == "hidden":
         st.info("This model has no head that gives a loss (an encoder without its language-model head): each "
                 "ablation is measured by how far the final hidden states move, relative to their size. Gradient "
@@ -326,7 +334,7 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
 
 name, folder = choose_model()
 try:
-    model, tokenizer = editable_model(folder, name, model_dtype(name))
+    model, tokenizer, head_note = editable_model(folder, name, model_dtype(name))
 except Exception as problem:  # noqa: BLE001 - a checkpoint that cannot load with its head: said, not raised
     st.error(f"**{name}** could not be loaded for editing: {problem_text(problem)}", icon=":material/block:")
     st.stop()
@@ -335,7 +343,7 @@ if reason:
     st.warning(f"**{name}** cannot be edited here: {reason}.", icon=":material/block:")
     st.stop()
 objective = imp.objective_of(model)
-st.caption(f"Measured by the {imp.OBJECTIVES[objective]}.")
+st.caption(f"Measured by the {imp.OBJECTIVES[objective]}.{' ' + head_note if head_note else ''}")
 view = st.segmented_control("View", VIEWS, default=VIEWS[0], key="imp_view", required=True)
 {"Induction circuit": circuit_view, "Importance map": importance_view,
  "Activation patching": patching_view}[view](folder, name, model, tokenizer, objective)

@@ -102,7 +102,7 @@ def _leaked(bundle, facts: dict) -> list[str]:
 def run_case(case: dict, facts: dict) -> dict:
     import torch
 
-    from attnviz.models import loading
+    from attnviz.models import loading, with_heads
     from attnviz.models.capture import capture, replay_difference
     from attnviz.models.safety import CheckpointRefused
 
@@ -132,7 +132,7 @@ def run_case(case: dict, facts: dict) -> dict:
             result["notes"] += notes
             result["absent_present"] = [name for name in case["absent"] if (folder / name).exists()]
             if case["causal"]:  # the Generation page's loader: a model with its LM head, and its tokenizer
-                model, tokenizer = loading.load_causal_lm(folder)
+                model, tokenizer = with_heads.load_causal_lm(folder)
                 result.update(seconds=time.perf_counter() - started, outcome="loaded", notes=result["notes"],
                               fallback_tokenizer=False, replay_finite=True,
                               leaked=_leaked(SimpleNamespace(model=model, tokenizer=tokenizer), facts))

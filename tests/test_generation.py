@@ -13,9 +13,9 @@ from attnviz.models.loading import (
     BUNDLED_GPT_DIR,
     BUNDLED_GPT_NAME,
     bundled_models,
-    load_causal_lm,
     load_model_dir,
 )
+from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
 from attnviz.pagelogic import generation_systems as gen_systems
@@ -131,7 +131,7 @@ def test_sampling_distributions():
 
 
 def test_the_generation_config_is_followed_as_model_generate_follows_it(seq2seq):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(seq2seq["bart"])
     model.generation_config.forced_bos_token_id = 1037  # as mBART-50 forces its target language
@@ -237,7 +237,7 @@ def seq2seq(tiny_checkpoint):
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
 def test_an_encoder_decoder_generates_with_cross_attention_and_both_caches(seq2seq, kind):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(seq2seq[kind])
     sampling = gen.Sampling("sample", 1.0, seed=1)

@@ -26,7 +26,7 @@ def _windowed_causal_lm(kind: str, folder):
 
 @pytest.mark.parametrize("kind", DECODERS)
 def test_what_the_generation_page_states_is_what_the_model_does(kind, tmp_path):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(_windowed_causal_lm(kind, tmp_path / kind))
     result = gen.generate(model, tokenizer, PROMPT, NEW, gen.Sampling("greedy"))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, load_causal_lm
+from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
+from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.tokens_display import NEWLINE_MARK, SPACE_MARK

@@ -48,7 +48,7 @@ def windowed(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["gpt_oss", "mistral", "gemma3_text"])
 def test_each_step_is_placed_at_its_absolute_key_positions(windowed, kind):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed[kind])
     result = gen.generate(model, tokenizer, PROMPT, NEW, gen.Sampling("greedy"))  # used to crash on gpt-oss
@@ -84,7 +84,7 @@ def test_each_step_is_placed_at_its_absolute_key_positions(windowed, kind):
 
 
 def test_the_row_sum_is_measured_and_the_sink_named(windowed):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt_oss"])
     result = gen.generate(model, tokenizer, PROMPT, 3, gen.Sampling("greedy"))
@@ -99,7 +99,7 @@ def test_the_row_sum_is_measured_and_the_sink_named(windowed):
 
 
 def test_the_cache_is_described_per_layer_as_its_tensors_hold_it(windowed):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt_oss"])
     last = gen.generate(model, tokenizer, PROMPT, 3, gen.Sampling("greedy")).steps[-1]
@@ -114,7 +114,7 @@ def test_the_cache_is_described_per_layer_as_its_tensors_hold_it(windowed):
 
 
 def test_paged_attention_refuses_a_layer_whose_window_dropped_tokens(windowed):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt_oss"])
     samples = [gen.generate(model, tokenizer, PROMPT, 4, gen.Sampling("sample", 1.0, seed=s)) for s in range(3)]
@@ -129,7 +129,7 @@ def test_paged_attention_refuses_a_layer_whose_window_dropped_tokens(windowed):
 def test_paged_statement_counts_what_is_really_stored(windowed, block):
     """Three samples of one prompt: the distinct tokens are the prompt's and each sample's own; a partly filled last
     prompt block is held once per sample (two copy-on-write copies and the original)."""
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt2"])
     samples = [gen.generate(model, tokenizer, PROMPT, 5, gen.Sampling("sample", 1.0, seed=s)) for s in range(3)]
@@ -151,7 +151,7 @@ def test_paged_statement_counts_what_is_really_stored(windowed, block):
 
 
 def test_an_untrained_model_has_no_circuit_named(windowed):
-    from attnviz.models.loading import load_causal_lm
+    from attnviz.models.with_heads import load_causal_lm
 
     model, tokenizer = load_causal_lm(windowed["gpt2"])
     found = {head.name: head for head in gen_heads.find_circuits(model, tokenizer, gen_heads.held_out_text())}

@@ -8,7 +8,8 @@ from scipy.stats import spearmanr
 
 from attnviz import circuits
 from attnviz.models import interventions as iv
-from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from attnviz import circuits
-from attnviz.models.loading import BUNDLED_GPT_DIR, load_causal_lm
+from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
 from attnviz.tiny_gpt_text import REPEAT_SENTENCES, documentation_text

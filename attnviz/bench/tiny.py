@@ -102,13 +102,14 @@ def copy_tokenizer(folder: Path) -> None:
 
 
 def make_tiny_checkpoint(kind: str, folder: Path, *, with_tokenizer: bool = True, seed: int = 0,
-                         seq2seq_lm: bool = False, config=None) -> Path:
+                         seq2seq_lm: bool = False, masked_lm: bool = False, config=None) -> Path:
     """A random tiny ``kind`` (or ``config``) saved with save_pretrained; ``seq2seq_lm``: with its LM head (an
-    encoder-decoder that generates)."""
-    from transformers import AutoModel, AutoModelForSeq2SeqLM
+    encoder-decoder that generates); ``masked_lm``: an encoder with its masked-LM head."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     torch.manual_seed(seed)
-    model = (AutoModelForSeq2SeqLM if seq2seq_lm else AutoModel).from_config(config or tiny_config(kind))
+    builder = AutoModelForSeq2SeqLM if seq2seq_lm else AutoModelForMaskedLM if masked_lm else AutoModel
+    model = builder.from_config(config or tiny_config(kind))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     if with_tokenizer:

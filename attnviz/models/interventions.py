@@ -27,7 +27,7 @@ import torch
 
 from attnviz.models import support
 from attnviz.models.attention_hook import ATTENTION_NAME, edit_output, editing, editing_now
-from attnviz.models.loading import load_causal_lm
+from attnviz.models.with_heads import load_causal_lm, load_masked_lm
 
 # what replaces a head's output: None (zeros), or a tensor broadcastable to [batch, n_q, d_v]
 Replacement = torch.Tensor | None
@@ -122,11 +122,11 @@ def editable(model: torch.nn.Module) -> str | None:
             "heads: they can be shown but not edited")
 
 
-def editable_lm(folder):
-    """The folder's causal LM (or encoder-decoder LM) and tokenizer, checked and loaded as
-    :func:`~attnviz.models.loading.load_causal_lm` does, with its attention switched to attnviz's function so its
-    heads can be edited (its own copy: generation's copy keeps eager attention)."""
-    model, tokenizer = load_causal_lm(folder)
+def editable_lm(folder, masked: bool = False):
+    """The folder's causal LM (or encoder-decoder LM; with ``masked``, its encoder with the masked-LM head) and
+    tokenizer, checked and loaded as :mod:`attnviz.models.with_heads` does, with its attention switched to attnviz's
+    function so its heads can be edited (its own copy: generation's copy keeps eager attention)."""
+    model, tokenizer = load_masked_lm(folder) if masked else load_causal_lm(folder)
     if support.uses_attention_interface(model):
         model.set_attn_implementation(ATTENTION_NAME)
     else:

@@ -28,7 +28,7 @@ from attnviz.models.text_tokenizers import (  # noqa: F401 - FallbackTokenizer: 
     load_tokenizer,
     tokenizer_of,
 )
-from attnviz.models.trials import check_it_runs, generation_ids_problem  # noqa: F401 - the latter: generation
+from attnviz.models.trials import check_it_runs
 from attnviz.models.uploads import link_rule_for
 
 # transformers' from_pretrained is not thread-safe: it builds the model under process-wide switches (empty
@@ -450,44 +450,6 @@ def nonfinite_weights(model: torch.nn.Module) -> list[str]:
     """Names of the weights that hold NaN or infinity (offloaded weights are not on hand and are not read)."""
     return [name for name, parameter in model.named_parameters()
             if parameter.device.type != "meta" and not bool(torch.isfinite(parameter).all())]
-
-
-def load_causal_lm(folder: str | Path):
-    """The folder's causal LM (with its LM head), or its encoder-decoder LM (T5, BART, ...), and tokenizer, with
-    eager attention so each step's weights come back (generation, and measuring the bundled GPT's heads);
-    checked as :func:`load_model_dir` checks (safetensors only, nothing from the hub, no code from the
-    checkpoint, every file bounded). Raises :class:`CheckpointRefused`, whatever goes wrong."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    folder = Path(folder)
-    view = None
-    try:
-        checked = preflight.inspect(folder, link_rule_for(folder))
-        if checked.tokenizer_problem or not any(checked.has(name) for name in TOKENIZER_FILES):
-            raise CheckpointRefused(f"{checked.tokenizer_problem or 'it has no tokenizer files'}: generating text "
-                                    "needs the model's own tokenizer")
-        view = preflight.make_view(checked)
-        encoder_decoder = architecture_of_config(checked.config) == "encoder-decoder"  # read once, checked
-        loader = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
-        _read_checked_config(checked, view, builder=loader)  # the same size checks as load_model_dir, LM head too
-        with loading_lock():
-            model = loader.from_pretrained(view, attn_implementation="eager", local_files_only=True,
-                                           use_safetensors=True, trust_remote_code=False).eval()
-        problem = generation_ids_problem(model)
-        if problem:
-            raise CheckpointRefused(problem)
-        tokenizer = tokenizer_of(view)
-    except CheckpointRefused:
-        if view is not None:
-            preflight.remove_view(view)
-        raise
-    except Exception as problem:  # noqa: BLE001 - whatever transformers raises: this folder cannot generate
-        if view is not None:
-            preflight.remove_view(view)
-        raise CheckpointRefused(f"it could not be loaded with its language-model head ({type(problem).__name__}: "
-                                f"{first_line(problem, 160)})") from None
-    preflight.keep_view_while(view, model)
-    return model, tokenizer
 
 
 def bundled_models() -> dict[str, Path]:

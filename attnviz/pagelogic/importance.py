@@ -32,16 +32,18 @@ from attnviz.tokens_display import readable_tokens, tokenizer_style
 OBJECTIVES = {
     "next-token": "next-token loss (nats per token)",
     "seq2seq": "sequence-to-sequence loss, the text as its own target (nats per token)",
+    "masked": "masked-LM loss: one token in 7 masked, predicted by the model's masked-LM head (nats per token)",
     "hidden": "change of the final hidden states (distance relative to their size); the model has no loss",
 }
 ABLATIONS = {"zero": "zero its output", "mean": "replace its output by its mean over the texts"}
 MAX_TEXTS = 64
 MAX_TOKENS = 256  # per text: a map is (layers x heads + 1) forwards of every text
+MASK_EVERY = 7  # the masked-LM objective masks one token in 7 (15%, as BERT was trained) in each copy of a text
 
 
 def objective_of(model: torch.nn.Module) -> str:
     """Which objective ``model`` has: "seq2seq" (an encoder-decoder with its LM head), "next-token" (a decoder with
-    its LM head), or "hidden" (no head that gives a loss)."""
+    its LM head), "masked" (an encoder with its masked-LM head), or "hidden" (no head that gives a loss)."""
     try:
         head = model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
@@ -50,24 +52,25 @@ def objective_of(model: torch.nn.Module) -> str:
         return "hidden"
     if getattr(model.config, "is_encoder_decoder", False):
         return "seq2seq"
-    return "next-token" if _is_causal_lm(model) else "hidden"
-
-
-def _is_causal_lm(model: torch.nn.Module) -> bool:
-    """A decoder's LM head (a masked LM's head is not a next-token objective)."""
-    return not type(model).__name__.endswith(("ForMaskedLM", "ForPreTraining"))
+    name = type(model).__name__
+    if name.endswith("ForMaskedLM"):
+        return "masked"
+    return "hidden" if name.endswith("ForPreTraining") else "next-token"
 
 
 @dataclass
 class Batch:
-    """Texts tokenized and padded on the right: ``inputs`` for the model, ``real`` ``[texts, n]`` True at each
-    text's tokens, ``tokens`` the token strings of each text (without padding)."""
+    """Texts tokenized and padded on the right: ``inputs`` for the model, ``real`` ``[rows, n]`` True at each
+    row's tokens, ``tokens`` the token strings of each text (without padding). A row is a text, or, under the
+    masked-LM objective, one of ``copies`` copies of it, each with other tokens masked: row ``c * texts + t`` is
+    copy ``c`` of text ``t``."""
 
     inputs: dict
     real: torch.Tensor
     tokens: list[list[str]]
     texts: list[str]
     cut: list[bool]  # whether each text was longer than it reads
+    copies: int = 1
 
 
 def batch_of(tokenizer, texts: list[str], objective: str, max_tokens: int = MAX_TOKENS) -> Batch:
@@ -96,7 +99,29 @@ def batch_of(tokenizer, texts: list[str], objective: str, max_tokens: int = MAX_
     if objective == "seq2seq":  # the text is its own target: the decoder reads it shifted, the loss predicts it
         labels = inputs["input_ids"].masked_fill(~real, -100)
         inputs["labels"] = labels
+    if objective == "masked":
+        return _masked(tokenizer, Batch(inputs, real, tokens, texts, cut))
     return Batch(inputs, real, tokens, texts, cut)
+
+
+def _masked(tokenizer, batch: Batch) -> Batch:
+    """The batch for the masked-LM objective: each text in ``copies`` copies (as many as fit in ``MAX_TEXTS`` rows,
+    at most ``MASK_EVERY``), copy ``c`` with the ``c``-th of every ``MASK_EVERY`` ordinary tokens (not CLS, SEP or
+    padding) replaced by the mask token, and labels there; with ``MASK_EVERY`` copies every token is predicted
+    once. Deterministic: the same texts give the same masks."""
+    texts, ids = len(batch.texts), batch.inputs["input_ids"]
+    copies = max(1, min(MASK_EVERY, MAX_TEXTS // texts))
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    ordinary = batch.real & ~torch.isin(ids, special)  # [texts, n]
+    place = ordinary.long().cumsum(-1) - 1  # each ordinary token's place among its text's ordinary tokens
+    rows_ids, rows_labels = [], []
+    for copy in range(copies):
+        masked = ordinary & (place % MASK_EVERY == copy)
+        rows_ids.append(ids.masked_fill(masked, tokenizer.mask_token_id))
+        rows_labels.append(ids.masked_fill(~masked, -100))
+    inputs = {"input_ids": torch.cat(rows_ids), "attention_mask": batch.real.long().repeat(copies, 1),
+              "labels": torch.cat(rows_labels)}
+    return Batch(inputs, batch.real.repeat(copies, 1), batch.tokens, batch.texts, batch.cut, copies)
 
 
 def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
@@ -110,7 +135,7 @@ def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
         targets = batch.inputs["input_ids"][:, 1:]
         losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         return losses, batch.real[:, 1:]
-    if objective == "seq2seq":
+    if objective in ("seq2seq", "masked"):
         logits = _wide(outputs.logits)
         labels = batch.inputs["labels"]
         losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
@@ -120,6 +145,14 @@ def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
         clean_hidden = hidden
     size = clean_hidden.norm(dim=-1)[batch.real].mean().clamp(min=1e-12)
     return (hidden - clean_hidden).norm(dim=-1) / size, batch.real
+
+
+def _by_text(rows: torch.Tensor, copies: int) -> torch.Tensor:
+    """``[copies * texts, n]`` (row ``c * texts + t``) -> ``[texts, copies * n]``: each text's copies side by side."""
+    if copies == 1:
+        return rows
+    texts = rows.shape[0] // copies
+    return rows.view(copies, texts, -1).transpose(0, 1).reshape(texts, -1)
 
 
 def _wide(tensor: torch.Tensor) -> torch.Tensor:
@@ -132,9 +165,11 @@ def _final_hidden(outputs) -> torch.Tensor:
     return outputs[0] if hidden is None else hidden
 
 
-def text_losses(losses: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
-    """The mean counted loss of each text: ``[texts]`` (NaN for a text with nothing counted, e.g. one token
-    under next-token loss: it has no target, and is left out of the means over texts)."""
+def text_losses(losses: torch.Tensor, counted: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """The mean counted loss of each text over its ``copies`` rows (:class:`Batch`): ``[texts]`` (NaN for a text with
+    nothing counted, e.g. one token under next-token loss: it has no target, and is left out of the means over
+    texts)."""
+    losses, counted = _by_text(losses, copies), _by_text(counted, copies)
     weights = counted.to(losses.dtype)
     total = weights.sum(-1)
     return torch.where(total > 0, (losses * weights).sum(-1) / total.clamp(min=1), float("nan"))
@@ -197,7 +232,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     modules = modules or attention_modules(model, batch.inputs)
     finished = {} if finished is None else finished
     means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
-    clean = text_losses(clean_losses, counted)
+    clean = text_losses(clean_losses, counted, batch.copies)
     per_text = empty_map(modules, len(batch.texts))
     total = sum(module.heads for module in modules)
     with torch.no_grad():
@@ -209,7 +244,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
                     with edited(model, plan):
                         outputs = model(**batch.inputs)
                     losses, _ = token_losses(model, batch, outputs, objective, clean_hidden)
-                    finished[(row, head)] = text_losses(losses, counted) - clean
+                    finished[(row, head)] = text_losses(losses, counted, batch.copies) - clean
                     if progress is not None:
                         progress(len(finished) / total, f"{module.label}, head {head}")
                 per_text[row, head] = finished[(row, head)]
@@ -228,20 +263,22 @@ def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str 
         raise ValueError("gradient importance needs a loss, and this model has no head that gives one (its hidden "
                          "states' change has a zero gradient at the clean run)")
     modules = modules or attention_modules(model, batch.inputs)
-    texts = len(batch.texts)
-    gates = {module.name: torch.ones(texts, module.heads, requires_grad=True) for module in modules}
+    texts, rows = len(batch.texts), batch.real.shape[0]
+    # one gate per row; a text's gate is the same gate in each of its copies, so its slope is the sum of theirs
+    gates = {module.name: torch.ones(rows, module.heads, requires_grad=True) for module in modules}
     with torch.enable_grad(), gated(model, gates):
         outputs = model(**batch.inputs)
         losses, counted = token_losses(model, batch, outputs, objective)
         # each text's gates get its own loss's gradient; autograd.grad leaves the parameters' .grad alone (the
         # model is shared by every session)
-        each = text_losses(losses, counted)
+        each = text_losses(losses, counted, batch.copies)
         measured = ~each.isnan()  # a text with no target has no loss and no gradient
         if not measured.any():
             raise ValueError("no text has a token to predict: type texts of at least two tokens")
         slopes = torch.autograd.grad(each[measured].sum(), [gates[m.name] for m in modules])
     per_text = empty_map(modules, texts)
     for row, (module, slope) in enumerate(zip(modules, slopes, strict=True)):
+        slope = slope.view(batch.copies, texts, module.heads).sum(0)  # [texts, heads]: a text's copies share a gate
         per_text[row, : module.heads] = slope.abs().T  # [heads, texts]
     per_text[..., ~measured] = float("nan")
     return ImportanceMap("gradient", per_text.nanmean(-1), modules, objective, float("nan"), per_text)
@@ -352,7 +389,8 @@ def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, 
                  text: int = 0, *, objective: str | None = None) -> tuple[list[str], torch.Tensor]:
     """For one head: how each target token's loss of text ``text`` moves when the head is ablated (positive:
     the head helped predict it). Returns the target tokens and ``[targets]`` changes (next-token: the token
-    predicted at each position, so the text's tokens from the second on)."""
+    predicted at each position, so the text's tokens from the second on; masked: each token masked in one of the
+    text's copies, in text order)."""
     objective = objective or objective_of(model)
     means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
     with torch.no_grad():
@@ -361,8 +399,15 @@ def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, 
             plan = {module.name: {head: means_by_module[module.name][head]}}
         with edited(model, plan):
             losses, _ = token_losses(model, batch, model(**batch.inputs), objective, clean_hidden)
+    tokens = batch.tokens[text]
+    if batch.copies > 1 or objective == "masked":
+        # [copies, n] rows of this text; each token is masked (counted) in at most one of them
+        rows = slice(text, None, len(batch.texts))
+        kept = counted[rows]
+        change = ((losses - clean_losses)[rows] * kept).sum(0)
+        where = kept.any(0).nonzero().flatten().tolist()
+        return [tokens[position] for position in where], change[where]
     keep = counted[text]
     change = (losses - clean_losses)[text][keep]
-    tokens = batch.tokens[text]
     targets = tokens[1:] if objective == "next-token" else tokens
     return targets[: len(change)], change

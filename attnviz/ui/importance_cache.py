@@ -14,6 +14,8 @@ import streamlit as st
 
 from attnviz.models.interventions import editable_lm
 from attnviz.models.loading import architecture_of_folder
+from attnviz.models.safety import CheckpointRefused
+from attnviz.models.with_heads import declares_masked_lm_head
 from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
@@ -24,17 +26,25 @@ WITH_LOSS = ("decoder", "encoder-decoder")
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head (first time only)…")
-def _editable_lm(folder: str, name: str):
-    return editable_lm(folder)
+def _editable_lm(folder: str, name: str, masked: bool = False):
+    return editable_lm(folder, masked)
 
 
-def editable_model(folder: str, name: str, dtype: str = "stored"):
-    """``(model, tokenizer)`` whose heads can be edited: a decoder or an encoder-decoder with its LM head (its own
-    copy, with attnviz's attention function), else the loaded model itself (an encoder: no loss)."""
+def editable_model(folder: str, name: str, dtype: str = "stored") -> tuple[object, object, str]:
+    """``(model, tokenizer, note)`` whose heads can be edited: a decoder or an encoder-decoder with its LM head, an
+    encoder saved with its masked-LM head with that head (each its own copy, with attnviz's attention function),
+    else the loaded model itself (an encoder without a head: no loss). ``note``: why an encoder that says it has a
+    masked-LM head is measured without it (else "")."""
     if architecture_of_folder(folder) in WITH_LOSS:
-        return _editable_lm(folder, name)
+        return (*_editable_lm(folder, name), "")
+    note = ""
+    if declares_masked_lm_head(folder):
+        try:
+            return (*_editable_lm(folder, name, masked=True), "")
+        except CheckpointRefused as refused:
+            note = f"Its masked-LM head could not be used ({refused}), so its hidden states are measured."
     bundle = load_bundle(folder, name, dtype)
-    return bundle.model, bundle.tokenizer
+    return bundle.model, bundle.tokenizer, note
 
 
 class ResultStore:

@@ -13,9 +13,9 @@ from attnviz.models.loading import (
     ModelBundle,
     bundled_models,
     default_model_dir,
-    load_causal_lm,
     load_model_dir,
 )
+from attnviz.models.with_heads import load_causal_lm
 
 MAX_LOADED_UPLOADS = 4  # uploaded or server-folder models held in memory, process-wide (least recently used go)
 

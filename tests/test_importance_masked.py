@@ -1,0 +1,142 @@
+"""Head importance on an encoder saved with its masked-LM head: the checkpoint loads with the head (refused when its
+weights lack it), every ordinary token is masked once over a text's copies, and the maps and gradients agree with
+the model's own masked-LM loss (transformers' ``labels`` loss) computed text by text, on a copy of the model whose
+head is zeroed at its output projection."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from attnviz.bench.tiny import make_tiny_checkpoint
+from attnviz.models import interventions as iv
+from attnviz.models.safety import CheckpointRefused
+from attnviz.models.with_heads import declares_masked_lm_head, load_masked_lm
+from attnviz.pagelogic import importance as imp
+from tests.apptest_helpers import figure_titled, open_page
+
+TEXTS = ["The cat sat on the mat.", "Attention heads read keys and values, then mix them."]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("masked")
+    with_head = make_tiny_checkpoint("bert", root / "with-head", masked_lm=True)
+    without = make_tiny_checkpoint("bert", root / "without-head")
+    # says it has the head, and has not: the head's weights would be made up at random
+    claims = make_tiny_checkpoint("bert", root / "claims-head")
+    config = json.loads((claims / "config.json").read_text())
+    (claims / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    return {"with": with_head, "without": without, "claims": claims}
+
+
+@pytest.fixture(scope="module")
+def masked(folders):
+    model, tokenizer = iv.editable_lm(folders["with"], masked=True)
+    return model.double(), tokenizer
+
+
+def test_only_a_checkpoint_holding_the_head_loads_with_it(folders):
+    assert declares_masked_lm_head(folders["with"]) and not declares_masked_lm_head(folders["without"])
+    model, _ = load_masked_lm(folders["with"])
+    assert type(model).__name__ == "BertForMaskedLM"
+    with pytest.raises(CheckpointRefused, match="no masked-LM head"):
+        load_masked_lm(folders["claims"])
+
+
+def test_every_ordinary_token_is_masked_once_over_the_copies(masked):
+    _, tokenizer = masked
+    batch = imp.batch_of(tokenizer, TEXTS, "masked")
+    assert batch.copies == imp.MASK_EVERY and batch.real.shape[0] == 2 * imp.MASK_EVERY
+    ids, labels = batch.inputs["input_ids"], batch.inputs["labels"]
+    for text, sentence in enumerate(TEXTS):
+        original = torch.tensor(tokenizer(sentence)["input_ids"])
+        n = len(original)
+        rows = slice(text, None, len(TEXTS))
+        chosen = labels[rows, :n] >= 0  # [copies, n]
+        assert chosen.sum(0).tolist() == [0] + [1] * (n - 2) + [0]  # CLS and SEP never; each other token once
+        assert (ids[rows, :n][chosen] == tokenizer.mask_token_id).all()
+        assert torch.equal(labels[rows, :n][chosen], original.repeat(imp.MASK_EVERY, 1)[chosen])
+        assert torch.equal(ids[rows, :n][~chosen], original.repeat(imp.MASK_EVERY, 1)[~chosen])
+    assert imp.batch_of(tokenizer, TEXTS * 5, "masked").copies == 6  # as many copies as fit in 64 rows
+    assert imp.batch_of(tokenizer, TEXTS * 32, "masked").copies == 1
+
+
+def _reference_loss(model, tokenizer, sentence: str) -> float:
+    """The text's masked-LM loss: each copy alone, transformers' own loss (mean over its masked tokens), weighted
+    by how many tokens each copy masks."""
+    batch = imp.batch_of(tokenizer, [sentence], "masked")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in range(batch.copies):
+            labels = batch.inputs["labels"][row : row + 1]
+            masked = int((labels >= 0).sum())
+            if masked:
+                loss = model(input_ids=batch.inputs["input_ids"][row : row + 1], labels=labels).loss
+                total, count = total + float(loss) * masked, count + masked
+    return total / count
+
+
+def test_the_zero_map_is_the_masked_lm_loss_change_of_each_text(masked):
+    model, tokenizer = masked
+    assert imp.objective_of(model) == "masked"
+    result = imp.ablation_map(model, imp.batch_of(tokenizer, TEXTS, "masked"), "zero")
+    assert result.objective == "masked" and result.per_text.shape == (2, 4, 2)
+    for row, module in enumerate(result.modules):
+        for head in (0, 3):
+            reference = copy.deepcopy(model)
+            dense = reference.get_submodule(module.name.rsplit(".", 1)[0]).output.dense
+            width = dense.weight.shape[1] // module.heads
+            with torch.no_grad():
+                dense.weight[:, head * width: (head + 1) * width] = 0
+            for text, sentence in enumerate(TEXTS):
+                expected = _reference_loss(reference, tokenizer, sentence) - _reference_loss(model, tokenizer, sentence)
+                assert float(result.per_text[row, head, text]) == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert result.clean == pytest.approx(sum(_reference_loss(model, tokenizer, s) for s in TEXTS) / 2, rel=1e-6)
+
+
+def test_gradient_importance_shares_one_gate_over_a_texts_copies(masked):
+    model, tokenizer = masked
+    batch = imp.batch_of(tokenizer, TEXTS, "masked")
+    result = imp.gradient_importance(model, batch)
+    modules = result.modules
+    for text, sentence in enumerate(TEXTS):
+        alone = imp.batch_of(tokenizer, [sentence], "masked")
+        gates = {module.name: torch.ones(module.heads, dtype=torch.float64, requires_grad=True)
+                 for module in modules}  # one gate per head, for every copy
+        with torch.enable_grad(), iv.gated(model, gates):
+            outputs = model(input_ids=alone.inputs["input_ids"], attention_mask=alone.inputs["attention_mask"])
+            labels = alone.inputs["labels"]
+            loss = torch.nn.functional.cross_entropy(outputs.logits[labels >= 0], labels[labels >= 0])
+            slopes = torch.autograd.grad(loss, [gates[module.name] for module in modules])
+        for row, slope in enumerate(slopes):
+            assert torch.allclose(result.per_text[row, :, text].double(), slope.abs(), rtol=1e-5, atol=1e-9)
+
+
+def test_the_token_effect_lists_each_masked_token_once_in_text_order(masked):
+    model, tokenizer = masked
+    batch = imp.batch_of(tokenizer, TEXTS, "masked")
+    result = imp.ablation_map(model, batch, "zero")
+    targets, change = imp.token_effect(model, batch, result.modules[1], 2, text=1)
+    assert targets == batch.tokens[1][1:-1]  # every token but CLS and SEP, in order
+    assert float(change.mean()) == pytest.approx(float(result.per_text[1, 2, 1]), rel=1e-5, abs=1e-7)
+
+
+def test_the_page_measures_an_uploaded_masked_lm_by_its_loss_and_says_when_the_head_is_missing(
+        folders, clean_streamlit_caches):
+    from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
+
+    models = {DEFAULT_MODEL_NAME: "unused", BUNDLED_GPT_NAME: str(BUNDLED_GPT_DIR),
+              "tiny-mlm": str(folders["with"]), "claims-head": str(folders["claims"])}
+    at = open_page("pages/importance.py", timeout=240, models=models, model="tiny-mlm", imp_view="Importance map")
+    assert at.selectbox(key="imp_model").value == "tiny-mlm"  # an encoder with a loss is chosen as it is
+    assert any(imp.OBJECTIVES["masked"] in c.value for c in at.caption)
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert figure_titled(at, "Gradient importance")["data"][0]["z"]  # a masked-LM loss has a gradient
+    assert any("read in 7 copies" in c.value and "every token is predicted once" in c.value for c in at.caption)
+    at.selectbox(key="imp_model").set_value("claims-head").run()
+    assert not at.exception, [e.value for e in at.exception]
+    caption = next(c.value for c in at.caption if "Measured by" in c.value)
+    assert imp.OBJECTIVES["hidden"] in caption and "masked-LM head could not be used" in caption
