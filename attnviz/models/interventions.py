@@ -134,6 +134,38 @@ def editable_lm(folder, masked: bool = False):
     return model, tokenizer
 
 
+def loss_head_of(folder) -> str | None:
+    """Which head gives the folder's checkpoint a loss, from its config alone: "lm" (a decoder's or an
+    encoder-decoder's language-model head), "masked" (an encoder saved with its masked-LM head), or None."""
+    from attnviz.models.loading import architecture_of_folder
+    from attnviz.models.with_heads import declares_masked_lm_head
+
+    if architecture_of_folder(folder) in ("decoder", "encoder-decoder"):
+        return "lm"
+    return "masked" if declares_masked_lm_head(folder) else None
+
+
+def editable_checkpoint(folder, dtype: str = "stored", *, load_lm=None, load_encoder=None
+                        ) -> tuple[torch.nn.Module, object, str]:
+    """``(model, tokenizer, note)``: the folder's checkpoint with the head that gives it a loss where it has one
+    (:func:`loss_head_of`; ``load_lm(folder, masked)``, default :func:`editable_lm`), else the encoder alone
+    (``load_encoder(folder)``, a :class:`~attnviz.models.loading.ModelBundle`; default loaded as every page
+    loads it); ``note`` says why an encoder that declares a masked-LM head is measured without it (else "")."""
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.safety import CheckpointRefused
+
+    head, note = loss_head_of(folder), ""
+    if head is not None:
+        try:
+            return (*(load_lm or editable_lm)(folder, head == "masked"), "")
+        except CheckpointRefused as refused:
+            if head == "lm":
+                raise
+            note = f"Its masked-LM head could not be used ({refused}), so its hidden states are measured."
+    bundle = load_encoder(folder) if load_encoder else load_model_dir(folder, dtype=dtype)
+    return bundle.model, bundle.tokenizer, note
+
+
 def attention_modules(model: torch.nn.Module, inputs: dict) -> list[AttentionModule]:
     """The attention modules ``model`` calls on ``inputs``, in call order (one forward, watched by an editor that
     changes nothing: the same place every edit acts)."""

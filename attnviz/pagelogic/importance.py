@@ -186,6 +186,7 @@ class ImportanceMap:
     objective: str
     clean: float  # the clean run's objective (0 for "hidden")
     per_text: torch.Tensor | None = None  # [modules, heads, texts]
+    clean_per_text: torch.Tensor | None = None  # [texts]: each text's objective without edits (NaN: no target)
 
     @property
     def labels(self) -> list[str]:
@@ -219,19 +220,22 @@ def empty_map(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
 def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, objective: str | None = None,
                  modules: list[AttentionModule] | None = None,
                  progress: Callable[[float, str], None] | None = None,
-                 finished: dict[tuple[int, int], torch.Tensor] | None = None) -> ImportanceMap:
+                 finished: dict[tuple[int, int], torch.Tensor] | None = None,
+                 means: dict[str, torch.Tensor] | None = None) -> ImportanceMap:
     """The mean over texts of the objective's change when each head alone is ablated (``how``: "zero" or "mean",
     its mean output over every real token of the texts). One forward of the batch per head, plus one clean.
 
     ``finished``: each head's per-text changes as they are measured, by (module row, head), written as it goes
     and read first: a map stopped part way (its progress callback raising, e.g. the page being rerun) goes on
-    where it stopped when called again with the same dict, and gives the same map."""
+    where it stopped when called again with the same dict, and gives the same map. ``means``: what mean ablation
+    puts in, by module (``[heads, d_v]``; default: the means over these texts), e.g. over a whole corpus."""
     if how not in ABLATIONS:
         raise ValueError(f"unknown ablation {how!r}: one of {', '.join(ABLATIONS)}")
     objective = objective or objective_of(model)
     modules = modules or attention_modules(model, batch.inputs)
     finished = {} if finished is None else finished
     means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    means_by_module = means if means is not None else means_by_module
     clean = text_losses(clean_losses, counted, batch.copies)
     per_text = empty_map(modules, len(batch.texts))
     total = sum(module.heads for module in modules)
@@ -251,7 +255,8 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     if clean.isnan().all():
         raise ValueError("no text has a token to predict: type texts of at least two tokens")
     return ImportanceMap(how, per_text.nanmean(-1), modules, objective,
-                         0.0 if objective == "hidden" else float(clean.nanmean()), per_text)
+                         0.0 if objective == "hidden" else float(clean.nanmean()), per_text,
+                         torch.zeros_like(clean) if objective == "hidden" else clean)
 
 
 def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str | None = None,

@@ -107,11 +107,6 @@ class ScanFolder:
               model_name: str | None = None) -> Job:
         """Start the scan ``key`` (or resume it) in a process of its own. Refused while another scan of this
         folder runs."""
-        running = self.job()
-        if running is not None:
-            raise RuntimeError("a scan is already running here: wait for it, or stop it")
-        self.bound(keep=key)
-        self.stop_file(key).unlink(missing_ok=True)
         command = [sys.executable, "-m", "attnviz.scan", str(corpus), "--model", str(model_folder), "--out",
                    str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
                    str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--split", split, "--dtype", dtype,
@@ -121,6 +116,28 @@ class ScanFolder:
             command += ["--field", field_name]
         if model_name:
             command += ["--name", model_name]
+        return self._launch(key, command)
+
+    def start_importance(self, key: str, corpus: str, model_folder: str | Path, settings, *, dtype: str = "stored",
+                         model_name: str | None = None) -> Job:
+        """Start (or resume) a corpus importance run ``key`` (:mod:`attnviz.scan.importance`; ``corpus`` as its
+        command line takes it) in a process of its own. Refused while another job of this folder runs."""
+        command = [sys.executable, "-m", "attnviz.scan.importance", corpus, "--model", str(model_folder), "--out",
+                   str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
+                   str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--methods",
+                   ",".join(settings.methods), "--dtype", dtype, "--progress-file", str(self.progress_file(key)),
+                   "--stop-file", str(self.stop_file(key)), "--quiet",
+                   "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+        if model_name:
+            command += ["--name", model_name]
+        return self._launch(key, command)
+
+    def _launch(self, key: str, command: list[str]) -> Job:
+        running = self.job()
+        if running is not None:
+            raise RuntimeError("a job is already running here: wait for it, or stop it")
+        self.bound(keep=key)
+        self.stop_file(key).unlink(missing_ok=True)
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])])}
         with open(self.folder / f"{key}.log", "w") as log:

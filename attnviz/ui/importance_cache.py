@@ -12,17 +12,14 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from attnviz.models.interventions import editable_lm
-from attnviz.models.loading import architecture_of_folder
-from attnviz.models.safety import CheckpointRefused
-from attnviz.models.with_heads import declares_masked_lm_head
+from attnviz.models.interventions import editable_checkpoint, editable_lm
 from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.scan.corpus import bundled_corpus
 from attnviz.ui.loaded_models import load_bundle
 
-WITH_LOSS = ("decoder", "encoder-decoder")
+WITH_LOSS = ("decoder", "encoder-decoder")  # architectures whose checkpoints load with a loss
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the model with its language-model head (first time only)…")
@@ -31,20 +28,11 @@ def _editable_lm(folder: str, name: str, masked: bool = False):
 
 
 def editable_model(folder: str, name: str, dtype: str = "stored") -> tuple[object, object, str]:
-    """``(model, tokenizer, note)`` whose heads can be edited: a decoder or an encoder-decoder with its LM head, an
-    encoder saved with its masked-LM head with that head (each its own copy, with attnviz's attention function),
-    else the loaded model itself (an encoder without a head: no loss). ``note``: why an encoder that says it has a
-    masked-LM head is measured without it (else "")."""
-    if architecture_of_folder(folder) in WITH_LOSS:
-        return (*_editable_lm(folder, name), "")
-    note = ""
-    if declares_masked_lm_head(folder):
-        try:
-            return (*_editable_lm(folder, name, masked=True), "")
-        except CheckpointRefused as refused:
-            note = f"Its masked-LM head could not be used ({refused}), so its hidden states are measured."
-    bundle = load_bundle(folder, name, dtype)
-    return bundle.model, bundle.tokenizer, note
+    """``(model, tokenizer, note)`` as :func:`~attnviz.models.interventions.editable_checkpoint` gives them, the
+    models with a head cached here (their own copies, with attnviz's attention function), an encoder without one
+    the session's loaded model itself."""
+    return editable_checkpoint(folder, dtype, load_lm=lambda path, masked: _editable_lm(path, name, masked),
+                               load_encoder=lambda path: load_bundle(path, name, dtype))
 
 
 class ResultStore:

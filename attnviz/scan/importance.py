@@ -1,0 +1,84 @@
+"""``python -m attnviz.scan.importance CORPUS --model DIR --out FILE.duckdb``: measure whether each head matters over a
+corpus (:mod:`attnviz.scan.importance_runner`). CORPUS is ``bundled``, a ``.txt``, ``.jsonl``, ``.csv`` or
+``.parquet`` file, or ``scan:FILE.duckdb`` (the documents of a scan). Run again with the same arguments to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from attnviz.scan.corpus import CorpusRefused
+from attnviz.scan.importance_runner import METHODS, ImportanceSettings, read_corpus_spec, run_importance
+from attnviz.scan.runner import ScanRefused
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m attnviz.scan.importance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpus", help="'bundled', a .txt, .jsonl, .csv or .parquet file, or scan:FILE.duckdb")
+    parser.add_argument("--model", required=True, help="a checkpoint folder, or a bundled model's name")
+    parser.add_argument("--name", default=None, help="the model's name in the results")
+    parser.add_argument("--out", required=True, help="the run's DuckDB file (created, or resumed)")
+    parser.add_argument("--max-docs", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=16, help="documents per committed chunk (and Ray batch)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: zero, mean, gradient")
+    parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
+    parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
+    parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")
+    parser.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+                        help="run on Ray: 'auto' (a local cluster, started if none runs) or a cluster's address")
+    parser.add_argument("--workers", type=int, default=2, help="Ray: model replicas (actors)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (in-process), per worker on Ray")
+    parser.add_argument("--progress-file", default=None, help="write progress as JSON here after every chunk")
+    parser.add_argument("--stop-file", default=None, help="stop (resumably) as soon as this file appears")
+    parser.add_argument("--quiet", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnviz.models.loading import bundled_models
+    from attnviz.models.safety import CheckpointRefused
+    from attnviz.runtime import configure_environment
+    from attnviz.scan.__main__ import Reporter, write_json
+
+    args = parse(argv)
+    configure_environment()
+    reporter = Reporter(args.progress_file, args.quiet)
+    stop_file = Path(args.stop_file) if args.stop_file else None
+    should_stop = (lambda: stop_file.exists()) if stop_file else None
+    try:
+        settings = ImportanceSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk,
+                                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+        if args.threads and not args.ray:
+            torch.set_num_threads(args.threads)
+        corpus = read_corpus_spec(args.corpus, split=args.split, field_name=args.field)
+        bundled = bundled_models()
+        folder = Path(bundled.get(args.model, args.model))
+        name = args.name or (args.model if args.model in bundled else folder.name)
+        if args.ray:
+            from attnviz.scan.importance_ray import run_importance_on_ray
+
+            state = run_importance_on_ray(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
+                                          address=args.ray, workers=args.workers,
+                                          threads_per_worker=args.threads or 1, progress=reporter,
+                                          should_stop=should_stop)
+        else:
+            state = run_importance(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
+                                   progress=reporter, should_stop=should_stop)
+    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, ValueError) as problem:
+        if args.progress_file:
+            write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
+        print(f"\nattnviz.scan.importance: {problem}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"\n{state.status}: {state.done:,} of {state.planned:,} documents in {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Head importance over a corpus, into DuckDB: chunked runs give each document what one batch of every document
+gives (the corpus means, not a chunk's), a stopped run resumes to the same tables, a document with nothing to
+predict is NULL, the command line and the background process write the same database, and Ray gives the same
+results as the run in this process."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.models import interventions as iv
+from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.pagelogic import importance as imp
+from attnviz.scan import background
+from attnviz.scan import importance_store as istore
+from attnviz.scan.corpus import Corpus, CorpusRefused, Document
+from attnviz.scan.importance_runner import (
+    ImportanceSettings,
+    read_corpus_spec,
+    run_importance,
+)
+from attnviz.scan.runner import ScanRefused
+
+TEXTS = ["The cat sat on the mat, and the dog slept by the door.",
+         "Attention weights say where a head looks; ablation says whether the model needs it.",
+         "Paris is the capital of France. Berlin is the capital of Germany.",
+         "A list, a tuple and a dict: three containers, each with its own rules!",
+         "x",  # one token: nothing to predict
+         "Induction heads copy: red blue green red blue green red blue green.",
+         "   ",  # empty
+         "The model reads every token once, then again with one head removed."]
+SETTINGS = ImportanceSettings(max_docs=8, max_tokens=24, chunk_docs=3)
+
+
+def corpus() -> Corpus:
+    return Corpus("tests", [Document(text, f"line {i + 1}") for i, text in enumerate(TEXTS)])
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt():
+    return iv.editable_lm(BUNDLED_GPT_DIR)
+
+
+def table(path, sql: str) -> list[tuple]:
+    with istore.ImportanceReader(path) as reader:
+        return reader.connection.execute(sql).fetchall()
+
+
+EFFECTS = "SELECT doc, method, module, head, value FROM head_effects ORDER BY ALL"
+
+
+def test_a_chunked_run_gives_each_document_what_one_batch_of_the_corpus_gives(tiny_gpt, tmp_path):
+    model, tokenizer = tiny_gpt
+    seen = []
+    state = run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "run.duckdb", SETTINGS, loaded=tiny_gpt,
+                           progress=lambda s: seen.append((s.phase, s.done)))
+    assert state.status == istore.STATUS_FINISHED and state.done == 8
+    assert seen[0] == ("means", 0) and ("heads", 3) in seen and seen[-1] == ("heads", 8)
+    # the reference: every document with text in one batch (so the mean is over the whole corpus)
+    measured = [0, 1, 2, 3, 4, 5, 7]
+    batch = imp.batch_of(tokenizer, [TEXTS[doc] for doc in measured], "next-token", SETTINGS.max_tokens)
+    expected = {"zero": imp.ablation_map(model, batch, "zero"), "mean": imp.ablation_map(model, batch, "mean"),
+                "gradient": imp.gradient_importance(model, batch)}
+    rows = table(tmp_path / "run.duckdb", EFFECTS)
+    assert len(rows) == 7 * 3 * 8  # documents with text x methods x heads; the empty one has none
+    for doc, method, module, head, value in rows:
+        reference = float(expected[method].per_text[module, head, measured.index(doc)])
+        if doc == 4:  # one token: no target, NULL (not NaN) in the database, for every method
+            assert value is None
+        else:
+            assert value == pytest.approx(reference, rel=1e-4, abs=1e-6), (doc, method, module, head)
+    documents = table(tmp_path / "run.duckdb", "SELECT doc, n_tokens, clean FROM documents ORDER BY doc")
+    assert [row[0] for row in documents] == list(range(8))
+    assert documents[6][1] == 0 and documents[6][2] is None and documents[4][2] is None
+    with istore.ImportanceReader(tmp_path / "run.duckdb") as reader:
+        maps = reader.maps()
+        assert reader.methods() == ["zero", "mean", "gradient"] and reader.documents == 8
+        assert [module.label for module in reader.modules()] == ["layer 0", "layer 1"]
+        mean, spread, count = maps["zero"]
+        assert (count == 6).all()  # NULLs are not counted
+        np.testing.assert_allclose(mean, np.nanmean(expected["zero"].per_text.numpy(), -1), rtol=1e-4, atol=1e-6)
+        assert np.isfinite(spread).all()
+        assert reader.settings["objective"] == "next-token" and reader.settings["status"] == "finished"
+        top = reader.per_document("zero", 0, 1, count=3)
+        assert len(top) == 3 and top["change"].abs().is_monotonic_decreasing
+
+
+def test_a_run_stopped_at_a_head_resumes_to_the_same_tables(tiny_gpt, tmp_path):
+    run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "whole.duckdb", SETTINGS, loaded=tiny_gpt)
+    for stop_after in (1, 30):  # during the means pass; during the second chunk's heads
+        asked = []
+
+        def should_stop(stop_after=stop_after, asked=asked):
+            asked.append(1)
+            return len(asked) > stop_after
+
+        path = tmp_path / f"stopped-{stop_after}.duckdb"
+        state = run_importance(corpus(), BUNDLED_GPT_DIR, path, SETTINGS, loaded=tiny_gpt, should_stop=should_stop)
+        assert state.status == istore.STATUS_STOPPED and state.done < 8
+        kept = table(path, "SELECT count(*) FROM documents")[0][0]
+        assert kept % 3 == 0  # whole chunks only: a chunk stopped at a head is dropped
+        state = run_importance(corpus(), BUNDLED_GPT_DIR, path, SETTINGS, loaded=tiny_gpt)
+        assert state.status == istore.STATUS_FINISHED and state.done == 8 and state.done_this_run == 8 - kept
+        whole, resumed = table(tmp_path / "whole.duckdb", EFFECTS), table(path, EFFECTS)
+        assert [row[:4] for row in whole] == [row[:4] for row in resumed]
+        for a, b in zip(whole, resumed, strict=True):
+            assert (a[4] is None and b[4] is None) or a[4] == pytest.approx(b[4], rel=1e-5, abs=1e-7)
+
+
+def test_runs_refuse_what_they_cannot_do(tiny_gpt, tmp_path):
+    run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "run.duckdb", SETTINGS, loaded=tiny_gpt)
+    other = ImportanceSettings(max_docs=4, max_tokens=24, chunk_docs=3)
+    with pytest.raises(ScanRefused, match="holds another run"):
+        run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "run.duckdb", other, loaded=tiny_gpt)
+    for wrong in (dict(max_docs=0), dict(chunk_docs=65), dict(max_tokens=1000), dict(methods=("zero", "magic"))):
+        with pytest.raises(ScanRefused):
+            ImportanceSettings(**wrong)
+    with pytest.raises(CorpusRefused, match="no document"):
+        run_importance(Corpus("empty", [Document(" ", "line 1")]), BUNDLED_GPT_DIR, tmp_path / "e.duckdb",
+                       SETTINGS, loaded=tiny_gpt)
+    (tmp_path / "junk.duckdb").write_bytes(b"not a database")
+    with pytest.raises(CorpusRefused, match="not a scan"):
+        read_corpus_spec(f"scan:{tmp_path / 'junk.duckdb'}")
+
+
+def test_the_documents_of_a_scan_are_a_corpus(bert, tmp_path):
+    from attnviz.scan.runner import ScanSettings, run_scan
+
+    run_scan(corpus(), bert, tmp_path / "scan.duckdb", ScanSettings(max_docs=4, max_tokens=12))
+    read = read_corpus_spec(f"scan:{tmp_path / 'scan.duckdb'}")
+    assert [document.text for document in read.documents] == TEXTS[:4]
+    assert read.name.startswith("the documents of scan")
+
+
+def test_the_background_process_writes_what_the_run_here_writes(tiny_gpt, tmp_path):
+    folder = background.ScanFolder(tmp_path / "jobs")
+    file = tmp_path / "corpus.txt"
+    file.write_text("\n".join(TEXTS[:4]) + "\n")
+    settings = ImportanceSettings(max_docs=4, max_tokens=16, chunk_docs=2, methods=("zero", "gradient"))
+    job = folder.start_importance("k", str(file), BUNDLED_GPT_DIR, settings, model_name="tiny")
+    deadline = time.time() + 240
+    while folder.job() is not None and time.time() < deadline:
+        time.sleep(0.5)
+    progress = folder.progress("k")
+    assert progress and progress["status"] == "finished", folder.log_tail("k")
+    assert progress["phase"] == "heads" and progress["done"] == 4 and job.key == "k"
+    here = tmp_path / "here.duckdb"
+    run_importance(read_corpus_spec(str(file)), BUNDLED_GPT_DIR, here, settings, loaded=tiny_gpt)
+    there = table(folder.database("k"), EFFECTS)
+    assert [row[:4] for row in there] == [row[:4] for row in table(here, EFFECTS)]
+    assert np.allclose([row[4] for row in there], [row[4] for row in table(here, EFFECTS)], rtol=1e-4, atol=1e-6)
+    assert table(folder.database("k"), "SELECT value FROM settings WHERE key = 'model'")[0][0] == json.dumps("tiny")
+
+
+def test_the_command_line_says_what_is_wrong(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "attnviz.scan.importance", str(tmp_path / "missing.txt"),
+                             "--model", str(BUNDLED_GPT_DIR), "--out", str(tmp_path / "x.duckdb"), "--quiet",
+                             "--progress-file", str(tmp_path / "p.json")], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "no corpus file" in result.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
+    from attnviz.scan.importance_ray import ray_available, run_importance_on_ray
+
+    if not ray_available():
+        pytest.skip("Ray is an optional extra")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "here.duckdb", SETTINGS, loaded=tiny_gpt)
+        seen = []
+        state = run_importance_on_ray(corpus(), BUNDLED_GPT_DIR, tmp_path / "ray.duckdb", SETTINGS, address=None,
+                                      workers=2, loaded=tiny_gpt, progress=lambda s: seen.append(s.done))
+        assert state.status == istore.STATUS_FINISHED and seen[-1] == 8
+        here, there = table(tmp_path / "here.duckdb", EFFECTS), table(tmp_path / "ray.duckdb", EFFECTS)
+        assert [row[:4] for row in here] == [row[:4] for row in there]
+        for a, b in zip(here, there, strict=True):
+            assert (a[4] is None and b[4] is None) or a[4] == pytest.approx(b[4], rel=1e-5, abs=1e-7)
+    finally:
+        ray.shutdown()
+
+
+def test_corpus_means_weigh_every_token_alike(tiny_gpt):
+    """The means pass, chunk by chunk, equals the mean over every real token of one batch of all the texts."""
+    from attnviz.scan.importance_runner import corpus_means
+
+    model, tokenizer = tiny_gpt
+    documents = list(enumerate(corpus().documents))
+    means = corpus_means(model, tokenizer, "next-token", documents, SETTINGS)
+    texts = [document.text for document in corpus().documents if document.text.strip()]
+    batch = imp.batch_of(tokenizer, texts, "next-token", SETTINGS.max_tokens)
+    expected, _ = iv.head_means(model, batch.inputs, batch.real)
+    for name, mean in expected.items():
+        assert torch.allclose(means[name], mean, atol=1e-6)
