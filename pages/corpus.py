@@ -13,9 +13,9 @@ from attnviz.scan.runner import ScanSettings, token_limit
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
+from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.scans import corpus_facts, export_bytes, key_for, scan_folder, scan_read
-from attnviz.ui.session_models import current_bundle, model_dtype, registered_models
-from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
+from attnviz.ui.session_models import current_bundle, model_dtype
 from attnviz.viz import corpus as figures
 
 STATISTIC_NAMES = {
@@ -31,8 +31,7 @@ BUNDLED_CHOICE, UPLOAD_CHOICE = "Bundled: Python's documentation and docstrings"
 EXAMPLES_SHOWN = 6
 
 start_page("Heads across a corpus")
-if st.session_state.pop("corpus_open_explore", False):
-    st.switch_page("pages/explore_heads.py")
+switch_if_asked()
 page_intro(
     "What does a head do in general? Scan the sidebar's model over many documents: every head's statistics with "
     "their spread, how often each label holds, where its weight goes by relative position, the token pairs it "
@@ -304,18 +303,11 @@ def examples_section(path: Path, said: dict, layer: int, head: int) -> None:
 
 
 def open_in_explore(path: Path, doc: int, layer: int, head: int, model: str | None) -> None:
-    """Callback (before the sidebar's widgets exist): the document becomes the sentence, Explore opens on the
-    head, with the scan's model when this session has it."""
+    """Callback: the document opens in Explore heads on the head, with the scan's model when this session has
+    it."""
     document = scan_read(path, "document", doc)
-    if document is None:
-        return
-    st.session_state["sentence"] = str(document["text"])[:MAX_SENTENCE_CHARS]
-    note_sidebar_edit("sentence")
-    st.session_state["layer"], st.session_state["head"] = layer, head
-    st.session_state["view"], st.session_state["explore_tab"] = "head", "View"
-    if model in registered_models():
-        st.session_state["pending_model"] = model
-    st.session_state["corpus_open_explore"] = True
+    if document is not None:
+        ask_to_open(str(document["text"]), model, layer, head)
 
 
 def search_view(path: Path, said: dict) -> None:

@@ -29,8 +29,8 @@ from attnviz.ui.generation_cache import (
 )
 from attnviz.ui.loaded_models import generation_model, load_bundle
 from attnviz.ui.messages import problem_text, queries_unavailable
+from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.session_models import current_model_name, registered_models
-from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
 from attnviz.units import human_bytes
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.generation import next_token_chart, sequence_heatmap
@@ -41,9 +41,6 @@ from attnviz.viz.style import token_labels
 TABS = ["Generation", "PagedAttention", "Ring attention"]
 MAX_NEW_TOKENS = 64
 MAX_PROMPT_CHARS = 200_000  # a bound on what the box holds; the model reads what its positions allow (fit_prompt)
-EXPLORE_PAGE = "pages/explore_heads.py"
-# Explore heads' text sources (its segmented control "explore_source"): the sidebar's sentence, or a long text
-EXPLORE_SENTENCE, EXPLORE_LONG_TEXT = "the sidebar's sentence", "a long text"
 
 
 @contextlib.contextmanager
@@ -387,25 +384,9 @@ def sequence_section(folder: str, name: str, cached: gen.Generation, layer: int,
     explore_button(gen_sequence.sequence_text(cached, tokenizer), name, layer, head, key="gen_explore")
 
 
-def open_in_explore(text: str, name: str, layer: int, head: int) -> None:
-    """Callback: Explore heads with this text (the sidebar's sentence, or its long text when longer than the
-    sentence box holds), this model, and the head view of this layer and head; the page switches at the start of
-    the next run (st.switch_page cannot run in a callback)."""
-    state = st.session_state
-    if len(text) <= MAX_SENTENCE_CHARS:
-        state["sentence"], state["explore_source"] = text, EXPLORE_SENTENCE
-    else:
-        state["explore_long_text"], state["explore_source"] = text, EXPLORE_LONG_TEXT
-    state["model"] = name
-    note_sidebar_edit("sentence")
-    note_sidebar_edit("model")
-    state["layer"], state["head"], state["view"], state["explore_tab"] = layer, head, "head", "View"
-    state["gen_open_explore"] = {"layer": str(layer), "head": str(head), "view": "head"}
-
-
 def explore_button(text: str, name: str, layer: int, head: int, key: str, label: str | None = None) -> None:
     st.button(label or f"Open layer {layer}, head {head} in Explore heads", key=key, icon=":material/search:",
-              on_click=open_in_explore, args=(text, name, layer, head),
+              on_click=ask_to_open, args=(text, name, layer, head),
               help="Explore heads with this text (the prompt as read and what was generated), this model, this "
                    "layer and head: statistics, Q·K, what-if and exports of the same head.")
 
@@ -589,14 +570,6 @@ def ring_tab(folder: str, name: str, request: dict) -> None:
     st.caption(f"This model's shape ({heads} heads, {kv_heads} K/V heads, head dim {head_dim}), bf16, one layer: "
                "a device holds its queries, two K/V blocks (the one it works on and the one arriving) and its "
                "running output; per-device memory falls as 1/P while each step sends one K/V block.")
-
-
-def switch_if_asked() -> None:
-    """After an "Open in Explore heads" click (its callback set Explore's text, model, layer and head): go there.
-    Only Explore's own parameters go in the URL: the sidebar's are bound to its widgets, which write them."""
-    wanted = st.session_state.pop("gen_open_explore", None)
-    if wanted:
-        st.switch_page(EXPLORE_PAGE, query_params=wanted)
 
 
 def main() -> None:

@@ -2,8 +2,10 @@
 from a clean input into a corrupted one: cause beside pattern, on any checkpoint whose attention attnviz records."""
 
 import time
+from pathlib import Path
 
 import streamlit as st
+import torch
 
 from attnviz import circuits
 from attnviz.models.interventions import editable
@@ -13,35 +15,48 @@ from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
+from attnviz.scan import background
+from attnviz.scan.corpus import CorpusRefused
+from attnviz.scan.importance_runner import METHODS, SCAN_PREFIX, ImportanceSettings
+from attnviz.scan.runner import ScanRefused
 from attnviz.tokens_display import readable_tokens, tokenizer_style
 from attnviz.ui.captures import cached_capture
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.importance_cache import (
+    BUNDLED_SPEC,
     WITH_LOSS,
     cached_circuit,
     cached_token_effect,
     corpus_texts,
     editable_model,
     heads_measured,
+    importance_jobs,
     patching,
+    run_documents,
+    run_facts,
+    run_results,
     study,
 )
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
+from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
+from attnviz.ui.scans import scan_folder
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import importance as figures
 from attnviz.viz.style import format_number
 
 VIEWS = ("Induction circuit", "Importance map", "Activation patching")
-TEXT_SOURCES = ("Typed", "The bundled corpus")
+TEXT_SOURCES = ("Typed", "The bundled corpus", "A corpus, in the background")
+BUNDLED_CORPUS = "The bundled corpus (Python's documentation and docstrings)"
 MAX_BOX_CHARS = 100_000  # what the box holds: 64 texts of 256 tokens need far less
 MEASURES = {"next-token": "loss change (nats)", "seq2seq": "loss change (nats)", "masked": "loss change (nats)",
             "hidden": "hidden-state change"}
 METHOD_TITLES = {"zero": "Zero ablation", "mean": "Mean ablation", "gradient": "Gradient importance"}
 
 start_page("Does this head matter?")
+switch_if_asked()
 page_intro(
     "Attention weights say where a head looks, not whether the model needs it. Here heads are removed one at a "
     "time (their output zeroed, or replaced by its mean) and the loss measured again; gradient importance "
@@ -79,7 +94,12 @@ def texts_of(box: str) -> list[str]:
 
 
 def importance_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
-    source = st.segmented_control("Texts", TEXT_SOURCES, default=TEXT_SOURCES[0], key="imp_source", required=True)
+    source = st.segmented_control("Texts", TEXT_SOURCES, default=TEXT_SOURCES[0], key="imp_source", required=True,
+                                  help="A corpus in the background: thousands of documents, measured in a process "
+                                       "of its own into a DuckDB file; leave the page, it goes on.")
+    if source == TEXT_SOURCES[2]:
+        corpus_run_view(folder, name, objective)
+        return
     if source == TEXT_SOURCES[0]:
         box = st.text_area(
             "Texts, one per line", current_sentence(), key="imp_texts", height=110, max_chars=MAX_BOX_CHARS,
@@ -149,23 +169,165 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
         st.info("This model has no head that gives a loss (an encoder without its language-model head): each "
                 "ablation is measured by how far the final hidden states move, relative to their size. Gradient "
                 "importance needs a loss and is left out.", icon=":material/info:")
-    measure = MEASURES[objective]
-    maps = result.maps
-    shown_columns = st.columns(len(maps))
-    for column, (method, one_map) in zip(shown_columns, maps.items(), strict=True):
+    show_maps(result.maps, labels, objective, "imp_map")
+    if len(result.maps) > 1:
+        agreement_tables(result.maps)
+    heads_beside_labels(folder, name, result)
+    token_effect_view(key, model, result, MEASURES[objective])
+
+
+def show_maps(maps: dict[str, imp.ImportanceMap], labels: list[str], objective: str, key: str,
+              over: str = "texts") -> None:
+    """One heatmap per measure, side by side."""
+    for column, (method, one_map) in zip(st.columns(len(maps)), maps.items(), strict=True):
         with column:
             signed = method != "gradient"
             figure = figures.importance_heatmap(
                 one_map.values, labels, title=METHOD_TITLES[method],
-                measure=measure if signed else "|dL/dg|", signed=signed, width=1000 // len(maps))
+                measure=MEASURES[objective] if signed else "|dL/dg|", signed=signed, width=1000 // len(maps))
             caption = ("Red: the loss rises without the head (it helps); blue: it falls." if signed and
                        objective != "hidden" else "How far the final states move without the head."
-                       if signed else "How fast the loss moves as the head's gate leaves 1 (averaged over texts).")
-            show_figure(figure, caption, key=f"imp_map_{method}")
+                       if signed else f"How fast the loss moves as the head's gate leaves 1 (averaged over {over}).")
+            show_figure(figure, caption, key=f"{key}_{method}")
+
+
+def corpus_run_view(folder: str, name: str, objective: str) -> None:
+    """A map over a whole corpus, measured in the background into DuckDB (attnviz.scan.importance)."""
+    jobs = importance_jobs()
+    scans = [path for path in [*scan_folder().scans(), *background.server_scans()]]
+    choices = [BUNDLED_CORPUS, *map(str, scans)]
+    columns = st.columns([4, 2, 2])
+    chosen = columns[0].selectbox(
+        "Corpus", choices, key="imp_corpus",
+        format_func=lambda c: c if c == BUNDLED_CORPUS else f"The documents of a scan: {Path(c).stem[:8]}…",
+        help="The bundled corpus, or the documents a scan of the Heads across a corpus page read (scan an uploaded "
+             "corpus there first to measure it here).")
+    most = background.max_page_documents()
+    max_docs = int(columns[1].number_input("Documents", 1, most, min(100, most), step=50, key="imp_corpus_docs",
+                                           help=f"the corpus's first documents, at most {most:,} from this page"))
+    max_tokens = int(columns[2].number_input("Tokens per document", 8, imp.MAX_TOKENS, 64, step=8,
+                                             key="imp_corpus_tokens",
+                                             help="each document's first tokens: a run is one forward of every "
+                                                  "document per head"))
+    offered = [method for method in METHODS if not (method == "gradient" and objective == "hidden")]
+    methods = st.pills("Measures", offered, default=offered, selection_mode="multi", format_func=METHOD_TITLES.get,
+                       key="imp_corpus_methods")
+    if not methods:
+        st.warning("Choose at least one measure.", icon=":material/checklist:")
+        return
+    spec = BUNDLED_SPEC if chosen == BUNDLED_CORPUS else f"{SCAN_PREFIX}{chosen}"
+    settings = ImportanceSettings(max_docs=max_docs, max_tokens=max_tokens,
+                                  methods=tuple(m for m in METHODS if m in methods))
+    try:
+        facts = run_facts(spec, folder, settings)
+    except (CorpusRefused, ScanRefused) as problem:
+        st.error(f"The corpus cannot be read: {problem}.", icon=":material/block:")
+        return
+    path, running = jobs.database(facts["key"]), jobs.job()
+    st.session_state["imp_corpus_path"] = str(path)  # the run these settings name (its DuckDB file)
+    results = None if running is not None else run_results(path)
+    status = (results or {}).get("settings", {}).get("status")
+    planned = min(max_docs, facts["documents"])
+    label = ("Measured: see below" if status == "finished" else "Go on measuring" if results else
+             f"Measure every head over {planned:,} document{'s' if planned != 1 else ''}")
+    if st.button(label, type="primary", key="imp_corpus_run", icon=":material/play_arrow:",
+                 disabled=running is not None or status == "finished"):
+        jobs.start_importance(facts["key"], spec, folder, settings, dtype=model_dtype(name), model_name=name)
+        st.rerun()
+    st.caption(f"{planned:,} of {facts['documents']:,} documents of {facts['name']}, at most {max_tokens} tokens "
+               f"each, with {name}: each head removed in turn over every document (and a first pass for the "
+               "corpus means, for mean ablation). It runs in a process of its own: leave the page or reload, it "
+               "goes on; the same corpus, model and limits reopen the same results.")
+    if running is not None:
+        running_run(jobs)
+        return
+    said = jobs.progress(facts["key"])
+    if said and said.get("status") == "failed":
+        st.error(f"The run failed: {said.get('error')}", icon=":material/error:")
+    if results is None:
+        return
+    corpus_results(path, results, objective)
+
+
+@st.fragment(run_every=1.0)
+def running_run(jobs) -> None:
+    """The running job's progress, refreshed every second; the whole page reruns when it ends."""
+    job = jobs.job()
+    if job is None:
+        st.rerun(scope="app")
+    said = jobs.progress(job.key) or {}
+    done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
+    if not said:
+        text = f"Starting (loading the model, reading the corpus): {time.time() - job.started:.0f} s"
+    elif said.get("phase") == "means":
+        text = "First pass: each head's mean output over the corpus (for mean ablation)…"
+    else:
+        rate, eta = said.get("documents_per_second") or 0.0, said.get("eta")
+        left = "" if eta is None else f" · about {int(eta) // 60} min {int(eta) % 60:02d} s left"
+        text = f"Removing each head: {done:,} of {planned:,} documents · {rate:.2f} documents/s{left}"
+    st.progress(min(1.0, done / planned), text=text)
+    if st.button("Stop", key="imp_corpus_stop", icon=":material/stop:",
+                 help="stops at the head being measured; every finished chunk of documents is kept, and the run "
+                      "goes on from there when asked"):
+        jobs.stop(job.key)
+        st.toast("Stopping…")
+
+
+def corpus_results(path: Path, results: dict, objective: str) -> None:
+    said, modules = results["settings"], results["modules"]
+    if not results["maps"]:
+        return
+    columns = st.columns(4)
+    columns[0].metric("Documents", f"{results['documents']:,}", help=f"of {said.get('planned', 0):,} planned")
+    columns[1].metric("Heads", f"{sum(m.heads for m in modules):,}", help=f"{len(modules)} attention modules")
+    if objective != "hidden":
+        columns[2].metric("Loss without edits", f"{format_number(results['clean'])} nats",
+                          help=said.get("objective_words", ""))
+    columns[3].metric("Status", str(said.get("status", "?")))
+    if said.get("status") != "finished":
+        st.caption(":material/pause: Stopped part way: the maps hold the documents measured so far; **Go on "
+                   "measuring** finishes them.")
+    maps = {method: imp.ImportanceMap(method, torch.tensor(mean), modules, objective, results["clean"])
+            for method, (mean, _, _) in results["maps"].items()}
+    labels = [module.label for module in modules]
+    show_maps(maps, labels, objective, "imp_corpus_map", over="documents")
     if len(maps) > 1:
         agreement_tables(maps)
-    heads_beside_labels(folder, name, result)
-    token_effect_view(key, model, result, measure)
+    rows = imp.head_rows(imp.Study(None, objective, modules, maps))
+    spread = {(module.label, head): {method: results["maps"][method][1][row, head] for method in maps}
+              for row, module in enumerate(modules) for head in range(module.heads)}
+    for entry in rows:
+        label, _, head = entry["head"].rpartition(", head ")
+        for method in maps:
+            entry[f"spread ({method})"] = float(spread[(label, int(head))][method])
+        entry.pop("label", None)
+    with st.expander("Every head, with its spread over the documents", icon=":material/table:"):
+        st.dataframe(rows, hide_index=True, width="stretch")
+    documents_of_a_head(path, modules, list(maps))
+
+
+def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
+    st.subheader("Where does a head matter most?")
+    columns = st.columns([3, 2, 3])
+    labels = [module.label for module in modules]
+    row = columns[0].selectbox("Layer", range(len(labels)), format_func=labels.__getitem__, key="imp_corpus_layer")
+    head = columns[1].selectbox("Head", range(modules[row].heads), key="imp_corpus_head")
+    method = columns[2].radio("Measure", methods, format_func=METHOD_TITLES.get, horizontal=True,
+                              key="imp_corpus_method")
+    found = run_documents(str(path), path.stat().st_mtime, method, row, head)
+    if not found:
+        st.caption("No document measured for this head yet.")
+        return
+    name = st.session_state.get("imp_model")
+    for rank, entry in enumerate(found):
+        text_column, value_column, button_column = st.columns([8, 2, 3])
+        text_column.markdown(f"**Document {entry['doc']}**: {entry['text'][:240]}…" if len(entry["text"]) > 240
+                             else f"**Document {entry['doc']}**: {entry['text']}")
+        value_column.metric(METHOD_TITLES[method], format_number(entry["change"]), label_visibility="collapsed")
+        if modules[row].kind == "self":  # Explore heads numbers self-attention layers as here
+            button_column.button("Open in Explore heads", key=f"imp_corpus_open_{rank}", on_click=ask_to_open,
+                                 args=(entry["text"], name, modules[row].index, head), icon=":material/search:")
+    st.caption("The documents where removing the head moves the objective most, either way.")
 
 
 def heads_beside_labels(folder: str, name: str, result: imp.Study) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 
 import streamlit as st
 
@@ -16,8 +17,12 @@ from attnviz.models.interventions import editable_checkpoint, editable_lm
 from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
+from attnviz.scan import background
 from attnviz.scan.corpus import bundled_corpus
+from attnviz.scan.importance_runner import SCAN_PREFIX, ImportanceSettings, importance_key, read_corpus_spec
+from attnviz.scan.importance_store import ImportanceReader
 from attnviz.ui.loaded_models import load_bundle
+from attnviz.ui.scans import scan_folder
 
 WITH_LOSS = ("decoder", "encoder-decoder")  # architectures whose checkpoints load with a loss
 
@@ -113,3 +118,55 @@ def cached_circuit(folder: str, name: str, period: int, seed: int, bos: int | No
 def corpus_texts(count: int) -> list[str]:
     """The first ``count`` documents of the bundled corpus, each on one line."""
     return [" ".join(document.text.split()) for document in bundled_corpus().documents[:count]]
+
+
+# -- corpus runs (background jobs) ----------------------------------------------------------------------------------
+BUNDLED_SPEC = "bundled"
+
+
+def importance_jobs() -> background.ScanFolder:
+    """This browser's corpus importance runs: a folder beside its scans (one job at a time)."""
+    return background.ScanFolder(scan_folder().folder / "importance")
+
+
+def _stamp(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def run_facts(spec: str, model_folder: str, settings: ImportanceSettings) -> dict:
+    """The run's key and how many documents it reads, for a corpus ``spec`` (``bundled`` or ``scan:FILE``)."""
+    stamp = 0.0 if spec == BUNDLED_SPEC else _stamp(Path(spec.removeprefix(SCAN_PREFIX)))
+    return _run_facts(spec, stamp, model_folder, settings)
+
+
+@st.cache_data(max_entries=16, show_spinner="Reading the corpus…")
+def _run_facts(spec: str, stamp: float, model_folder: str, settings: ImportanceSettings) -> dict:
+    corpus = read_corpus_spec(spec)
+    return {"key": importance_key(corpus, model_folder, settings), "documents": len(corpus.documents),
+            "name": "the bundled corpus" if spec == BUNDLED_SPEC else corpus.name}
+
+
+def run_results(path: Path) -> dict | None:
+    """What a run's database holds (None if it cannot be read now), cached by the file's modification time."""
+    if not path.is_file():
+        return None
+    try:
+        return _run_results(str(path), _stamp(path))
+    except Exception:  # noqa: BLE001 - a file being written, cut short, or not a run: nothing to show
+        return None
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _run_results(path: str, stamp: float) -> dict:
+    with ImportanceReader(path) as reader:
+        return {"settings": reader.settings, "modules": reader.modules(), "maps": reader.maps(),
+                "clean": reader.clean(), "documents": reader.documents}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def run_documents(path: str, stamp: float, method: str, module: int, head: int) -> list[dict]:
+    with ImportanceReader(path) as reader:
+        return reader.per_document(method, module, head).to_dict("records")

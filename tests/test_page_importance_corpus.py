@@ -1,0 +1,73 @@
+"""The "Does this head matter?" page over a corpus: a run started on the page goes on in a process of its own, and
+its maps, agreement, per-head spread and documents show what its DuckDB file holds; a scan's documents are a
+corpus; a document opens in Explore heads on the head."""
+
+import time
+
+import numpy as np
+import pytest
+
+from attnviz.models.loading import BUNDLED_GPT_NAME
+from attnviz.scan import importance_store as istore
+from tests.apptest_helpers import figure_titled, open_page, plotly_array
+
+PAGE = "pages/importance.py"
+
+
+def wait_for_the_run(at, seconds: float = 240):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        if not at.get("progress"):
+            return at
+        time.sleep(1)
+    raise AssertionError("the run did not finish")
+
+
+@pytest.mark.slow
+def test_a_corpus_run_started_on_the_page_shows_what_its_database_holds(clean_streamlit_caches):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.segmented_control(key="imp_source").set_value("A corpus, in the background").run()
+    at.number_input(key="imp_corpus_docs").set_value(6)
+    at.number_input(key="imp_corpus_tokens").set_value(16).run()
+    button = at.button(key="imp_corpus_run")
+    assert button.label == "Measure every head over 6 documents"
+    button.click().run()
+    assert at.get("progress") or at.button(key="imp_corpus_run").label == "Measured: see below"
+    wait_for_the_run(at)
+    assert at.button(key="imp_corpus_run").label == "Measured: see below"  # the same settings reopen the results
+    documents = next(m.value for m in at.metric if m.label == "Documents")
+    assert documents == "6"
+    with istore.ImportanceReader(at.session_state["imp_corpus_path"]) as reader:
+        maps = reader.maps()
+        assert reader.documents == 6 and reader.settings["status"] == "finished"
+    shown = plotly_array(figure_titled(at, "Zero ablation")["data"][0]["z"])
+    np.testing.assert_allclose(shown, maps["zero"][0], atol=1e-9)
+    assert any("averaged over documents" in c.value for c in at.caption)
+    assert len(at.dataframe[0].value) == 3  # the agreement of three measures
+    # the documents where a head matters most, each openable in Explore heads on that head
+    at.selectbox(key="imp_corpus_layer").set_value(1).run()
+    at.selectbox(key="imp_corpus_head").set_value(2).run()
+    at.button(key="imp_corpus_open_0").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert (at.session_state["layer"], at.session_state["head"], at.session_state["view"]) == (1, 2, "head")
+    assert at.session_state["model"] == BUNDLED_GPT_NAME  # the page's model (the sidebar's has no loss)
+
+
+def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeypatch, clean_streamlit_caches):
+    from attnviz.scan.background import SCAN_ROOT_VARIABLE
+    from attnviz.scan.corpus import Corpus, Document
+    from attnviz.scan.runner import ScanSettings, run_scan
+
+    texts = ["The cat sat on the mat.", "Heads read keys.", "A third document here.", "And a fourth one."]
+    run_scan(Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)]), bert,
+             tmp_path / "four.duckdb", ScanSettings(max_docs=4, max_tokens=12))
+    monkeypatch.setenv(SCAN_ROOT_VARIABLE, str(tmp_path))
+    at = open_page(PAGE, timeout=300, imp_view="Importance map", imp_source="A corpus, in the background")
+    choices = at.selectbox(key="imp_corpus").options
+    assert len(choices) == 2 and "The documents of a scan" in choices[1]
+    at.selectbox(key="imp_corpus").set_value(str(tmp_path / "four.duckdb")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(c.value.startswith("4 of 4 documents of the documents of scan") for c in at.caption)
+    assert at.button(key="imp_corpus_run").label == "Measure every head over 4 documents"
