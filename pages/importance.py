@@ -321,8 +321,9 @@ def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
     name = st.session_state.get("imp_model")
     for rank, entry in enumerate(found):
         text_column, value_column, button_column = st.columns([8, 2, 3])
-        text_column.markdown(f"**Document {entry['doc']}**: {entry['text'][:240]}…" if len(entry["text"]) > 240
-                             else f"**Document {entry['doc']}**: {entry['text']}")
+        flat = " ".join(entry["text"].split())  # as plain text: a document is not markdown
+        text_column.markdown(f"**Document {entry['doc']}**")
+        text_column.text(flat[:240] + ("…" if len(flat) > 240 else ""))
         value_column.metric(METHOD_TITLES[method], format_number(entry["change"]), label_visibility="collapsed")
         if modules[row].kind == "self":  # Explore heads numbers self-attention layers as here
             button_column.button("Open in Explore heads", key=f"imp_corpus_open_{rank}", on_click=ask_to_open,

@@ -128,7 +128,7 @@ def story(result: Circuit, scores: dict[str, torch.Tensor], period: int) -> str:
     else:
         feeder_cost = second[feeder] / clean_second
         said += (f" Zeroing the previous-token head **{labels[feeder]}** ({previous[feeder]:.2f} on the previous "
-                 f"token, an earlier layer) makes it **{feeder_cost:.1f}x**")
+                 f"token, an earlier layer) makes the second copy **{feeder_cost:.1f}x** harder")
         said += (": the induction heads read what it wrote (the heads compose)." if feeder_cost >= MATTERS else
                  ": the induction heads do not need it here.")
     return said + _costliest(labels, induction, second, clean_second, strongest)
