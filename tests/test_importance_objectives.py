@@ -1,7 +1,8 @@
-"""Head importance on an encoder saved with its masked-LM head: the checkpoint loads with the head (refused when its
-weights lack it), every ordinary token is masked once over a text's copies, and the maps and gradients agree with
-the model's own masked-LM loss (transformers' ``labels`` loss) computed text by text, on a copy of the model whose
-head is zeroed at its output projection."""
+"""Head importance by each objective, against the model's own loss computed text by text on a copy of the model
+whose head is zeroed at its output projection. An encoder saved with its masked-LM head loads with the head (refused
+when its weights lack it), every ordinary token is masked once over a text's copies, and the maps, gradients and
+token effects agree with transformers' own masked-LM loss; an encoder-decoder's map is the change of its own
+sequence-to-sequence loss, the text as its own target."""
 
 import copy
 import json
@@ -140,3 +141,37 @@ def test_the_page_measures_an_uploaded_masked_lm_by_its_loss_and_says_when_the_h
     assert not at.exception, [e.value for e in at.exception]
     caption = next(c.value for c in at.caption if "Measured by" in c.value)
     assert imp.OBJECTIVES["hidden"] in caption and "masked-LM head could not be used" in caption
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory):
+    folder = make_tiny_checkpoint("t5", tmp_path_factory.mktemp("t5") / "t5", seq2seq_lm=True)
+    model, tokenizer = iv.editable_lm(folder)
+    return model.double(), tokenizer
+
+
+def test_the_seq2seq_map_is_the_change_of_the_models_own_loss_text_by_text(seq2seq):
+    """The text as its own target: each text alone, transformers' own ``labels`` loss, on a copy of the model whose
+    head is zeroed at its output projection (encoder, decoder and cross-attention alike)."""
+    model, tokenizer = seq2seq
+    assert imp.objective_of(model) == "seq2seq"
+    batch = imp.batch_of(tokenizer, TEXTS, "seq2seq")
+    result = imp.ablation_map(model, batch, "zero")
+    kinds = set()
+
+    def loss(one, sentence: str) -> float:
+        ids = torch.tensor([tokenizer(sentence)["input_ids"]])
+        with torch.no_grad():
+            return float(one(input_ids=ids, labels=ids).loss)
+
+    for row, module in enumerate(result.modules):
+        reference = copy.deepcopy(model)
+        projection = reference.get_submodule(module.name.split("@")[0]).o
+        width = projection.weight.shape[1] // module.heads
+        with torch.no_grad():
+            projection.weight[:, width: 2 * width] = 0  # head 1
+        for text, sentence in enumerate(TEXTS):
+            expected = loss(reference, sentence) - loss(model, sentence)
+            assert float(result.per_text[row, 1, text]) == pytest.approx(expected, rel=1e-5, abs=1e-7), module.label
+        kinds.add(module.kind)
+    assert kinds == {"encoder", "decoder", "cross"}
