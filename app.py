@@ -27,6 +27,7 @@ PAGES = (  # (script, title, icon); the first is the default page
     ("pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
     ("pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
     ("pages/importance.py", "Does this head matter?", ":material/science:"),
+    ("pages/queries_keys.py", "Queries and keys", ":material/scatter_plot:"),
     ("pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
 )
 

@@ -8,10 +8,10 @@ import streamlit as st
 import torch
 
 from attnviz import circuits
+from attnviz.models import importance as imp
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.models.with_heads import declares_masked_lm_head
-from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
@@ -36,6 +36,7 @@ from attnviz.ui.importance_cache import (
     run_documents,
     run_facts,
     run_results,
+    scan_top_labels,
     study,
 )
 from attnviz.ui.loaded_models import load_bundle
@@ -293,17 +294,41 @@ def corpus_results(path: Path, results: dict, objective: str) -> None:
     show_maps(maps, labels, objective, "imp_corpus_map", over="documents")
     if len(maps) > 1:
         agreement_tables(maps)
+    cells = {f"{module.label}, head {head}": (row, head)
+             for row, module in enumerate(modules) for head in range(module.heads)}
+    labels_of_scan, note = scan_labels_for(said)
     rows = imp.head_rows(imp.Study(None, objective, modules, maps))
-    spread = {(module.label, head): {method: results["maps"][method][1][row, head] for method in maps}
-              for row, module in enumerate(modules) for head in range(module.heads)}
     for entry in rows:
-        label, _, head = entry["head"].rpartition(", head ")
+        row, head = cells[entry["head"]]
         for method in maps:
-            entry[f"spread ({method})"] = float(spread[(label, int(head))][method])
+            entry[f"spread ({method})"] = float(results["maps"][method][1][row, head])
         entry.pop("label", None)
+        if labels_of_scan is not None:
+            found = labels_of_scan.get((modules[row].index, head)) if modules[row].kind in ("self", "encoder") else None
+            entry["label over the scan"] = f"{found[0]} ({found[1]:.0%} of documents)" if found else ""
+    if note:
+        st.caption(note)
     with st.expander("Every head, with its spread over the documents", icon=":material/table:"):
         st.dataframe(rows, hide_index=True, width="stretch")
     documents_of_a_head(path, modules, list(maps))
+
+
+def scan_labels_for(said: dict) -> tuple[dict | None, str]:
+    """The labels a scan gave each head over the same documents, when the run measured a scan's documents with the
+    scan's own model; else None and why not (or "")."""
+    source = str(said.get("source") or "")
+    if not source.startswith(SCAN_PREFIX):
+        return None, ""
+    scan = Path(source.removeprefix(SCAN_PREFIX))
+    found = scan_top_labels(scan)
+    if found is None:
+        return None, "The scan these documents came from cannot be read now: its labels are not shown."
+    model_folder, labels = found
+    if Path(model_folder).resolve() != Path(str(said.get("model_folder", ""))).resolve():
+        return None, ("The scan these documents came from was made with another model: its head labels describe "
+                      "that model's heads, so they are not shown beside these.")
+    return labels, ("Label over the scan: each head's most frequent label on the same documents, from the scan "
+                    "(where it looks, beside what removing it costs).")
 
 
 def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
@@ -331,9 +356,13 @@ def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
     st.caption("The documents where removing the head moves the objective most, either way.")
 
 
+SHOWN_STATISTICS = ("previous token", "first token", "self", "normalised entropy", "mean distance")
+
+
 def heads_beside_labels(folder: str, name: str, result: imp.Study) -> None:
-    """Every head's importance beside what it looks like: Explore heads' label of the head on the first text."""
-    labels = {}
+    """Every head's importance beside what it looks like: Explore heads' label and statistics of the head on the
+    first text."""
+    labels, statistics = {}, {}
     try:
         bundle = load_bundle(folder, name, model_dtype(name))
         capture = cached_capture(folder, name, result.batch.texts[0], None, bundle, max_tokens=imp.MAX_TOKENS,
@@ -341,16 +370,18 @@ def heads_beside_labels(folder: str, name: str, result: imp.Study) -> None:
         for kind, record in capture.records.items():
             if record.n_q == record.n_k:  # labels describe self-attention
                 table = statistics_table(capture, kind)
-                labels.update({(kind, int(layer), int(head)): label
-                               for layer, head, label in zip(table["layer"], table["head"], table["label"],
-                                                             strict=True)})
+                for _, found in table.iterrows():
+                    cell = (kind, int(found["layer"]), int(found["head"]))
+                    labels[cell] = found["label"]
+                    statistics[cell] = {column: round(float(found[column]), 3) for column in SHOWN_STATISTICS}
     except (ValueError, RuntimeError) as problem:
         st.caption(f"Head labels are not available for this model: {problem_text(problem)}")
     with st.expander("Every head: what it looks like and what it costs", icon=":material/table:"):
-        st.dataframe(imp.head_rows(result, labels), hide_index=True, width="stretch")
-        st.caption("Label: where the head looks on the first text (as Explore heads names it). Ranks: 1 is the "
-                   "most important by that measure. A head can look like a pattern and matter little, and the "
-                   "other way round.")
+        st.dataframe(imp.head_rows(result, labels, statistics), hide_index=True, width="stretch")
+        st.caption("Label and statistics: where the head looks on the first text, as Explore heads measures it "
+                   "(shares of attention weight; entropy over the keys, normalised to 0-1; distance in tokens). "
+                   "Ranks: 1 is the most important by that measure. A head can look like a pattern and matter "
+                   "little, and the other way round.")
 
 
 def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:

@@ -41,6 +41,7 @@ class Case:
     fallback_tokenizer: bool = False  # loads with the stand-in tokenizer
     absent: list[str] = field(default_factory=list)  # files that must not be in the prepared folder
     causal: bool = False  # loaded as the Generation page loads a decoder (load_causal_lm), not load_model_dir
+    masked: bool = False  # loaded as head importance loads an encoder with its masked-LM head (load_masked_lm)
     image: bool = False  # a vision transformer: captured on an image
 
 
@@ -356,6 +357,16 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     zip_case("load_causal_lm: t5 decoder_start_token_id past the vocabulary", with_config(
         t5_files, decoder_start_token_id=10_000_000), match="decoder_start_token_id", causal=True)
 
+    # Head importance's masked-LM loader: the same checks, and no head made up at random
+    bert = folder_files(_tiny_masked_lm(root / "bert-mlm"))
+    zip_case("load_masked_lm: an index climbing out", with_config(pointing("../../secret/secret.safetensors", True),
+                                                                  architectures=["BertForMaskedLM"]),
+             match="cannot be a shard", masked=True)
+    headless = folder_files(_tiny_masked_lm(root / "bert-headless", head=False))
+    zip_case("load_masked_lm: says BertForMaskedLM, holds no head", with_config(
+        headless, architectures=["BertForMaskedLM"]), match="no masked-LM head", masked=True)
+    zip_case("load_masked_lm: a BERT with its head", bert, expect="loads", masked=True)
+
     # Vision transformers: what the image processor asks for is bounded too
     from attnviz.bench.tiny import make_tiny_vision_checkpoint
 
@@ -487,6 +498,12 @@ def _tiny_seq2seq(folder: Path) -> Path:
     from attnviz.bench.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint("t5", folder, seq2seq_lm=True)
+
+
+def _tiny_masked_lm(folder: Path, head: bool = True) -> Path:
+    from attnviz.bench.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint("bert", folder, masked_lm=head)
 
 
 def _cache_layout(folder: Path, files: dict[str, bytes]) -> None:

@@ -131,8 +131,9 @@ def run_case(case: dict, facts: dict) -> dict:
             folder, owned, notes = _prepare(case)
             result["notes"] += notes
             result["absent_present"] = [name for name in case["absent"] if (folder / name).exists()]
-            if case["causal"]:  # the Generation page's loader: a model with its LM head, and its tokenizer
-                model, tokenizer = with_heads.load_causal_lm(folder)
+            if case["causal"] or case["masked"]:  # a model with its LM head (Generation, head importance)
+                load = with_heads.load_masked_lm if case["masked"] else with_heads.load_causal_lm
+                model, tokenizer = load(folder)
                 result.update(seconds=time.perf_counter() - started, outcome="loaded", notes=result["notes"],
                               fallback_tokenizer=False, replay_finite=True,
                               leaked=_leaked(SimpleNamespace(model=model, tokenizer=tokenizer), facts))

@@ -35,6 +35,7 @@ PAGES = {
     "importance, circuit": ("pages/importance.py", {}),
     "importance, map": ("pages/importance.py", {"imp_view": "Importance map"}),
     "importance, patching": ("pages/importance.py", {"imp_view": "Activation patching"}),
+    "queries and keys": ("pages/queries_keys.py", {}),
     "checkpoints": ("pages/checkpoints.py", {}),
 }
 

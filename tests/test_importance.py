@@ -7,10 +7,10 @@ import transformers as T
 from scipy.stats import spearmanr
 
 from attnviz import circuits
+from attnviz.models import importance as imp
 from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 
@@ -252,6 +252,8 @@ def test_the_head_table_ranks_every_head_by_each_measure():
                                              "layer 0, head 0"]
     assert rows[0]["label"] == "previous token" and rows[1]["label"] == ""
     assert [row["rank (gradient)"] for row in rows] == [4, 3, 2, 1]
+    rows = imp.head_rows(result, statistics={("self", 1, 1): {"previous token": 0.9}})
+    assert next(row for row in rows if row["head"] == "layer 1, head 1")["previous token"] == 0.9
 
 
 def test_a_stopped_map_goes_on_where_it_stopped_and_gives_the_same_map(tiny_gpt):
@@ -299,4 +301,7 @@ def test_marian_style_encoder_decoders_are_measured_by_their_loss():
     assert imp.objective_of(model) == "seq2seq"
     assert imp.objective_of(T.BertForMaskedLM(T.BertConfig(hidden_size=16, num_attention_heads=2,
                                                            num_hidden_layers=1, intermediate_size=32,
-                                                           vocab_size=60))) == "hidden"
+                                                           vocab_size=60))) == "masked"
+    assert imp.objective_of(T.BertForPreTraining(T.BertConfig(hidden_size=16, num_attention_heads=2,
+                                                              num_hidden_layers=1, intermediate_size=32,
+                                                              vocab_size=60))) == "hidden"

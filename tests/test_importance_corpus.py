@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.models import importance as imp
 from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR
-from attnviz.pagelogic import importance as imp
 from attnviz.scan import background
 from attnviz.scan import importance_store as istore
 from attnviz.scan.corpus import Corpus, CorpusRefused, Document
@@ -200,3 +200,22 @@ def test_corpus_means_weigh_every_token_alike(tiny_gpt):
     expected, _ = iv.head_means(model, batch.inputs, batch.real)
     for name, mean in expected.items():
         assert torch.allclose(means[name], mean, atol=1e-6)
+
+
+def test_a_scans_top_label_per_head_is_its_most_frequent(bert, tmp_path):
+    import pandas as pd
+
+    from attnviz.scan.runner import ScanSettings, run_scan
+    from attnviz.scan.store import ScanReader
+
+    texts = Corpus("tests", [document for document in corpus().documents if document.text.strip()])
+    run_scan(texts, bert, tmp_path / "scan.duckdb", ScanSettings(max_docs=8, max_tokens=12))
+    with ScanReader(tmp_path / "scan.duckdb") as reader:
+        top = reader.top_labels()
+        frame = reader.connection.execute("SELECT * FROM label_state").df()
+    assert len(top) == 6 * 12
+    for (layer, head), (label, share) in top.items():
+        rows = frame[(frame["layer"] == layer) & (frame["head"] == head)]
+        assert rows["documents"].max() == int(rows[rows["label"] == label]["documents"].iloc[0])
+        assert share == pytest.approx(rows["documents"].max() / rows["documents"].sum())
+    assert isinstance(frame, pd.DataFrame)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from attnviz.bench.tiny import make_tiny_checkpoint
+from attnviz.models import importance as imp
 from attnviz.models import interventions as iv
 from attnviz.models.safety import CheckpointRefused
 from attnviz.models.with_heads import declares_masked_lm_head, load_masked_lm
-from attnviz.pagelogic import importance as imp
 from tests.apptest_helpers import figure_titled, open_page
 
 TEXTS = ["The cat sat on the mat.", "Attention heads read keys and values, then mix them."]

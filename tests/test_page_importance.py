@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from attnviz import circuits
+from attnviz.models import importance as imp
 from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
-from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 
@@ -62,6 +62,17 @@ def test_the_importance_map_measures_every_head_and_reacts_to_the_head_chosen(_c
     assert len(every_head) == 8 and every_head["label"].str.len().gt(0).all()  # Explore heads' labels, beside
     assert list(every_head["rank (zero)"]) == sorted(every_head["rank (zero)"])
     assert abs(every_head["zero"].iloc[0]) == pytest.approx(np.abs(zero).max(), abs=1e-6)  # the largest effect
+    # beside each head, Explore heads' statistics of it on the first text
+    from attnviz.models.capture import capture
+    from attnviz.models.loading import load_model_dir
+    from attnviz.pagelogic.explore_heads.statistics import statistics_table
+
+    looks = statistics_table(capture(load_model_dir(BUNDLED_GPT_DIR), "The cat sat on the mat."), "self")
+    for _, row in every_head.iterrows():
+        layer, head = (int(part.split()[-1]) for part in row["head"].split(", "))
+        expected = looks[(looks["layer"] == layer) & (looks["head"] == head)].iloc[0]
+        assert row["previous token"] == pytest.approx(expected["previous token"], abs=1e-3)
+        assert row["label"] == expected["label"]
     chips = next(h.proto.body for h in at.get("html") if "rgba(" in h.proto.body)
     first_text = imp.batch_of(iv.editable_lm(BUNDLED_GPT_DIR)[1], ["The cat sat on the mat."], "next-token")
     assert chips.count("<span") == len(first_text.tokens[0])  # the text drawn: its first token, then each target

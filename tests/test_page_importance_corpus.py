@@ -71,3 +71,35 @@ def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeyp
     assert not at.exception, [e.value for e in at.exception]
     assert any(c.value.startswith("4 of 4 documents of the documents of scan") for c in at.caption)
     assert at.button(key="imp_corpus_run").label == "Measure every head over 4 documents"
+
+
+@pytest.mark.slow
+def test_a_scans_labels_stand_beside_the_importance_of_the_same_heads(tmp_path, monkeypatch, clean_streamlit_caches):
+    """Measured over a scan's documents with the scan's own model, every head's row shows its most frequent label
+    over the scan."""
+    from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
+    from attnviz.scan import store
+    from attnviz.scan.background import SCAN_ROOT_VARIABLE
+    from attnviz.scan.corpus import Corpus, Document
+    from attnviz.scan.runner import ScanSettings, run_scan
+
+    texts = ["The cat sat on the mat.", "Heads read keys and values.", "A third document, a little longer.",
+             "And a fourth one here."]
+    scan = tmp_path / "gpt.duckdb"
+    run_scan(Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)]),
+             load_model_dir(BUNDLED_GPT_DIR, name=BUNDLED_GPT_NAME), scan, ScanSettings(max_docs=4, max_tokens=16))
+    monkeypatch.setenv(SCAN_ROOT_VARIABLE, str(tmp_path))
+    at = open_page(PAGE, timeout=300, imp_view="Importance map", imp_source="A corpus, in the background")
+    at.selectbox(key="imp_corpus").set_value(str(scan)).run()
+    at.number_input(key="imp_corpus_tokens").set_value(16).run()
+    at.button(key="imp_corpus_run").click().run()
+    wait_for_the_run(at)
+    table = next(frame.value for frame in at.dataframe if "label over the scan" in frame.value.columns)
+    with store.ScanReader(scan) as reader:
+        expected = reader.top_labels()
+    assert len(table) == 8
+    for _, row in table.iterrows():
+        layer, head = (int(part.split()[-1]) for part in row["head"].split(", "))
+        label, share = expected[(layer, head)]
+        assert row["label over the scan"] == f"{label} ({share:.0%} of documents)"
+    assert any("most frequent label on the same documents" in c.value for c in at.caption)

@@ -11,6 +11,7 @@ PAGES = [
     "pages/positional.py",
     "pages/scaling.py",
     "pages/heads_kv_cache.py",
+    "pages/queries_keys.py",
 ]
 SENTENCES = {
     "empty": "   ",

@@ -68,7 +68,7 @@ def _progress(how: str):
 
 def bench_ablation(texts: int = 50, max_tokens: int = 32, repeats: int = 5, folder: str | None = None,
                    layers: int = 12, heads: int = 12, width: int = 768) -> dict:
-    from attnviz.pagelogic import importance as imp
+    from attnviz.models import importance as imp
 
     (model, tokenizer), described = _model(folder, layers, heads, width)
     objective = imp.objective_of(model)

@@ -43,6 +43,7 @@ PAGES = (
     PageVisit("Generation and KV cache", "pages/generation.py", "gen_step", (3, 4)),
     PageVisit("Heads across a corpus", "pages/corpus.py", "corpus_docs", (300, 400)),
     PageVisit("Does this head matter?", "pages/importance.py", "imp_circuit_seed", (12, 13)),
+    PageVisit("Queries and keys", "pages/queries_keys.py", "qk_head", (3, 4)),
     PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )
 

@@ -10,8 +10,8 @@ import torch
 
 from attnviz import circuits
 from attnviz.models.capture import record_from_calls, recorded_calls
+from attnviz.models.importance import empty_map
 from attnviz.models.interventions import AttentionModule, Plan, attention_modules, edited, zeroed
-from attnviz.pagelogic.importance import empty_map
 
 
 @dataclass

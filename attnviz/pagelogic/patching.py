@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.models.importance import empty_map
 from attnviz.models.interventions import AttentionModule, Plan, attention_modules, edited, head_outputs
-from attnviz.pagelogic.importance import empty_map
 from attnviz.tokens_display import readable_token, tokenizer_style
 
 

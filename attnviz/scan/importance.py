@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
             state = run_importance_on_ray(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
                                           address=args.ray, workers=args.workers,
-                                          threads_per_worker=args.threads or 1, progress=reporter,
+                                          threads_per_worker=args.threads or 1, progress=reporter, source=args.corpus,
                                           should_stop=should_stop)
         else:
             state = run_importance(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
-                                   progress=reporter, should_stop=should_stop)
+                                   progress=reporter, should_stop=should_stop, source=args.corpus)
     except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, ValueError) as problem:
         if args.progress_file:
             write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})

@@ -32,8 +32,8 @@ class ImportanceActor:
     def __init__(self, folder: str, dtype: str, objective: str, settings: ImportanceSettings, means, threads: int):
         import torch
 
+        from attnviz.models import importance as imp
         from attnviz.models.interventions import attention_modules, editable_checkpoint
-        from attnviz.pagelogic import importance as imp
         from attnviz.runtime import configure_environment
 
         configure_environment()
@@ -54,7 +54,7 @@ class ImportanceActor:
 def run_importance_on_ray(corpus: Corpus, folder: str | Path, path: str | Path,
                           settings: ImportanceSettings = DEFAULT_SETTINGS, *, name: str | None = None,
                           dtype: str = "stored", address: str | None = "auto", workers: int = 2,
-                          threads_per_worker: int = 1, loaded: tuple | None = None,
+                          threads_per_worker: int = 1, loaded: tuple | None = None, source: str | None = None,
                           progress: Callable[[ImportanceProgress], None] | None = None,
                           should_stop: Callable[[], bool] | None = None) -> ImportanceProgress:
     """:func:`attnviz.scan.importance_runner.run_importance` with the heads' pass on Ray: ``workers`` actors each
@@ -87,7 +87,7 @@ def run_importance_on_ray(corpus: Corpus, folder: str | Path, path: str | Path,
 
     started_here = start_ray(address)
     try:
-        return run_importance(corpus, folder, path, settings, name=name, dtype=dtype, loaded=loaded,
+        return run_importance(corpus, folder, path, settings, name=name, dtype=dtype, loaded=loaded, source=source,
                               progress=progress, should_stop=should_stop, measure=measure)
     finally:
         if started_here:

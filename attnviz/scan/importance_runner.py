@@ -1,4 +1,4 @@
-"""Does a head matter across a corpus? The importance maps of :mod:`attnviz.pagelogic.importance` over thousands of
+"""Does a head matter across a corpus? The importance maps of :mod:`attnviz.models.importance` over thousands of
 documents: each document's effect of ablating each head (zero, mean) and its gradient importance, a chunk of
 documents at a time, into DuckDB (:mod:`attnviz.scan.importance_store`), in a process of its own when the page
 starts it, resumable, and on Ray when asked (:mod:`attnviz.scan.importance_ray`) with the same results.
@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from attnviz.models import importance as imp
 from attnviz.models.interventions import AttentionModule, editable_checkpoint, head_means
-from attnviz.pagelogic import importance as imp
 from attnviz.scan import importance_store as istore
 from attnviz.scan.corpus import Corpus, CorpusRefused, Document, open_corpus
 from attnviz.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
@@ -161,7 +161,7 @@ def measure_chunk(model, tokenizer, objective: str, modules: list[AttentionModul
 
 
 def open_run(path: str | Path, corpus: Corpus, folder: str | Path, name: str, settings: ImportanceSettings,
-             objective: str, modules: list[AttentionModule]) -> istore.ImportanceWriter:
+             objective: str, modules: list[AttentionModule], source: str | None = None) -> istore.ImportanceWriter:
     """The run's database: new (its settings written), or the same run's to resume; refused if it holds another."""
     key = importance_key(corpus, folder, settings)
     writer = istore.ImportanceWriter(path)
@@ -171,7 +171,7 @@ def open_run(path: str | Path, corpus: Corpus, folder: str | Path, name: str, se
         raise ScanRefused(f"{Path(path).name} holds another run (another corpus, model or limits): choose a new "
                           "file, or delete it")
     if not existing:
-        writer.set(key=key, model=name, model_folder=str(folder), objective=objective,
+        writer.set(key=key, model=name, model_folder=str(folder), objective=objective, source=source,
                    objective_words=imp.OBJECTIVES[objective], corpus=corpus.name,
                    corpus_fingerprint=corpus.fingerprint, corpus_documents=len(corpus.documents),
                    max_docs=settings.max_docs, max_tokens=settings.max_tokens,
@@ -196,17 +196,19 @@ def prepare(model, tokenizer, corpus: Corpus, settings: ImportanceSettings):
 
 def run_importance(corpus: Corpus, folder: str | Path, path: str | Path,
                    settings: ImportanceSettings = DEFAULT_SETTINGS, *, name: str | None = None,
-                   dtype: str = "stored", loaded: tuple | None = None,
+                   dtype: str = "stored", loaded: tuple | None = None, source: str | None = None,
                    progress: Callable[[ImportanceProgress], None] | None = None,
                    should_stop: Callable[[], bool] | None = None,
                    measure: Callable | None = None) -> ImportanceProgress:
     """Measure every head of the checkpoint in ``folder`` over ``corpus`` into the database at ``path`` (created, or
-    resumed where it stopped). ``loaded``: ``(model, tokenizer)`` already loaded (else loaded here);
+    resumed where it stopped). ``loaded``: ``(model, tokenizer)`` already loaded (else loaded here); ``source``: the
+    corpus as the command line names it (kept in the settings: a scan's documents link the run to the scan);
     ``measure``: runs the chunks (default: here, one after the other; :mod:`attnviz.scan.importance_ray` passes
     Ray's). Returns the last progress (``status`` finished or stopped)."""
     model, tokenizer = loaded if loaded is not None else editable_checkpoint(folder, dtype)[:2]
     objective, planned, modules = prepare(model, tokenizer, corpus, settings)
-    with open_run(path, corpus, folder, name or Path(folder).name, settings, objective, modules) as writer:
+    with open_run(path, corpus, folder, name or Path(folder).name, settings, objective, modules,
+                  source) as writer:
         done = writer.done_documents()
         todo = [(doc, document) for doc, document in planned if doc not in done]
         state = ImportanceProgress(done=len(planned) - len(todo), planned=len(planned), started=time.time())

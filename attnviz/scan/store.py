@@ -310,6 +310,14 @@ class ScanReader:
     def documents(self) -> int:
         return int(self.connection.execute("SELECT count(*) FROM documents").fetchone()[0])
 
+    def top_labels(self) -> dict[tuple[int, int], tuple[str, float]]:
+        """Each head's most frequent label over the documents and the share of documents where it held."""
+        rows = self.connection.execute(
+            "SELECT layer, head, label, documents / nullif(sum(documents) OVER (PARTITION BY layer, head), 0) "
+            "AS share FROM label_state QUALIFY row_number() OVER (PARTITION BY layer, head "
+            "ORDER BY documents DESC, label) = 1").fetchall()
+        return {(int(layer), int(head)): (label, float(share or 0.0)) for layer, head, label, share in rows}
+
     def statistic_map(self, statistic: str, over: str = "queries") -> tuple[np.ndarray, np.ndarray]:
         """``(mean, spread)`` as ``[layers, heads]`` arrays. ``over`` "queries": mean over every query and the
         spread of the queries' values; "documents": mean of the documents' means and their spread. For a label

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from attnviz.models import importance as imp
 from attnviz.models.interventions import editable_checkpoint, editable_lm
-from attnviz.pagelogic import importance as imp
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.scan import background
 from attnviz.scan.corpus import bundled_corpus
 from attnviz.scan.importance_runner import SCAN_PREFIX, ImportanceSettings, importance_key, read_corpus_spec
 from attnviz.scan.importance_store import ImportanceReader
+from attnviz.scan.store import ScanReader
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.scans import scan_folder
 
@@ -170,3 +171,19 @@ def _run_results(path: str, stamp: float) -> dict:
 def run_documents(path: str, stamp: float, method: str, module: int, head: int) -> list[dict]:
     with ImportanceReader(path) as reader:
         return reader.per_document(method, module, head).to_dict("records")
+
+
+def scan_top_labels(path: Path) -> tuple[str, dict] | None:
+    """A scan's model folder and each head's most frequent label (None if it cannot be read now)."""
+    if not path.is_file():
+        return None
+    try:
+        return _scan_top_labels(str(path), _stamp(path))
+    except Exception:  # noqa: BLE001 - a scan being written, or not a scan
+        return None
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _scan_top_labels(path: str, stamp: float) -> tuple[str, dict]:
+    with ScanReader(path) as reader:
+        return str(reader.settings.get("model_folder", "")), reader.top_labels()

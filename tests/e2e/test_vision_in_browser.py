@@ -22,7 +22,7 @@ def test_an_image_upload_is_overlaid_and_a_click_on_a_patch_follows_it(page, app
     upload_checkpoint(page, app_url, zip_folder(folder, tmp_path / "tiny-vit.zip"))
     page.get_by_role("link", name="Explore heads").click()
     wait_until_idle(page)
-    page.get_by_role("radio", name="Upload an image").click()
+    page.get_by_role("radio", name="Upload an image").click(timeout=90_000)  # slow to appear on a busy machine
     wait_until_idle(page)
     picture = tmp_path / "stripes.png"
     stripes = Image.new("RGB", (120, 90), (20, 20, 200))

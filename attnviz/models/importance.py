@@ -362,11 +362,12 @@ def disagreements(first: ImportanceMap, second: ImportanceMap, count: int = 5) -
     return rows
 
 
-def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = None) -> list[dict]:
-    """One row per head: its label (``labels`` by (kind, layer, head), e.g. Explore heads' on the first text), each
-    map's value and rank (1: the largest effect by that measure, either way: :func:`how_much`), most important by
-    zero ablation first."""
-    labels = labels or {}
+def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = None,
+              statistics: dict[tuple[str, int, int], dict[str, float]] | None = None) -> list[dict]:
+    """One row per head: its label (``labels`` by (kind, layer, head), e.g. Explore heads' on the first text), its
+    ``statistics`` (columns by name, the same keys: where it looks), each map's value and rank (1: the largest
+    effect by that measure, either way: :func:`how_much`), most important by zero ablation first."""
+    labels, statistics = labels or {}, statistics or {}
     ranked = {}
     for method, one in result.maps.items():
         keep = ~one.values.isnan()
@@ -377,7 +378,8 @@ def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = No
     for row, module in enumerate(result.modules):
         for head in range(module.heads):
             entry = {"head": f"{module.label}, head {head}",
-                     "label": labels.get((module.kind, module.index, head), "")}
+                     "label": labels.get((module.kind, module.index, head), ""),
+                     **statistics.get((module.kind, module.index, head), {})}
             for method, one in result.maps.items():
                 entry[method] = float(one.values[row, head])
                 rank = ranked[method].get((row, head), float("nan"))  # NaN: not measured (a non-finite loss)

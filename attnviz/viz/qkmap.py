@@ -1,0 +1,122 @@
+"""Figures of the "Queries and keys" page: one head's queries and keys as points of one picture (2D or 3D), with
+lines from a chosen query to the keys it attends to most, and every head of a layer as small pictures to click.
+``points`` are :class:`attnviz.pagelogic.qkmap.HeadPoints` (read by attribute: viz imports the core only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attnviz.viz import style
+
+QUERY_COLOR, KEY_COLOR = "#d62728", "#1f77b4"
+COLOURINGS = ("query or key", "position", "document")
+def _rounded(values) -> np.ndarray:
+    """Coordinates as float32 arrays: Plotly sends them as typed arrays (4 bytes a number, not a decimal string),
+    so a figure of tens of thousands of points stays under 2 MB."""
+    return np.asarray(values, dtype=np.float32)
+
+
+def _hover(points, which: str) -> list[str]:
+    tokens = points.query_tokens if which == "query" else points.key_tokens
+    positions = points.query_positions if which == "query" else points.key_positions
+    documents = points.query_documents if which == "query" else points.key_documents
+    several = len(points.documents) > 1
+    return [f"{which} {position}: {style.plotly_text(token)}" + (f"<br>document {document}" if several else "")
+            for token, position, document in zip(tokens, positions, documents, strict=True)]
+
+
+def head_scatter(points, coordinates, *, title: str, colour: str = "query or key",
+                 selected_query: int | None = None, strongest: int = 3, height: int = 560) -> go.Figure:
+    """Queries then keys (``coordinates`` ``[n_q + n_k, 2 or 3]``) as points: queries round, keys diamonds;
+    coloured by kind, by position or by document. With ``selected_query``: lines from it to the ``strongest``
+    keys it attends to, their weights on the lines' hover. Each point's customdata: (0 query / 1 key, index)."""
+    coordinates = np.asarray(coordinates, dtype=np.float64)
+    dims = coordinates.shape[1]
+    n_q = len(points.queries)
+    parts = {"query": (coordinates[:n_q], points.query_positions, points.query_documents, "circle", QUERY_COLOR),
+             "key": (coordinates[n_q:], points.key_positions, points.key_documents, "diamond", KEY_COLOR)}
+    figure = go.Figure()
+    for kind, (xyz, positions, documents, symbol, plain) in parts.items():
+        if colour == "position":
+            colours = dict(color=np.asarray(positions, np.int32), colorscale=style.PLAIN_COLORSCALE,
+                           showscale=kind == "query",
+                           colorbar=dict(title="position", thickness=12))
+        elif colour == "document":
+            colours = dict(color=np.asarray(documents, np.int32), colorscale="Turbo", showscale=False)
+        else:
+            colours = dict(color=plain)
+        marker = dict(symbol=symbol if dims == 2 else ("circle" if kind == "query" else "diamond"),
+                      size=7 if dims == 2 else 3, opacity=0.8, line=dict(width=0), **colours)
+        common = dict(mode="markers", name="queries" if kind == "query" else "keys", marker=marker,
+                      text=_hover(points, kind),
+                      hovertemplate="%{text}<extra></extra>",
+                      customdata=np.stack([np.full(len(xyz), 0 if kind == "query" else 1), np.arange(len(xyz))],
+                                          1).astype(np.int32))
+        if dims == 2:
+            figure.add_trace(go.Scattergl(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), **common))
+        else:
+            figure.add_trace(go.Scatter3d(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), z=_rounded(xyz[:, 2]),
+                                          **common))
+    if selected_query is not None and 0 <= selected_query < n_q:
+        _lines_to_strongest(figure, points, coordinates, selected_query, strongest)
+    layout = dict(title=dict(text=title), height=height, margin=dict(l=10, r=10, t=60, b=10),
+                  legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                  font=dict(family=style.FONT_FAMILY))
+    if dims == 2:
+        figure.update_layout(**layout, xaxis=dict(showticklabels=False, zeroline=False, title=""),
+                             yaxis=dict(showticklabels=False, zeroline=False, title="", scaleanchor="x"),
+                             dragmode="pan")
+    else:
+        hidden = dict(showticklabels=False, title="")
+        figure.update_layout(**layout, scene=dict(xaxis=hidden, yaxis=hidden, zaxis=hidden))
+    return figure
+
+
+def _lines_to_strongest(figure: go.Figure, points, coordinates: np.ndarray, query: int,
+                        strongest: int) -> None:
+    document = next(d for d in points.documents if query in d.queries)
+    local = query - document.queries.start
+    weights = document.weights[local]
+    order = weights.argsort(descending=True)[:strongest].tolist()
+    n_q = len(points.queries)
+    dims = coordinates.shape[1]
+    start = coordinates[query]
+    for rank, key in enumerate(order):
+        end = coordinates[n_q + document.keys.start + key]
+        segment = np.stack([start, end])
+        hover = (f"query {points.query_positions[query]} → key {key}: "
+                 f"{style.plotly_text(points.key_tokens[document.keys.start + key])}, weight {float(weights[key]):.3f}")
+        line = dict(color="#333333", width=max(1.0, 6 * float(weights[key])))
+        common = dict(mode="lines", line=line, hovertemplate=f"{hover}<extra></extra>", showlegend=rank == 0,
+                      name=f"strongest {strongest} keys")
+        if dims == 2:
+            figure.add_trace(go.Scatter(x=_rounded(segment[:, 0]), y=_rounded(segment[:, 1]), **common))
+        else:
+            figure.add_trace(go.Scatter3d(x=_rounded(segment[:, 0]), y=_rounded(segment[:, 1]),
+                                          z=_rounded(segment[:, 2]), **common))
+
+
+def layer_grid(pictures: list[tuple], trusts: list[float], *, title: str,
+               columns: int = 6) -> go.Figure:
+    """Every head of a layer as a small 2D picture (queries red, keys blue), titled with the share of queries whose
+    strongest key is their nearest; each point's customdata is its head, for a click to choose it."""
+    rows = -(-len(pictures) // columns)
+    figure = make_subplots(rows=rows, cols=columns, horizontal_spacing=0.02, vertical_spacing=0.08,
+                           subplot_titles=[f"head {h} · {trust:.0%}" for h, trust in enumerate(trusts)])
+    for head, (points, coordinates) in enumerate(pictures):
+        coordinates = np.asarray(coordinates, dtype=np.float64)
+        n_q = len(points.queries)
+        for part, colour in ((coordinates[:n_q], QUERY_COLOR), (coordinates[n_q:], KEY_COLOR)):
+            figure.add_trace(go.Scattergl(
+                x=_rounded(part[:, 0]), y=_rounded(part[:, 1]), mode="markers", showlegend=False,
+                marker=dict(color=colour, size=3, opacity=0.7), customdata=np.full((len(part), 1), head, np.int16),
+                hovertemplate=f"head {head}<extra></extra>"), row=head // columns + 1, col=head % columns + 1)
+    figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    figure.update_annotations(font_size=11)
+    figure.update_layout(title=dict(text=title), height=int(150 * rows + 80), margin=dict(l=10, r=10, t=70, b=10),
+                         font=dict(family=style.FONT_FAMILY))
+    return figure

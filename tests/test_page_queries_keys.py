@@ -1,0 +1,54 @@
+"""The "Queries and keys" page as a user sees it: the picture of a head, the share that says how far to trust it
+(as attnviz.pagelogic.qkmap measures it on the same capture), every head of the layer, and the choices that change
+them."""
+
+import numpy as np
+import pytest
+
+from attnviz.models.capture import capture
+from attnviz.pagelogic import qkmap
+from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
+from tests.tiny_models import bundled_bert
+
+PAGE = "pages/queries_keys.py"
+SENTENCE = "The cat sat on the mat because it was tired."
+
+
+@pytest.fixture(autouse=True)
+def _clean(clean_streamlit_caches):
+    yield
+
+
+def test_a_heads_picture_and_its_trust_are_those_of_its_queries_and_keys():
+    at = open_page(PAGE, timeout=180, sentence=SENTENCE)
+    at.selectbox(key="qk_layer").set_value(2).run()
+    at.selectbox(key="qk_head").set_value(5).run()
+    assert not at.exception, [e.value for e in at.exception]
+    record = capture(bundled_bert(), SENTENCE).records["self"]
+    points = qkmap.head_points([record], 2, 5)
+    coordinates = qkmap.project(points, "PCA")
+    expected = qkmap.trust(points, coordinates)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["strongest key is the nearest"] == f"{expected[1]:.0%}"
+    assert shown["strongest key among the 10 nearest"] == f"{expected[10]:.0%}"
+    spec = figure_titled(at, "self layer 2, head 5")
+    assert [trace["name"] for trace in spec["data"]] == ["queries", "keys"]
+    n = record.n_q
+    np.testing.assert_allclose(plotly_array(spec["data"][0]["x"]), coordinates[:n, 0].numpy(), atol=1e-4)
+    np.testing.assert_allclose(plotly_array(spec["data"][1]["y"]), coordinates[n:, 1].numpy(), atol=1e-4)
+    grid = figure_titled(at, "self layer 2: queries and keys of each head")
+    assert len(grid["data"]) == 2 * 12  # queries and keys of every head of the layer
+    titles = [a["text"] for a in grid["layout"]["annotations"]]
+    assert titles[5] == f"head 5 · {expected[1]:.0%}"
+
+
+def test_3d_t_sne_and_colouring_by_position():
+    at = open_page(PAGE, timeout=180, sentence=SENTENCE)
+    at.segmented_control(key="qk_dims").set_value("3D").run()
+    assert figures(at)[0]["data"][0]["type"] == "scatter3d"
+    at.segmented_control(key="qk_dims").set_value("2D").run()
+    at.segmented_control(key="qk_method").set_value("t-SNE").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "(t-SNE)" in figures(at)[0]["layout"]["title"]["text"]
+    at.segmented_control(key="qk_colour").set_value("position").run()
+    assert figures(at)[0]["data"][0]["marker"]["colorscale"]
