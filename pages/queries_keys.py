@@ -4,10 +4,12 @@ the keys it attends to (AttentionViz, Yeh et al. 2023), on any checkpoint attnvi
 import streamlit as st
 
 from attnviz.pagelogic import qkmap
+from attnviz.scan.corpus import bundled_corpus
 from attnviz.ui.captures import capture_current
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.messages import queries_unavailable
+from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.qkmap_cache import (
     cached_corpus_points,
     cached_points,
@@ -22,6 +24,7 @@ from attnviz.viz import qkmap as figures
 MAX_TOKENS = 512  # a sentence or a paragraph: one capture's queries and keys
 
 start_page("Queries and keys")
+switch_if_asked()
 page_intro(
     "Attention compares each query with every key. Here a head's queries (red) and keys (blue) are points of one "
     "picture, moved so that distance means attention: every key shifted by one vector until their centroid meets "
@@ -87,7 +90,7 @@ layer = columns[-2].selectbox("Layer", range(record.n_layers), key="qk_layer")
 if st.session_state.get("qk_head", 0) >= record.n_heads:
     st.session_state["qk_head"] = 0
 head = columns[-1].selectbox("Head", range(record.n_heads), key="qk_head")
-options = st.columns([3, 2, 3])
+options = st.columns([3, 2, 3, 2])
 method = options[0].segmented_control("Projection", qkmap.PROJECTIONS, default="PCA", key="qk_method",
                                       required=True,
                                       help="PCA: the plane of largest spread, instant and faithful to distances "
@@ -96,6 +99,8 @@ dims = 3 if options[1].segmented_control("Dimensions", ("2D", "3D"), default="2D
                                          required=True) == "3D" else 2
 colour = options[2].segmented_control("Colour by", figures.COLOURINGS if corpus else figures.COLOURINGS[:2],
                                       default=figures.COLOURINGS[0], key="qk_colour", required=True)
+found = options[3].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
+                              help="Rings every query and key whose token contains this text.")
 
 if corpus is None:
     points_key = current.key
@@ -115,7 +120,8 @@ if not points.translated:
                "weights, so they are only scaled.")
 query = selected_query("qk_picture")
 title = f"{kind} layer {layer}, head {head}: {len(points.queries)} queries and {len(points.keys)} keys ({method})"
-show_figure(figures.head_scatter(points, coordinates, title=title, colour=colour, selected_query=query),
+show_figure(figures.head_scatter(points, coordinates, title=title, colour=colour, selected_query=query,
+                                 found=found),
             "Click a query (red) to draw lines to the three keys it attends to most (thicker: more weight).",
             key="qk_picture", on_select="rerun")
 if query is not None and query < len(points.queries):
@@ -123,7 +129,14 @@ if query is not None and query < len(points.queries):
     weights = document.weights[query - document.queries.start]
     top = weights.argsort(descending=True)[:3].tolist()
     said = ", ".join(f"“{points.key_tokens[document.keys.start + k]}” ({float(weights[k]):.2f})" for k in top)
-    st.caption(f"Query {points.query_positions[query]}, “{points.query_tokens[query]}”, attends most to {said}.")
+    where = "" if corpus is None else f" of document {points.query_documents[query]}"
+    st.caption(f"Query {points.query_positions[query]}{where}, “{points.query_tokens[query]}”, attends most to "
+               f"{said}.")
+    if corpus is not None and kind == "self":
+        text = bundled_corpus().documents[points.query_documents[query]].text
+        st.button(f"Open document {points.query_documents[query]} in Explore heads on this head",
+                  key="qk_open", icon=":material/search:", on_click=ask_to_open,
+                  args=(text, current_model_name(), layer, head))
 
 st.subheader(f"Every head of {kind} layer {layer}")
 pictures = layer_pictures(points_key, kind, layer, record if corpus is None else corpus)

@@ -52,3 +52,24 @@ def test_3d_t_sne_and_colouring_by_position():
     assert "(t-SNE)" in figures(at)[0]["layout"]["title"]["text"]
     at.segmented_control(key="qk_colour").set_value("position").run()
     assert figures(at)[0]["data"][0]["marker"]["colorscale"]
+
+
+def test_a_token_search_rings_its_points_and_documents_share_one_picture():
+    at = open_page(PAGE, timeout=180, sentence=SENTENCE)
+    at.text_input(key="qk_find").set_value("the").run()
+    rings = next(trace for trace in figures(at)[0]["data"] if trace["name"].startswith("“the”"))
+    record = capture(bundled_bert(), SENTENCE).records["self"]
+    expected = sum("the" in token.lower() for token in record.query_display) * 2  # each as a query and a key
+    assert rings["name"] == f"“the” ({expected})" and len(plotly_array(rings["x"])) == expected
+    at.segmented_control(key="qk_source").set_value("Documents of the bundled corpus").run()
+    at.slider(key="qk_documents").set_value(3).run()
+    at.select_slider(key="qk_tokens").set_value(32).run()
+    assert not at.exception, [e.value for e in at.exception]
+    from attnviz.scan.corpus import bundled_corpus
+
+    n = sum(capture(bundled_bert(), document.text, max_tokens=32).records["self"].n_q
+            for document in bundled_corpus().documents[:3])
+    assert f"{n} queries and {n} keys" in figures(at)[0]["layout"]["title"]["text"]  # 3 documents, 32 tokens at most
+    at.segmented_control(key="qk_colour").set_value("document").run()
+    colours = plotly_array(figures(at)[0]["data"][0]["marker"]["color"])
+    assert sorted(set(colours.tolist())) == [0, 1, 2]

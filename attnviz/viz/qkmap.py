@@ -29,10 +29,13 @@ def _hover(points, which: str) -> list[str]:
 
 
 def head_scatter(points, coordinates, *, title: str, colour: str = "query or key",
-                 selected_query: int | None = None, strongest: int = 3, height: int = 560) -> go.Figure:
+                 selected_query: int | None = None, strongest: int = 3, height: int = 560,
+                 found: str = "") -> go.Figure:
     """Queries then keys (``coordinates`` ``[n_q + n_k, 2 or 3]``) as points: queries round, keys diamonds;
     coloured by kind, by position or by document. With ``selected_query``: lines from it to the ``strongest``
-    keys it attends to, their weights on the lines' hover. Each point's customdata: (0 query / 1 key, index)."""
+    keys it attends to, their weights on the lines' hover. ``found``: the queries and keys whose token contains it
+    (ignoring case and the tokenizer's space marks) are ringed. Each point's customdata: (0 query / 1 key,
+    index)."""
     coordinates = np.asarray(coordinates, dtype=np.float64)
     dims = coordinates.shape[1]
     n_q = len(points.queries)
@@ -60,6 +63,8 @@ def head_scatter(points, coordinates, *, title: str, colour: str = "query or key
         else:
             figure.add_trace(go.Scatter3d(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), z=_rounded(xyz[:, 2]),
                                           **common))
+    if found.strip():
+        _ring_found(figure, points, coordinates, found.strip().lower())
     if selected_query is not None and 0 <= selected_query < n_q:
         _lines_to_strongest(figure, points, coordinates, selected_query, strongest)
     layout = dict(title=dict(text=title), height=height, margin=dict(l=10, r=10, t=60, b=10),
@@ -73,6 +78,26 @@ def head_scatter(points, coordinates, *, title: str, colour: str = "query or key
         hidden = dict(showticklabels=False, title="")
         figure.update_layout(**layout, scene=dict(xaxis=hidden, yaxis=hidden, zaxis=hidden))
     return figure
+
+
+def matches(tokens: list[str], found: str) -> list[int]:
+    """The positions of the tokens that contain ``found`` (lower case), their space marks left out."""
+    return [index for index, token in enumerate(tokens) if found in token.lower().lstrip("Ġ▁␣ ")]
+
+
+def _ring_found(figure: go.Figure, points, coordinates: np.ndarray, found: str) -> None:
+    n_q = len(points.queries)
+    chosen = [index for index in matches(points.query_tokens, found)]
+    chosen += [n_q + index for index in matches(points.key_tokens, found)]
+    if not chosen:
+        return
+    xyz = coordinates[chosen]
+    marker = dict(symbol="circle-open", size=14, color="#111111", line=dict(width=2))
+    common = dict(mode="markers", name=f"“{found}” ({len(chosen)})", marker=marker, hoverinfo="skip")
+    if coordinates.shape[1] == 2:
+        figure.add_trace(go.Scattergl(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), **common))
+    else:
+        figure.add_trace(go.Scatter3d(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), z=_rounded(xyz[:, 2]), **common))
 
 
 def _lines_to_strongest(figure: go.Figure, points, coordinates: np.ndarray, query: int,
