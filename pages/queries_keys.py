@@ -63,8 +63,8 @@ def choose_from_grid() -> None:
               else chosen.selection.points if chosen is not None else [])
     for point in points:
         data = point.get("customdata")
-        if data:
-            st.session_state["qk_head"] = int(data[0])
+        if data and len(data) == 2:
+            st.session_state["qk_layer"], st.session_state["qk_head"] = int(data[0]), int(data[1])
             st.session_state.pop("qk_picture", None)
 
 
@@ -90,7 +90,7 @@ layer = columns[-2].selectbox("Layer", range(record.n_layers), key="qk_layer")
 if st.session_state.get("qk_head", 0) >= record.n_heads:
     st.session_state["qk_head"] = 0
 head = columns[-1].selectbox("Head", range(record.n_heads), key="qk_head")
-options = st.columns([3, 2, 3, 2])
+options = st.columns([3, 2, 4, 2])
 method = options[0].segmented_control("Projection", qkmap.PROJECTIONS, default="PCA", key="qk_method",
                                       required=True,
                                       help="PCA: the plane of largest spread, instant and faithful to distances "
@@ -138,9 +138,19 @@ if query is not None and query < len(points.queries):
                   key="qk_open", icon=":material/search:", on_click=ask_to_open,
                   args=(text, current_model_name(), layer, head))
 
-st.subheader(f"Every head of {kind} layer {layer}")
-pictures = layer_pictures(points_key, kind, layer, record if corpus is None else corpus)
-show_figure(figures.layer_grid([(p, c) for p, c, _ in pictures], [t[1] for _, _, t in pictures],
-                               title=f"{kind} layer {layer}: queries and keys of each head (PCA)"),
+whole = st.toggle("Every layer", key="qk_whole_model",
+                  help="Small pictures of every head of the model, not only of this layer (PCA: each at once)")
+source_records = record if corpus is None else corpus
+shown_layers = range(record.n_layers) if whole else [layer]
+pictures, labels, cells = [], [], []
+for shown in shown_layers:
+    for head_index, picture in enumerate(layer_pictures(points_key, kind, shown, source_records)):
+        pictures.append(picture)
+        labels.append(f"L{shown} H{head_index}" if whole else f"head {head_index}")
+        cells.append((shown, head_index))
+where = "every layer" if whole else f"layer {layer}"
+show_figure(figures.layer_grid([(p, c) for p, c, _ in pictures], [t[1] for _, _, t in pictures], labels=labels,
+                               cells=cells, columns=min(record.n_heads, 12 if whole else 6),
+                               title=f"{kind}, {where}: queries and keys of each head (PCA)"),
             "Each head's picture, titled with the share of its queries whose strongest key is their nearest. Click "
             "a head to open it above.", key="qk_grid", on_select=choose_from_grid)

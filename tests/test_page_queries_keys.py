@@ -36,10 +36,15 @@ def test_a_heads_picture_and_its_trust_are_those_of_its_queries_and_keys():
     n = record.n_q
     np.testing.assert_allclose(plotly_array(spec["data"][0]["x"]), coordinates[:n, 0].numpy(), atol=1e-4)
     np.testing.assert_allclose(plotly_array(spec["data"][1]["y"]), coordinates[n:, 1].numpy(), atol=1e-4)
-    grid = figure_titled(at, "self layer 2: queries and keys of each head")
+    grid = figure_titled(at, "self, layer 2: queries and keys of each head")
     assert len(grid["data"]) == 2 * 12  # queries and keys of every head of the layer
     titles = [a["text"] for a in grid["layout"]["annotations"]]
     assert titles[5] == f"head 5 · {expected[1]:.0%}"
+    assert plotly_array(grid["data"][10]["customdata"]).tolist()[0] == [2, 5]  # a click opens layer 2, head 5
+    at.toggle(key="qk_whole_model").set_value(True).run()
+    grid = figure_titled(at, "self, every layer: queries and keys of each head")
+    assert len(grid["data"]) == 2 * 6 * 12
+    assert [a["text"] for a in grid["layout"]["annotations"]][2 * 12 + 5] == f"L2 H5 · {expected[1]:.0%}"
 
 
 def test_3d_t_sne_and_colouring_by_position():

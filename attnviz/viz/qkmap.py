@@ -124,21 +124,32 @@ def _lines_to_strongest(figure: go.Figure, points, coordinates: np.ndarray, quer
                                           z=_rounded(segment[:, 2]), **common))
 
 
-def layer_grid(pictures: list[tuple], trusts: list[float], *, title: str,
-               columns: int = 6) -> go.Figure:
-    """Every head of a layer as a small 2D picture (queries red, keys blue), titled with the share of queries whose
-    strongest key is their nearest; each point's customdata is its head, for a click to choose it."""
+GRID_POINTS = 1_500  # queries (and as many keys) drawn per small picture: enough to see its shape, and 72 of them
+# stay under 2 MB
+
+
+def layer_grid(pictures: list[tuple], trusts: list[float], *, title: str, columns: int = 6,
+               labels: list[str] | None = None, cells: list[tuple[int, int]] | None = None) -> go.Figure:
+    """Small 2D pictures of heads (queries red, keys blue), each titled with its label (default ``head h``) and the
+    share of its queries whose strongest key is their nearest; each point's customdata is its (layer, head) in
+    ``cells`` (default (0, h)), for a click to choose it. At most GRID_POINTS queries and keys each are drawn per
+    picture, evenly spaced."""
+    labels = labels or [f"head {h}" for h in range(len(pictures))]
+    cells = cells or [(0, h) for h in range(len(pictures))]
     rows = -(-len(pictures) // columns)
-    figure = make_subplots(rows=rows, cols=columns, horizontal_spacing=0.02, vertical_spacing=0.08,
-                           subplot_titles=[f"head {h} · {trust:.0%}" for h, trust in enumerate(trusts)])
-    for head, (points, coordinates) in enumerate(pictures):
+    figure = make_subplots(rows=rows, cols=columns, horizontal_spacing=0.02, vertical_spacing=0.3 / max(rows, 1),
+                           subplot_titles=[f"{label} · {trust:.0%}" for label, trust in zip(labels, trusts,
+                                                                                             strict=True)])
+    for index, (points, coordinates) in enumerate(pictures):
         coordinates = np.asarray(coordinates, dtype=np.float64)
         n_q = len(points.queries)
         for part, colour in ((coordinates[:n_q], QUERY_COLOR), (coordinates[n_q:], KEY_COLOR)):
+            part = part[np.linspace(0, len(part) - 1, min(len(part), GRID_POINTS)).astype(int)] if len(part) else part
             figure.add_trace(go.Scattergl(
                 x=_rounded(part[:, 0]), y=_rounded(part[:, 1]), mode="markers", showlegend=False,
-                marker=dict(color=colour, size=3, opacity=0.7), customdata=np.full((len(part), 1), head, np.int16),
-                hovertemplate=f"head {head}<extra></extra>"), row=head // columns + 1, col=head % columns + 1)
+                marker=dict(color=colour, size=3, opacity=0.7),
+                customdata=np.tile(np.asarray(cells[index], np.int16), (len(part), 1)),
+                hovertemplate=f"{labels[index]}<extra></extra>"), row=index // columns + 1, col=index % columns + 1)
     figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
     figure.update_annotations(font_size=11)
