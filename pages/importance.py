@@ -195,7 +195,7 @@ def show_maps(maps: dict[str, imp.ImportanceMap], labels: list[str], objective: 
 def corpus_run_view(folder: str, name: str, objective: str) -> None:
     """A map over a whole corpus, measured in the background into DuckDB (attnviz.scan.importance)."""
     jobs = importance_jobs()
-    scans = [path for path in [*scan_folder().scans(), *background.server_scans()]]
+    scans = [*scan_folder().scans(), *background.server_scans()]
     choices = [BUNDLED_CORPUS, *map(str, scans)]
     columns = st.columns([4, 2, 2])
     chosen = columns[0].selectbox(

@@ -11,7 +11,6 @@ from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.messages import queries_unavailable
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.qkmap_cache import (
-    cached_corpus_points,
     cached_points,
     cached_projection,
     corpus_records,
@@ -102,12 +101,9 @@ colour = options[2].segmented_control("Colour by", figures.COLOURINGS if corpus 
 found = options[3].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
                               help="Rings every query and key whose token contains this text.")
 
-if corpus is None:
-    points_key = current.key
-    points = cached_points(points_key, kind, layer, head, record)
-else:
-    points_key = ("corpus", current.key[:3], documents, tokens)
-    points = cached_corpus_points(points_key, kind, layer, head, corpus)
+documents_records = [current.capture.records] if corpus is None else corpus
+points_key = current.key if corpus is None else ("corpus", current.key[:3], documents, tokens)
+points = cached_points(points_key, kind, layer, head, documents_records)
 try:
     with st.spinner(f"{method} of {len(points.queries) + len(points.keys):,} points…"):
         coordinates, trusted = cached_projection(points_key, kind, layer, head, method, dims, 0, points)
@@ -140,11 +136,10 @@ if query is not None and query < len(points.queries):
 
 whole = st.toggle("Every layer", key="qk_whole_model",
                   help="Small pictures of every head of the model, not only of this layer (PCA: each at once)")
-source_records = record if corpus is None else corpus
 shown_layers = range(record.n_layers) if whole else [layer]
 pictures, labels, cells = [], [], []
 for shown in shown_layers:
-    for head_index, picture in enumerate(layer_pictures(points_key, kind, shown, source_records)):
+    for head_index, picture in enumerate(layer_pictures(points_key, kind, shown, documents_records)):
         pictures.append(picture)
         labels.append(f"L{shown} H{head_index}" if whole else f"head {head_index}")
         cells.append((shown, head_index))

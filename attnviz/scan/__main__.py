@@ -48,16 +48,17 @@ def write_json(path: Path, value: dict) -> None:
     scratch.replace(path)  # atomic: the page never reads half a file
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m attnviz.scan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("corpus", help="'bundled', or a .txt, .jsonl, .csv or .parquet file")
+def add_run_arguments(parser: argparse.ArgumentParser, *, out: str, max_docs: int, max_tokens: int, chunk: int,
+                      stop: str) -> None:
+    """The options a scan and a corpus importance run share: the model, the output, the limits, the corpus file's
+    reading, Ray, threads, and the files the page watches and stops it by."""
     parser.add_argument("--model", required=True, help="a checkpoint folder, or a bundled model's name")
-    parser.add_argument("--name", default=None, help="the model's name in the scan (default: the bundled model's "
-                                                     "name, or the folder's)")
-    parser.add_argument("--out", required=True, help="the scan's DuckDB file (created, or resumed)")
-    parser.add_argument("--max-docs", type=int, default=1000)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--chunk", type=int, default=64, help="documents per committed chunk (and Ray batch)")
+    parser.add_argument("--name", default=None, help="the model's name in the results (default: the bundled "
+                                                     "model's name, or the folder's)")
+    parser.add_argument("--out", required=True, help=out)
+    parser.add_argument("--max-docs", type=int, default=max_docs)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--chunk", type=int, default=chunk, help="documents per committed chunk (and Ray batch)")
     parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
     parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
     parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")
@@ -66,9 +67,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="Ray: model replicas (actors)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (in-process), per worker on Ray")
     parser.add_argument("--progress-file", default=None, help="write progress as JSON here after every chunk")
-    parser.add_argument("--stop-file", default=None, help="stop (resumably) after the chunk during which this "
-                                                          "file appears")
+    parser.add_argument("--stop-file", default=None, help=stop)
     parser.add_argument("--quiet", action="store_true")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m attnviz.scan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpus", help="'bundled', or a .txt, .jsonl, .csv or .parquet file")
+    add_run_arguments(parser, out="the scan's DuckDB file (created, or resumed)", max_docs=1000, max_tokens=128,
+                      chunk=64, stop="stop (resumably) after the chunk during which this file appears")
     return parser.parse_args(argv)
 
 

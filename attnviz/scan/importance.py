@@ -18,25 +18,13 @@ from attnviz.scan.runner import ScanRefused
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    from attnviz.scan.__main__ import add_run_arguments
+
     parser = argparse.ArgumentParser(prog="python -m attnviz.scan.importance", description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", help="'bundled', a .txt, .jsonl, .csv or .parquet file, or scan:FILE.duckdb")
-    parser.add_argument("--model", required=True, help="a checkpoint folder, or a bundled model's name")
-    parser.add_argument("--name", default=None, help="the model's name in the results")
-    parser.add_argument("--out", required=True, help="the run's DuckDB file (created, or resumed)")
-    parser.add_argument("--max-docs", type=int, default=200)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=16, help="documents per committed chunk (and Ray batch)")
+    add_run_arguments(parser, out="the run's DuckDB file (created, or resumed)", max_docs=200, max_tokens=64,
+                      chunk=16, stop="stop (resumably) as soon as this file appears")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: zero, mean, gradient")
-    parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
-    parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
-    parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")
-    parser.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                        help="run on Ray: 'auto' (a local cluster, started if none runs) or a cluster's address")
-    parser.add_argument("--workers", type=int, default=2, help="Ray: model replicas (actors)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (in-process), per worker on Ray")
-    parser.add_argument("--progress-file", default=None, help="write progress as JSON here after every chunk")
-    parser.add_argument("--stop-file", default=None, help="stop (resumably) as soon as this file appears")
-    parser.add_argument("--quiet", action="store_true")
     return parser.parse_args(argv)
 
 

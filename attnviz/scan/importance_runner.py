@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from attnviz.models import importance as imp
-from attnviz.models.interventions import AttentionModule, editable_checkpoint, head_means
+from attnviz.models.interventions import AttentionModule, attention_modules, editable_checkpoint, head_means
 from attnviz.scan import importance_store as istore
 from attnviz.scan.corpus import Corpus, CorpusRefused, Document, open_corpus
 from attnviz.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
@@ -186,11 +186,10 @@ def prepare(model, tokenizer, corpus: Corpus, settings: ImportanceSettings):
     them on the corpus's first document."""
     objective = imp.objective_of(model)
     planned = list(enumerate(corpus.documents[: settings.max_docs]))
-    if not _texts(planned):
+    with_text = _texts(planned)
+    if not with_text:
         raise CorpusRefused("the corpus holds no document to measure")
-    first = imp.batch_of(tokenizer, [_texts(planned)[0][1].text], objective, settings.max_tokens)
-    from attnviz.models.interventions import attention_modules
-
+    first = imp.batch_of(tokenizer, [with_text[0][1].text], objective, settings.max_tokens)
     return objective, planned, attention_modules(model, first.inputs)
 
 

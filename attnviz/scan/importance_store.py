@@ -15,17 +15,14 @@ Tables (``module`` counts attention modules in call order from 0, ``head`` from 
 
 from __future__ import annotations
 
-import json
-from contextlib import suppress
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pandas as pd
 import torch
 
 from attnviz.models.interventions import AttentionModule
-from attnviz.scan.store import MEMORY_LIMIT, STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, versions
+from attnviz.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, DatabaseFile, versions
 
 __all__ = ["ImportanceReader", "ImportanceWriter", "STATUS_FINISHED", "STATUS_RUNNING", "STATUS_STOPPED",
            "versions"]
@@ -46,34 +43,14 @@ CREATE OR REPLACE VIEW importance AS SELECT method, module, head, avg(value) AS 
 """
 
 
-class ImportanceWriter:
+class ImportanceWriter(DatabaseFile):
     """The writing side of a run's database: created or reopened (to resume) at ``path``."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.connection = duckdb.connect(str(self.path))
-        self.connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-        self.connection.execute(_SCHEMA)
-
-    def close(self) -> None:
-        self.connection.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__init__(path, _SCHEMA)
 
     def settings(self) -> dict:
-        return {key: json.loads(value) for key, value in self.connection.execute(
-            "SELECT key, value FROM settings").fetchall()}
-
-    def set(self, **values) -> None:
-        for key, value in values.items():
-            self.connection.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", [key, json.dumps(value)])
-
-    def done_documents(self) -> set[int]:
-        return {row[0] for row in self.connection.execute("SELECT doc FROM documents").fetchall()}
+        return self.read_settings()
 
     def write_modules(self, modules: list[AttentionModule]) -> None:
         if self.connection.execute("SELECT count(*) FROM modules").fetchall()[0][0]:
@@ -118,31 +95,13 @@ class ImportanceWriter:
             self.connection.execute("ROLLBACK")
             raise
 
-    def _insert(self, table: str, frame: pd.DataFrame) -> None:
-        self.connection.register("frame", frame)
-        columns = ", ".join(f'"{c}"' for c in frame.columns)
-        self.connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM frame")
-        self.connection.unregister("frame")
 
-
-class ImportanceReader:
+class ImportanceReader(DatabaseFile):
     """A run's database opened read-only: what the page shows."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.connection = duckdb.connect(str(self.path), read_only=True)
-        self.settings = {key: json.loads(value) for key, value in self.connection.execute(
-            "SELECT key, value FROM settings").fetchall()}
-
-    def close(self) -> None:
-        with suppress(duckdb.Error):
-            self.connection.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__init__(path, read_only=True)
+        self.settings = self.read_settings()
 
     @property
     def documents(self) -> int:

@@ -95,18 +95,21 @@ def versions() -> dict[str, str]:
             "duckdb": duckdb.__version__, "schema": str(SCHEMA_VERSION)}
 
 
-class ScanWriter:
-    """The writing side of a scan's database: created or reopened (to resume) at ``path``."""
+class DatabaseFile:
+    """One DuckDB file of results (a scan's, a corpus importance run's): its connection, its ``settings`` table
+    (key -> JSON) and a context manager. Written (``schema`` created if missing, memory bounded) or, with
+    ``read_only``, read."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, schema: str | None = None, *, read_only: bool = False):
         self.path = Path(path)
-        self.connection = duckdb.connect(str(self.path))
-        self.connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-        self.connection.execute("SET preserve_insertion_order = false")
-        self.connection.execute(_SCHEMA)
+        self.connection = duckdb.connect(str(self.path), read_only=read_only)
+        if not read_only:
+            self.connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            self.connection.execute(schema or "")
 
     def close(self) -> None:
-        self.connection.close()
+        with suppress(duckdb.Error):
+            self.connection.close()
 
     def __enter__(self):
         return self
@@ -114,8 +117,7 @@ class ScanWriter:
     def __exit__(self, *exc):
         self.close()
 
-    # -- settings and resuming ---------------------------------------------------------------------------------
-    def settings(self) -> dict:
+    def read_settings(self) -> dict:
         return {key: json.loads(value) for key, value in self.connection.execute(
             "SELECT key, value FROM settings").fetchall()}
 
@@ -125,6 +127,24 @@ class ScanWriter:
 
     def done_documents(self) -> set[int]:
         return {row[0] for row in self.connection.execute("SELECT doc FROM documents").fetchall()}
+
+    def _insert(self, table: str, frame: pd.DataFrame) -> None:
+        self.connection.register("frame", frame)
+        columns = ", ".join(f'"{c}"' for c in frame.columns)
+        self.connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM frame")
+        self.connection.unregister("frame")
+
+
+class ScanWriter(DatabaseFile):
+    """The writing side of a scan's database: created or reopened (to resume) at ``path``."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path, _SCHEMA)
+        self.connection.execute("SET preserve_insertion_order = false")
+
+    # -- settings and resuming ---------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        return self.read_settings()
 
     def load_partial(self, n_layers: int, n_heads: int) -> Partial:
         """The aggregate as last committed (zeros for a new scan): a resumed scan adds to it."""
@@ -195,12 +215,6 @@ class ScanWriter:
         except BaseException:
             connection.execute("ROLLBACK")
             raise
-
-    def _insert(self, table: str, frame: pd.DataFrame) -> None:
-        self.connection.register("frame", frame)
-        columns = ", ".join(f'"{c}"' for c in frame.columns)
-        self.connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM frame")
-        self.connection.unregister("frame")
 
     def _replace_state(self, partial: Partial, changed: set) -> None:
         """The aggregate's tables written again; of the examples, only the heaps that changed."""
@@ -282,26 +296,14 @@ def rewrite_compactly(path: str | Path) -> None:
     fresh.replace(path)
 
 
-class ScanReader:
+class ScanReader(DatabaseFile):
     """A scan's database opened read-only: what the page shows, and the searches."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.connection = duckdb.connect(str(self.path), read_only=True)
-        self.settings = {key: json.loads(value) for key, value in self.connection.execute(
-            "SELECT key, value FROM settings").fetchall()}
+        super().__init__(path, read_only=True)
+        self.settings = self.read_settings()
         self.n_layers = int(self.settings.get("n_layers", 0))
         self.n_heads = int(self.settings.get("n_heads", 0))
-
-    def close(self) -> None:
-        with suppress(duckdb.Error):
-            self.connection.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def frame(self, sql: str, parameters: list | None = None) -> pd.DataFrame:
         return self.connection.execute(sql, parameters or []).df()

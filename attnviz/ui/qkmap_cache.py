@@ -1,5 +1,6 @@
-"""The "Queries and keys" page's computations, process-wide, keyed by the capture they come from (its key) and
-the head: a head's normalised points, their projections and trust."""
+"""The "Queries and keys" page's computations, process-wide, keyed by what names the captures they come from (one
+sentence's, or the documents') and the head: a head's normalised points, their projections and trust. Captures
+are given as a list of documents, each its records by attention kind."""
 
 from __future__ import annotations
 
@@ -9,25 +10,23 @@ from attnviz.pagelogic import qkmap
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def cached_points(capture_key: tuple, kind: str, layer: int, head: int, _record) -> qkmap.HeadPoints:
-    return qkmap.head_points([_record], layer, head)
+def cached_points(points_key: tuple, kind: str, layer: int, head: int, _documents: list) -> qkmap.HeadPoints:
+    return qkmap.head_points([records[kind] for records in _documents], layer, head)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def cached_projection(capture_key: tuple, kind: str, layer: int, head: int, method: str, dims: int, seed: int,
+def cached_projection(points_key: tuple, kind: str, layer: int, head: int, method: str, dims: int, seed: int,
                       _points: qkmap.HeadPoints):
     coordinates = qkmap.project(_points, method, dims, seed=seed)
     return coordinates, qkmap.trust(_points, coordinates)
 
 
-def layer_pictures(points_key: tuple, kind: str, layer: int, source) -> list[tuple]:
+def layer_pictures(points_key: tuple, kind: str, layer: int, documents: list) -> list[tuple]:
     """Every head of a layer: its points, its PCA picture and the share of its queries whose strongest key is
-    their nearest (PCA: instant). ``source``: one capture's record, or a list of documents' records by kind."""
+    their nearest (PCA: instant)."""
     pictures = []
-    heads = source[0][kind].n_heads if isinstance(source, list) else source.n_heads
-    for head in range(heads):
-        points = (cached_corpus_points(points_key, kind, layer, head, source) if isinstance(source, list) else
-                  cached_points(points_key, kind, layer, head, source))
+    for head in range(documents[0][kind].n_heads):
+        points = cached_points(points_key, kind, layer, head, documents)
         coordinates, trusted = cached_projection(points_key, kind, layer, head, "PCA", 2, 0, points)
         pictures.append((points, coordinates, trusted))
     return pictures
@@ -43,7 +42,3 @@ def corpus_records(folder: str, name: str, dtype: str, documents: int, max_token
     return [capture(_bundle, document.text, max_tokens=max_tokens).records
             for document in bundled_corpus().documents[:documents]]
 
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def cached_corpus_points(records_key: tuple, kind: str, layer: int, head: int, _records) -> qkmap.HeadPoints:
-    return qkmap.head_points([records[kind] for records in _records], layer, head)
