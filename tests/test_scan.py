@@ -400,3 +400,14 @@ def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
     assert main(["missing.txt", "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--progress-file",
                  str(progress)]) == 2
     assert json.loads(progress.read_text())["status"] == "failed"
+
+
+def test_a_scan_being_rewritten_is_not_listed(tmp_path):
+    """rewrite_compactly writes ``.<key>.compact.duckdb`` beside the scan before renaming it over: a page that lists
+    the folder meanwhile must not try to open it."""
+    from attnviz.scan.background import ScanFolder
+
+    folder = ScanFolder(tmp_path / "scans")
+    (folder.folder / "abc.duckdb").write_bytes(b"")
+    (folder.folder / ".abc.compact.duckdb").write_bytes(b"")
+    assert [path.name for path in folder.scans()] == ["abc.duckdb"]

@@ -165,8 +165,10 @@ class ScanFolder:
     # -- kept scans ----------------------------------------------------------------------------------------------
     def scans(self) -> list[Path]:
         """This folder's scan databases, newest first (the running one included)."""
-        found = [path for path in self.folder.glob("*.duckdb") if path.is_file() and not path.is_symlink()]
-        return sorted(found, key=lambda path: path.stat().st_mtime, reverse=True)
+        # a name starting with "." is a scan's database being rewritten (store.rewrite_compactly): not a scan yet
+        found = [path for path in self.folder.glob("*.duckdb")
+                 if not path.name.startswith(".") and path.is_file() and not path.is_symlink()]
+        return sorted(found, key=_modified, reverse=True)
 
     def bound(self, keep: str | None = None) -> None:
         """Delete the oldest scans beyond MAX_SCANS - 1 (room for one more), never ``keep`` or the running one."""
@@ -193,6 +195,13 @@ class ScanFolder:
             scratch.write_bytes(data)
             scratch.replace(path)
         return path
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone since it was listed (renamed over by a rewrite, deleted)
+        return 0.0
 
 
 def server_scans() -> list[Path]:
