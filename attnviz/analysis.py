@@ -30,6 +30,35 @@ def is_punctuation(token: str) -> bool:
     return bool(stripped) and all(ch in PUNCTUATION_CHARACTERS for ch in stripped)
 
 
+TOKEN_CATEGORIES = ("special", "punctuation", "number", "word", "word piece")
+_SPACE_MARKS = "Ġ▁␣ "
+
+
+def token_categories(tokens: list[str], special: list[bool]) -> list[str]:
+    """Each token's kind, as the Queries and keys page colours it (``tokens`` as shown or raw pieces):
+    a special token ([CLS], <s>, ...), punctuation, a number, the start of a word, or a piece that continues the
+    word before it (WordPiece's "##"; where tokens mark a leading space, a piece without one right after a letter or
+    digit)."""
+    categories = []
+    previous = ""
+    space_marked = any(token[:1] in _SPACE_MARKS for token in tokens)  # byte-level BPE, SentencePiece: not WordPiece
+    for token, is_special in zip(tokens, special, strict=True):
+        bare = token.lstrip(_SPACE_MARKS).removeprefix("##")
+        if is_special:
+            kind = "special"
+        elif is_punctuation(token):
+            kind = "punctuation"
+        elif bare.replace(".", "").replace(",", "").isdigit():
+            kind = "number"
+        elif token.startswith("##") or (space_marked and token[:1] not in _SPACE_MARKS and previous[-1:].isalnum()):
+            kind = "word piece"
+        else:
+            kind = "word"
+        categories.append(kind)
+        previous = "" if is_special else token
+    return categories
+
+
 def row_entropy(weights: torch.Tensor) -> torch.Tensor:
     """Shannon entropy (nats) of each query row, ``[..., n_q]``; 0 * log 0 counts as 0."""
     logs = weights.clamp_min(1e-30).log_()  # a zero weight times log(1e-30) is 0: no masking pass needed

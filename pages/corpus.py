@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from attnviz.scan import background, store
+from attnviz.scan import background, qk_sample, store
 from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
 from attnviz.scan.runner import ScanSettings, token_limit
@@ -84,7 +84,7 @@ def scan_controls(bundle) -> None:
             else setup_area("Scan a corpus"))  # once there are scans, their results come first
     with area:
         corpus = chosen_corpus()
-        columns = st.columns(3)
+        columns = st.columns(4)
         most = background.max_page_documents()
         max_docs = int(columns[0].number_input("Documents", 1, most, min(200, most), step=100, key="corpus_docs",
                                                help=f"the corpus's first documents (the bundled one is shuffled); at "
@@ -95,10 +95,15 @@ def scan_controls(bundle) -> None:
                                                  help=f"each document's first tokens, special tokens included (at most "
                                                       f"{longest:,} for this model: a scan reads every layer's weights "
                                                       "of a document at once)"))
-        columns[2].markdown(f"**Model**  \n{bundle.name}  \n:small[(the sidebar's)]")
+        qk_points = int(columns[2].number_input(
+            "Queries and keys kept", 0, qk_sample.MOST_POINTS, qk_sample.DEFAULT_POINTS, step=1024,
+            key="corpus_qk_points",
+            help="tokens per head whose queries, keys and values the scan keeps for the Queries and keys page: "
+                 "whole documents drawn evenly across the corpus (0: none)"))
+        columns[3].markdown(f"**Model**  \n{bundle.name}  \n:small[(the sidebar's)]")
         if corpus is None:
             st.caption(f"Choose a file: the scan reads its first {max_docs:,} documents, at most {max_tokens} tokens "
-                       "each.")
+                       f"each, and keeps the queries and keys of up to {qk_points:,} tokens a head.")
             return
         path, split, field = corpus
         try:
@@ -115,7 +120,7 @@ def scan_controls(bundle) -> None:
             st.info(f"{bundle.name} reads images; a scan reads text. Choose a text model in the sidebar.",
                     icon=":material/image:")
             return
-        settings = ScanSettings(max_docs=max_docs, max_tokens=max_tokens)
+        settings = ScanSettings(max_docs=max_docs, max_tokens=max_tokens, qk_points=qk_points)
         planned = min(max_docs, facts["documents"])
         key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings)
         existing = folder.database(key)
@@ -134,8 +139,10 @@ def scan_controls(bundle) -> None:
                 folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
                              field_name=field, dtype=model_dtype(bundle.name), model_name=bundle.name)
             st.rerun()
+        kept = (f" Then it keeps every head's queries, keys and values on documents of up to {qk_points:,} tokens in "
+                "all, for the Queries and keys page." if qk_points else "")
         st.caption(f"{planned:,} of the corpus's {facts['documents']:,} documents, at most {max_tokens} tokens each, "
-                   f"with {bundle.name}. The scan runs in the background: leave the page or reload, it goes on; "
+                   f"with {bundle.name}.{kept} The scan runs in the background: leave the page or reload, it goes on; "
                    "the same corpus, model and limits reopen the same scan.")
 
 
@@ -158,10 +165,16 @@ def running_scan() -> None:
     rate, eta = said.get("documents_per_second") or 0.0, said.get("eta")
     left = "" if eta is None else f" · about {int(eta) // 60} min {int(eta) % 60:02d} s left"
     started = time.time() - job.started
-    st.progress(min(1.0, done / planned),
-                text=f"Scanning: {done:,} of {planned:,} documents · {rate:.1f} documents/s · "
-                     f"{said.get('tokens_per_second', 0):,.0f} tokens/s{left}"
-                if said else f"Starting the scan (loading the model, reading the corpus): {started:.0f} s")
+    sampled, sample_planned = int(said.get("sampled", 0)), int(said.get("sample_planned", 0))
+    if sample_planned:  # every document read: the queries and keys of the sample are being kept
+        st.progress(min(1.0, sampled / sample_planned),
+                    text=f"Keeping the queries, keys and values of {sample_planned:,} sampled documents for the "
+                         f"Queries and keys page: {sampled:,} done")
+    else:
+        st.progress(min(1.0, done / planned),
+                    text=f"Scanning: {done:,} of {planned:,} documents · {rate:.1f} documents/s · "
+                         f"{said.get('tokens_per_second', 0):,.0f} tokens/s{left}"
+                    if said else f"Starting the scan (loading the model, reading the corpus): {started:.0f} s")
     if st.button("Stop", key="corpus_stop", icon=":material/stop:",
                  help="stops after the current chunk; what was scanned is kept, and Scan resumes it"):
         folder.stop(job.key)

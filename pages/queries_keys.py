@@ -1,6 +1,8 @@
 """Queries and keys in one picture: a head's query and key vectors as points of one space, where a query lies near
 the keys it attends to (AttentionViz, Yeh et al. 2023), on any checkpoint attnviz reads."""
 
+from pathlib import Path
+
 import streamlit as st
 
 from attnviz.pagelogic import qkmap
@@ -13,9 +15,14 @@ from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.qkmap_cache import (
     cached_points,
     cached_projection,
-    corpus_records,
-    layer_pictures,
+    corpus_captures,
+    grid_figure,
+    sampled_scans,
+    scan_grid,
+    scan_points,
+    scan_projection,
 )
+from attnviz.ui.scans import scan_read
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import qkmap as figures
@@ -33,7 +40,7 @@ page_intro(
 )
 
 
-SOURCES = ("The sidebar's sentence", "Documents of the bundled corpus")
+SOURCES = ("The sidebar's sentence", "Documents of the bundled corpus", "A scan's sample")
 
 
 def trust_metrics(trusted: dict[int, float]) -> None:
@@ -51,8 +58,8 @@ def selected_query(key: str) -> int | None:
               else chosen.selection.points if chosen is not None else [])
     for point in points:
         data = point.get("customdata")
-        if data and len(data) == 2 and int(data[0]) == 0:
-            return int(data[1])
+        if data and len(data) == 3 and int(data[0]) % 3 == 0:  # a query: 3 x its index (viz.qkmap.head_scatter)
+            return int(data[0]) // 3
     return None
 
 
@@ -68,45 +75,86 @@ def choose_from_grid() -> None:
 
 
 source = st.segmented_control("Points from", SOURCES, default=SOURCES[0], key="qk_source", required=True,
-                              help="One sentence, or many documents at once: each document's queries attend only to "
-                                   "its own keys, and every document shares one picture.")
+                              help="One sentence; many documents at once (each document's queries attend only to "
+                                   "its own keys, and every document shares one picture); or the documents a scan of "
+                                   "Heads across a corpus drew evenly across its corpus and kept.")
 current = capture_current(current_sentence(), max_tokens=MAX_TOKENS)
-records = {kind: record for kind, record in current.capture.records.items()}
-corpus = None
+name = current_model_name()
+captures, scan = [current.capture], None
+points_key: tuple = current.key
 if source == SOURCES[1]:
     columns = st.columns(2)
     documents = columns[0].slider("Documents", 2, 40, 12, key="qk_documents")
     tokens = columns[1].select_slider("Tokens per document", (32, 64, 128), 64, key="qk_tokens")
-    name = current_model_name()
-    corpus = corpus_records(registered_models()[name], name, model_dtype(name), documents, tokens, current.bundle)
-    records = {kind: record for kind, record in corpus[0].items() if all(kind in one for one in corpus)}
-columns = st.columns(3 if len(records) > 1 else 2)  # an attention kind to choose only where there are several
-kind = columns[0].selectbox("Attention", list(records), key="qk_kind") if len(records) > 1 else next(iter(records))
-record = records[kind]
-if queries_unavailable(current.bundle, record, "A picture of queries and keys"):
+    captures = corpus_captures(registered_models()[name], name, model_dtype(name), documents, tokens, current.bundle)
+    points_key = ("corpus", current.key[:3], documents, tokens)
+elif source == SOURCES[2]:
+    scans = sampled_scans(str(current.bundle.folder))
+    if not scans:
+        st.info(f"No finished scan of {name} has kept queries and keys yet. Scan a corpus on the Heads across a "
+                "corpus page: it keeps every head's queries, keys and values of whole documents drawn evenly "
+                "across the corpus (2,048 tokens a head by default).", icon=":material/info:")
+        st.stop()
+    labels = {str(path): f"{said['corpus']} · {said['documents']:,} documents, {said['tokens']:,} tokens drawn from "
+                         f"{said['documents_scanned']:,} scanned · {Path(path).stem[:8]}" for path, said in scans}
+    chosen = st.selectbox("Scan", list(labels), format_func=labels.get, key="qk_scan")
+    scan = dict(scans)[Path(chosen)] | {"path": chosen}
+    points_key = ("scan", chosen, scan["key"])
+
+if scan is None:
+    records = {kind: record for kind, record in captures[0].records.items()
+               if all(kind in capture.records for capture in captures)}
+    kinds = list(records)
+    n_layers_of = {kind: (record.n_layers, record.n_heads) for kind, record in records.items()}
+else:
+    kinds = [scan["kind"]]
+    n_layers_of = {scan["kind"]: (scan["n_layers"], scan["n_heads"])}
+columns = st.columns(3 if len(kinds) > 1 else 2)  # an attention kind to choose only where there are several
+kind = columns[0].selectbox("Attention", kinds, key="qk_kind") if len(kinds) > 1 else kinds[0]
+if scan is None and queries_unavailable(current.bundle, records[kind], "A picture of queries and keys"):
     st.stop()
-layer = columns[-2].selectbox("Layer", range(record.n_layers), key="qk_layer")
-if st.session_state.get("qk_head", 0) >= record.n_heads:
+n_layers, n_heads = n_layers_of[kind]
+if st.session_state.get("qk_layer", 0) >= n_layers:
+    st.session_state["qk_layer"] = 0
+if st.session_state.get("qk_head", 0) >= n_heads:
     st.session_state["qk_head"] = 0
-head = columns[-1].selectbox("Head", range(record.n_heads), key="qk_head")
-options = st.columns([3, 2, 4, 2])
+layer = columns[-2].selectbox("Layer", range(n_layers), key="qk_layer")
+head = columns[-1].selectbox("Head", range(n_heads), key="qk_head")
+options = st.columns([3, 2, 2])
 method = options[0].segmented_control("Projection", qkmap.PROJECTIONS, default="PCA", key="qk_method",
                                       required=True,
                                       help="PCA: the plane of largest spread, instant and faithful to distances "
                                            "along it; t-SNE and UMAP keep neighbours, seeded, slower.")
 dims = 3 if options[1].segmented_control("Dimensions", ("2D", "3D"), default="2D", key="qk_dims",
                                          required=True) == "3D" else 2
-colour = options[2].segmented_control("Colour by", figures.COLOURINGS if corpus else figures.COLOURINGS[:2],
+values = options[2].toggle("Values too", key="qk_values",
+                           help="The head's value vectors as a third set (green triangles). Values are never "
+                                "compared with queries: they sit around the keys' centre with the keys' spread, so "
+                                "only their own clusters mean something (tokens the head passes on alike).")
+several = scan is not None or len(captures) > 1
+options = st.columns([3, 1])
+colour = options[0].segmented_control("Colour by", figures.COLOURINGS if several else figures.COLOURINGS[:3],
                                       default=figures.COLOURINGS[0], key="qk_colour", required=True)
-found = options[3].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
+found = options[1].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
                               help="Rings every query and key whose token contains this text.")
 
-documents_records = [current.capture.records] if corpus is None else corpus
-points_key = current.key if corpus is None else ("corpus", current.key[:3], documents, tokens)
-points = cached_points(points_key, kind, layer, head, documents_records)
 try:
-    with st.spinner(f"{method} of {len(points.queries) + len(points.keys):,} points…"):
-        coordinates, trusted = cached_projection(points_key, kind, layer, head, method, dims, 0, points)
+    if scan is None:
+        points = cached_points(points_key, kind, layer, head, values, captures)
+    else:
+        points = scan_points(scan["path"], scan["key"], layer, head, values)
+    if values and points.values is None:
+        st.info("This model's attention does not give its value vectors here: queries and keys only.",
+                icon=":material/info:")
+        values = False
+    first_umap = " (the server's first UMAP compiles its code: about half a minute)" if method == "UMAP" else ""
+    with st.spinner(f"{method} of {len(points.queries) + len(points.keys) * (2 if values else 1):,} points…"
+                    f"{first_umap}"):
+        if scan is None:
+            coordinates, trusted = cached_projection(points_key, kind, layer, head, method, dims, 0, values, points)
+        else:
+            coordinates, trusted = scan_projection(scan["path"], scan["key"], layer, head, method, dims, 0, values,
+                                                   points)
 except ValueError as problem:
     st.warning(str(problem), icon=":material/info:")
     st.stop()
@@ -114,38 +162,39 @@ trust_metrics(trusted)
 if not points.translated:
     st.caption(":material/info: This head soft-caps its scores or has a sink: shifting the keys would change its "
                "weights, so they are only scaled.")
+if scan is not None:
+    st.caption(f":material/database: {len(points.documents)} documents drawn evenly across the {scan['corpus']} "
+               f"corpus and kept by the scan (float16 vectors; each query's strongest keys are the model's own). "
+               "Projections are kept in the scan's database once made.")
 query = selected_query("qk_picture")
-title = f"{kind} layer {layer}, head {head}: {len(points.queries)} queries and {len(points.keys)} keys ({method})"
+shown_sets = f"{len(points.queries)} queries, {len(points.keys)} keys and values" if values else \
+    f"{len(points.queries)} queries and {len(points.keys)} keys"
+title = f"{kind} layer {layer}, head {head}: {shown_sets} ({method})"
 show_figure(figures.head_scatter(points, coordinates, title=title, colour=colour, selected_query=query,
                                  found=found),
-            "Click a query (red) to draw lines to the three keys it attends to most (thicker: more weight).",
-            key="qk_picture", on_select="rerun")
+            "Click a query (red) to draw lines to the three keys it attends to most (thicker: more weight). Hover a "
+            "point for its token in context.", key="qk_picture", on_select="rerun")
 if query is not None and query < len(points.queries):
-    document = next(d for d in points.documents if query in d.queries)
-    weights = document.weights[query - document.queries.start]
-    top = weights.argsort(descending=True)[:3].tolist()
-    said = ", ".join(f"“{points.key_tokens[document.keys.start + k]}” ({float(weights[k]):.2f})" for k in top)
-    where = "" if corpus is None else f" of document {points.query_documents[query]}"
+    index, document = points.document_of_query(query)
+    local = query - document.queries.start
+    said = ", ".join(f"“{points.key_tokens[document.keys.start + int(k)]}” ({float(w):.2f})"
+                     for k, w in zip(document.strongest_keys[local], document.strongest_weights[local], strict=True)
+                     if w > 0)
+    doc = points.document_name(index)
+    where = "" if not several else f" of document {doc}"
     st.caption(f"Query {points.query_positions[query]}{where}, “{points.query_tokens[query]}”, attends most to "
                f"{said}.")
-    if corpus is not None and kind == "self":
-        text = bundled_corpus().documents[points.query_documents[query]].text
-        st.button(f"Open document {points.query_documents[query]} in Explore heads on this head",
-                  key="qk_open", icon=":material/search:", on_click=ask_to_open,
-                  args=(text, current_model_name(), layer, head))
+    if several and kind in ("self", "encoder"):
+        text = (bundled_corpus().documents[doc].text if scan is None
+                else (scan_read(scan["path"], "document", doc) or {}).get("text"))
+        if text:
+            st.button(f"Open document {doc} in Explore heads on this head", key="qk_open", icon=":material/search:",
+                      on_click=ask_to_open, args=(text, name, layer, head))
 
 whole = st.toggle("Every layer", key="qk_whole_model",
                   help="Small pictures of every head of the model, not only of this layer (PCA: each at once)")
-shown_layers = range(record.n_layers) if whole else [layer]
-pictures, labels, cells = [], [], []
-for shown in shown_layers:
-    for head_index, picture in enumerate(layer_pictures(points_key, kind, shown, documents_records)):
-        pictures.append(picture)
-        labels.append(f"L{shown} H{head_index}" if whole else f"head {head_index}")
-        cells.append((shown, head_index))
-where = "every layer" if whole else f"layer {layer}"
-show_figure(figures.layer_grid([(p, c) for p, c, _ in pictures], [t[1] for _, _, t in pictures], labels=labels,
-                               cells=cells, columns=min(record.n_heads, 12 if whole else 6),
-                               title=f"{kind}, {where}: queries and keys of each head (PCA)"),
+shown_layers = tuple(range(n_layers)) if whole else (layer,)
+kept = scan_grid(scan["path"], scan["key"]) if scan is not None else None
+show_figure(grid_figure(points_key, kind, shown_layers, n_heads, whole, _captures=captures, _kept=kept),
             "Each head's picture, titled with the share of its queries whose strongest key is their nearest. Click "
             "a head to open it above.", key="qk_grid", on_select=choose_from_grid)

@@ -62,6 +62,7 @@ def test_qkmap_benchmark_times_every_heads_picture(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["points_per_head"] >= 300 and report["documents"] >= 2
     assert set(report["median_seconds_per_head"]) == {"normalise", "PCA", "trust"}
-    assert isinstance(report["embedding_seconds"]["t-SNE"], float)
+    assert all(isinstance(report["embedding_seconds"][m], float) for m in ("t-SNE", "UMAP", "UMAP again"))
+    assert report["figure_points"] == 3 * report["points_per_head"] // 2 and 0 < report["figure_bytes"] < 2_000_000
     printed = capsys.readouterr().out
-    assert "for every head" in printed and "t-SNE of one head" in printed
+    assert "for every head" in printed and "t-SNE of one head" in printed and "MB sent" in printed

@@ -7,6 +7,7 @@ import pytest
 
 from attnviz.models.capture import capture
 from attnviz.pagelogic import qkmap
+from attnviz.viz.qkmap import quantised
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 from tests.tiny_models import bundled_bert
 
@@ -34,8 +35,10 @@ def test_a_heads_picture_and_its_trust_are_those_of_its_queries_and_keys():
     spec = figure_titled(at, "self layer 2, head 5")
     assert [trace["name"] for trace in spec["data"]] == ["queries", "keys"]
     n = record.n_q
-    np.testing.assert_allclose(plotly_array(spec["data"][0]["x"]), coordinates[:n, 0].numpy(), atol=1e-4)
-    np.testing.assert_allclose(plotly_array(spec["data"][1]["y"]), coordinates[n:, 1].numpy(), atol=1e-4)
+    drawn = quantised(coordinates.numpy())  # the projection on one int16 scale for both axes
+    np.testing.assert_array_equal(plotly_array(spec["data"][0]["x"]), drawn[:n, 0])
+    np.testing.assert_array_equal(plotly_array(spec["data"][1]["y"]), drawn[n:, 1])
+    assert plotly_array(spec["data"][1]["customdata"]).tolist()[2] == [3 * 2 + 1, 2, 0]  # key 2
     grid = figure_titled(at, "self, layer 2: queries and keys of each head")
     assert len(grid["data"]) == 2 * 12  # queries and keys of every head of the layer
     titles = [a["text"] for a in grid["layout"]["annotations"]]
@@ -78,3 +81,47 @@ def test_a_token_search_rings_its_points_and_documents_share_one_picture():
     at.segmented_control(key="qk_colour").set_value("document").run()
     colours = plotly_array(figures(at)[0]["data"][0]["marker"]["color"])
     assert sorted(set(colours.tolist())) == [0, 1, 2]
+
+
+def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_kept(tmp_path, monkeypatch):
+    from attnviz.scan import qk_sample, store
+    from attnviz.scan.corpus import bundled_corpus
+    from attnviz.scan.runner import ScanSettings, run_scan
+
+    at = open_page(PAGE, timeout=180, sentence=SENTENCE)
+    at.segmented_control(key="qk_source").set_value("A scan's sample").run()
+    assert "No finished scan" in " ".join(info.value for info in at.info)  # none yet: says where to make one
+    root = tmp_path / "scans"
+    root.mkdir()
+    path = root / "bert.duckdb"
+    run_scan(bundled_corpus(), bundled_bert(), path, ScanSettings(max_docs=12, max_tokens=32, qk_points=120))
+    monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(root))  # the server's scans, offered to every browser
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    with store.ScanReader(path) as reader:
+        facts = qk_sample.sample_facts(reader.connection)
+        _, trusted = qk_sample.stored_projection(reader.connection, 0, 0, "PCA", 2, 0, False)
+    assert 0 < facts["tokens"] <= 120 and facts["documents"] >= 3
+    title = figures(at)[0]["layout"]["title"]["text"]
+    assert f"{facts['tokens']} queries and {facts['tokens']} keys (PCA)" in title
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["strongest key is the nearest"] == f"{trusted[1]:.0%}"  # the trust the scan kept
+    grid = figure_titled(at, "self, layer 0: queries and keys of each head")
+    assert len(grid["data"]) == 2 * 12
+    # a t-SNE made on the page is kept in the scan's database, with the trust shown
+    at.selectbox(key="qk_layer").set_value(2).run()
+    at.segmented_control(key="qk_method").set_value("t-SNE").run()
+    assert not at.exception, [e.value for e in at.exception]
+    with store.ScanReader(path) as reader:
+        kept, kept_trust = qk_sample.stored_projection(reader.connection, 2, 0, "t-SNE", 2, 0, False)
+    assert kept.shape == (2 * facts["tokens"], 2)
+    assert {m.label: m.value for m in at.metric}["strongest key is the nearest"] == f"{kept_trust[1]:.0%}"
+    # values as a third set, and colours by token category with their legend
+    at.segmented_control(key="qk_method").set_value("PCA").run()
+    at.toggle(key="qk_values").set_value(True).run()
+    at.segmented_control(key="qk_colour").set_value("token category").run()
+    data = figures(at)[0]["data"]
+    assert [trace["name"] for trace in data[:3]] == ["queries", "keys", "values"]
+    assert len(plotly_array(data[2]["x"])) == facts["tokens"]
+    assert {"special", "word"} <= {trace["name"] for trace in data[3:]}  # [CLS]/[SEP] and words
+    assert "<b>" in data[0]["text"][1]  # a hover shows the token in its context

@@ -3,14 +3,18 @@ the normalised points, to 1e-6, on GPT-2, Llama with grouped-query attention, BE
 the projections and the trust measure behave as they say, and a head built to attend to the previous token is
 trusted by its picture."""
 
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from attnviz import qk_geometry
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.pagelogic import qkmap
+from tests.apptest_helpers import plotly_array
 from tests.tiny_models import make_tiny_checkpoint
 
 TEXT = "The cat sat on the mat because it was tired, and the dog slept."
@@ -41,8 +45,9 @@ def test_weights_recomputed_from_the_normalised_points_equal_the_models(bundles,
     assert checked == record.n_layers * record.n_heads
     if kind == "llama":  # grouped-query: two query heads read one K/V head, and their keys are that head's
         assert record.n_kv_heads < record.n_heads
-        raw = qkmap.raw_head(record, 0, 1)[1]
-        assert torch.equal(raw, record.keys[0, record.kv_head(1)].float())
+        raw = qkmap.raw_head(record, 0, 1, values=True)
+        assert torch.equal(raw.keys, record.keys[0, record.kv_head(1)].float())
+        assert torch.equal(raw.values, record.values[0, record.kv_head(1)].float())
 
 
 def test_points_of_several_documents_share_one_shift_and_keep_each_documents_weights(bundles):
@@ -76,16 +81,17 @@ def _previous_token_points(n: int = 40, d: int = 16, seed: int = 0) -> qkmap.Hea
     queries = 3.0 * torch.cat([circle.roll(1, 0), torch.zeros(n, d - 2, dtype=torch.float64)], 1) @ rotation
     allowed = torch.ones(n, n, dtype=torch.bool).tril()
     weights = torch.softmax((queries @ keys.T).masked_fill(~allowed, float("-inf")), -1)
-    top = weights.argmax(-1)
-    assert top[1:].tolist() == list(range(n - 1))  # built to attend to the previous token
+    top_keys, top_weights = qk_geometry.strongest(weights, allowed)
+    assert top_keys[1:, 0].tolist() == list(range(n - 1))  # built to attend to the previous token
     q, k, shift, scale = qkmap.normalise(queries, keys)
     return qkmap.HeadPoints(q, k, [str(i) for i in range(n)], [str(i) for i in range(n)], list(range(n)),
-                            list(range(n)), [qkmap.Document(range(n), range(n), allowed, top, weights)], shift, scale)
+                            list(range(n)), [qkmap.Document(range(n), range(n), allowed, top_keys, top_weights)],
+                            shift, scale)
 
 
 def test_a_previous_token_head_is_trusted_by_its_picture_and_a_shuffled_one_is_not():
     points = _previous_token_points()
-    for method, k in (("PCA", 1), ("t-SNE", 5)):  # t-SNE keeps neighbourhoods, not exact places
+    for method, k in (("PCA", 1), ("t-SNE", 5), ("UMAP", 5)):  # t-SNE, UMAP keep neighbourhoods, not places
         coordinates = qkmap.project(points, method, seed=0)
         assert coordinates.shape == (80, 2)
         share = qkmap.trust(points, coordinates)
@@ -104,8 +110,60 @@ def test_projections_refuse_what_they_cannot_do():
         qkmap.project(points, "MDS")
     with pytest.raises(ValueError, match="2 or 3"):
         qkmap.project(points, "PCA", dims=4)
-    try:
-        import umap  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="umap-learn"):
-            qkmap.project(points, "UMAP")
+    with pytest.raises(ValueError, match="no value vectors"):
+        qkmap.project(points, "PCA", with_values=True)
+
+
+def _many_points(documents: int, n: int = 128, d: int = 16, seed: int = 0) -> qkmap.HeadPoints:
+    generator = torch.Generator().manual_seed(seed)
+    vectors = []
+    for name in range(documents):
+        allowed = torch.ones(n, n, dtype=torch.bool).tril()
+        weights = torch.softmax(torch.randn(n, n, generator=generator).masked_fill(~allowed, -1e9), -1)
+        top_keys, top_weights = qk_geometry.strongest(weights, allowed)
+        tokens = [f"␣word{i % 50}" for i in range(n)]
+        vectors.append(qk_geometry.DocumentVectors(
+            torch.randn(n, d, generator=generator), torch.randn(n, d, generator=generator), allowed, top_keys,
+            top_weights, tokens, tokens, torch.randn(n, d, generator=generator), ["word"] * n, ["word"] * n,
+            100 + name))
+    return qk_geometry.pool(vectors)
+
+
+def test_a_picture_of_tens_of_thousands_of_points_stays_under_2_mb_and_says_what_it_thinned():
+    from attnviz.viz import qkmap as figures
+
+    small = _many_points(4)  # 512 queries, keys and values: every point, each hover with its token in context
+    coordinates = qkmap.project(small, "PCA", with_values=True)
+    spec = json.loads(figures.head_scatter(small, coordinates, title="t", colour="token category").to_json())
+    assert [len(plotly_array(trace["customdata"])) for trace in spec["data"][:3]] == [512, 512, 512]
+    assert "<b>" in spec["data"][0]["text"][5] and "document %{customdata[2]}" in spec["data"][0]["hovertemplate"]
+    key_130 = plotly_array(spec["data"][1]["customdata"])[130].tolist()
+    assert key_130 == [3 * 130 + 1, 2, 101]  # key 130: position 2 of document 101
+    drawn = figures.quantised(coordinates.numpy())
+    width = float((coordinates.max(0).values - coordinates.min(0).values).max())
+    # one scale for every axis: distances keep their proportions, to within one step of 65,534 across the picture
+    rebuilt = (drawn.astype(float) + 32_767) / 65_534 * width + coordinates.min(0).values.numpy()
+    assert np.abs(rebuilt - coordinates.numpy()).max() <= width / 65_534
+    big = _many_points(160)  # 20,480 of each: 61,440 points
+    coordinates = qkmap.project(big, "PCA", with_values=True)
+    figure = figures.head_scatter(big, coordinates, title="t", colour="token category", selected_query=20_000,
+                                  found="word7")
+    sent = figure.to_json()
+    assert len(sent) < 2_000_000, len(sent)
+    spec = json.loads(sent)
+    assert len(plotly_array(spec["data"][0]["x"])) == 20_480 // 2
+    assert "1 point in 2 drawn" in spec["layout"]["title"]["text"]
+    assert "<b>" not in spec["data"][0]["text"][0]  # past 12,000 points, the token alone
+    assert any(trace["name"] == "strongest 3 keys" for trace in spec["data"])
+
+
+def test_token_categories():
+    from attnviz.analysis import token_categories
+
+    tokens = ["[CLS]", "the", "un", "##like", "##ly", "2024", ",", "cat", "##s", "[SEP]"]
+    special = [True] + [False] * 8 + [True]
+    assert token_categories(tokens, special) == ["special", "word", "word", "word piece", "word piece", "number",
+                                                 "punctuation", "word", "word piece", "special"]
+    gpt = ["The", "␣cat", "s", "␣sat", ".", "␣2", "␣un", "like", "ly"]
+    assert token_categories(gpt, [False] * 9) == ["word", "word", "word piece", "word", "punctuation", "number",
+                                                  "word", "word piece", "word piece"]

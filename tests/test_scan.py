@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnviz.analysis import is_punctuation, label_head
-from attnviz.scan import store
+from attnviz.scan import qk_sample, store
 from attnviz.scan.corpus import Corpus, Document
 from attnviz.scan.heads import CRITERIA, LABELS, OFFSETS, SCAN_STATISTICS, Partial, document_partial
 from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan, scan_key
@@ -44,6 +44,11 @@ def tables(path) -> dict:
                       "head_stats", "label_state", "offset_state", "histogram_state", "examples"):
             frame = reader.frame(f"SELECT * FROM {table}")
             found[table] = frame.sort_values(list(frame.columns[:min(5, len(frame.columns))])).reset_index(drop=True)
+        if qk_sample.has_sample(reader.connection):  # the sample of queries and keys, and its kept projections
+            for table, columns in (("qk_documents", "*"), ("qk_vectors", "*"), ("qk_masks", "*"),
+                                   ("qk_projections", "layer, head, method, dims, seed, with_values, coordinates, "
+                                                      "trust")):
+                found[table] = reader.frame(f"SELECT {columns} FROM {table} ORDER BY ALL")
         return found
 
 

@@ -3,8 +3,9 @@
 Captures a GPT-2-small-shaped model (12 layers x 12 heads, width 768, random weights made from a config, the
 bundled BERT's tokenizer: the cost does not depend on what the weights learnt) on documents of the bundled corpus
 until each head has about ``points`` queries and keys together, then times, for every head, the normalisation
-(pooling the documents), PCA in 2D and the trust measure; and, on one head, t-SNE and UMAP (where umap-learn is
-installed) on ``embed_points`` of its points. Medians per head and the total for the model are printed.
+(pooling the documents), PCA in 2D and the trust measure; on one head, t-SNE and UMAP on ``embed_points`` of its
+points (UMAP twice: a process's first compiles numba's code); and the size of the page's figure of one head with its
+values (every point, a third set), as sent to the browser. Medians per head and the total for the model are printed.
 """
 
 from __future__ import annotations
@@ -66,19 +67,28 @@ def bench_qkmap(points: int = 10_000, tokens_per_document: int = 128, embed_poin
             break
     sample = qkmap.head_points(few, layers // 2, 0)
     embeddings = {}
-    for method in ("t-SNE", "UMAP"):
+    for method in ("t-SNE", "UMAP", "UMAP again"):
         started = time.perf_counter()
         try:
-            qkmap.project(sample, method)
+            qkmap.project(sample, method.removesuffix(" again"))
         except ValueError as missing:
             embeddings[method] = str(missing)
             continue
         embeddings[method] = time.perf_counter() - started
+    from attnviz.viz.qkmap import head_scatter
+
+    largest = qkmap.head_points(records, 0, 0, values=True)
+    started = time.perf_counter()
+    figure = head_scatter(largest, qkmap.project(largest, "PCA", with_values=True), title="one head",
+                          colour="token category").to_json()
+    figure_seconds = time.perf_counter() - started
     return {"model": f"GPT-2-shaped, {layers} x {heads}, width {width}, random weights", "documents": len(records),
             "points_per_head": total, "threads": torch.get_num_threads(), "capture_seconds": capture_seconds,
             "median_seconds_per_head": {step: statistics.median(times) for step, times in steps.items()},
             "model_seconds": {step: sum(times) for step, times in steps.items()},
-            "embed_points": len(sample.queries) + len(sample.keys), "embedding_seconds": embeddings}
+            "embed_points": len(sample.queries) + len(sample.keys), "embedding_seconds": embeddings,
+            "figure_points": len(largest.queries) + 2 * len(largest.keys), "figure_bytes": len(figure),
+            "figure_seconds": figure_seconds}
 
 
 def print_qkmap(report: dict) -> list[str]:
@@ -92,4 +102,6 @@ def print_qkmap(report: dict) -> list[str]:
     for method, seconds in report["embedding_seconds"].items():
         lines.append(f"{method} of one head's {report['embed_points']:,} points: " +
                      (f"{seconds:.1f} s" if isinstance(seconds, float) else seconds))
+    lines.append(f"one head's picture with its values ({report['figure_points']:,} points): "
+                 f"{report['figure_bytes'] / 1e6:.2f} MB sent, built in {report['figure_seconds']:.2f} s")
     return lines

@@ -39,7 +39,9 @@ class Reporter:
             bar = "#" * int(share * 30)
             print(f"\r[{bar:<30}] {state.done:,}/{state.planned:,} documents · "
                   f"{state.documents_per_second:.1f} doc/s · {state.tokens_per_second:,.0f} tok/s · "
-                  f"ETA {_duration(state.eta)} · {state.status}   ", end="", file=sys.stderr, flush=True)
+                  f"ETA {_duration(state.eta)} · {state.status}"
+                  + (f" · queries and keys of {state.sampled}/{state.sample_planned} documents kept"
+                     if state.sample_planned else "") + "   ", end="", file=sys.stderr, flush=True)
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -76,6 +78,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("corpus", help="'bundled', or a .txt, .jsonl, .csv or .parquet file")
     add_run_arguments(parser, out="the scan's DuckDB file (created, or resumed)", max_docs=1000, max_tokens=128,
                       chunk=64, stop="stop (resumably) after the chunk during which this file appears")
+    parser.add_argument("--qk-points", type=int, default=None, metavar="N",
+                        help="tokens per head whose queries, keys and values are kept for the Queries and keys page "
+                             "(whole documents drawn evenly across the corpus; 0: none; default 2048)")
     return parser.parse_args(argv)
 
 
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(args.progress_file, args.quiet)
     stop_file = Path(args.stop_file) if args.stop_file else None
     try:
-        settings = ScanSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk)
+        settings = ScanSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk,
+                                **({} if args.qk_points is None else {"qk_points": args.qk_points}))
         if args.threads and not args.ray:
             torch.set_num_threads(args.threads)
         corpus = open_corpus(args.corpus, split=args.split, field_name=args.field)

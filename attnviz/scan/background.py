@@ -109,7 +109,8 @@ class ScanFolder:
         folder runs."""
         command = [sys.executable, "-m", "attnviz.scan", str(corpus), "--model", str(model_folder), "--out",
                    str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
-                   str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--split", split, "--dtype", dtype,
+                   str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--qk-points",
+                   str(settings.qk_points), "--split", split, "--dtype", dtype,
                    "--progress-file", str(self.progress_file(key)), "--stop-file", str(self.stop_file(key)),
                    "--quiet", "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
         if field_name:

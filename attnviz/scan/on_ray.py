@@ -22,6 +22,7 @@ from attnviz.scan.runner import (
     ScanSettings,
     check_token_limit,
     finish,
+    keep_sample,
     open_writer,
     record_chunk,
     resume,
@@ -114,7 +115,8 @@ def run_scan_on_ray(corpus: Corpus, bundle: ModelBundle, path: str | Path, setti
                     if should_stop is not None and should_stop():
                         state.status = store.STATUS_STOPPED
                         break
-            finish(writer, state)
+            finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress,
+                                              should_stop))
         if state.status == store.STATUS_FINISHED and state.done_this_run:
             store.rewrite_compactly(path)
     finally:

@@ -24,7 +24,7 @@ import torch
 from attnviz.models.capture import capture
 from attnviz.models.loading import ModelBundle
 from attnviz.models.record import dense_token_limit
-from attnviz.scan import store
+from attnviz.scan import qk_sample, store
 from attnviz.scan.corpus import Corpus, Document
 from attnviz.scan.heads import CRITERIA, Partial, document_partial
 
@@ -41,10 +41,13 @@ class ScanSettings:
     max_docs: int = 1_000  # the corpus's first documents scanned
     max_tokens: int = 128  # each document's first tokens read (special tokens included)
     chunk_docs: int = 64  # documents per committed chunk (and per Ray batch): what a stop may lose
+    qk_points: int = qk_sample.DEFAULT_POINTS  # tokens whose queries, keys and values are kept per head (0: none)
 
     def __post_init__(self):
         if self.max_docs < 1 or self.max_tokens < 2 or self.chunk_docs < 1:
             raise ScanRefused("a scan reads at least 1 document of at least 2 tokens, in chunks of at least 1")
+        if not 0 <= self.qk_points <= qk_sample.MOST_POINTS:
+            raise ScanRefused(f"a scan keeps between 0 and {qk_sample.MOST_POINTS:,} queries and keys per head")
 
 
 DEFAULT_SETTINGS = ScanSettings()
@@ -58,6 +61,8 @@ class Progress:
     done_this_run: int = 0
     tokens_this_run: int = 0
     status: str = store.STATUS_RUNNING
+    sampled: int = 0  # documents whose queries and keys were kept, of sample_planned (after every document)
+    sample_planned: int = 0
 
     @property
     def elapsed(self) -> float:
@@ -97,7 +102,7 @@ def model_fingerprint(folder: str | Path) -> str:
 def scan_key(corpus: Corpus, folder: str | Path, settings: ScanSettings) -> str:
     """The same corpus, model and limits give the same key (and the page the same file): reused, or resumed."""
     wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
-              "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION}
+              "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION, "qk_points": settings.qk_points}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -187,7 +192,7 @@ def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings:
                    tokenizer=type(bundle.tokenizer).__name__, kind=kind, n_layers=n_layers, n_heads=n_heads,
                    corpus=corpus.name, corpus_fingerprint=corpus.fingerprint,
                    corpus_documents=len(corpus.documents), corpus_report=corpus.report.lines(),
-                   max_docs=settings.max_docs, max_tokens=settings.max_tokens,
+                   max_docs=settings.max_docs, max_tokens=settings.max_tokens, qk_points=settings.qk_points,
                    planned=min(settings.max_docs, len(corpus.documents)), versions=store.versions(),
                    started=time.time(), status=store.STATUS_RUNNING)
     return writer
@@ -211,7 +216,7 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
             record_chunk(writer, partial, part, dict(chunk), state)
             if progress is not None:
                 progress(state)
-        finish(writer, state)
+        finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop))
     if state.status == store.STATUS_FINISHED and state.done_this_run:
         store.rewrite_compactly(path)
     if progress is not None:
@@ -231,7 +236,31 @@ def record_chunk(writer: store.ScanWriter, partial: Partial, part: Partial, docu
     state.done += len(documents)
 
 
-def finish(writer: store.ScanWriter, state: Progress) -> None:
+def keep_sample(writer: store.ScanWriter, bundle: ModelBundle, kind: str, corpus: Corpus, settings: ScanSettings,
+                state: Progress, progress: Callable[[Progress], None] | None,
+                should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
+    """What :func:`finish` runs once every document is scanned: the sample of queries and keys
+    (:mod:`attnviz.scan.qk_sample`, in this process on Ray too: a few dozen forwards), reported in ``state``."""
+
+    def report(done: int, planned: int) -> None:
+        state.sampled, state.sample_planned = done, planned
+        if progress is not None:
+            progress(state)
+
+    def sample() -> bool:
+        if not settings.qk_points:
+            return True
+        texts = {doc: document.text for doc, document in planned_documents(corpus, settings)}
+        return qk_sample.record_sample(writer.connection, bundle, kind, texts, settings.qk_points,
+                                       settings.max_tokens, should_stop=should_stop, progress=report)
+
+    return sample
+
+
+def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None) -> None:
+    """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped."""
+    if state.status != store.STATUS_STOPPED and sample is not None and not sample():
+        state.status = store.STATUS_STOPPED
     if state.status != store.STATUS_STOPPED:
         state.status = store.STATUS_FINISHED
         writer.compact()

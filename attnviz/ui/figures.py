@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz.viz import framing
@@ -34,8 +35,8 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
 
     ``on_select``: a callback run when the user clicks a point (it reads ``st.session_state[key].selection``)."""
     scale = figure_scale()
-    if scale != 1.0:
-        framing.enlarge_text(figure, scale)  # 16 px at least for every text inside the figure
+    if scale != 1.0:  # on a copy: a page may keep its figures between reruns
+        figure = framing.enlarge_text(go.Figure(figure), scale)  # 16 px at least for every text inside the figure
     framing.title_below_toolbar(figure)
     config = figure_config(figure)
     if on_select is None:
