@@ -125,3 +125,20 @@ def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_ke
     assert len(plotly_array(data[2]["x"])) == facts["tokens"]
     assert {"special", "word"} <= {trace["name"] for trace in data[3:]}  # [CLS]/[SEP] and words
     assert "<b>" in data[0]["text"][1]  # a hover shows the token in its context
+    # a click on a query of the third document: its strongest keys said, and that document opens in Explore heads
+    with store.ScanReader(path) as reader:
+        points = qk_sample.head_points(reader.connection, 2, 0)
+    third = points.documents[2]
+    query = third.queries.start + 1
+    at.session_state["qk_picture"] = {"selection": {"points": [{"customdata": [3 * query, 1, 0]}]}}
+    at.run()
+    strongest = points.key_tokens[third.keys.start + int(third.strongest_keys[1, 0])]
+    said = next(c.value for c in at.caption if "attends most to" in c.value)
+    doc = points.document_name(2)
+    assert said.startswith(f"Query 1 of document {doc}, “{points.query_tokens[query]}”, attends most to "
+                           f"“{strongest}”"), said
+    button = next(b for b in at.button if b.key == "qk_open")
+    assert button.label == f"Open document {doc} in Explore heads on this head"
+    button.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["sentence"] == bundled_corpus().documents[doc].text and at.session_state["layer"] == 2
