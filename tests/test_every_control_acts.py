@@ -35,7 +35,7 @@ PAGES = {
     "importance, circuit": ("pages/importance.py", {}),
     "importance, map": ("pages/importance.py", {"imp_view": "Importance map"}),
     "importance, patching": ("pages/importance.py", {"imp_view": "Activation patching"}),
-    "queries and keys": ("pages/queries_keys.py", {}),
+    "queries and keys": ("pages/queries_keys.py", {"qk_documents": 2, "qk_tokens": 32}),  # small: t-SNE stays quick
     "checkpoints": ("pages/checkpoints.py", {}),
 }
 
