@@ -39,8 +39,9 @@ def test_scan_benchmark_compares_with_the_forward_and_measures_memory(tmp_path, 
                      "scan in-process"]
     assert report["results"][0]["vs_forward"] == 1.0 and all(row["seconds"] > 0 for row in report["results"])
     assert [row["documents"] for row in report["memory"]] == [3, 6] and report["memory"][0]["peak_mb"] > 100
+    assert report["sample"]["documents"] == 6 and report["sample"]["seconds"] > 0  # 6 short documents fit 2,048
     printed = capsys.readouterr().out
-    assert "x the forward" in printed and "peak memory growth" in printed
+    assert "x the forward" in printed and "peak memory growth" in printed and "queries and keys sample" in printed
 
 
 def test_ablation_benchmark_times_every_map_against_the_forwards(tmp_path, capsys):

@@ -18,7 +18,7 @@ WALKED = ("selectbox", "radio", "segmented_control", "select_slider", "slider", 
 # page script, session state to open it with (a tab), and the controls known to need a state they are not in
 PAGES = {
     "step by step": ("pages/step_by_step.py", {}),
-    "scaling": ("pages/scaling.py", {}),
+    "scaling": ("pages/scaling.py", {"scale_samples": 500}),  # fewer samples: each move recomputes them
     "masks": ("pages/masks.py", {}),
     "positional, sinusoidal": ("pages/positional.py", {"pos_tab": "Sinusoidal"}),
     "positional, learned": ("pages/positional.py", {"pos_tab": "Learned"}),

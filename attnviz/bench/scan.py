@@ -106,7 +106,9 @@ def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple
     corpus = bundled_corpus()
     chosen = Corpus(corpus.name, corpus.documents[:documents])
     texts = [document.text for document in chosen.documents]
-    settings = ScanSettings(max_docs=documents, max_tokens=max_tokens)
+    # the statistics pass alone against the forward; the sample of queries and keys (a fixed cost, a few dozen
+    # documents read again at the end) timed apart below
+    settings = ScanSettings(max_docs=documents, max_tokens=max_tokens, qk_points=0)
     forward, tokens = _forward_rate(bundle, texts, max_tokens)
     rows = [{"path": "forward (tokenizer and model, nothing recorded)", "seconds": forward}]
     rows.append({"path": "capture (every attention call recorded)",
@@ -116,6 +118,7 @@ def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple
         rows.append({"path": "scan in-process", "seconds": _scan_seconds(
             lambda path: run_scan(chosen, bundle, path, settings), folder / "local.duckdb"),
             "database_mb": (folder / "local.duckdb").stat().st_size / 1024**2})
+        sample = _sample_seconds(bundle, chosen, folder / "local.duckdb", max_tokens)
         # before Ray: a process started after ray.init inherits its environment, and peaked ~550 MB higher
         memory = _memory(list(memory_sizes), max_tokens, folder, model) if memory_sizes else []
         if ray_workers:
@@ -126,10 +129,28 @@ def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple
         row["vs_forward"] = row["seconds"] / forward
     report = {"model": bundle.name, "shape": f"{bundle.n_layers} layers x {bundle.n_heads} heads, d_model "
               f"{bundle.d_model}", "documents": documents, "tokens": tokens, "max_tokens": max_tokens,
-              "threads": torch.get_num_threads(), "results": rows, "memory": memory}
+              "threads": torch.get_num_threads(), "results": rows, "memory": memory, "sample": sample}
     if len(memory) >= 2:
         report["memory_growth"] = memory[-1]["peak_mb"] / memory[0]["peak_mb"] - 1
     return report
+
+
+def _sample_seconds(bundle, corpus, path: Path, max_tokens: int) -> dict:
+    """The end of a scan with the default sample: its documents read again and kept, and PCA of every head."""
+    import duckdb
+
+    from attnviz.scan import qk_sample
+    from attnviz.scan.runner import scanned_kind
+
+    kind = scanned_kind(bundle)[0]
+    texts = {doc: document.text for doc, document in enumerate(corpus.documents)}
+    with duckdb.connect(str(path)) as connection:
+        started = time.perf_counter()
+        qk_sample.record_sample(connection, bundle, kind, texts, qk_sample.DEFAULT_POINTS, max_tokens)
+        seconds = time.perf_counter() - started
+        facts = qk_sample.sample_facts(connection)
+    return {"seconds": seconds, "points": qk_sample.DEFAULT_POINTS, "documents": facts["documents"],
+            "tokens": facts["tokens"], "database_mb": path.stat().st_size / 1024**2}
 
 
 def _ray_rows(corpus, bundle, settings, workers: tuple[int, ...], folder: Path) -> list[dict]:
@@ -160,6 +181,11 @@ def print_scan(report: dict) -> list[str]:
         extra = f", database {row['database_mb']:.1f} MB" if "database_mb" in row else ""
         lines.append(f"  {row['path']:<58} {row['documents_per_second']:7.1f} doc/s {row['tokens_per_second']:9,.0f} "
                      f"tok/s  {row['vs_forward']:5.2f}x the forward{extra}")
+    sample = report.get("sample")
+    if sample:
+        lines.append(f"  then the queries and keys sample ({sample['points']:,} tokens a head: {sample['documents']} "
+                     f"documents, {sample['tokens']:,} tokens) and PCA of every head: {sample['seconds']:.1f} s "
+                     f"(database then {sample['database_mb']:.1f} MB)")
     for row in report["memory"]:
         lines.append(f"  command-line scan of {row['documents']:>6,} documents: peak {row['peak_mb']:,.0f} MB, "
                      f"{row['seconds']:,.0f} s, database {row['database_mb']:,.1f} MB")

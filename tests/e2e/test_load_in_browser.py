@@ -39,8 +39,9 @@ def test_the_startup_benchmark_times_a_cold_start_and_a_fresh_page():
 
     _require_browser()
     with ThreadPoolExecutor(1) as pool:  # sync Playwright of its own: on a thread of its own
+        # the small version: one start with and one without the warm-up, no late visits (the benchmark's own)
         report = pool.submit(startup.bench_startup, 1, {"checkpoints": "Checkpoints"}, lambda _line: None,
-                             2.0).result()
+                             None).result()
     (start,) = report["starts"]
     assert 0 < start["healthy_s"] < start["first_explore_chart_s"]
     assert start["fresh_pages_s"]["Checkpoints"] > 0 and start["cold_browser_page_s"] > 0
@@ -53,6 +54,4 @@ def test_the_startup_benchmark_times_a_cold_start_and_a_fresh_page():
     printed = "\n".join(startup.print_startup(report))
     assert "first Explore heads chart" in printed and "Checkpoints" in printed
     assert "without the warm-up" in printed
-    (late,) = report["late_visits"]  # the browser opened 2 s after the server started, with and without warm-up
-    assert late["with_warm_up_s"] > 0 and late["without_warm_up_s"] > 0
-    assert "The browser opened 2 s after" in printed
+    assert report["late_visits"] == []

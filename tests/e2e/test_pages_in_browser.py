@@ -1,6 +1,8 @@
-"""Every page in the navigation, in a real browser: renders, no exception element, screenshot saved."""
+"""Every page in the navigation, in a real browser: renders, no exception element, nothing asked of the network
+but the app's own server, screenshot saved."""
 
 import re
+from urllib.parse import urlparse
 
 import pytest
 
@@ -18,9 +20,24 @@ def navigation_links(page, app_url):
     return hrefs or [app_url + "/"]  # a single-page app shows no nav list: the root is the page
 
 
-def test_every_page_renders_without_exception(page, app_url, screenshot_dir):
+def test_every_page_renders_offline_without_exception(browser, app_url, screenshot_dir):
+    """Every page renders, draws its figures and asks the network for nothing but the app's own server (everything
+    works offline: no CDN script, no hub download)."""
+    context = browser.new_context(viewport={"width": 1500, "height": 3200})
+    outside = []
+
+    def guard(route):
+        host = urlparse(route.request.url).hostname
+        if host in ("127.0.0.1", "localhost") or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", guard)
+    page = context.new_page()
     hrefs = navigation_links(page, app_url)
-    assert hrefs, "the navigation lists no page"
+    assert len(hrefs) >= 8, "the navigation lists too few pages"
     for href in hrefs:
         url = href if href.startswith("http") else app_url + href
         page.goto(url)
@@ -31,6 +48,8 @@ def test_every_page_renders_without_exception(page, app_url, screenshot_dir):
             page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
         name = re.sub(r"[^a-z0-9]+", "_", url.rsplit("/", 1)[-1].lower()) or "home"
         page.screenshot(path=str(screenshot_dir / f"{name}.png"), full_page=True)
+    context.close()
+    assert outside == [], f"pages asked the network for: {outside[:5]}"
 
 
 def test_step_by_step_reacts_to_the_mask_in_the_browser(page, app_url, screenshot_dir):

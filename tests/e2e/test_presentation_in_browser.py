@@ -34,28 +34,6 @@ def projector(browser):
     yield from _window(browser, 1280, 720)
 
 
-def test_a_link_opens_presentation_mode_with_the_whole_width(projector, app_url, screenshot_dir):
-    for path in PAGES:
-        projector.goto(f"{app_url}/{path}?presentation_mode=true")
-        wait_until_idle(projector)
-        sidebar = projector.locator('[data-testid="stSidebar"]')
-        assert sidebar.get_attribute("data-collapsed") == "true", path  # collapsed: out of the way
-        sidebar_box = sidebar.bounding_box()
-        assert sidebar_box is None or sidebar_box["x"] + sidebar_box["width"] <= 1, path  # and no strip left
-        content = projector.locator('[data-testid="stMainBlockContainer"]').bounding_box()
-        assert content["width"] >= 1100, (path, content)
-        assert projector.evaluate(TRUNCATED) == [], path
-        assert projector.get_by_role("switch", name="Presentation mode").is_checked()  # kept from the link
-        previous, following = story_neighbours(projector.locator("h1").first.inner_text())
-        links = [text.splitlines()[-1] for text in  # the last line: the first is the page's icon
-                 projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').all_inner_texts()]
-        row = ([f"← Previous: {previous}"] if previous else []) + ([f"Next: {following} →"] if following else [])
-        assert links == row + row, (path, links)  # above the title and at the end of the page
-        first_link = projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').first
-        assert first_link.bounding_box()["y"] < projector.locator("h1").first.bounding_box()["y"], path
-        projector.screenshot(path=str(screenshot_dir / f"presentation_{path or 'explore'}.png"))
-
-
 # The page's main figure (the first Plotly chart or table, whichever comes first) and where it starts.
 FIRST_FIGURE = """
 () => {
@@ -76,12 +54,28 @@ FIGURE_TEXT_SIZES = """
 """
 
 
-def test_in_presentation_mode_the_point_is_on_the_first_screen(projector, app_url, screenshot_dir):
-    """1280 x 720: each story page's main figure starts high enough that 280 px of it (its title and first rows)
-    show on the first screen, and no text inside any figure on it is under 16 px."""
+def test_a_link_opens_presentation_mode_and_the_point_is_on_the_first_screen(projector, app_url, screenshot_dir):
+    """1280 x 720 from a link with presentation_mode=true: the sidebar out of the way, the whole width, the mode kept,
+    Previous/Next above the title and at the end; each story page's main figure starts high enough that 280 px of it
+    (its title and first rows) show on the first screen, and no text inside any figure on it is under 16 px."""
     for path in PAGES:
         projector.goto(f"{app_url}/{path}?presentation_mode=true")
         wait_until_idle(projector)
+        sidebar = projector.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_attribute("data-collapsed") == "true", path  # collapsed: out of the way
+        sidebar_box = sidebar.bounding_box()
+        assert sidebar_box is None or sidebar_box["x"] + sidebar_box["width"] <= 1, path  # and no strip left
+        content = projector.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+        assert content["width"] >= 1100, (path, content)
+        assert projector.evaluate(TRUNCATED) == [], path
+        assert projector.get_by_role("switch", name="Presentation mode").is_checked()  # kept from the link
+        previous, following = story_neighbours(projector.locator("h1").first.inner_text())
+        links = [text.splitlines()[-1] for text in  # the last line: the first is the page's icon
+                 projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').all_inner_texts()]
+        row = ([f"← Previous: {previous}"] if previous else []) + ([f"Next: {following} →"] if following else [])
+        assert links == row + row, (path, links)  # above the title and at the end of the page
+        first_link = projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').first
+        assert first_link.bounding_box()["y"] < projector.locator("h1").first.bounding_box()["y"], path
         projector.locator('[data-testid="stPlotlyChart"] .main-svg').first.wait_for(timeout=60_000)
         projector.wait_for_timeout(800)
         projector.screenshot(path=str(screenshot_dir / f"first_screen_1280_{path or 'explore'}.png"))
