@@ -12,7 +12,7 @@ from attnviz import mask_patterns, measure
 from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
-from attnviz.ui.figures import show_figure
+from attnviz.ui.figures import figure_once, show_figure
 from attnviz.ui.frame import page_intro, setup_area, start_page, transient_status
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.shared_measurements import shared_measurements
@@ -172,7 +172,8 @@ def memory_metrics(case) -> None:
     )
 
 
-def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None:
+def stepper(trace, output, block_q: int, block_k: int, trace_block: int, drawn: tuple) -> None:
+    """``drawn``: what names the trace (the case and the tiling), for the figures' cache."""
     steps = trace.steps
     if not steps:
         st.info("This query block attends to no key block under this mask.")
@@ -198,25 +199,28 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int) -> None
         "e^(m_old − m_new)."
     )
     st.dataframe(numbers.style.format(precision=4), hide_index=True)
-    gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
-    converging = line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
+    def converging():
+        gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
+        figure = line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
                             title="The online softmax converging", x_title="key blocks consumed",
                             y_title="difference", markers=True, log_y=True, height=280)
-    # Whole blocks on x (no 1.5); powers of ten as 1e-6, not SI prefixes (1µ, 1n, 1f read as units).
-    converging.update_xaxes(tickmode="linear", tick0=1, dtick=max(1, -(-len(steps) // 12)))
-    converging.update_yaxes(exponentformat="e", dtick=2, minorloglabels="none")
+        # Whole blocks on x (no 1.5); powers of ten as 1e-6, not SI prefixes (1µ, 1n, 1f read as units).
+        figure.update_xaxes(tickmode="linear", tick0=1, dtick=max(1, -(-len(steps) // 12)))
+        return figure.update_yaxes(exponentformat="e", dtick=2, minorloglabels="none")
+
     show_figure(
-        converging,
+        figure_once(("flash converging", drawn), converging),
         "Exactly the final answer once the last block is in: nothing was approximated, only reordered.",
         key="flash_converge",
     )
     if state.scores is not None:
         shown = state.scores[:16, :16]
         show_figure(
-            matrix_heatmap(shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
-                           [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
-                           title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}",
-                           scale=SIGNED, show_values=False, height=360),
+            figure_once(("flash tile scores", drawn, step), lambda: matrix_heatmap(
+                shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
+                [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
+                title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}",
+                scale=SIGNED, show_values=False, height=360)),
             "Grey cells are masked (−∞) inside a diagonal or edge tile.",
             key="flash_tile_scores",
         )
@@ -234,6 +238,7 @@ def tiling_section(case) -> None:
     trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1, min(n_query_blocks - 1, 2),
                                     key="flash_trace_block")
     output, trace = flash_page.tiling(case, block_q, block_k, trace_block)
+    drawn = (repr(case), block_q, block_k, trace_block)
     codes = torch.tensor([[flash_page.STATUS_CODES[s] for s in row] for row in trace.status])
     legend = {0: ("#ffffff", "skipped"), 1: ("#2f6db5", "computed"), 2: ("#ff9f1c", "computed + masked")}
     counts = trace.counts()
@@ -241,18 +246,17 @@ def tiling_section(case) -> None:
     with left:
         show_figure(
             # Block numbers, thinned to what the narrow column has room for ("k0".."k15" overlapped there).
-            mask_heatmap(codes, [str(i) for i in range(trace.n_query_blocks)],
-                         [str(j) for j in range(trace.n_key_blocks)],
-                         title=f"{trace.n_query_blocks} x {trace.n_key_blocks} tiles of {block_q} x {block_k}",
-                         legend=legend, height=420, x_title="key block", y_title="query block",
-                         width=TILE_FIGURE_WIDTH),
+            figure_once(("flash tiles", drawn), lambda: mask_heatmap(
+                codes, [str(i) for i in range(trace.n_query_blocks)], [str(j) for j in range(trace.n_key_blocks)],
+                title=f"{trace.n_query_blocks} x {trace.n_key_blocks} tiles of {block_q} x {block_k}",
+                legend=legend, height=420, x_title="key block", y_title="query block", width=TILE_FIGURE_WIDTH)),
             f"{counts['computed']} tiles computed as they are, {counts['masked']} with an element mask (the diagonal "
             f"or window edge), {counts['skipped']} never touched: "
             f"{counts['skipped'] / max(sum(counts.values()), 1):.0%} of the work skipped.",
             key="flash_tiles",
         )
     with right:
-        stepper(trace, output, block_q, block_k, trace_block)
+        stepper(trace, output, block_q, block_k, trace_block, drawn)
 
 
 def saved_or_uploaded_report(chosen: dict):

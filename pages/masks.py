@@ -7,7 +7,7 @@ import torch
 from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
-from attnviz.ui.figures import show_figure
+from attnviz.ui.figures import figure_once, show_figure
 from attnviz.ui.frame import page_intro, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
@@ -33,18 +33,25 @@ def key_vectors(record, n: int) -> torch.Tensor:
     return keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
-def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str]) -> None:
+def pattern_figure(name: str, built: mask_patterns.PatternMask, labels: list[str]):
+    n = len(labels)
+    if built.block_kind is not None:
+        kinds = masks.expand_block_layout(built.block_kind, built.block_size)[:n, :n]
+        return mask_heatmap(kinds, labels, labels, title=f"{name} over your {n} tokens", legend=BLOCK_COLOURS)
+    return mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens")
+
+
+def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str],
+                    drawn: tuple) -> None:
+    """``drawn``: what names the inputs (the capture's key, the pattern and its parameters), for the figures'
+    cache."""
     n = len(labels)
     seen = masks.keys_per_query(built.mask)
     name = mask_patterns.label(key)
     left, right = st.columns(2)
     with left:
-        if built.block_kind is not None:
-            kinds = masks.expand_block_layout(built.block_kind, built.block_size)[:n, :n]
-            figure = mask_heatmap(kinds, labels, labels, title=f"{name} over your {n} tokens", legend=BLOCK_COLOURS)
-        else:
-            figure = mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens")
-        show_figure(figure, mask_patterns.describe(key, **params) + " Rows are queries, columns keys.",
+        show_figure(figure_once(("masks pattern", *drawn), lambda: pattern_figure(name, built, labels)),
+                    mask_patterns.describe(key, **params) + " Rows are queries, columns keys.",
                     key="masks_pattern_figure")
     with right:
         n_layers = st.slider("Stacked layers", 1, 12, 4, key="masks_layers")
@@ -52,12 +59,12 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
                              key="masks_query")
         reach = masks_page.receptive_field_summary(built.mask, n_layers, query)
         show_figure(
-            mask_heatmap(
+            figure_once(("masks reach", *drawn, n_layers, query), lambda: mask_heatmap(
                 reach.long(), [f"after {layer + 1} layer{'s' if layer else ''}" for layer in range(n_layers)], labels,
                 title=f"Receptive field of {style.plotly_text(labels[query])}", height=140 + 30 * n_layers,
                 x_title="input token",
                 y_title="stacked layers", legend={0: ("#ffffff", "cannot reach it"), 1: ("#2f6db5", "reaches it")},
-            ),
+            )),
             "Blue: tokens whose information can reach this position through the stacked layers (with residuals). "
             + masks_page.receptive_field_rule(key, **params),
             key="masks_reach",
@@ -71,24 +78,27 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
     metrics[3].metric("Keys per query", f"{int(seen.min())}–{int(seen.max())}")
 
 
-def real_head_section(bundle, record, mask, name: str, labels: list[str]) -> tuple[int, int]:
+def real_head_section(bundle, record, mask, name: str, labels: list[str], drawn: tuple) -> tuple[int, int]:
     st.subheader("Apply the mask to a real head")
     columns = st.columns(4)
     layer = int(columns[0].number_input("Layer", 0, record.n_layers - 1, 0, key="masks_layer"))
     head = int(columns[1].number_input("Head", 0, record.n_heads - 1, 0, key="masks_head"))
-    before, cut, after, lost = masks_page.apply_to_head(record, layer, head, mask)
-    show_figure(
-        heatmap_row(
+
+    def build():
+        before, cut, after, lost = masks_page.apply_to_head(record, layer, head, mask)
+        figure = heatmap_row(
             [before, cut, after], ["Before: the model's head", "Masked, not renormalised", "Masked and renormalised"],
-            labels, labels, title=f"{bundle.name}, layer {layer}, head {head}, under the {name} mask",
-        ),
-        masks_page.real_head_caption(lost, masks_page.rows_without_keys(record, layer, mask), len(labels)),
-        key="masks_real",
-    )
+            labels, labels, title=f"{bundle.name}, layer {layer}, head {head}, under the {name} mask")
+        return figure, masks_page.real_head_caption(lost, masks_page.rows_without_keys(record, layer, mask),
+                                                    len(labels))
+
+    figure, caption = figure_once(("masks real head", *drawn, layer, head), build)
+    show_figure(figure, caption, key="masks_real")
     return layer, head
 
 
-def convention_section(record, layer: int, head: int, labels: list[str]) -> None:
+def convention_section(record, layer: int, head: int, labels: list[str], drawn: tuple) -> None:
+    """``drawn``: the capture's key, for the figure's cache."""
     st.subheader(":material/warning: The mask-convention bug")
     st.error(
         "The same causal mask has several spellings. PyTorch's `scaled_dot_product_attention` reads a **boolean mask "
@@ -112,12 +122,12 @@ def convention_section(record, layer: int, head: int, labels: list[str]) -> None
         verdict = "✔ none on the future" if leak == 0 else f"✘ {leak:.0%} on the future"
         verdicts.append(verdict + (f", {demo.nan_rows[name]} NaN rows" if demo.nan_rows[name] else ""))
     show_figure(
-        heatmap_row(
+        figure_once(("masks convention", drawn, layer, head), lambda: heatmap_row(
             list(demo.weights.values()),
             [f"{name}<br>{verdict}" for name, verdict in zip(demo.weights, verdicts, strict=True)],
             small_labels, small_labels, title="What PyTorch's SDPA does with each spelling of the same causal mask",
             show_values=size <= 6,
-        ),
+        )),
         "Only the first two are right. The 0/1 float mask is added to the scores (+1 or +0), so nothing is blocked; "
         "the inverted boolean blocks the past and the diagonal instead of the future.",
         key="masks_convention",
@@ -156,7 +166,7 @@ def main() -> None:
         "A mask decides which keys each query may see. Sparse patterns trade reach for cost: compare them on your "
         "sentence, then apply one to a real head."
     )
-    bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
+    bundle, capture, capture_key = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     labels = style.token_labels(record.key_display)
     n = len(labels)
@@ -167,9 +177,11 @@ def main() -> None:
     with controls[1]:
         params = pattern_parameters(key, n, record)
     built = mask_patterns.build(key, n, **params)
-    pattern_section(key, params, built, labels)
-    layer, head = real_head_section(bundle, record, built.mask, mask_patterns.label(key), labels)
-    convention_section(record, layer, head, labels)
+    # what the figures are drawn from (LSH's vectors are the capture's own keys: named by the capture's key)
+    drawn = (capture_key, key, repr(sorted((name, value) for name, value in params.items() if name != "vectors")))
+    pattern_section(key, params, built, labels, drawn)
+    layer, head = real_head_section(bundle, record, built.mask, mask_patterns.label(key), labels, drawn)
+    convention_section(record, layer, head, labels, capture_key)
     memory_section(key, {name: value for name, value in params.items() if name != "vectors"})
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
-from attnviz.ui.figures import show_figure
+from attnviz.ui.figures import figure_once, show_figure
 from attnviz.ui.frame import setup_area, start_page
 from attnviz.ui.messages import queries_unavailable
 from attnviz.ui.scaling_cache import (
@@ -40,7 +40,7 @@ def variance_section() -> int:
     left, right = st.columns(2)
     with left:
         show_figure(
-            line_chart(
+            figure_once(("scaling variance", samples, seed), lambda: line_chart(
                 [r["d_k"] for r in variance],
                 {
                     "measured Var(q·k)": [r["measured"] for r in variance],
@@ -49,7 +49,7 @@ def variance_section() -> int:
                 },
                 title="Variance of q·k for random unit-variance vectors", x_title="d_k", y_title="variance",
                 log_x=True, log_y=True, markers=True, dashed={"theory: d_k"},
-            ),
+            )),
             f"The measured variance follows d_k within {worst:.1%} at every size ({samples:,} samples each); dividing "
             "by √d_k brings it back to about 1.",
             key="scale_variance",
@@ -58,8 +58,9 @@ def variance_section() -> int:
         dots = scaling_dot_samples(d_hist, samples, seed)
         scaled = dots / math.sqrt(d_hist)
         show_figure(
-            histogram({"q·k": dots.numpy(), "q·k / √d_k": scaled.numpy()},
-                      title=f"Distribution of scores at d_k = {d_hist}", x_title="score"),
+            figure_once(("scaling histogram", d_hist, samples, seed), lambda: histogram(
+                {"q·k": dots.numpy(), "q·k / √d_k": scaled.numpy()},
+                title=f"Distribution of scores at d_k = {d_hist}", x_title="score")),
             f"Unscaled scores have standard deviation {dots.std().item():.3g} (theory √{d_hist} = "
             f"{math.sqrt(d_hist):.3g}); scaled ones {scaled.std().item():.3g}.",
             key="scale_histogram",
@@ -123,10 +124,11 @@ def saturation_section(seed: int) -> None:
                                                      ("jacobian", "‖∂softmax/∂scores‖")), strict=True):
         with column:
             show_figure(
-                line_chart(xs, {"÷ √d_k": [r[f"{stat}_scaled"] for r in statistics],
-                                "unscaled": [r[f"{stat}_unscaled"] for r in statistics]},
-                           title=f"{label}, mean of {scaling.QUERIES_PER_POINT} queries", x_title="d_k",
-                           y_title=label, log_x=True, markers=True, vlines={f"d_k = {d_k}": d_k}, height=320),
+                figure_once(("scaling statistic", stat, n_keys, seed, d_k), lambda stat=stat, label=label: line_chart(
+                    xs, {"÷ √d_k": [r[f"{stat}_scaled"] for r in statistics],
+                         "unscaled": [r[f"{stat}_unscaled"] for r in statistics]},
+                    title=f"{label}, mean of {scaling.QUERIES_PER_POINT} queries", x_title="d_k",
+                    y_title=label, log_x=True, markers=True, vlines={f"d_k = {d_k}": d_k}, height=320)),
                 captions[stat],
                 key=f"scale_stat_{stat}",
             )
@@ -135,12 +137,14 @@ def saturation_section(seed: int) -> None:
     top = max(float(w.max()) for w in rows.values())
     for column, (name, weights) in zip(st.columns(2), rows.items(), strict=True):
         ordered = weights.sort(descending=True).values
-        with column:
+        def build(name=name, ordered=ordered):
             figure = bar_chart([str(i) for i in range(n_keys)], ordered.tolist(),
                                title=f"One query's weights, sorted: {name}", y_title="weight", height=300)
-            figure.update_yaxes(range=[0, top * 1.1])  # both charts on one scale, so they can be compared
+            return figure.update_yaxes(range=[0, top * 1.1])  # both charts on one scale, so they can be compared
+
+        with column:
             show_figure(
-                figure,
+                figure_once(("scaling row", name, d_k, n_keys, seed), build),
                 f"This query: entropy {scaling.entropy(weights).item():.3g} nats, largest weight "
                 f"{ordered[0].item():.3g}, Jacobian norm {scaling.jacobian_norm(weights).item():.3g}.",
                 key=f"scale_row_{name}",
@@ -149,7 +153,7 @@ def saturation_section(seed: int) -> None:
 
 def real_head_section() -> None:
     st.subheader("3 · The same on a real head")
-    bundle, capture, _ = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
+    bundle, capture, capture_key = capture_current(current_sentence(), max_tokens=MECHANISM_TOKENS)
     record = capture.records[capture.kinds[0]]
     if queries_unavailable(bundle, record, "Rescaling a real head"):
         return
@@ -172,8 +176,9 @@ def real_head_section() -> None:
                    f"{largest[unscaled_name]:.2f} over rows that see two keys or more, against "
                    f"{largest[model_name]:.2f} with the model's scaling)")
     show_figure(
-        heatmap_row(list(versions.values()), [f"{name}<br>entropy {entropies[name]:.2f}" for name in versions], labels,
-                    labels, title=f"{bundle.name}, layer {layer}, head {head}: its real Q and K with three scalings"),
+        figure_once(("scaling real head", capture_key, layer, head, temperature), lambda: heatmap_row(
+            list(versions.values()), [f"{name}<br>entropy {entropies[name]:.2f}" for name in versions], labels,
+            labels, title=f"{bundle.name}, layer {layer}, head {head}: its real Q and K with three scalings")),
         f"d_k = {record.queries.shape[-1]}: {verdict}; T > 1 flattens it, T < 1 sharpens it.",
         key="scale_real",
     )

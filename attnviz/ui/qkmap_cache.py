@@ -12,6 +12,7 @@ import streamlit as st
 
 from attnviz.pagelogic import qkmap
 from attnviz.scan import background, qk_sample, store
+from attnviz.ui.figures import framed
 from attnviz.ui.scans import scan_folder, scan_read
 from attnviz.viz import qkmap as figures
 
@@ -58,9 +59,9 @@ def grid_figure(points_key: tuple, kind: str, layers: tuple[int, ...], n_heads: 
             labels.append(f"L{layer} H{head}" if whole else f"head {head}")
             cells.append((layer, head))
     where = "every layer" if whole else f"layer {layers[0]}"
-    return figures.layer_grid([(n, c) for n, c, _ in pictures], [t[1] for _, _, t in pictures], labels=labels,
+    return framed(figures.layer_grid([(n, c) for n, c, _ in pictures], [t[1] for _, _, t in pictures], labels=labels,
                               cells=cells, columns=min(n_heads, 12 if whole else 6),
-                              title=f"{kind}, {where}: queries and keys of each head (PCA)")
+                              title=f"{kind}, {where}: queries and keys of each head (PCA)"))
 
 
 @st.cache_resource(max_entries=4, show_spinner="Running the model on each document…")
