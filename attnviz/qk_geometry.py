@@ -153,6 +153,14 @@ def normalise(queries: torch.Tensor, keys: torch.Tensor, translate: bool = True
     return queries * scale, keys / scale + shift, shift, scale
 
 
+def translation_is_exact(record, layer: int) -> bool:
+    """Whether moving every key of ``layer`` by one vector leaves its weights unchanged: no soft-cap and no sink
+    (``record``: an :class:`attnviz.models.record.AttentionRecord`, read by attribute)."""
+    softcap = record.softcaps[layer] if record.softcaps else None
+    sinks = record.sinks[layer] if record.sinks else None
+    return not softcap and sinks is None
+
+
 def place_values(values: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """``values [n, d_v]`` centred on the (normalised) ``keys``' centroid with the keys' mean spread around it.
     Only their arrangement among themselves means something (see the module's docstring)."""

@@ -28,18 +28,12 @@ from attnviz.qk_geometry import (
     pool,
     project,
     strongest,
+    translation_is_exact,
     trust,
 )
 
 __all__ = ["PROJECTIONS", "TRUST_KS", "Document", "DocumentVectors", "HeadPoints", "normalise", "project", "trust",
            "translation_is_exact", "raw_head", "head_points", "weights_from_points"]
-
-
-def translation_is_exact(record: AttentionRecord, layer: int) -> bool:
-    """Whether moving every key by one vector leaves this layer's weights unchanged (no soft-cap, no sink)."""
-    softcap = record.softcaps[layer] if record.softcaps else None
-    sinks = record.sinks[layer] if record.sinks else None
-    return not softcap and sinks is None
 
 
 def raw_head(record: AttentionRecord, layer: int, head: int, *, values: bool = False,

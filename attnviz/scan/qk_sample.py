@@ -40,7 +40,16 @@ import torch
 from attnviz.analysis import token_categories
 from attnviz.models.capture import capture
 from attnviz.models.loading import ModelBundle
-from attnviz.qk_geometry import STRONGEST, DocumentVectors, HeadPoints, pool, project, strongest, trust
+from attnviz.qk_geometry import (
+    STRONGEST,
+    DocumentVectors,
+    HeadPoints,
+    pool,
+    project,
+    strongest,
+    translation_is_exact,
+    trust,
+)
 
 DEFAULT_POINTS = 2_048  # tokens per head a scan keeps (each a query, a key and a value)
 MOST_POINTS = 50_000
@@ -104,9 +113,7 @@ def document_rows(bundle: ModelBundle, kind: str, text: str, max_tokens: int) ->
     vectors, masks = [], []
     for layer in range(record.n_layers):
         allowed = record.mask_rows(layer)  # [n, n]
-        softcap = record.softcaps[layer] if record.softcaps else None
-        sinks = record.sinks[layer] if record.sinks else None
-        masks.append((layer, np.packbits(allowed.numpy().reshape(-1)).tobytes(), not softcap and sinks is None))
+        masks.append((layer, np.packbits(allowed.numpy().reshape(-1)).tobytes(), translation_is_exact(record, layer)))
         for head in range(record.n_heads):
             kv = record.kv_head(head)
             queries = record.queries[layer, head]  # [n, d]
@@ -216,10 +223,14 @@ def projection_row(layer: int, head: int, method: str, dims: int, seed: int, wit
             json.dumps({str(k): v for k, v in trusted.items()}), seconds)
 
 
+def keep_projections(connection: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
+    """Projections kept (rows of :func:`projection_row`), each replacing the same one made before."""
+    connection.executemany("INSERT OR REPLACE INTO qk_projections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
 def keep_projection(connection: duckdb.DuckDBPyConnection, *row) -> None:
-    """One projection kept (arguments as :func:`projection_row`'s), replacing the same one made before."""
-    connection.execute("INSERT OR REPLACE INTO qk_projections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       list(projection_row(*row)))
+    """One projection kept (arguments as :func:`projection_row`'s)."""
+    keep_projections(connection, [projection_row(*row)])
 
 
 def project_every_head(connection: duckdb.DuckDBPyConnection) -> None:
@@ -236,7 +247,7 @@ def project_every_head(connection: duckdb.DuckDBPyConnection) -> None:
             rows.append(projection_row(layer, head, "PCA", 2, 0, False, coordinates, trust(points, coordinates),
                                        time.perf_counter() - started))
     if rows:
-        connection.executemany("INSERT OR REPLACE INTO qk_projections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        keep_projections(connection, rows)
 
 
 def save_projection(path: str | Path, *args, attempts: int = 10) -> bool:
