@@ -1,4 +1,4 @@
-"""The load benchmark, small: three browser sessions at once on one server, one of them with its own upload.
+"""The load benchmark, small: two browser sessions at once on one server, one of them with its own upload.
 (`python -m attnviz.bench load --sessions 8` is the full one; its figures are in docs/benchmarks.md.)"""
 
 from concurrent.futures import ThreadPoolExecutor
@@ -11,12 +11,12 @@ from tests.e2e.conftest import _require_browser
 pytestmark = pytest.mark.e2e
 
 
-def test_three_sessions_at_once_each_see_only_their_own(tmp_path):
+def test_two_sessions_at_once_each_see_only_their_own(tmp_path):
     _require_browser()
     # On a thread of its own: the benchmark runs its own asyncio loop, and the other browser tests' sync
     # Playwright may hold this thread's.
     with ThreadPoolExecutor(1) as pool:
-        report = pool.submit(load.bench_load, 3, 1, tmp_path, lambda _line: None).result()
+        report = pool.submit(load.bench_load, 2, 1, tmp_path, lambda _line: None, False).result()
     assert load.problems_of(report) == []  # no exception, own words and model only, uploads gone
     (round_,) = report["rounds_results"]
     sessions = {session["index"]: session for session in round_["sessions"]}
@@ -31,7 +31,7 @@ def test_three_sessions_at_once_each_see_only_their_own(tmp_path):
     # so well under 600 MiB above a lone session's footprint.
     assert round_["rss_after"] < report["rss_after_baseline"] + 600 * 2**20
     printed = "\n".join(load.print_load(report))
-    assert "Slowest page in the browser under 3 sessions" in printed and "Bounded by" in printed
+    assert "Slowest page in the browser under 2 sessions" in printed and "Bounded by" in printed
 
 
 def test_the_startup_benchmark_times_a_cold_start_and_a_fresh_page():
