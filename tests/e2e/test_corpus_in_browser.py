@@ -15,7 +15,7 @@ def scans_root(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("scans")
     assert main(["bundled", "--model", DEFAULT_MODEL_NAME, "--out", str(root / "bundled.duckdb"), "--max-docs",
-                 "12", "--max-tokens", "48", "--quiet"]) == 0
+                 "12", "--max-tokens", "48", "--qk-points", "0", "--quiet"]) == 0  # the sample: tests/test_qk_sample.py
     return root
 
 
