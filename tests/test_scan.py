@@ -416,3 +416,23 @@ def test_a_scan_being_rewritten_is_not_listed(tmp_path):
     (folder.folder / "abc.duckdb").write_bytes(b"")
     (folder.folder / ".abc.compact.duckdb").write_bytes(b"")
     assert [path.name for path in folder.scans()] == ["abc.duckdb"]
+
+
+def test_a_finished_scan_keeps_each_token_pair_once_sorted_by_head(bert, tmp_path):
+    """The chunks write their own parts; the finished file holds each (head, query token, key token) once, by head
+    then weight (grouped while the file is copied compactly), with the same totals as the chunks wrote."""
+    import duckdb
+
+    path = tmp_path / "scan.duckdb"
+    settings = ScanSettings(max_docs=10, max_tokens=MAX_TOKENS, chunk_docs=2, qk_points=0)
+    run_scan(small_corpus(), bert, path, settings)
+    with duckdb.connect(str(path), read_only=True) as connection:
+        for table, key in (("pair_parts", "layer, head, query_id, key_id"), ("key_parts", "layer, head, key_id")):
+            rows, distinct = connection.execute(
+                f"SELECT count(*), (SELECT count(*) FROM (SELECT DISTINCT {key} FROM {table})) FROM {table}").fetchone()
+            assert rows == distinct > 0, table
+            ordered = connection.execute(f"SELECT layer, head, weight FROM {table}").fetchall()
+            assert ordered == sorted(ordered, key=lambda row: (row[0], row[1], -row[2])), table
+        pairs = connection.execute("SELECT sum(count) FROM pair_parts").fetchone()[0]
+        queries = connection.execute("SELECT count(*) FROM query_top_keys").fetchone()[0]
+    assert pairs == 3 * queries  # each query's three strongest keys, every one counted once (no short document)

@@ -132,6 +132,32 @@ def check_token_limit(settings: ScanSettings, n_layers: int, n_heads: int) -> No
                           f"reads every layer's weights of a document at once, up to {limit:,} tokens for this model")
 
 
+def read_document(bundle: ModelBundle, kind: str, doc: int, document: Document,
+                  max_tokens: int) -> tuple[int, object, torch.Tensor | None, str | None]:
+    """One document captured and every layer's weights replayed at once: (doc, capture, ``[layers, heads, n, n]``
+    weights, None), or (doc, None, None, why it was left out)."""
+    try:
+        result = capture(bundle, document.text, max_tokens=max_tokens, check_finite=False)
+    except ValueError as problem:  # a tokenizer that does not fit its model, an empty text after all
+        return doc, None, None, str(problem)
+    weights = result.records[kind].every_layer_weights()  # self-attention over the input: queries = result.tokens
+    # One NaN would spoil every sum of its heads. Weights lie in [0, 1], so their sum is finite exactly when every
+    # weight is (NaN and infinities carry into it): one reduction, no [layers, heads, n, n] mask.
+    if not bool(torch.isfinite(weights.sum())):
+        return doc, None, None, NONFINITE
+    return doc, result, weights, None
+
+
+def add_document(partial: Partial, read: tuple, floors: np.ndarray) -> None:
+    """A document read by :func:`read_document` added to ``partial`` (a chunk's), or listed with its problem."""
+    doc, result, weights, problem = read
+    if problem is not None:
+        partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": problem})
+        return
+    document_partial(doc, weights, result.tokens, result.display_tokens, result.special, result.token_ids,
+                     result.truncated, floors=floors, into=partial)
+
+
 def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Document]], max_tokens: int,
                n_layers: int, n_heads: int, floors: np.ndarray | None = None) -> Partial:
     """The partial of a chunk of documents (doc number, document), each captured and all its layers read at
@@ -140,18 +166,7 @@ def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Docume
     partial = Partial(n_layers, n_heads)
     floors = np.full((n_layers, n_heads, len(CRITERIA)), -np.inf) if floors is None else floors.copy()
     for doc, document in documents:
-        try:
-            result = capture(bundle, document.text, max_tokens=max_tokens, check_finite=False)
-        except ValueError as problem:  # a tokenizer that does not fit its model, an empty text after all
-            partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": str(problem)})
-            continue
-        record = result.records[kind]  # self-attention over the input: its queries are result.tokens
-        weights = record.every_layer_weights()  # [layers, heads, n, n]
-        if not bool(torch.isfinite(weights).all()):  # one NaN would spoil every sum of its heads
-            partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": NONFINITE})
-            continue
-        document_partial(doc, weights, result.tokens, result.display_tokens, result.special, result.token_ids,
-                         result.truncated, floors=floors, into=partial)
+        add_document(partial, read_document(bundle, kind, doc, document, max_tokens), floors)
     return partial
 
 
@@ -216,8 +231,10 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
             record_chunk(writer, partial, part, dict(chunk), state)
             if progress is not None:
                 progress(state)
-        finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop))
-    if state.status == store.STATUS_FINISHED and state.done_this_run:
+        rewrite = bool(state.done_this_run)  # a finished scan that read documents now is copied compactly
+        finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop),
+               compact=not rewrite)
+    if state.status == store.STATUS_FINISHED and rewrite:
         store.rewrite_compactly(path)
     if progress is not None:
         progress(state)
@@ -257,11 +274,15 @@ def keep_sample(writer: store.ScanWriter, bundle: ModelBundle, kind: str, corpus
     return sample
 
 
-def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None) -> None:
-    """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped."""
+def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None, *,
+           compact: bool = True) -> None:
+    """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped.
+    ``compact=False``: the caller copies the finished file with :func:`store.rewrite_compactly`, which groups the
+    parts on the way."""
     if state.status != store.STATUS_STOPPED and sample is not None and not sample():
         state.status = store.STATUS_STOPPED
     if state.status != store.STATUS_STOPPED:
         state.status = store.STATUS_FINISHED
-        writer.compact()
+        if compact:
+            writer.compact()
     writer.set(status=state.status, finished=time.time() if state.status == store.STATUS_FINISHED else None)

@@ -232,15 +232,11 @@ class ScanWriter(DatabaseFile):
                 self._insert("examples", examples)
 
     def compact(self) -> None:
-        """At the end of a scan: the parts grouped once (and sorted by head, so reading one head skips the
-        rest)."""
-        for table, select in (
-                ("pair_parts", "SELECT layer, head, query_id, key_id, sum(weight) AS weight, sum(count) AS count "
-                               "FROM pair_parts GROUP BY ALL ORDER BY layer, head, weight DESC"),
-                ("key_parts", "SELECT layer, head, key_id, sum(weight) AS weight, sum(occurrences) AS occurrences "
-                              "FROM key_parts GROUP BY ALL ORDER BY layer, head, weight DESC")):
+        """At the end of a scan that is not rewritten (:func:`rewrite_compactly` groups as it copies): the parts
+        grouped once (and sorted by head, so reading one head skips the rest)."""
+        for table, select in COMPACTED.items():
             self.connection.execute("BEGIN TRANSACTION")
-            self.connection.execute(f"CREATE OR REPLACE TEMP TABLE compacted AS {select}")
+            self.connection.execute(f"CREATE OR REPLACE TEMP TABLE compacted AS {select.format(source=table)}")
             self.connection.execute(f"DELETE FROM {table}")
             self.connection.execute(f"INSERT INTO {table} SELECT * FROM compacted")
             self.connection.execute("DROP TABLE compacted")
@@ -281,9 +277,19 @@ def example_frame(partial: Partial, slots) -> pd.DataFrame:
                  "window_tokens", "window_weights"])
 
 
+# The parts the chunks wrote, grouped once at the end of a scan (the columns in the table's order).
+COMPACTED = {
+    "pair_parts": "SELECT layer, head, query_id, key_id, sum(weight) AS weight, sum(count) AS count FROM {source} "
+                  "GROUP BY ALL ORDER BY layer, head, weight DESC",
+    "key_parts": "SELECT layer, head, key_id, sum(weight) AS weight, sum(occurrences) AS occurrences FROM {source} "
+                 "GROUP BY ALL ORDER BY layer, head, weight DESC",
+}
+
+
 def rewrite_compactly(path: str | Path) -> None:
     """A finished scan copied into a fresh file, which takes the old one's place: DuckDB reuses the blocks that the
-    chunks' rewritten aggregate and the compacted parts freed, but never gives them back to the disk."""
+    chunks' rewritten aggregate freed, but never gives them back to the disk. The parts are grouped on the way
+    (:data:`COMPACTED`), so the copy is also the compaction: one pass over them, not two."""
     path = Path(path)
     fresh = path.with_name(f".{path.stem}.compact.duckdb")
     fresh.unlink(missing_ok=True)
@@ -291,7 +297,14 @@ def rewrite_compactly(path: str | Path) -> None:
         connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         name = connection.execute("SELECT current_database()").fetchone()[0]  # the file's stem
         connection.execute(f"ATTACH '{_literal(fresh)}' AS fresh")
-        connection.execute(f'COPY FROM DATABASE "{name}" TO fresh')  # tables, views and data
+        connection.execute(f'COPY FROM DATABASE "{name}" TO fresh (SCHEMA)')  # tables and views, empty
+        tables = [row[0] for row in connection.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
+            "ORDER BY table_name", [name]).fetchall()]
+        for table in tables:
+            source = f'"{name}".main."{table}"'
+            select = COMPACTED[table].format(source=source) if table in COMPACTED else f"SELECT * FROM {source}"
+            connection.execute(f'INSERT INTO fresh.main."{table}" {select}')
         connection.execute("DETACH fresh")
     fresh.replace(path)
 
