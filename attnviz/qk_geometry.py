@@ -267,13 +267,7 @@ def trust(points: HeadPoints, coordinates: torch.Tensor, ks: tuple[int, ...] = T
     for document in points.documents:
         q = coordinates[document.queries.start:document.queries.stop]  # [n_q_doc, dims]
         k = coordinates[n_q + document.keys.start:n_q + document.keys.stop]  # [n_k_doc, dims]
-        if not len(q):
-            continue
-        # Squared distances rank like distances; for 2 or 3 coordinates this is several times cheaper than cdist
-        # on the short documents of a sample. Blocks of queries bound the [rows, n_k_doc, dims] differences.
-        distance = torch.cat([((q[start:start + 512, None, :] - k[None, :, :]) ** 2).sum(-1)
-                              for start in range(0, len(q), 512)])  # [n_q_doc, n_k_doc]
-        distance = distance.masked_fill(~document.allowed, float("inf"))
+        distance = torch.cdist(q, k).masked_fill(~document.allowed, float("inf"))  # [n_q_doc, n_k_doc]
         rank = (distance < distance.gather(1, document.top[:, None])).sum(-1)  # keys nearer than the top key
         has_key = document.allowed.any(-1)
         counted += int(has_key.sum())
