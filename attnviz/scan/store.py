@@ -129,10 +129,19 @@ class DatabaseFile:
         return {row[0] for row in self.connection.execute("SELECT doc FROM documents").fetchall()}
 
     def _insert(self, table: str, frame: pd.DataFrame) -> None:
-        self.connection.register("frame", frame)
+        insert_frame(self.connection, table, frame)
+
+
+def insert_frame(connection: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame,
+                 verb: str = "INSERT") -> None:
+    """Every row of ``frame`` inserted into ``table`` (its columns by name) in one statement: DuckDB's
+    ``executemany`` runs one statement per row."""
+    connection.register("frame", frame)
+    try:
         columns = ", ".join(f'"{c}"' for c in frame.columns)
-        self.connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM frame")
-        self.connection.unregister("frame")
+        connection.execute(f"{verb} INTO {table} ({columns}) SELECT {columns} FROM frame")
+    finally:
+        connection.unregister("frame")
 
 
 class ScanWriter(DatabaseFile):
