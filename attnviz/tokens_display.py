@@ -4,14 +4,16 @@ Tokenizers store pieces in their own alphabets: byte-level BPE (GPT-2, RoBERTa, 
 a printable character ("Ġthe" is " the", "Ċ" a newline, "Ã©" the two bytes of "é"); SentencePiece (T5, Llama 2,
 Gemma) writes a leading space as "▁" and unknown bytes as "<0x0A>"; WordPiece (BERT) marks a word's continuation
 with "##". Shown raw, the same token reads differently on two pages and a newline is invisible. Here every piece
-becomes its text, with a leading space shown as ``SPACE_MARK``, a newline as ``NEWLINE_MARK``, a tab as
-``TAB_MARK``, a byte that is not a whole character alone as ``<0xNN>``, and other invisible characters (a carriage
-return, a zero-width space) by their code. WordPiece's "##" is kept: it already reads as "continues the word before".
-Raw strings and ids stay in exports and hovers (:func:`piece_note`).
+becomes its text, with a space that cannot be seen (leading, trailing, or a line's indentation) shown as
+``SPACE_MARK``, a newline as ``NEWLINE_MARK``, a tab as ``TAB_MARK``, a byte that is not a whole character alone
+as ``<0xNN>``, and other invisible characters (a carriage return, a zero-width space) by their code. WordPiece's
+"##" is kept: it already reads as "continues the word before". Raw strings and ids stay in exports and hovers
+(:func:`piece_note`).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 import weakref
 from functools import lru_cache
@@ -52,19 +54,23 @@ def _invisible(character: str) -> str:
 
 
 def _marked(text: str) -> str:
-    """Spaces at the start, newlines and tabs anywhere, as visible marks (a space inside a piece stays a space);
-    other invisible characters by their code; a byte that is not a whole character (a lone surrogate from
-    ``surrogateescape``) as ``<0xNN>``."""
-    stripped = text.lstrip(" ")
-    lead = SPACE_MARK * (len(text) - len(stripped))
-    body = stripped.replace("\r\n", NEWLINE_MARK).replace("\n", NEWLINE_MARK).replace("\t", TAB_MARK)
+    """Spaces that cannot be seen (at the start or end of a piece, or beside a newline or tab: "ĊĠĠ", a newline
+    and a line's indentation), newlines and tabs anywhere, as visible marks (a space between two visible characters
+    stays a space); other invisible characters by their code; a byte that is not a whole character (a lone
+    surrogate from ``surrogateescape``) as ``<0xNN>``."""
+    body = text.replace("\r\n", NEWLINE_MARK).replace("\n", NEWLINE_MARK).replace("\t", TAB_MARK)
+    body = _UNSEEN_SPACES.sub(lambda spaces: SPACE_MARK * len(spaces.group()), body)
     if body.isprintable():
-        return lead + body
+        return body
     shown = []
     for character in body:
         code = ord(character)
         shown.append(f"<0x{code - 0xDC00:02X}>" if 0xDC80 <= code <= 0xDCFF else _invisible(character))
-    return lead + "".join(shown)
+    return "".join(shown)
+
+
+# Runs of spaces at the start or end of a piece, or next to a newline or a tab mark.
+_UNSEEN_SPACES = re.compile(f"^ +| +$|(?<=[{NEWLINE_MARK}{TAB_MARK}]) +| +(?=[{NEWLINE_MARK}{TAB_MARK}])")
 
 
 def _byte_level_text(piece: str) -> str | None:
@@ -161,3 +167,12 @@ def _style_of(tokenizer) -> str:
     if sum(piece.startswith("##") for piece in sample) > 50:
         return WORDPIECE
     return PLAIN
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~$])")
+
+
+def markdown_literal(text: str) -> str:
+    """``text`` (a token's label, a snippet of what the user typed) to be read as itself inside Streamlit's
+    Markdown: every character Markdown (or its LaTeX and colour syntax) would read is escaped with a backslash."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)

@@ -16,6 +16,7 @@ from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
 from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.pagelogic import generation_systems as gen_systems
+from attnviz.tokens_display import markdown_literal
 from attnviz.ui.figures import figure_scale, show_figure
 from attnviz.ui.frame import presenting, setup_area, start_page
 from attnviz.ui.generation_cache import (
@@ -188,14 +189,14 @@ def fit_notice(fit: gen.PromptFit, request: dict, tokenizer) -> None:
     room = f"this model has {fit.positions:,} positions" + (
         f" and {fit.new_tokens} go to the new tokens" if fit.room < fit.positions else "")
     if fit.keep == "first":
-        tail = snippet(tokenizer.decode(fit.ids[-24:], skip_special_tokens=True), end=True)
+        tail = markdown_literal(snippet(gen_sequence.whole_characters(tokenizer, fit.ids[-24:]), end=True))
         st.warning(f"The prompt has {fit.total:,} tokens; {room}, so it reads the first {fit.room:,} (up to "
                    f"“…{tail}”) and continues from there, as Explore heads reads a long text from its start.",
                    icon=":material/content_cut:")
         other, label = "latest", f"Keep only the latest {fit.room:,} tokens"
         why = "The model then continues from the end of your text; the first tokens are left out."
     else:
-        head = snippet(tokenizer.decode(fit.ids[:24], skip_special_tokens=True), end=False)
+        head = markdown_literal(snippet(gen_sequence.whole_characters(tokenizer, fit.ids[:24]), end=False))
         st.info(f"The prompt has {fit.total:,} tokens; {room}, so it reads the latest {fit.room:,} (from "
                 f"“{head}…”): the first {fit.dropped:,} are left out.", icon=":material/content_cut:")
         other, label = "first", f"Keep the first {fit.room:,} tokens instead"
@@ -269,23 +270,26 @@ def next_token_figure(key: tuple, step: int, _cached: gen.Generation, _labels: l
     bar_labels, probabilities, ids = gen_sequence.top_token_bars(_tokenizer, chosen.top)
     taken = _labels[len(_cached.prompt_ids) + step]
     figure = next_token_chart(bar_labels, probabilities, ids, chosen=chosen.token_id,
+                              pieces=gen_sequence.raw_pieces(_tokenizer, ids),
                               title=f"Step {step + 1}: next-token distribution, the {len(ids)} most likely")
     greedy = key[4][0] == "greedy"
     caption = ((f"The model's {len(ids)} most likely next tokens; greedy takes the first: " if greedy else
                 f"The {len(ids)} most likely tokens of the distribution the token was drawn from (after temperature, "
-                "top-k and top-p); chosen: ") + f"**{taken}** (orange). Marks: ␣ a space, ↵ a newline, <0xNN> a byte "
+                "top-k and top-p); chosen: ") + f"**{markdown_literal(taken)}** (orange). Marks: ␣ a space, ↵ a "
+               "newline, <0xNN> a byte "
                "that is part of a character; #id where two tokens read alike.")
     return figure, caption
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
 def step_attention_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation,
-                          _labels: list[str]):
+                          _labels: list[str], _tokenizer):
     chosen = _cached.steps[step]
     what = "decoder self-attention" if _cached.encoder_decoder else "attention"
     window = gen.window_statement(_cached, step, layer)
     figure = bar_chart(token_labels(_labels[: chosen.position]), chosen.attention[layer, head].tolist(),
-                       title=f"Step {step + 1}: {what} of layer {layer}, head {head}", y_title="weight")
+                       title=f"Step {step + 1}: {what} of layer {layer}, head {head}", y_title="weight",
+                       notes=gen_sequence.piece_notes(_tokenizer, _cached.ids[: chosen.position]))
     caption = ("The weights of the query that predicted this token (the last token read) over every earlier token"
                + (" of the decoder (its start token, then what it wrote)" if _cached.encoder_decoder else "")
                + f"; {gen.row_sum_statement(_cached, step, layer, head)}." + (f" {window}" if window else ""))
@@ -293,15 +297,18 @@ def step_attention_figure(key: tuple, step: int, layer: int, head: int, _cached:
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
-def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation, _labels: list[str]):
+def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation, _labels: list[str],
+                    _tokenizer):
     sliding = layer < len(_cached.layers) and _cached.layers[layer].sliding
     matrix = gen.timeline(_cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
     written = _cached.steps[: step + 1]
     n_prompt = len(_cached.prompt_ids)
     rows = token_labels(_labels[n_prompt: n_prompt + step + 1], [s.position for s in written])
+    notes = gen_sequence.piece_notes(_tokenizer, _cached.ids)  # the hover adds each token's raw piece and id
     figure = matrix_heatmap(matrix, rows, token_labels(_labels),
                             title=f"Timeline: each step's attention, layer {layer}, head {head}",
-                            x_title="key position", y_title="generated token", show_values=False)
+                            x_title="key position", y_title="generated token", show_values=False,
+                            row_notes=notes[n_prompt: n_prompt + step + 1], col_notes=notes)
     caption = (f"One row per generated token up to step {step + 1} (labelled by its position): its query's weights "
                "over the earlier tokens, each at its position. Grey: keys the query did not read, positions that did "
                "not exist yet" + (f" and keys out of layer {layer}'s sliding window of "
@@ -337,7 +344,8 @@ def sequence_figure(folder: str, name: str, ids: tuple[int, ...], prompt_length:
              "prompt and generated")
     if view.pooled:
         title += f"<br><sup>{view.n:,} x {view.n:,} max-pooled to {len(view.labels)} x {len(view.labels)}</sup>"
-    figure = sequence_heatmap(view.values, view.labels, view.segments, view.marks, title=title)
+    notes = None if view.pooled else gen_sequence.piece_notes(generation_model(folder, name)[1], list(ids))
+    figure = sequence_heatmap(view.values, view.labels, view.segments, view.marks, title=title, notes=notes)
     return figure, gen_sequence.sequence_statement(view)
 
 
@@ -356,7 +364,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         figure, caption = next_token_figure(key, step, cached, labels, tokenizer)
         show_figure(shown(figure), caption, key="gen_top")
     with right:
-        figure, caption = step_attention_figure(key, step, layer, head, cached, labels)
+        figure, caption = step_attention_figure(key, step, layer, head, cached, labels, tokenizer)
         show_figure(shown(figure), caption, key="gen_attention")
     if not cached.encoder_decoder and presenting():
         circuits_section(folder, name, cached, tokenizer)
@@ -364,7 +372,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         cross_section(folder, name, cached, step, layer, head, labels)
     else:
         sequence_section(folder, name, cached, layer, head, tokenizer)
-    figure, caption = timeline_figure(key, step, layer, head, cached, labels)
+    figure, caption = timeline_figure(key, step, layer, head, cached, labels, tokenizer)
     show_figure(shown(figure), caption, key="gen_timeline")
     figure, caption = sink_figure(key, layer, cached)
     show_figure(shown(figure), caption, key="gen_sink")

@@ -18,7 +18,7 @@ from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_sequence as gen_sequence
-from attnviz.tokens_display import NEWLINE_MARK, SPACE_MARK
+from attnviz.tokens_display import NEWLINE_MARK, SPACE_MARK, markdown_literal
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 
 PAGE = "pages/generation.py"
@@ -215,13 +215,14 @@ def test_the_next_token_chart_has_one_bar_per_token_id_and_three_significant_dig
     at.slider(key="gen_step").set_value(2).run()
     spec = figure_titled(at, "Step 2: next-token distribution")
     bars = spec["data"][0]
-    ids = [int(i) for _, i in bars["customdata"]]
+    ids = [int(row[1]) for row in bars["customdata"]]
     k = gen.TOP_SHOWN
     assert len(bars["y"]) == k and len(set(ids)) == k and list(bars["x"]) == list(range(k))
     assert spec["layout"]["title"]["text"].endswith(f"the {k} most likely")
     labels = spec["layout"]["xaxis"]["ticktext"]
     assert len(set(labels)) == k and all(label.strip() for label in labels)  # none blank, none alike
-    assert bars["text"] == [f"{p:.3g}" for p in bars["y"]]
+    assert bars["text"] == [f"{p:#.3g}" for p in bars["y"]]  # 0.250, not 0.25: always 3 significant digits
+    assert all(len(text.replace(".", "").lstrip("0").split("e")[0]) == 3 for text in bars["text"])
     generation = page_generation(tiny, settings)
     model, tokenizer = tiny
     with torch.no_grad():  # the model's own distribution after step 1's token
@@ -230,6 +231,37 @@ def test_the_next_token_chart_has_one_bar_per_token_id_and_three_significant_dig
     assert ids == top.indices.tolist()
     np.testing.assert_allclose(bars["y"], top.values.numpy(), rtol=1e-5)
     assert labels == gen_sequence.distinct_labels(gen_sequence.readable_labels(tokenizer, ids), ids)
+    pieces = tokenizer.convert_ids_to_tokens(ids)  # the hover keeps the raw piece beside the id
+    assert [row[2] for row in bars["customdata"]] == [f"<br>piece {piece!r}" for piece in pieces]
+    attention = figure_titled(at, "Step 2: attention of layer")["data"][0]
+    position = generation.steps[1].position
+    assert attention["customdata"] == [f"<br>piece {p!r}, id {i}" for p, i in zip(
+        tokenizer.convert_ids_to_tokens(generation.ids[:position]), generation.ids[:position], strict=True)]
+
+
+def test_an_indented_prompt_reads_its_spaces_and_its_bars_apart(tiny, _clean):
+    """Python typed in: tokens that hold a newline and a line's indentation show every space, so the next-token
+    chart's bars read apart, and the caption's bold label survives Markdown."""
+    prompt = "def f(x):\n    if x:\n        return 1\n"
+    at = open_page(PAGE, timeout=300, gen_request=dict(request(prompt, 1)))
+    spec = figure_titled(at, "Step 1: next-token distribution")
+    labels = spec["layout"]["xaxis"]["ticktext"]
+    assert all(label == label.strip(" ") and " ↵" not in label and "↵ " not in label for label in labels), labels
+    assert len({label.replace("␣", "") for label in labels}) < len(labels)  # some differ only by their marks...
+    assert len(set(labels)) == len(labels)  # ...and still read apart
+    caption = next(c.value for c in at.caption if "most likely next tokens" in c.value)
+    taken = caption.split("**")[1]
+    assert taken and not taken.endswith(" ")
+
+
+def test_a_cut_prompt_notice_quotes_whole_characters_literally(tiny):
+    _, tokenizer = tiny
+    text = "".join(f"é{n}日*" for n in range(40))
+    ids = tokenizer(text)["input_ids"]
+    for window in (ids[:24], ids[-24:], ids[5:29]):
+        shown = gen_sequence.whole_characters(tokenizer, window)
+        assert "\ufffd" not in shown and shown and shown in text
+    assert markdown_literal("**a_b** `c` [d](e) $x$") == r"\*\*a\_b\*\* \`c\` \[d\]\(e\) \$x\$"
 
 
 def test_generated_tokens_are_shown_with_visible_marks(tiny, _clean):

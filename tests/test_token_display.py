@@ -44,6 +44,8 @@ def unmarked(shown: list[str]) -> str:
 @pytest.mark.parametrize(("piece", "shown"), [
     ("Ġthe", "␣the"), ("the", "the"), ("Ċ", "↵"), ("ĊĊ", "↵↵"), ("ĉ", "⇥"), ("ĠĠĠ", "␣␣␣"), ("Ġ", "␣"),
     ("čĊ", "↵"), ("č", "<0x0D>"),  # a carriage return alone is invisible: its code
+    # a line's indentation inside one piece is seen, a space between two characters stays a space
+    ("ĊĠĠ", "↵␣␣"), ("ĊĠĠĠĠ", "↵␣␣␣␣"), ("ĊĊĠĠ", "↵↵␣␣"), ("ĠĊ", "␣↵"), ("aĠb", "a b"), ("aĠ", "a␣"),
     ("Ã©", "é"), ("Ã", "<0xC3>"), ("©", "<0xA9>"),  # "é" whole, and its two bytes split across two tokens
     ("Ġæ", "␣<0xE6>"), ("Ã©Ã", "é<0xC3>"),  # a whole character and the first byte of the next one
     ("æĹ¥", "日"), ("âĢĭ", "<U+200B>"),  # three bytes of one character; a zero-width space
@@ -239,8 +241,25 @@ def test_head_view_axes_and_hover_read_the_tokens(gpt_capture):
     position = gpt_capture.tokens.index("Ċ")
     label = f"{position} · ↵"
     assert label in figure.layout.yaxis.ticktext
-    assert label in figure.data[0].y  # the hover names a cell's query by its category: readable too
-    assert "%{y}" in figure.data[0].hovertemplate
+    # the hover names a cell's query by its category: the readable label, then the raw piece and id
+    hover = f"{label} (piece 'Ċ', id {gpt_capture.token_ids[position]})"
+    assert hover in figure.data[0].y and hover in figure.data[0].x
+    assert figure.layout.yaxis.tickvals[figure.layout.yaxis.ticktext.index(label)] == hover
+    assert "%{y}" in figure.data[0].hovertemplate and "%{x}" in figure.data[0].hovertemplate
+
+
+def test_no_token_of_the_bundled_gpt_hides_a_space(gpt):
+    """Every token of the vocabulary reads without a space that cannot be seen: none at either end, none beside a
+    newline or a tab (a line's indentation inside one token, "ĊĠĠ")."""
+    tokenizer = gpt.tokenizer
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    shown = readable_tokens(pieces, BYTE_LEVEL)
+    hidden = [(p, s) for p, s in zip(pieces, shown, strict=True)
+              if s != s.strip(" ") or any(pair in s for pair in (" ↵", "↵ ", " ⇥", "⇥ "))]
+    assert not hidden, hidden[:5]
+    indented = [s for p, s in zip(pieces, shown, strict=True) if p.startswith("ĊĠ")]
+    assert indented and all(s.startswith("↵␣") for s in indented)
+    assert len(set(shown)) == len(set(pieces))  # no two tokens read alike
 
 
 def test_lines_view_hover_adds_the_raw_piece_and_id(gpt_capture):
@@ -312,7 +331,10 @@ def test_pooled_exports_name_each_cells_positions_and_first_piece(gpt_capture, m
 def test_bert_labels_are_unchanged(pair):
     """WordPiece reads as written: the default model's labels and exports are what they were."""
     figure, _ = explore.view_figure(pair, explore.ViewOptions(view="head"))
-    assert list(figure.data[0].x[:3]) == ["0 · [CLS]", "1 · the", "2 · cat"]
+    labels = ["0 · [CLS]", "1 · the", "2 · cat"]
+    assert all(f">{label}<" in text for label, text in zip(labels, figure.layout.xaxis.ticktext, strict=False))
+    ids = pair.token_ids[:3]  # the hover adds only the id: the piece reads as it is shown
+    assert list(figure.data[0].x[:3]) == [f"{label} (id {i})" for label, i in zip(labels, ids, strict=True)]
     assert pair.display_tokens == pair.tokens
 
 

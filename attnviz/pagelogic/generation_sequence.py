@@ -13,7 +13,7 @@ import torch
 
 from attnviz import analysis, circuits
 from attnviz.pagelogic.generation import Generation
-from attnviz.tokens_display import readable_token, tokenizer_style
+from attnviz.tokens_display import piece_note, readable_token, tokenizer_style
 from attnviz.viz.style import token_labels
 
 POOL_LIMIT = 256  # queries and keys a side drawn as they are; a longer sequence is max-pooled to this many cells
@@ -31,6 +31,24 @@ def readable_labels(tokenizer, ids: list[int]) -> list[str]:
     style = tokenizer_style(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens([int(i) for i in ids])
     return [readable_token(piece if piece is not None else "", style) for piece in pieces]
+
+
+def raw_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """The tokenizer's own piece of each token of ``ids`` (what hovers add beside the readable label)."""
+    if not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return [tokenizer.decode([i]) for i in ids]
+    return [piece if piece is not None else "" for piece in tokenizer.convert_ids_to_tokens([int(i) for i in ids])]
+
+
+def piece_notes(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's raw piece and id, as a hover's note (:func:`attnviz.tokens_display.piece_note`)."""
+    return [piece_note(piece, int(i)) for piece, i in zip(raw_pieces(tokenizer, ids), ids, strict=True)]
+
+
+def whole_characters(tokenizer, ids: list[int]) -> str:
+    """``ids`` (a window of a longer text) decoded, without the pieces of characters whose other bytes lie outside
+    the window (which decode as "\ufffd")."""
+    return tokenizer.decode(ids, skip_special_tokens=True).strip("\ufffd")
 
 
 def distinct_labels(labels: list[str], ids: list[int]) -> list[str]:

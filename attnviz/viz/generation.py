@@ -11,21 +11,24 @@ from attnviz.viz.matrix import BOUNDARY_COLOUR, FULL_WIDTH, matrix_heatmap
 
 
 def next_token_chart(labels: list[str], probabilities: list[float], ids: list[int], *, title: str,
-                     chosen: int | None = None, height: int = 380) -> go.Figure:
+                     chosen: int | None = None, height: int = 380, pieces: list[str] | None = None) -> go.Figure:
     """One bar per token, in the order given (most likely first), on integer x positions labelled by ``labels``
     (Plotly would merge two bars whose category labels are equal), each with its probability to 3 significant
-    digits; the hover adds the token id and the exact probability. ``chosen``: the id of the token taken, drawn
+    digits (0.250, 1.00); the hover adds the token id, the tokenizer's raw piece (``pieces``, one per bar) and the
+    exact probability. ``chosen``: the id of the token taken, drawn
     in the generated tokens' colour."""
     if not len(labels) == len(probabilities) == len(ids):
         raise ValueError(f"{len(labels)} labels, {len(probabilities)} probabilities and {len(ids)} ids")
     positions = list(range(len(labels)))
     shown = style.plotly_texts(labels)  # "<0xE2>" as text, not markup
     figure = go.Figure(go.Bar(
-        x=positions, y=list(probabilities), text=[style.format_number(p) for p in probabilities],
+        x=positions, y=list(probabilities), text=[f"{p:#.3g}" for p in probabilities],  # 0.250, not 0.25
         textposition="outside", cliponaxis=False,
         marker_color=[BOUNDARY_COLOUR if token_id == chosen else HEAD_COLOURS[0] for token_id in ids],
-        customdata=[[label, int(token_id)] for label, token_id in zip(shown, ids, strict=True)],
-        hovertemplate="%{customdata[0]}<br>token id %{customdata[1]}<br>probability %{y:.6g}<extra></extra>",
+        customdata=[[label, int(token_id), "" if pieces is None else f"<br>piece {style.plotly_text(repr(piece))}"]
+                    for label, token_id, piece in zip(shown, ids, pieces or ids, strict=True)],
+        hovertemplate="%{customdata[0]}<br>token id %{customdata[1]}%{customdata[2]}<br>probability %{y:.6g}"
+                      "<extra></extra>",
     ))
     top = max(probabilities, default=1.0)
     figure.update_layout(
@@ -38,14 +41,16 @@ def next_token_chart(labels: list[str], probabilities: list[float], ids: list[in
 
 
 def sequence_heatmap(values, labels: list[str], segments: list[int], marks: list[tuple[int, int]], *, title: str,
-                     width: int = FULL_WIDTH) -> go.Figure:
+                     width: int = FULL_WIDTH, notes: list[str] | None = None) -> go.Figure:
     """One head's weights, every query (rows) over every key (columns) of the sequence, on the shared 0..1 scale;
     generated tokens' labels in orange after a dashed line; ``marks`` ``(row, col)`` outlined: the cells an
-    induction head fills (each repeated token's query on the token after its earlier occurrence)."""
+    induction head fills (each repeated token's query on the token after its earlier occurrence). ``notes`` (one
+    per label: a token's raw piece and id) are added to the hover."""
     n = len(labels)
     height = int(min(900, max(420, 160 + 15 * n)))  # every label up to ~50 tokens
     figure = matrix_heatmap(values, labels, labels, title=title, x_title="key", y_title="query", show_values=False,
-                            height=height, width=width, max_x_ticks=64, row_segments=segments, col_segments=segments)
+                            height=height, width=width, max_x_ticks=64, row_segments=segments, col_segments=segments,
+                            row_notes=notes, col_notes=notes)
     if marks:
         x_values = list(figure.data[0].x)
         y_values = list(figure.data[0].y)

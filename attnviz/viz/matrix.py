@@ -167,6 +167,8 @@ def matrix_heatmap(
     max_x_ticks: int = 48,
     row_segments: list[int] | None = None,
     col_segments: list[int] | None = None,
+    row_notes: list[str | None] | None = None,
+    col_notes: list[str | None] | None = None,
 ) -> go.Figure:
     """A heatmap of ``values [rows, cols]`` labelled by ``row_labels`` / ``col_labels``, coloured by ``scale``
     (:data:`ColourScale`: what the values are).
@@ -177,13 +179,16 @@ def matrix_heatmap(
     the value to 3 significant digits at any size (labels cost one string per row and column), and, for weights up
     to :data:`RANK_LIMIT` cells (larger views are pooled), the cell's rank in its row. ``row_segments`` /
     ``col_segments`` (0 = sentence A, 1 = sentence B, per label) colour the labels and draw where sentence B starts.
+    ``row_notes`` / ``col_notes`` (one per label, or None) are added to the hover after the label: a token's raw
+    piece and id (:func:`attnviz.tokens_display.piece_note`).
     """
     matrix = _checked_matrix(values, row_labels, col_labels)
+    row_hover, col_hover = _with_notes(row_labels, row_notes), _with_notes(col_labels, col_notes)
     row_labels, col_labels = style.plotly_texts(row_labels), style.plotly_texts(col_labels)  # "<s>" as text
     n_rows, n_cols = matrix.shape
     height = height or default_height(n_rows)
     text = _cell_text(matrix, scale, width, height) if show_values else None
-    x_values, y_values, axis_type = _cell_positions(row_labels, col_labels)
+    x_values, y_values, axis_type = _cell_positions(row_hover, col_hover)
     figure = go.Figure(_heatmap_trace(matrix, scale, text, x_values, y_values, x_title, y_title))
     x_max_ticks = min(max_x_ticks, max(4, (width - 190) // X_TICK_SPACING))
     y_max_ticks = max(4, (height - 120) // Y_TICK_SPACING)
@@ -249,6 +254,16 @@ def _cell_text(matrix: np.ndarray, scale: ColourScale, width: int, height: int) 
         return None
     text = [[scale.cell_text(value) for value in row] for row in matrix.tolist()]
     return text if numbers_fit(text, *plot_area(width, height, *matrix.shape)) else None
+
+
+def _with_notes(labels: list[str], notes: list[str | None] | None) -> list[str]:
+    """Each label with its note in brackets (what the hover names a row or column by), as Plotly shows it."""
+    if notes is None:
+        return style.plotly_texts(labels)
+    if len(notes) != len(labels):
+        raise ValueError(f"{len(notes)} notes for {len(labels)} labels")
+    return style.plotly_texts([label if not note else f"{label} ({note})" for label, note in zip(labels, notes,
+                                                                                                strict=True)])
 
 
 def _cell_positions(row_labels: list[str], col_labels: list[str]) -> tuple[list, list, str]:

@@ -12,6 +12,7 @@ import torch
 from attnviz import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.pagelogic.explore_heads.options import SCALES, ViewOptions, positions
+from attnviz.tokens_display import piece_note
 from attnviz.viz import style
 from attnviz.viz.matrix import FULL_WIDTH, WEIGHTS, WEIGHTS_LOG, WEIGHTS_PER_HEAD, WEIGHTS_PER_ROW, matrix_heatmap
 
@@ -209,12 +210,30 @@ COLOUR_SCALES = {"fixed": WEIGHTS, "head": WEIGHTS_PER_HEAD, "row": WEIGHTS_PER_
 
 
 def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None = None,
-                    width: int = FULL_WIDTH) -> go.Figure:
-    """The heatmap of ``matrix`` on the colour ``scale`` (a key of SCALES): values printed when not pooled."""
+                    width: int = FULL_WIDTH, notes: tuple[list | None, list | None] = (None, None)) -> go.Figure:
+    """The heatmap of ``matrix`` on the colour ``scale`` (a key of SCALES): values printed when not pooled.
+    ``notes``: what the hover adds to each row's and column's label (:func:`span_notes`)."""
     return matrix_heatmap(matrix.values, matrix.row_labels, matrix.col_labels, title=title, scale=COLOUR_SCALES[scale],
                           height=height or square_height(len(matrix.row_labels)), width=width,
                           show_values=matrix.pooled_from is None, row_segments=matrix.row_segments,
-                          col_segments=matrix.col_segments)
+                          col_segments=matrix.col_segments, row_notes=notes[0], col_notes=notes[1])
+
+
+def span_notes(capture: Capture, record: AttentionRecord, matrix: Matrix) -> tuple[list | None, list | None]:
+    """What the hover adds to each row's and column's label of ``matrix``: a single token's raw piece and id
+    (:func:`attnviz.tokens_display.piece_note`; only the id where the piece reads as it is shown, as WordPiece's
+    do), nothing for a pooled cell (its label names its positions) or
+    where the tokens have no other form (an image's patches)."""
+
+    def notes(tokens: list[str], spans: list[tuple[int, int]] | None) -> list | None:
+        shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
+        if spans is None or (ids is None and shown is tokens):
+            return None
+        return [None if first != last else
+                (f"id {ids[first]}" if ids is not None else None) if shown[first] == tokens[first] else
+                piece_note(tokens[first], None if ids is None else ids[first]) for first, last in spans]
+
+    return notes(record.query_tokens, matrix.row_spans), notes(record.key_tokens, matrix.col_spans)
 
 
 def head_heatmap(capture: Capture, record: AttentionRecord, weights: torch.Tensor, title: str,

@@ -19,6 +19,7 @@ from attnviz.pagelogic.explore_heads.matrices import (
     matrix_title,
     scale_matrix,
     scale_rows,
+    span_notes,
     stream_rows,
     weights_heatmap,
     with_segments,
@@ -64,7 +65,8 @@ def zoom_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]
     record = capture.records[options.kind]
     heads, name = shown_heads(record, options)
     matrix = zoom_matrix(capture, record, options, heads)
-    figure = weights_heatmap(matrix, matrix_title(f"{name}, zoomed", matrix, options), options.scale)
+    figure = weights_heatmap(matrix, matrix_title(f"{name}, zoomed", matrix, options), options.scale,
+                             notes=span_notes(capture, record, matrix))
     return figure, ("The orange box on the pooled view, cell by cell: hover for each query, key and weight. Move it "
                     "with the zoom inputs.")
 
@@ -72,7 +74,8 @@ def zoom_figure(capture: Capture, options: ViewOptions) -> tuple[go.Figure, str]
 def _head_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
     matrix = head_matrix(capture, record, options, [options.head])
     base = f"Layer {options.layer}, head {options.head}: {kind_name}{note}"
-    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale,
+                             notes=span_notes(capture, record, matrix))
     if matrix.pooled_from:
         mark_zoom(figure, capture, record, matrix, options)
     caption = "Each row is one query token's attention over the keys; hover a cell for its query, key and weight."
@@ -152,7 +155,8 @@ def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> li
 def _average_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
     matrix = head_matrix(capture, record, options, list(range(record.n_heads)))
     base = f"Layer {options.layer}: average of {record.n_heads} heads{note}"
-    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale,
+                             notes=span_notes(capture, record, matrix))
     if matrix.pooled_from:
         mark_zoom(figure, capture, record, matrix, options)
     return figure, "The mean over heads hides what single heads do: compare with the grid."
@@ -173,7 +177,8 @@ def _rollout_view(capture: Capture, record: AttentionRecord, options: ViewOption
     matrix = dataclasses.replace(matrix, values=scale_matrix(scale_rows(matrix.values, options.scale), options.scale))
     matrix = with_segments(matrix, capture, record, query_positions, key_positions)
     base = f"Attention rollout through layers 0..{through}{note}"
-    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale)
+    figure = weights_heatmap(matrix, matrix_title(base, matrix, options), options.scale,
+                             notes=span_notes(capture, record, matrix))
     return figure, (
         "Rollout (Abnar & Zuidema, 2020) multiplies the head-averaged attention, mixed half-and-half with the "
         "residual identity, through the layers: how much each input token reaches each position."
