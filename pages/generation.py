@@ -112,14 +112,21 @@ def request_form() -> dict:
     decoding choice is outside the form, so that the sampling controls are enabled at once when sampling is
     chosen (and greyed out under greedy decoding, where they change nothing)."""
     request = the_request()
-    strategy = st.radio("Decoding", list(gen.STRATEGIES), format_func=gen.STRATEGIES.get,
-                        index=list(gen.STRATEGIES).index(request["strategy"]), key="gen_strategy", horizontal=True,
-                        help="Applied with Generate. Greedy takes the most likely token; sampling draws from the "
-                             "distribution shaped by temperature, top-k and top-p, with the seed.")
+    choice, top_k_column = st.columns([3, 1])
+    strategy = choice.radio("Decoding", list(gen.STRATEGIES), format_func=gen.STRATEGIES.get,
+                            index=list(gen.STRATEGIES).index(request["strategy"]), key="gen_strategy",
+                            horizontal=True,
+                            help="Applied with Generate. Greedy takes the most likely token; sampling draws from the "
+                                 "distribution shaped by temperature, top-k and top-p, with the seed.")
     greedy = strategy == "greedy"
     off = " Greedy decoding ignores it: choose sampling to use it." if greedy else ""
-    # top-k 1 keeps only the most likely token: the draw is greedy, so temperature, top-p and seed change nothing
-    only_one = not greedy and request["top_k"] == 1
+    # Top-k is outside the form too: top-k 1 keeps only the most likely token, the draw is greedy, and temperature,
+    # top-p and seed (greyed out at once) change nothing.
+    top_k = top_k_column.number_input(
+        "Top-k (0: off)", 0, 1000, request["top_k"], key="gen_top_k", disabled=greedy,
+        help="Sampling only, applied with Generate: keep the k most likely tokens (1: the most likely, as greedy)."
+             + off)
+    only_one = not greedy and top_k == 1
     if only_one:
         off = " Top-k 1 keeps only the most likely token, so the draw is greedy: raise top-k to use it."
     with st.form("gen_form", border=False):
@@ -128,17 +135,14 @@ def request_form() -> dict:
             "Prompt", request["prompt"], key="gen_prompt", max_chars=MAX_PROMPT_CHARS, height=110,
             help="Any length, line breaks kept: the model reads as many tokens as its positions hold (with room "
                  "for the new tokens); a longer prompt is cut, and the page says where.")
-        columns = st.columns([2, 3, 2, 3, 2])
+        columns = st.columns([2, 3, 3, 2])
         columns[0].number_input("New tokens", 1, MAX_NEW_TOKENS, request["new_tokens"], key="gen_count")
         columns[1].slider("Temperature", 0.1, 2.0, request["temperature"], 0.1, key="gen_temperature",
                           disabled=greedy or only_one,
                           help="Sampling only: logits are divided by it before the softmax." + off)
-        columns[2].number_input("Top-k (0: off)", 0, 1000, request["top_k"], key="gen_top_k", disabled=greedy,
-                                help="Sampling only: keep the k most likely tokens (1: the most likely, as greedy)."
-                                + ("" if only_one else off))
-        columns[3].slider("Top-p", 0.05, 1.0, request["top_p"], 0.05, key="gen_top_p", disabled=greedy or only_one,
+        columns[2].slider("Top-p", 0.05, 1.0, request["top_p"], 0.05, key="gen_top_p", disabled=greedy or only_one,
                           help="Sampling only: keep the most likely tokens until their mass reaches p." + off)
-        columns[4].number_input("Seed", 0, 10_000, request["seed"], key="gen_seed", disabled=greedy or only_one,
+        columns[3].number_input("Seed", 0, 10_000, request["seed"], key="gen_seed", disabled=greedy or only_one,
                                 help="Sampling only: the random draws, repeatable." + off)
         buttons = st.columns([1, 2, 5])
         buttons[0].form_submit_button("Generate", type="primary", on_click=apply_form)

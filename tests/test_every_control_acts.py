@@ -48,10 +48,12 @@ DEFERRED = {
 
 def shown(at) -> list[str]:
     """Everything the page's main area shows, as text: figures (their JSON), markdown, captions, tables,
-    metrics, messages and formulas, and the labels of the controls drawn (a control that appears is a change)."""
+    metrics, messages and formulas, and the labels of the controls drawn (a control that appears, or is greyed out,
+    is a change)."""
     parts = [chart.proto.spec for chart in at.main.get("plotly_chart")]
-    for kind in (*WALKED, "text_input", "text_area", "button"):
-        parts += [f"{kind}: {widget.label}" for widget in at.main.get(kind)]
+    for kind in (*WALKED, "text_input", "text_area", "button"):  # a control greyed out (or back) is a change too
+        parts += [f"{kind}: {widget.label}{' (disabled)' if widget.proto.disabled else ''}"
+                  for widget in at.main.get(kind)]
     for kind in ("markdown", "caption", "metric", "info", "warning", "error", "success", "latex", "code", "subheader"):
         parts += [f"{kind}: {element.value}" for element in at.main.get(kind)]
     parts += [f"table: {frame.value.to_json()}" for frame in at.main.get("dataframe")]

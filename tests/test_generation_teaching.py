@@ -336,10 +336,15 @@ def test_top_k_one_greys_out_what_it_makes_irrelevant(tiny, _clean):
     idle = [at.slider(key="gen_temperature"), at.slider(key="gen_top_p"), at.number_input(key="gen_seed")]
     assert all(c.disabled for c in idle) and all("Top-k 1 keeps only the most likely token" in c.help for c in idle)
     assert not at.number_input(key="gen_top_k").disabled
-    at.number_input(key="gen_top_k").set_value(2)
-    generate_button(at).click().run()
+    at.number_input(key="gen_top_k").set_value(2).run()  # at once, before Generate
     assert not any(c.disabled for c in [at.slider(key="gen_temperature"), at.slider(key="gen_top_p"),
                                         at.number_input(key="gen_seed")])
+    assert at.session_state["gen_request"]["top_k"] == 1  # applied with Generate
+    at.number_input(key="gen_top_k").set_value(1).run()
+    assert all(c.disabled for c in [at.slider(key="gen_temperature"), at.slider(key="gen_top_p")])
+    at.number_input(key="gen_top_k").set_value(2).run()
+    generate_button(at).click().run()
+    assert at.session_state["gen_request"]["top_k"] == 2
 
 
 def test_a_refused_run_leaves_no_progress_box(monkeypatch, _clean):
