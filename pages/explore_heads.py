@@ -184,7 +184,19 @@ def head_control(column, record, view: str) -> int:
         return 0
     # Opens on head 2: in the bundled BERT's layer 0 it attends to the previous token, a pattern seen at a glance.
     return int(column.number_input("Head", 0, record.n_heads - 1, min(2, record.n_heads - 1), key="head",
-                                   bind="query-params"))
+                                   bind="query-params", on_change=follow_head_in_lines))
+
+
+def follow_head_in_lines() -> None:
+    """The Head box moves the lines view's heads too (it would change nothing there): a single head drawn becomes
+    the new one; a new head joins several drawn."""
+    drawn, head = st.session_state.get("explore_line_heads"), st.session_state.get("head")
+    if drawn is None or head is None:
+        return
+    if len(drawn) <= 1:
+        st.session_state["explore_line_heads"] = [head]
+    elif head not in drawn:
+        st.session_state["explore_line_heads"] = [*drawn, head]
 
 
 def layer_fields(view: str, layer: int) -> dict:

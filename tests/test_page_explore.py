@@ -287,6 +287,13 @@ def test_controls_appear_only_where_they_act_and_keep_their_values():
     assert shown("multiselect", "explore_follow") and shown("number_input", "explore_top_k")
     at.number_input(key="explore_top_k").set_value(1).run()
     assert "strongest keys" in " ".join(c.value for c in at.caption)
+    # The Head box draws the new head's lines (a single head drawn follows it; a new head joins several)
+    at.number_input(key="head").set_value(4).run()
+    assert at.multiselect(key="explore_line_heads").value == [4]
+    assert "head 4" in main_figure(at)["layout"]["title"]["text"]
+    at.multiselect(key="explore_line_heads").select(5).run()
+    at.number_input(key="head").set_value(7).run()
+    assert at.multiselect(key="explore_line_heads").value == [4, 5, 7]
     at.segmented_control(key="view").set_value("grid").run()
     assert shown("selectbox", "explore_grid_scale") and shown("toggle", "explore_hide_special")
     at.selectbox(key="explore_grid_scale").set_value("fixed").run()
