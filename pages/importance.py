@@ -68,7 +68,7 @@ page_intro(
 )
 
 
-def choose_model() -> tuple[str, str]:
+def choose_model(column) -> tuple[str, str]:
     """The model this page edits: the sidebar's when it has a loss (a decoder, an encoder-decoder, or an encoder
     saved with its masked-LM head), else the bundled tiny GPT (whose circuit the first view shows); any loaded model
     can be chosen."""
@@ -77,7 +77,7 @@ def choose_model() -> tuple[str, str]:
     names = list(models)
     has_loss = architecture_of_folder(models[sidebar]) in WITH_LOSS or declares_masked_lm_head(models[sidebar])
     default = sidebar if has_loss else (BUNDLED_GPT_NAME if BUNDLED_GPT_NAME in models else sidebar)
-    name = st.selectbox("Model", names, index=names.index(default), key="imp_model",
+    name = column.selectbox("Model", names, index=names.index(default), key="imp_model",
                         format_func=lambda n: f"{n} ({architecture_of_folder(models[n]) or 'model'})",
                         help="A decoder or an encoder-decoder is measured by its own loss (its language-model head "
                              "is loaded), an encoder saved with its masked-LM head by its masked-LM loss; an encoder "
@@ -513,11 +513,11 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
     second = [float(v) for row in result.second for v in row if v == v]
     induction = scores["induction"].flatten().tolist()
     previous = scores["previous"].flatten().tolist()
-    st.markdown(ind.story(result, scores, period))
     show_figure(figures.circuit_chart(labels, first, second, result.clean_first, result.clean_second,
                                       title="The loss on each copy with one head removed"),
                 "A head whose removal lifts only the red bar is needed for copying; dashed: no head removed.",
                 key="imp_circuit")
+    st.markdown(ind.story(result, scores, period))  # what the figure shows, in words, under it
     st.dataframe([{"head": label, "previous-token score": round(p, 3), "induction score": round(i, 3),
                    "second copy, ablated / clean": round(s / result.clean_second, 2)}
                   for label, p, i, s in zip(labels, previous, induction, second, strict=True)],
@@ -526,7 +526,8 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
                "its removal costs. A head can attend like an induction head and matter less than another.")
 
 
-name, folder = choose_model()
+model_column, view_column = st.columns([3, 4])  # one row: the figure of the view sits on a projector's first screen
+name, folder = choose_model(model_column)
 try:
     model, tokenizer, head_note = editable_model(folder, name, model_dtype(name))
 except Exception as problem:  # noqa: BLE001 - a checkpoint that cannot load with its head: said, not raised
@@ -538,6 +539,6 @@ if reason:
     st.stop()
 objective = imp.objective_of(model)
 st.caption(f"Measured by the {imp.OBJECTIVES[objective]}.{' ' + head_note if head_note else ''}")
-view = st.segmented_control("View", VIEWS, default=VIEWS[0], key="imp_view", required=True)
+view = view_column.segmented_control("View", VIEWS, default=VIEWS[0], key="imp_view", required=True)
 {"Induction circuit": circuit_view, "Importance map": importance_view,
  "Activation patching": patching_view}[view](folder, name, model, tokenizer, objective)

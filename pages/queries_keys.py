@@ -109,8 +109,8 @@ if scan is None:
 else:
     kinds = [scan["kind"]]
     n_layers_of = {scan["kind"]: (scan["n_layers"], scan["n_heads"])}
-columns = st.columns(3 if len(kinds) > 1 else 2)  # an attention kind to choose only where there are several
-kind = columns[0].selectbox("Attention", kinds, key="qk_kind") if len(kinds) > 1 else kinds[0]
+# an attention kind to choose only where there are several
+kind = st.selectbox("Attention", kinds, key="qk_kind") if len(kinds) > 1 else kinds[0]
 if scan is None and queries_unavailable(current.bundle, records[kind], "A picture of queries and keys"):
     st.stop()
 n_layers, n_heads = n_layers_of[kind]
@@ -118,24 +118,25 @@ if st.session_state.get("qk_layer", 0) >= n_layers:
     st.session_state["qk_layer"] = 0
 if st.session_state.get("qk_head", 0) >= n_heads:
     st.session_state["qk_head"] = 0
-layer = columns[-2].selectbox("Layer", range(n_layers), key="qk_layer")
-head = columns[-1].selectbox("Head", range(n_heads), key="qk_head")
-options = st.columns([3, 2, 2])
-method = options[0].segmented_control("Projection", qkmap.PROJECTIONS, default="PCA", key="qk_method",
+# Two rows of controls, so the picture sits on a projector's first screen, and each fits a 900 px window
+options = st.columns([1, 1, 2, 2])
+layer = options[0].selectbox("Layer", range(n_layers), key="qk_layer")
+head = options[1].selectbox("Head", range(n_heads), key="qk_head")
+several = scan is not None or len(captures) > 1
+method = options[2].segmented_control("Projection", qkmap.PROJECTIONS, default="PCA", key="qk_method",
                                       required=True,
                                       help="PCA: the plane of largest spread, instant and faithful to distances "
                                            "along it; t-SNE and UMAP keep neighbours, seeded, slower.")
-dims = 3 if options[1].segmented_control("Dimensions", ("2D", "3D"), default="2D", key="qk_dims",
+dims = 3 if options[3].segmented_control("Dimensions", ("2D", "3D"), default="2D", key="qk_dims",
                                          required=True) == "3D" else 2
-values = options[2].toggle("Values too", key="qk_values",
+options = st.columns([3, 1, 1])
+values = options[1].toggle("Values too", key="qk_values",
                            help="The head's value vectors as a third set (green triangles). Values are never "
                                 "compared with queries: they sit around the keys' centre with the keys' spread, so "
                                 "only their own clusters mean something (tokens the head passes on alike).")
-several = scan is not None or len(captures) > 1
-options = st.columns([3, 1])
 colour = options[0].segmented_control("Colour by", figures.COLOURINGS if several else figures.COLOURINGS[:3],
                                       default=figures.COLOURINGS[0], key="qk_colour", required=True)
-found = options[1].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
+found = options[2].text_input("Find a token", "", key="qk_find", max_chars=40, placeholder="e.g. the",
                               help="Rings every query and key whose token contains this text.")
 
 try:
@@ -158,7 +159,6 @@ try:
 except ValueError as problem:
     st.warning(str(problem), icon=":material/info:")
     st.stop()
-trust_metrics(trusted)
 if not points.translated:
     st.caption(":material/info: This head soft-caps its scores or has a sink: shifting the keys would change its "
                "weights, so they are only scaled.")
@@ -190,6 +190,7 @@ if query is not None and query < len(points.queries):
         if text:
             st.button(f"Open document {doc} in Explore heads on this head", key="qk_open", icon=":material/search:",
                       on_click=ask_to_open, args=(text, name, layer, head))
+trust_metrics(trusted)  # how far to trust the picture: under it, so the picture is on the first screen
 
 whole = st.toggle("Every layer", key="qk_whole_model",
                   help="Small pictures of every head of the model, not only of this layer (PCA: each at once)")

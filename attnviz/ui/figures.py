@@ -58,7 +58,7 @@ def show_figure(figure, caption: str, key: str | None = None, on_select=None) ->
     if scale != 1.0:  # on a copy: a page may keep its figures between reruns
         figure = framing.enlarge_text(go.Figure(figure), scale)  # 16 px at least for every text inside the figure
     if not getattr(figure, "_attnviz_framed", False):  # a figure_once figure is framed already, and shared
-        framing.title_below_toolbar(figure)
+        framing.title_below_toolbar(figure, framing.TOOLBAR_BAND if scale == 1.0 else framing.PROJECTOR_TOOLBAR_BAND)
     config = figure_config(figure)
     if on_select is None:
         st.plotly_chart(figure, key=key, config=config)

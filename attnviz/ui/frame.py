@@ -65,6 +65,10 @@ LAYOUT_CSS = """
 .st-key-story_top {
   position: fixed; top: 0.7rem; right: 4.5rem; left: auto; width: max-content !important; z-index: 999991; }
 @media (max-width: 1000px) { .st-key-story_top { position: static; } }
+/* The links are drawn on a card of their own: a page scrolled under them does not show through their text. */
+.st-key-story_top { background: #ffffff; border-radius: 0.5rem; padding: 0.1rem 0.75rem;
+  box-shadow: 0 1px 6px rgba(27, 31, 36, 0.15); }
+@media (max-width: 1000px) { .st-key-story_top { box-shadow: none; padding: 0; } }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] { flex-wrap: wrap; }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] > [data-testid="stColumn"] {
   min-width: min(120px, 100%); flex-grow: 0; }

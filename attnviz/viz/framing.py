@@ -10,6 +10,8 @@ BASE_FONT = 12  # px: Plotly's default text size, which the figures keep on a sc
 BASE_TITLE = 17  # px
 PROJECTOR_FLOOR = 16  # px: no text inside a figure is smaller in presentation mode
 TOOLBAR_BAND = 34  # px at the top of a figure where the toolbars appear under the pointer (Plotly's and Streamlit's)
+PROJECTOR_TOOLBAR_BAND = 56  # the same in presentation mode, whose larger text makes Streamlit's toolbar 40 px tall
+# and reach 49 px into a figure (measured in Chromium at 1280 x 720)
 TITLE_LINE = 1.35  # a title line's height, in font sizes
 
 
@@ -56,18 +58,19 @@ def enlarge_text(figure: go.Figure, scale: float, floor: int = PROJECTOR_FLOOR) 
     return figure
 
 
-def title_below_toolbar(figure: go.Figure) -> go.Figure:
-    """Places a titled figure's title under the band where the toolbars appear when the pointer is over the figure
-    (Plotly's at the top right, Streamlit's above it), and makes the top margin hold both. Returns ``figure``."""
+def title_below_toolbar(figure: go.Figure, band: int = TOOLBAR_BAND) -> go.Figure:
+    """Places a titled figure's title under the ``band`` px where the toolbars appear when the pointer is over the
+    figure (Plotly's at the top right, Streamlit's above it), and makes the top margin hold both. Returns
+    ``figure``."""
     text = getattr(figure.layout.title, "text", None)
     if not text:
         return figure
     title_size = figure.layout.title.font.size or BASE_TITLE
     lines = text.count("<br>") + 1
-    top = TOOLBAR_BAND + int(lines * title_size * TITLE_LINE) + 10  # px: band, title, a gap above the plot
+    top = band + int(lines * title_size * TITLE_LINE) + 10  # px: band, title, a gap above the plot
     height = figure.layout.height or 450
     figure.update_layout(
         margin_t=max(figure.layout.margin.t or 0, top),
-        title=dict(yref="container", y=1 - TOOLBAR_BAND / height, yanchor="top"),
+        title=dict(yref="container", y=1 - band / height, yanchor="top"),
     )
     return figure

@@ -69,6 +69,8 @@ def test_a_link_opens_presentation_mode_and_the_point_is_on_the_first_screen(pro
         assert content["width"] >= 1100, (path, content)
         assert projector.evaluate(TRUNCATED) == [], path
         assert projector.get_by_role("switch", name="Presentation mode").is_checked()  # kept from the link
+        projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').first.wait_for(timeout=60_000)
+        wait_until_idle(projector)
         previous, following = story_neighbours(projector.locator("h1").first.inner_text())
         links = [text.splitlines()[-1] for text in  # the last line: the first is the page's icon
                  projector.locator('[data-testid="stMain"] [data-testid="stPageLink-NavLink"]').all_inner_texts()]
@@ -85,25 +87,47 @@ def test_a_link_opens_presentation_mode_and_the_point_is_on_the_first_screen(pro
         assert small == [], (path, small[:8])
 
 
+def _toolbars_apart_from_titles(page, charts) -> list:
+    """Hover each of ``charts`` (locators): where its toolbars (Plotly's and Streamlit's) overlap its title."""
+    overlaps = []
+    for chart in charts:
+        chart.locator(".main-svg").first.wait_for(timeout=60_000)
+        if not chart.locator(".gtitle").count():
+            continue
+        chart.scroll_into_view_if_needed()
+        chart.hover()
+        page.wait_for_timeout(600)
+        title = chart.locator(".gtitle").first.bounding_box()
+        toolbar = page.locator('[data-testid="stElementToolbar"]:visible')
+        bars = [box for box in (chart.locator(".modebar").first.bounding_box(),
+                                toolbar.first.bounding_box() if toolbar.count() else None) if box]
+        assert title and bars
+        for bar in bars:
+            apart = (bar["y"] + bar["height"] <= title["y"] or title["y"] + title["height"] <= bar["y"]
+                     or bar["x"] + bar["width"] <= title["x"] or title["x"] + title["width"] <= bar["x"])
+            if not apart:
+                overlaps.append((chart.locator(".gtitle").first.text_content(), title, bar))
+    return overlaps
+
+
 def test_the_toolbar_never_covers_a_title(page, app_url):
     """With the pointer over a figure its toolbars appear (Plotly's and Streamlit's): neither overlaps the title."""
     for path in ("masks", "flash", ""):
         page.goto(f"{app_url}/{path}")
         wait_until_idle(page)
-        chart = page.locator('[data-testid="stPlotlyChart"]').first
-        chart.locator(".main-svg").first.wait_for(timeout=60_000)
-        chart.scroll_into_view_if_needed()
-        chart.hover()
-        page.wait_for_timeout(600)
-        title = chart.locator(".gtitle").first.bounding_box()
-        bars = [box for box in (chart.locator(".modebar").first.bounding_box(),
-                                page.locator('[data-testid="stElementToolbar"]').first.bounding_box()
-                                if page.locator('[data-testid="stElementToolbar"]').count() else None) if box]
-        assert title and bars, path
-        for bar in bars:
-            apart = (bar["y"] + bar["height"] <= title["y"] or title["y"] + title["height"] <= bar["y"]
-                     or bar["x"] + bar["width"] <= title["x"] or title["x"] + title["width"] <= bar["x"])
-            assert apart, (path, title, bar)
+        assert _toolbars_apart_from_titles(page, [page.locator('[data-testid="stPlotlyChart"]').first]) == [], path
+
+
+def test_the_toolbar_never_covers_a_title_on_a_projector(projector, app_url):
+    """Presentation mode's larger titles, on every chart of pages with half-width charts."""
+    for path in ("masks", "flash"):
+        projector.goto(f"{app_url}/{path}?presentation_mode=true")
+        projector.locator('[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg').first.wait_for(
+            timeout=60_000)  # the page drawn (the link's first run may still be on its way when the app is idle)
+        wait_until_idle(projector)
+        charts = projector.locator('[data-testid="stMain"] [data-testid="stPlotlyChart"]').all()
+        assert len(charts) >= 2, path
+        assert _toolbars_apart_from_titles(projector, charts) == [], path
 
 
 @pytest.fixture
