@@ -7,6 +7,12 @@ import pytest
 
 from attnviz.runtime import configure_environment
 
+# Under pytest-xdist (pytest.ini runs two workers) each worker computes on one thread: two workers of two torch
+# threads each on two cores wait on each other's spinning threads. Set before torch loads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 configure_environment()  # offline; no GPU here or in CI, so Triton kernels run in the interpreter
 # An exception no page caught fails the test, instead of becoming a message (attnviz.ui.show_unexpected_error).
 os.environ["ATTNVIZ_STRICT_ERRORS"] = "1"
@@ -59,3 +65,18 @@ def tiny_checkpoint(tmp_path_factory):
         return folder
 
     return make
+
+
+# Tests that start servers, browsers or a Ray cluster run one after another on one worker (their own CPU-hungry
+# processes beside each other would make their timeouts a matter of luck); the others run by file, so a module's
+# fixtures are made once.
+SERIAL_GROUP = "servers-browsers-clusters"
+SERIAL_MODULES = {"test_scan_ray.py", "test_concurrent_loads.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        serial = ("e2e" in item.path.parts or item.path.name in SERIAL_MODULES
+                  or item.get_closest_marker("serial") is not None)
+        group = SERIAL_GROUP if serial else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

