@@ -213,7 +213,7 @@ def capture(
         decoder_display_tokens=None if decoder_tokens is None else readable_tokens(decoder_tokens, style),
         token_style=style,
     )
-    result.records, outputs_finite = _run_and_record(bundle, inputs, tokens, decoder_tokens)
+    result.records, outputs_finite = _run_and_record(bundle, inputs, tokens, decoder_tokens, check_finite)
     show_readable(result)
     if check_finite:
         result.nonfinite = nonfinite_parts(result.records, outputs_finite)
@@ -241,15 +241,15 @@ def tokens_read(bundle: ModelBundle, max_tokens: int | None = None) -> int:
     return limit
 
 
-def _run_and_record(bundle: ModelBundle, inputs: dict, tokens: list[str],
-                    decoder_tokens: list[str] | None) -> tuple[dict[str, AttentionRecord], bool]:
+def _run_and_record(bundle: ModelBundle, inputs: dict, tokens: list[str], decoder_tokens: list[str] | None,
+                    check_finite: bool = True) -> tuple[dict[str, AttentionRecord], bool]:
     """Run the model on ``inputs`` on its capture path: its records by attention kind, and whether its outputs
-    are finite."""
+    are finite (True, unread, where ``check_finite`` is False and the fast path runs)."""
     device = device_of(bundle.model)
     inputs = {name: value.to(device) if hasattr(value, "to") else value for name, value in inputs.items()}
     encoder_decoder = bundle.architecture == "encoder-decoder"
     if bundle.capture_path == "interface":
-        calls, outputs_finite = recorded_calls(bundle.model, inputs)
+        calls, outputs_finite = recorded_calls(bundle.model, inputs, check_finite)
     else:
         eager_weights, calls, outputs_finite = eager.run(bundle.model, support.adapter_of(bundle.model_type), inputs,
                                                          encoder_decoder)
@@ -355,14 +355,15 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
     return result
 
 
-def recorded_calls(model: torch.nn.Module, inputs: dict) -> tuple[list[AttentionCall], bool]:
+def recorded_calls(model: torch.nn.Module, inputs: dict,
+                   check_finite: bool = True) -> tuple[list[AttentionCall], bool]:
     """Run ``model`` on ``inputs`` while recording: its attention calls, in order, with their tensors on the CPU,
-    and whether its outputs are finite."""
+    and whether its outputs are finite (not read, True, with ``check_finite=False``)."""
     with torch.no_grad(), recording(model) as recorder:
         outputs = model(**inputs)
     if not recorder.calls:
         raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
-    return [_to_cpu(call) for call in recorder.calls], _finite_outputs(outputs)
+    return [_to_cpu(call) for call in recorder.calls], (not check_finite or _finite_outputs(outputs))
 
 
 def _weights_record(kind: str, weights: list[torch.Tensor], query_tokens: list[str], key_tokens: list[str],
