@@ -61,14 +61,12 @@ h1 { font-size: 2.1rem !important; padding: 0.25rem 0 0.25rem 0 !important; }
 LAYOUT_CSS = """
 <style>
 /* The story's links above the title sit in the header's band, at the right, on every screen of the page: no line
-   of their own, and Next is one click away wherever the page is scrolled to. */
+   of their own, and Next is one click away wherever the page is scrolled to.
+   They sit on a card of their own, so a page scrolled under them does not show through their text. */
 .st-key-story_top {
-  position: fixed; top: 0.7rem; right: 4.5rem; left: auto; width: max-content !important; z-index: 999991; }
-@media (max-width: 1000px) { .st-key-story_top { position: static; } }
-/* The links are drawn on a card of their own: a page scrolled under them does not show through their text. */
-.st-key-story_top { background: #ffffff; border-radius: 0.5rem; padding: 0.1rem 0.75rem;
-  box-shadow: 0 1px 6px rgba(27, 31, 36, 0.15); }
-@media (max-width: 1000px) { .st-key-story_top { box-shadow: none; padding: 0; } }
+  position: fixed; top: 0.7rem; right: 4.5rem; left: auto; width: max-content !important; z-index: 999991;
+  background: #ffffff; border-radius: 0.5rem; padding: 0.1rem 0.75rem; box-shadow: 0 1px 6px rgba(27, 31, 36, 0.15); }
+@media (max-width: 1000px) { .st-key-story_top { position: static; box-shadow: none; padding: 0; } }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] { flex-wrap: wrap; }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] > [data-testid="stColumn"] {
   min-width: min(120px, 100%); flex-grow: 0; }

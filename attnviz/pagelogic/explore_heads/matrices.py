@@ -219,19 +219,30 @@ def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None =
                           col_segments=matrix.col_segments, row_notes=notes[0], col_notes=notes[1])
 
 
+def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> list[str] | None:
+    """What the hover of each token at ``positions`` adds: the tokenizer's raw piece and its id
+    (:func:`attnviz.tokens_display.piece_note`); None when there is nothing to add (no ids, tokens shown as
+    written: an image's patches)."""
+    shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
+    if ids is None and shown is tokens:
+        return None
+    return [piece_note(tokens[p], None if ids is None else ids[p]) for p in positions]
+
+
 def span_notes(capture: Capture, record: AttentionRecord, matrix: Matrix) -> tuple[list | None, list | None]:
-    """What the hover adds to each row's and column's label of ``matrix``: a single token's raw piece and id
-    (:func:`attnviz.tokens_display.piece_note`; only the id where the piece reads as it is shown, as WordPiece's
-    do), nothing for a pooled cell (its label names its positions) or
-    where the tokens have no other form (an image's patches)."""
+    """What the hover adds to each row's and column's label of ``matrix``: a single token's :func:`piece_notes`
+    (only the id where the piece reads as it is shown, as WordPiece's do), nothing for a pooled cell (its label
+    names its positions)."""
 
     def notes(tokens: list[str], spans: list[tuple[int, int]] | None) -> list | None:
-        shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
-        if spans is None or (ids is None and shown is tokens):
+        firsts = None if spans is None else [first for first, _ in spans]
+        full = None if firsts is None else piece_notes(capture, tokens, firsts)
+        if full is None:
             return None
+        shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
         return [None if first != last else
-                (f"id {ids[first]}" if ids is not None else None) if shown[first] == tokens[first] else
-                piece_note(tokens[first], None if ids is None else ids[first]) for first, last in spans]
+                (f"id {ids[first]}" if ids is not None else None) if shown[first] == tokens[first] else note
+                for (first, last), note in zip(spans, full, strict=True)]
 
     return notes(record.query_tokens, matrix.row_spans), notes(record.key_tokens, matrix.col_spans)
 

@@ -17,6 +17,7 @@ from attnviz.pagelogic.explore_heads.matrices import (
     dense_matrix,
     head_matrix,
     matrix_title,
+    piece_notes,
     scale_matrix,
     scale_rows,
     span_notes,
@@ -34,7 +35,6 @@ from attnviz.pagelogic.explore_heads.options import (
     filtered,
     positions,
 )
-from attnviz.tokens_display import piece_note
 from attnviz.viz.heads import attention_lines
 
 LINES_TOKEN_LIMIT = 64  # a side: above this, the lines view draws a window of queries and the keys they use most
@@ -140,16 +140,6 @@ def strongest_keys(weights: torch.Tensor, key_positions: list[int], count: int) 
     kept = sorted(torch.topk(received, count).indices.tolist())
     share = float(received[kept].sum() / received.sum().clamp_min(1e-30))
     return weights[..., kept], [key_positions[j] for j in kept], share
-
-
-def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> list[str] | None:
-    """What the hover of each token at ``positions`` adds: the tokenizer's raw piece and its id
-    (:func:`attnviz.tokens_display.piece_note`); None when there is nothing to add (no ids, tokens shown as
-    written: an image's patches)."""
-    shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
-    if ids is None and shown is tokens:
-        return None
-    return [piece_note(tokens[p], None if ids is None else ids[p]) for p in positions]
 
 
 def _average_view(capture: Capture, record: AttentionRecord, options: ViewOptions, kind_name: str, note: str):
