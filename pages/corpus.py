@@ -11,7 +11,7 @@ from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_b
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
 from attnviz.scan.runner import ScanSettings, token_limit
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import page_intro, setup_area, start_page
+from attnviz.ui.frame import figure_columns, page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.scans import corpus_facts, export_bytes, key_for, scan_folder, scan_read
@@ -265,7 +265,7 @@ def head_view(path: Path, said: dict) -> None:
     top = labels.iloc[0]
     columns[2].metric(f"Its label on {top['share']:.0%} of the documents", top["label"],
                       help="each document's label, by Explore heads' rules on that document's means")
-    left, right = st.columns(2)
+    left, right = figure_columns(2, key="corpus_head", min_width=400)
     with left:
         profile = scan_read(path, "offset_profile", layer, head)
         show_figure(figures.offset_profile(profile["offset"].tolist(), profile["weight"].tolist(),

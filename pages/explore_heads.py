@@ -47,7 +47,7 @@ from attnviz.pagelogic.explore_heads.whatif import (
 from attnviz.ui.captures import cached_image_capture, capture_current
 from attnviz.ui.explore_cache import cached_replay_difference, cached_statistics
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import setup_area, start_page, transient_status
+from attnviz.ui.frame import figure_columns, setup_area, start_page, transient_status
 from attnviz.ui.messages import problem_text, queries_unavailable, warn_if_not_finite
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.session_models import current_bundle, current_model_name, model_dtype, registered_models
@@ -441,7 +441,7 @@ def compare_tab(capture, text: str, text_pair: str, options: ViewOptions, max_to
     except TooLongForDense as problem:
         st.info(f"{problem}.")
         return
-    for index, (column, figure) in enumerate(zip(st.columns(2), figures[:2], strict=True)):
+    for index, (column, figure) in enumerate(zip(figure_columns(2, key="explore_compare"), figures[:2], strict=True)):
         with column:
             show_figure(figure, "The same head on each text.", key=f"explore_compare_{index}")
     if len(figures) > 2:
@@ -472,7 +472,7 @@ def what_if_tab(bundle, capture, record, options: ViewOptions) -> None:
         st.warning(str(problem))
         return
     effect = what_if_effect(record, layer, before, after, new_mask)
-    left, right = st.columns(2)
+    left, right = figure_columns(2, key="explore_whatif")
     with left:
         show_figure(
             head_heatmap(capture, record, before[head], f"Before: layer {layer}, head {head} (the model)",

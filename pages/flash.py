@@ -13,7 +13,7 @@ from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.figures import figure_once, show_figure
-from attnviz.ui.frame import page_intro, setup_area, start_page, transient_status
+from attnviz.ui.frame import figure_columns, page_intro, setup_area, start_page, transient_status
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.shared_measurements import shared_measurements
 from attnviz.units import TORCH_DTYPES, human_bytes, speed_ratio
@@ -22,7 +22,7 @@ from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 DEFAULT_CONTENDERS = ["naive", "tiled", "sdpa/flash", "sdpa/math", "triton"]
-TILE_FIGURE_WIDTH = 460  # px: the tile map's column (2 of 5 of the page)
+TILE_FIGURE_WIDTH = 400  # px: the least the tile map's column is drawn at
 
 
 def controls(gpu: bool) -> dict:
@@ -118,14 +118,12 @@ def results_section(case, chosen: dict, gpu: bool) -> None:
     if measured:
         table.insert(4, "peak memory", [human_bytes(measured[r.name]) if isinstance(measured.get(r.name), int)
                                         else measured.get(r.name, "—") for r in rows])
-    first_call_column = st.column_config.TextColumn(
-        width="medium", help="Each backend's first call, not in the median: FlexAttention compiles its kernel then.")
-    st.dataframe(table, hide_index=True, column_config={
-        "first call": first_call_column, "why not": st.column_config.TextColumn(width="large"),
-        "ran as": st.column_config.TextColumn(width="medium")})
+    # A static table: its cells wrap, so every column shows whole in a 900-px window (a data grid scrolled sideways
+    # and hid "why not" there).
+    st.table(table, hide_index=True, border="horizontal")
     st.caption(f"Measured on this server at {time.strftime('%H:%M:%S', time.localtime(measured_at))}, one "
                "measurement at a time; every session with these settings sees the same run. **Measure again** for a "
-               "fresh one.")
+               "fresh one. The first call is not in the median: FlexAttention compiles its kernel then.")
     st.button("Measure again", key="flash_again", on_click=lambda: st.session_state.update(flash_measure_again=True),
               help="Times are measured once for these settings; measure them again (the machine may be busy).")
     cpu_names = [r.name for r in rows if r.ran and not r.ran.startswith("triton")]
@@ -198,7 +196,7 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int, drawn: 
         "(sum of e^(s − m)) and the output so far; a new block with a larger max rescales ℓ and the output by "
         "e^(m_old − m_new)."
     )
-    st.dataframe(numbers.style.format(precision=4), hide_index=True)
+    st.table(numbers.style.format(precision=4).hide(axis="index"), border="horizontal")  # wraps: no sideways scroll
     def converging():
         gaps = [max((s.output - final).abs().max().item(), 1e-16) for s in steps]  # 1e-16 stands for 0 on a log axis
         figure = line_chart(list(range(1, len(steps) + 1)), {"max |output so far − final|": gaps},
@@ -242,7 +240,7 @@ def tiling_section(case) -> None:
     codes = torch.tensor([[flash_page.STATUS_CODES[s] for s in row] for row in trace.status])
     legend = {0: ("#ffffff", "skipped"), 1: ("#2f6db5", "computed"), 2: ("#ff9f1c", "computed + masked")}
     counts = trace.counts()
-    left, right = st.columns([2, 3])
+    left, right = figure_columns(2, key="flash_tiling", min_width=TILE_FIGURE_WIDTH)
     with left:
         show_figure(
             # Block numbers, thinned to what the narrow column has room for ("k0".."k15" overlapped there).
@@ -299,7 +297,7 @@ def scaling_section(chosen: dict) -> None:
         results = report["results"]
         lengths = [row["n"] for row in results]
         names_in = list(results[0]["time_s"])
-        left, right = st.columns(2)
+        left, right = figure_columns(2, key="flash_scaling", min_width=400)
         with left:
             show_figure(
                 line_chart(lengths, {name: [row["time_s"][name] * 1000 for row in results] for name in names_in},

@@ -18,7 +18,7 @@ from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.tokens_display import markdown_literal
 from attnviz.ui.figures import figure_scale, show_figure
-from attnviz.ui.frame import presenting, setup_area, start_page
+from attnviz.ui.frame import figure_columns, presenting, setup_area, start_page
 from attnviz.ui.generation_cache import (
     REQUEST_DEFAULTS,
     cached_circuits,
@@ -275,7 +275,7 @@ def next_token_figure(key: tuple, step: int, _cached: gen.Generation, _labels: l
     taken = _labels[len(_cached.prompt_ids) + step]
     figure = next_token_chart(bar_labels, probabilities, ids, chosen=chosen.token_id,
                               pieces=gen_sequence.raw_pieces(_tokenizer, ids),
-                              title=f"Step {step + 1}: next-token distribution, the {len(ids)} most likely")
+                              title=f"Step {step + 1}: next-token distribution,<br>the {len(ids)} most likely")
     greedy = key[4][0] == "greedy"
     caption = ((f"The model's {len(ids)} most likely next tokens; greedy takes the first: " if greedy else
                 f"The {len(ids)} most likely tokens of the distribution the token was drawn from (after temperature, "
@@ -363,7 +363,7 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
         circuits_section(folder, name, cached, tokenizer)
     labels = cached_labels(folder, name, tuple(cached.ids))
     show_text(cached, step, labels, tokenizer)
-    left, right = st.columns(2)
+    left, right = figure_columns(2, key="gen_step", min_width=400)
     with left:
         figure, caption = next_token_figure(key, step, cached, labels, tokenizer)
         show_figure(shown(figure), caption, key="gen_top")

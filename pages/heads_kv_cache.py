@@ -13,7 +13,7 @@ from attnviz.pagelogic.heads_kv_cache import (
     window_statement,
 )
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import start_page
+from attnviz.ui.frame import figure_columns, start_page
 from attnviz.ui.messages import problem_text
 from attnviz.ui.session_models import current_bundle
 from attnviz.ui.sidebar import current_sentence
@@ -63,9 +63,10 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
         st.info(windows, icon=":material/info:")
     frame = cache_table(config, seq_len, batch, dtype)
     # The table the whole width (six columns, none cut short), the chart below it.
-    table, chart = st.container(), st.columns([3, 2])
+    table, chart = st.container(), figure_columns([3, 2], key="kv_bars", min_width=260)
     with table:
-        st.dataframe(frame.drop(columns=["total bytes"]), hide_index=True)
+        # static: its cells wrap, so all six columns show whole in a 900-px window (a data grid scrolled there)
+        st.table(frame.drop(columns=["total bytes"]), hide_index=True, border="horizontal")
         ratio = frame["total bytes"].iloc[0] / frame["total bytes"].iloc[-1]
         st.caption(f"MQA caches {ratio:.0f}x less than MHA. " + formula_caption(config, seq_len, batch, dtype))
     with chart[0]:
@@ -86,7 +87,8 @@ def cache_section(bundle) -> kvcache.AttentionConfig:
 def sharing_section(config: kvcache.AttentionConfig) -> None:
     st.subheader("Who shares keys and values")
     variants = variants_of(config)
-    for column, (name, kv_heads) in zip(st.columns(3), variants.items(), strict=False):
+    columns = figure_columns(3, key="kv_sharing", min_width=230)
+    for column, (name, kv_heads) in zip(columns, variants.items(), strict=False):
         drawn = drawn_query_heads(config.n_heads, kv_heads, SHARING_DRAWN)
         groups = len({head // (config.n_heads // kv_heads) for head in drawn})
         with column:

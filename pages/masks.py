@@ -8,7 +8,7 @@ from attnviz import mask_patterns, masks
 from attnviz.pagelogic import masks as masks_page
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import figure_once, show_figure
-from attnviz.ui.frame import page_intro, start_page
+from attnviz.ui.frame import figure_columns, page_intro, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES
@@ -33,12 +33,16 @@ def key_vectors(record, n: int) -> torch.Tensor:
     return keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
+FIGURE_WIDTH = 460  # px: the least the pattern and the receptive field are drawn at (figure_columns)
+
+
 def pattern_figure(name: str, built: mask_patterns.PatternMask, labels: list[str]):
     n = len(labels)
     if built.block_kind is not None:
         kinds = masks.expand_block_layout(built.block_kind, built.block_size)[:n, :n]
-        return mask_heatmap(kinds, labels, labels, title=f"{name} over your {n} tokens", legend=BLOCK_COLOURS)
-    return mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens")
+        return mask_heatmap(kinds, labels, labels, title=f"{name} over your {n} tokens", legend=BLOCK_COLOURS,
+                            width=FIGURE_WIDTH)
+    return mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens", width=FIGURE_WIDTH)
 
 
 def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str],
@@ -48,7 +52,7 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
     n = len(labels)
     seen = masks.keys_per_query(built.mask)
     name = mask_patterns.label(key)
-    left, right = st.columns(2)
+    left, right = figure_columns(2, key="masks_pattern", min_width=FIGURE_WIDTH)
     with left:
         show_figure(figure_once(("masks pattern", *drawn), lambda: pattern_figure(name, built, labels)),
                     mask_patterns.describe(key, **params) + " Rows are queries, columns keys.",
@@ -62,7 +66,7 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
             figure_once(("masks reach", *drawn, n_layers, query), lambda: mask_heatmap(
                 reach.long(), [f"after {layer + 1} layer{'s' if layer else ''}" for layer in range(n_layers)], labels,
                 title=f"Receptive field of {style.plotly_text(labels[query])}", height=140 + 30 * n_layers,
-                x_title="input token",
+                x_title="input token", width=FIGURE_WIDTH,
                 y_title="stacked layers", legend={0: ("#ffffff", "cannot reach it"), 1: ("#2f6db5", "reaches it")},
             )),
             "Blue: tokens whose information can reach this position through the stacked layers (with residuals). "
@@ -113,7 +117,8 @@ def convention_section(record, layer: int, head: int, labels: list[str], drawn: 
     small_labels = labels[:size]
     spellings = (("True = may attend", demo.allowed.long()), ("True = masked", demo.masked.long()),
                  ("additive 0 / −∞", demo.additive), ("float 1 = keep", demo.keep_float))
-    for column, (name, matrix) in zip(st.columns(4), spellings, strict=True):
+    # Two by two where a table gets its width (eight columns and the labels), one under the other in a narrow window.
+    for column, (name, matrix) in zip(figure_columns(4, key="masks_spellings", min_width=460), spellings, strict=True):
         column.markdown(f"**{name}**")
         column.dataframe(pd.DataFrame(matrix.numpy(), index=small_labels, columns=range(size)).astype(str))
     verdicts = []

@@ -9,7 +9,7 @@ from attnviz import scaling
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.ui.captures import MECHANISM_TOKENS, capture_current
 from attnviz.ui.figures import figure_once, show_figure
-from attnviz.ui.frame import setup_area, start_page
+from attnviz.ui.frame import figure_columns, setup_area, start_page
 from attnviz.ui.messages import queries_unavailable
 from attnviz.ui.scaling_cache import (
     SCALING_DEFAULTS,
@@ -37,7 +37,7 @@ def variance_section() -> int:
                                          key="scale_samples")
     variance = scaling_variance_rows(samples, seed)
     worst = max(abs(r["measured"] / r["theory"] - 1) for r in variance)
-    left, right = st.columns(2)
+    left, right = figure_columns(2, key="scaling_variance", min_width=400)
     with left:
         show_figure(
             figure_once(("scaling variance", samples, seed), lambda: line_chart(
@@ -120,14 +120,16 @@ def saturation_section(seed: int) -> None:
                      + gradient),
     }
     xs = [r["d_k"] for r in statistics]
-    for column, (stat, label) in zip(st.columns(3), (("entropy", "entropy (nats)"), ("max_weight", "largest weight"),
-                                                     ("jacobian", "‖∂softmax/∂scores‖")), strict=True):
+    statistic_names = (("entropy", "entropy (nats)"), ("max_weight", "largest weight"),
+                       ("jacobian", "‖∂softmax/∂scores‖"))
+    for column, (stat, label) in zip(figure_columns(3, key="scaling_statistics", min_width=260), statistic_names,
+                                     strict=True):
         with column:
             show_figure(
                 figure_once(("scaling statistic", stat, n_keys, seed, d_k), lambda stat=stat, label=label: line_chart(
                     xs, {"÷ √d_k": [r[f"{stat}_scaled"] for r in statistics],
                          "unscaled": [r[f"{stat}_unscaled"] for r in statistics]},
-                    title=f"{label}, mean of {scaling.QUERIES_PER_POINT} queries", x_title="d_k",
+                    title=f"{label}<br>mean of {scaling.QUERIES_PER_POINT} queries", x_title="d_k",
                     y_title=label, log_x=True, markers=True, vlines={f"d_k = {d_k}": d_k}, height=320)),
                 captions[stat],
                 key=f"scale_stat_{stat}",
@@ -135,7 +137,7 @@ def saturation_section(seed: int) -> None:
     rows = {name: scaling.softmax_rows(d_k, n_keys, 1, seed, scaled)[0]
             for name, scaled in (("÷ √d_k", True), ("unscaled", False))}
     top = max(float(w.max()) for w in rows.values())
-    for column, (name, weights) in zip(st.columns(2), rows.items(), strict=True):
+    for column, (name, weights) in zip(figure_columns(2, key="scaling_rows", min_width=400), rows.items(), strict=True):
         ordered = weights.sort(descending=True).values
         def build(name=name, ordered=ordered):
             figure = bar_chart([str(i) for i in range(n_keys)], ordered.tolist(),

@@ -8,7 +8,7 @@ import streamlit as st
 
 from attnviz import mask_patterns, masks, stepwise
 from attnviz.ui.figures import show_figure
-from attnviz.ui.frame import presenting, setup_area, start_page
+from attnviz.ui.frame import figure_columns, presenting, setup_area, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz.matrix import FULL_WIDTH, HALF_WIDTH, SIGNED, SignedScale, matrix_heatmap
@@ -85,7 +85,8 @@ def qkv_from_the_sentence(d_k: int, seed: int):
     # A new key whenever the prefill changes, so stale cell edits never land on other rows.
     version = zlib.crc32(f"{tokens}|{d_k}|{seed}".encode())
     tables = {}
-    for column, name in zip(st.columns(3), ("Q", "K", "V"), strict=True):
+    areas = figure_columns(3, key="sbs_qkv", min_width=300, gap="xsmall")  # three tables in a row at 1440 px
+    for column, name in zip(areas, ("Q", "K", "V"), strict=True):
         frame = pd.DataFrame(prefill[name].numpy(), index=labels, columns=columns)
         column.markdown(f"**{name}** = X·W_{name} &nbsp; `[{len(tokens)} × {d_k}]`")
         tables[name] = column.data_editor(
@@ -105,7 +106,7 @@ def qkv_typed_by_hand(d_k: int, seed: int):
     texts = {
         name: area.text_area(f"{name}", matrix_to_text(default[name]), height=200,
                              key=f"sbs_text_{name}_{d_k}_{seed}")
-        for area, name in zip(st.columns(3), ("Q", "K", "V"), strict=True)
+        for area, name in zip(figure_columns(3, key="sbs_typed", min_width=300), ("Q", "K", "V"), strict=True)
     }
     q, k, v = (stepwise.parse_matrix_text(texts[name], name) for name in ("Q", "K", "V"))
     return q, k, v, [f"q{i}" for i in range(q.shape[0])], [f"k{j}" for j in range(k.shape[0])]

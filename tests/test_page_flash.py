@@ -16,7 +16,7 @@ from tests.apptest_helpers import figure_titled, figures, open_page, plotly_arra
 
 
 def results_table(at):
-    return next(d.value for d in at.dataframe if "backend" in d.value.columns)
+    return next(t.value for t in at.table if "backend" in t.value.columns)
 
 
 def test_page_runs_backends_and_agrees_with_naive():

@@ -357,7 +357,7 @@ def test_kv_page_sums_a_checkpoints_sliding_and_full_layers(tmp_path):
     seq_len, dtype = int(at.select_slider(key="kv_seq").value), at.selectbox(key="kv_dtype").value
     by_hand = sum(2 * config.num_key_value_heads * config.head_dim * DTYPE_BYTES[dtype]
                   * (min(seq_len, 4) if kind == "sliding_attention" else seq_len) for kind in config.layer_types)
-    table = next(frame.value for frame in at.dataframe if "KV cache, all layers" in frame.value.columns)
+    table = next(frame.value for frame in at.table if "KV cache, all layers" in frame.value.columns)
     own = table[table["variant"].str.endswith("← this model")].iloc[0]
     assert own["KV cache, all layers"] == human_bytes(by_hand)
     note = next(i.value for i in at.info if "window of 4 tokens" in i.value)

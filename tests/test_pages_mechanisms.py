@@ -67,7 +67,7 @@ def test_masks_page_receptive_field_and_real_head():
 def test_masks_page_convention_bug_and_memory():
     at = open_page("pages/masks.py")
     spec = figure_titled(at, "What PyTorch's SDPA does")
-    subtitles = [a["text"] for a in spec["layout"]["annotations"]]
+    subtitles = [a["text"].replace("<br>", " ") for a in spec["layout"]["annotations"]]  # lines fitted to the panel
     assert "✔ none on the future" in subtitles[0] and "✘" in subtitles[2] and "✘" in subtitles[3]
     memory = [d.value for d in at.dataframe if "dense N×N scores" in d.value.columns][0]
     assert memory.loc[memory["N"] == "131,072", "dense N×N scores"].iloc[0] == "32 GiB"
@@ -156,14 +156,14 @@ def test_scaling_page_sorted_weights_share_one_axis():
 
 def test_heads_and_kv_cache_page_reacts():
     at = open_page("pages/heads_kv_cache.py")
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert table["KV cache, all layers"].tolist() == ["10 GiB", "1.25 GiB", "160 MiB"]  # Llama 2 70B, 4096 tok, fp16
     at.selectbox(key="kv_dtype").set_value("fp32").run()
-    assert at.dataframe[0].value["KV cache, all layers"].tolist()[1] == "2.5 GiB"
-    assert "per cached token" in at.dataframe[0].value.columns
+    assert at.table[0].value["KV cache, all layers"].tolist()[1] == "2.5 GiB"
+    assert "per cached token" in at.table[0].value.columns
     at.selectbox(key="kv_preset").set_value("Current checkpoint: all-MiniLM-L6-v2 (bundled BERT)").run()
     assert not at.exception
-    assert at.dataframe[0].value["K/V heads"].tolist() == [12, 4, 1]
+    assert at.table[0].value["K/V heads"].tolist() == [12, 4, 1]
     cross = figure_containing(at, "decoder queries attend over")
     assert plotly_array(cross["data"][0]["z"]).shape[1] == 11  # encoder tokens of the default sentence, no specials
     at.text_input(key="kv_target").input("dog").run()
@@ -175,11 +175,11 @@ def test_kv_cache_page_says_when_a_window_or_the_context_limits_the_cache():
     at.selectbox(key="kv_preset").set_value("Mistral 7B (v0.1)").run()
     at.select_slider(key="kv_seq").set_value(32768).run()
     assert any("only the last 4,096" in i.value for i in at.info)
-    assert at.dataframe[0].value["KV cache, all layers"].tolist()[1] == "512 MiB"  # 2 x 32 x 8 x 128 x 4096 x 2 B
+    assert at.table[0].value["KV cache, all layers"].tolist()[1] == "512 MiB"  # 2 x 32 x 8 x 128 x 4096 x 2 B
     at.selectbox(key="kv_preset").set_value("GPT-2 (124M)").run()
     at.select_slider(key="kv_seq").set_value(131072).run()
     assert any("reads at most 1,024 tokens" in w.value for w in at.warning)
     at.select_slider(key="kv_seq").set_value(1024).run()
     assert not any("reads at most" in w.value for w in at.warning)
     at.number_input(key="kv_batch").set_value(4).run()
-    assert at.dataframe[0].value["per cached token"].tolist()[0] == "36 KiB"  # 2 x 12 x 12 x 64 x 2 B, any batch
+    assert at.table[0].value["per cached token"].tolist()[0] == "36 KiB"  # 2 x 12 x 12 x 64 x 2 B, any batch

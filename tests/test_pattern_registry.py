@@ -113,7 +113,7 @@ def test_a_registered_pattern_is_on_the_flash_page(chunks_pattern):
     at.selectbox(key="flash_mask").set_value(CHUNKS).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.select_slider(key="flash_chunk").value == 32  # the widget the registry gives the Flash page
-    table = next(d.value for d in at.dataframe if "backend" in d.value.columns)
+    table = next(t.value for t in at.table if "backend" in t.value.columns)
     ran = table[table["ran as"] != "—"]
     assert set(ran["ran as"]) == {"naive", "tiled"}
     assert all(float(x) < 1e-4 for x in ran["max |out − naive fp64|"])

@@ -53,3 +53,36 @@ def test_progress_boxes_are_cleared_when_the_work_is_refused():
     assert not app.exception and len(app.error) == 2
     assert not [box for box in app.info if "Generating" in box.value]
     assert not app.get("status") and not app.get("expandable")
+
+
+def test_figure_columns_carry_the_width_their_figures_are_built_for():
+    """figure_columns: a keyed row whose CSS rule (in every page's layout rules) gives each column its minimum
+    width; a width without a rule is refused. Whether the columns stack at 900 px and sit side by side at 1440 px is
+    checked in Chromium (tests/e2e/test_presentation_in_browser.py)."""
+    import pytest
+
+    def script():
+        import streamlit as st
+
+        from attnviz.ui.frame import figure_columns
+
+        left, right = figure_columns(2, key="demo", min_width=400)
+        left.write("left")
+        right.write("right")
+        try:
+            figure_columns(2, key="odd", min_width=333)
+        except ValueError as refusal:
+            st.error(str(refusal))
+
+    app = AppTest.from_function(script).run()
+    assert not app.exception
+    row = next(iter(app._tree[0].children.values()))  # the first block of the page's main area
+    assert row.proto.id.endswith(f"-{frame.FIGURE_ROW}400_demo")  # the key the CSS rule matches
+    assert [column.proto.weight for column in app.columns] == [0.5, 0.5]
+    assert [column.markdown[0].value for column in app.columns] == ["left", "right"]
+    assert "min_width must be one of" in app.error[0].value
+    for width in frame.FIGURE_COLUMN_WIDTHS:
+        assert f'st-key-{frame.FIGURE_ROW}{width}_"]' in frame.LAYOUT_CSS and f"min-width: min({width}px" in \
+            frame.LAYOUT_CSS
+    with pytest.raises(ValueError):
+        frame.figure_columns(2, key="x", min_width=333)

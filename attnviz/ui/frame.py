@@ -56,6 +56,10 @@ h1 { font-size: 2.1rem !important; padding: 0.25rem 0 0.25rem 0 !important; }
 """
 
 
+FIGURE_ROW = "figrow"  # the key prefix of figure_columns' rows, which LAYOUT_CSS gives their minimum width
+FIGURE_COLUMN_WIDTHS = (230, 260, 300, 400, 460)  # px: the widths a figure column may ask for (one CSS rule each)
+
+
 # Every page, every width: a row of controls too narrow for its labels wraps onto the next line instead of cutting
 # them ("Hid…", "Ca", "fp" at 900 px); a column never gets narrower than its labels need.
 LAYOUT_CSS = """
@@ -68,10 +72,41 @@ LAYOUT_CSS = """
   background: #ffffff; border-radius: 0.5rem; padding: 0.1rem 0.75rem; box-shadow: 0 1px 6px rgba(27, 31, 36, 0.15); }
 @media (max-width: 1000px) { .st-key-story_top { position: static; box-shadow: none; padding: 0; } }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] { flex-wrap: wrap; }
+/* Labels, buttons, metric values and a multiselect's chips wrap onto a second line in a narrow column instead of
+   ending in "…" or scrolling out of sight. */
+[data-testid="stMain"] [data-testid="stCheckbox"] [data-testid="stMarkdownContainer"],
+[data-testid="stMain"] [data-testid="stCheckbox"] [data-testid="stMarkdownContainer"] p,
+[data-testid="stMain"] [data-testid="stButton"] button [data-testid="stMarkdownContainer"],
+[data-testid="stMain"] [data-testid="stButton"] button [data-testid="stMarkdownContainer"] p,
+[data-testid="stMain"] [data-testid="stMetricValue"] > div,
+[data-testid="stMain"] [data-testid="stMetricValue"] p {
+  white-space: normal; overflow: visible; text-overflow: clip; }
+[data-testid="stMain"] [data-testid="stButton"] button { height: auto; }
+[data-testid="stMain"] [data-testid="stRadio"] [role="radiogroup"] { flex-wrap: wrap; }
+[data-testid="stMain"] [data-testid="stButtonGroup"] > div { flex-wrap: wrap; overflow: visible; row-gap: 0.25rem; }
+[data-testid="stMain"] [data-testid="stMultiSelectTagsContainer"] { flex-wrap: wrap; overflow: visible; height: auto; }
+[data-testid="stMain"] [data-testid="stMultiSelect"] div:has(> [data-testid="stMultiSelectTagsContainer"]) {
+  max-height: none; height: auto; }
+[data-testid="stMain"] [data-testid="stMultiSelect"] .react-aria-ComboBox { height: auto; }
 [data-testid="stMain"] [data-testid="stHorizontalBlock"] > [data-testid="stColumn"] {
   min-width: min(120px, 100%); flex-grow: 0; }
-</style>
+""" + "".join(
+    f'[class*="st-key-{FIGURE_ROW}{width}_"] > [data-testid="stLayoutWrapper"] > [data-testid="stHorizontalBlock"] '
+    f'> [data-testid="stColumn"] {{ min-width: min({width}px, 100%); flex-grow: 1; }}\n'
+    for width in FIGURE_COLUMN_WIDTHS) + """</style>
 """
+
+
+def figure_columns(spec, *, key: str, min_width: int = 460, gap: str = "small") -> list:
+    """``st.columns(spec)`` for figures: side by side while each column gets ``min_width`` px (one of
+    :data:`FIGURE_COLUMN_WIDTHS`), one under the other at full width in a narrower window (a 900-px window, a
+    laptop with the sidebar open). A figure drawn in one can be built for ``min_width`` px: it is never drawn
+    narrower, so its ticks, titles and cell values are fitted to a width it really gets. ``gap``: as for
+    ``st.columns``."""
+    if min_width not in FIGURE_COLUMN_WIDTHS:
+        raise ValueError(f"min_width must be one of {FIGURE_COLUMN_WIDTHS}, not {min_width}")
+    with st.container(key=f"{FIGURE_ROW}{min_width}_{key}"):
+        return list(st.columns(spec, gap=gap))
 
 
 def apply_presentation_mode(enabled: bool) -> None:

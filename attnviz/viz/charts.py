@@ -15,10 +15,12 @@ def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, height: i
         xaxis_title=x_title,
         yaxis_title=y_title,
         height=height,
-        margin=dict(l=10, r=10, t=60, b=40),
+        margin=dict(l=10, r=10, t=60, b=10),
         font=dict(family=style.FONT_FAMILY),
         plot_bgcolor="white",
-        legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top"),
+        # At the figure's bottom edge, under the axis title: Plotly makes room for it there at any size (a legend
+        # placed a share of the plot's height below the axis ran into the axis title on short or narrow charts).
+        legend=dict(orientation="h", x=0, xanchor="left", yref="container", y=0, yanchor="bottom"),
     )
     figure.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     figure.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=True, zerolinecolor="#cccccc")

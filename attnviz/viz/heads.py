@@ -349,9 +349,13 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
             go.Scatter(x=gaps, y=[1] * len(gaps), mode="text", text=["…"] * len(gaps), textposition="middle center",
                        textfont=dict(size=16, color="#555"), hoverinfo="skip", showlegend=False)
         )
+    # The rows are named once, at the left, and each head by its number: "KV18" under every square overlapped its
+    # neighbours' in a third of a 900-px window.
+    figure.add_trace(go.Scatter(x=[-1, -1], y=[1, 0], mode="text", text=["<b>Q</b>", "<b>K/V</b>"],
+                                textposition="middle center", hoverinfo="skip", showlegend=False))
     figure.add_trace(
         go.Scatter(
-            x=list(range(shown)), y=[1] * shown, mode="markers+text", text=[f"Q{h}" for h in drawn],
+            x=list(range(shown)), y=[1] * shown, mode="markers+text", text=[str(h) for h in drawn],
             textposition="top center",
             marker=dict(size=14, color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in mapping]),
             hovertext=[f"query head {h} reads K/V head {g}" for h, g in zip(drawn, mapping, strict=True)],
@@ -360,7 +364,7 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
     )
     figure.add_trace(
         go.Scatter(
-            x=[kv_x[g] for g in groups], y=[0] * len(groups), mode="markers+text", text=[f"KV{g}" for g in groups],
+            x=[kv_x[g] for g in groups], y=[0] * len(groups), mode="markers+text", text=[str(g) for g in groups],
             textposition="bottom center",
             marker=dict(size=18, symbol="square", color=[HEAD_COLOURS[g % len(HEAD_COLOURS)] for g in groups]),
             hovertext=[f"K/V head {g}: {full_mapping.count(g)} query heads" for g in groups], hoverinfo="text",
@@ -369,7 +373,7 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
     )
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
-        xaxis=dict(visible=False, range=[-1, span + 1]),
+        xaxis=dict(visible=False, range=[-1.6, span + 1]),
         yaxis=dict(visible=False, range=[-0.5, 1.5]),
         height=260, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
         font=dict(family=style.FONT_FAMILY),

@@ -123,7 +123,8 @@ def circuit_chart(head_labels: list[str], first, second, clean_first: float, cle
         xaxis=dict(title="head ablated (zeroed)"), yaxis=dict(title="next-token loss (nats)", rangemode="tozero"),
         # the dashed lines span the bars on a numeric axis laid over the category one
         xaxis2=dict(overlaying="x", range=ends, visible=False),
-        legend=dict(orientation="h", y=-0.25), height=440, margin=dict(l=10, r=10, t=50, b=10),
+        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"), height=440,
+        margin=dict(l=10, r=10, t=50, b=10),
         plot_bgcolor="white",
     )
     return figure

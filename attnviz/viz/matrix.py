@@ -19,6 +19,7 @@ DETAIL_LIMIT = 4096  # cells: cell borders up to 64 x 64
 RANK_LIMIT = 256 * 256  # cells: the hover gives each weight's rank in its row up to 256 x 256 (2 bytes a cell)
 FULL_WIDTH = 1000  # px: a figure the page's full width on a laptop (layout="wide"); figures in columns pass less
 HALF_WIDTH = 480  # px: a figure in one of two columns
+NARROW_FULL_WIDTH = 740  # px: a figure the page's full width in a 900-px window (the sidebar collapses there)
 NARROW_PANEL = 220  # px: side-by-side panels narrower than this label their x axis by position only
 CELL_TEXT_SIZE = 12  # px: numbers in cells are printed at this fixed size, or not at all
 X_TICK_SPACING = 18  # px between two x tick labels (turned by 45 degrees)
@@ -369,11 +370,11 @@ def heatmap_row(
     scale: ColourScale = WEIGHTS,
     show_values: bool = False,
     height: int | None = None,
-    width: int = FULL_WIDTH,
+    width: int = NARROW_FULL_WIDTH,
 ) -> go.Figure:
     """Several same-shaped matrices side by side with one shared colour ``scale`` (a signed one without a bound
     takes the widest panel's), ``width`` px wide in all: numbers, ticks and panel titles are fitted to each panel's
-    share of it."""
+    share of it. The default is the narrowest a full-width figure is drawn at, so panels' labels never collide."""
     from plotly.subplots import make_subplots
 
     count = len(matrices)

@@ -20,6 +20,70 @@ TRUNCATED = """
 """
 
 
+# Control contents the browser hides (an ellipsis or a scroll): button, toggle and checkbox labels, metric values,
+# a multiselect's chips, a segmented control's options; KaTeX's hidden MathML copy and the figures are not controls.
+CUT_CONTROLS = """
+() => [...document.querySelectorAll('[data-testid="stMain"] *')].filter(el => {
+    if (!el.checkVisibility() || el.closest('[data-testid="stDataFrame"], .js-plotly-plot, .katex, pre')) return false;
+    const style = getComputedStyle(el);
+    const clips = style.textOverflow === 'ellipsis' || ['hidden', 'clip', 'auto', 'scroll'].includes(style.overflowX);
+    return clips && (el.innerText || '').trim() && el.scrollWidth > el.clientWidth + 2;
+  }).map(el => el.innerText.replace(/\\n+/g, ' | ').slice(0, 50))
+"""
+# Data grids whose columns do not fit their width (the user has to scroll them sideways).
+SIDEWAYS_TABLES = """
+() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stDataFrame"]')]
+  .filter(grid => grid.checkVisibility())
+  .map(grid => grid.querySelector('.dvn-scroller'))
+  .filter(scroller => scroller && scroller.scrollWidth > scroller.clientWidth + 2)
+  .map(scroller => [scroller.scrollWidth, scroller.clientWidth])
+"""
+# Inside every drawn figure: a title longer than the figure, or two tick labels on top of each other (labels turned
+# by 45 degrees collide when their anchors are closer than a line of text measured across the slant).
+FIGURE_COLLISIONS = """
+() => { const found = [];
+  document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]').forEach((chart, index) => {
+    if (!chart.checkVisibility()) return;
+    const frame = chart.getBoundingClientRect();
+    const title = chart.querySelector('.gtitle');
+    if (title && title.getBoundingClientRect().right > frame.right + 1)
+      found.push([index, 'title cut', title.textContent]);
+    chart.querySelectorAll('.xaxislayer-above, .yaxislayer-above').forEach(layer => {
+      const ticks = [...layer.querySelectorAll('text')].filter(t => t.textContent.trim()).map(t => {
+        const transform = t.getAttribute('transform') || '';
+        const box = t.getBoundingClientRect();
+        return {text: t.textContent, box, turned: /rotate\\(-?45/.test(transform),
+                anchor: parseFloat((transform.match(/translate\\(([-0-9.]+)/) || [0, 0])[1]),
+                size: parseFloat(getComputedStyle(t).fontSize)};
+      });
+      for (let i = 0; i + 1 < ticks.length; i++) for (let j = i + 1; j < ticks.length; j++) {
+        const a = ticks[i], b = ticks[j];
+        if (a.turned && b.turned) {
+          const apart = Math.abs(a.anchor - b.anchor) * Math.SQRT1_2;
+          if (apart > 0 && apart < 0.8 * a.size && a.text.length > 2 && b.text.length > 2)
+            found.push([index, 'ticks too close', a.text, b.text]);
+        } else {
+          const across = Math.min(a.box.right, b.box.right) - Math.max(a.box.left, b.box.left);
+          const down = Math.min(a.box.bottom, b.box.bottom) - Math.max(a.box.top, b.box.top);
+          if (across > 2 && down > 2) found.push([index, 'ticks overlap', a.text, b.text]);
+        }
+      }
+    });
+  });
+  return found; }
+"""
+# figure_columns' rows: whether their columns sit side by side.
+FIGURE_ROWS = """
+() => [...document.querySelectorAll('[class*="st-key-figrow"]')].filter(row => row.checkVisibility()).map(row => {
+  const columns = [...row.querySelectorAll(
+      ':scope > [data-testid="stLayoutWrapper"] > [data-testid="stHorizontalBlock"] > [data-testid="stColumn"]')];
+  const tops = new Set(columns.map(column => Math.round(column.getBoundingClientRect().top)));
+  return {row: [...row.classList].find(name => name.startsWith('st-key-')), columns: columns.length,
+          lines: tops.size, narrowest: Math.min(...columns.map(column => column.getBoundingClientRect().width))};
+})
+"""
+
+
 def _window(browser, width: int, height: int):
     """A browser window of this size (a generator: its page, then the window closed, also by ``.close()``)."""
     context = browser.new_context(viewport={"width": width, "height": height})
@@ -38,7 +102,8 @@ def projector(browser):
 FIRST_FIGURE = """
 () => {
   const found = [...document.querySelectorAll(
-      '[data-testid="stMain"] [data-testid="stPlotlyChart"], [data-testid="stMain"] [data-testid="stDataFrame"]')]
+      '[data-testid="stMain"] [data-testid="stPlotlyChart"], [data-testid="stMain"] [data-testid="stDataFrame"], '
+      + '[data-testid="stMain"] [data-testid="stTable"]')]
     .filter(el => el.checkVisibility() && !el.closest('details:not([open])')
                   && el.getBoundingClientRect().height > 50);  // not inside a closed expander
   if (!found.length) { return null; }
@@ -135,20 +200,43 @@ def narrow(browser):
     yield from _window(browser, 900, 1000)
 
 
+def _drawn(page) -> None:
+    """Waits until the page's figures are drawn (pages without one: until the app is idle)."""
+    wait_until_idle(page)
+    if page.locator('[data-testid="stMain"] [data-testid="stPlotlyChart"]').count():
+        page.locator('[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg').first.wait_for(timeout=60_000)
+    page.wait_for_timeout(800)  # Plotly lays out its ticks after the first paint
+    wait_until_idle(page)
+
+
+NARROW_PAGES = [*PAGES, "corpus", "importance", "queries_keys", "checkpoints"]
+
+
 def test_a_900_px_window_closes_the_sidebar_and_cuts_no_label(narrow, app_url, screenshot_dir):
-    """At 900 px the sidebar closes on the first visit (Streamlit alone closes it only under 768 px), every
-    control's label and tab fits its box, and nothing runs off the page sideways; a sidebar the user opens again
-    stays open."""
-    for path in [*PAGES, "checkpoints"]:
+    """At 900 px the sidebar closes on the first visit (Streamlit alone closes it only under 768 px); every
+    control's label, tab, button, metric and chip fits its box; no data grid scrolls sideways; nothing runs off the
+    page; no figure's title is cut or its tick labels collide; figures that sit side by side on a wide screen
+    (figure_columns) go one under the other. A sidebar the user opens again stays open."""
+    stacked = 0
+    for path in NARROW_PAGES:
         narrow.goto(f"{app_url}/{path}")
-        wait_until_idle(narrow)
+        _drawn(narrow)
         collapsed = """() => document.querySelector('[data-testid="stSidebar"]')
                                      ?.getAttribute('data-collapsed') === 'true'"""
         narrow.wait_for_function(collapsed, timeout=20_000)  # the page's script closes it once the page is drawn
         narrow.wait_for_timeout(500)
+        assert narrow.locator('[data-testid="stException"]').count() == 0, path
         assert narrow.evaluate(TRUNCATED) == [], path
+        assert narrow.evaluate(CUT_CONTROLS) == [], path
+        assert narrow.evaluate(SIDEWAYS_TABLES) == [], path
+        assert narrow.evaluate(FIGURE_COLLISIONS) == [], path
         assert narrow.evaluate("document.documentElement.scrollWidth") <= 900, path
+        for row in narrow.evaluate(FIGURE_ROWS):  # each column gets the width its figure was built for
+            min_width = int(row["row"].removeprefix("st-key-figrow").split("_")[0])
+            assert row["narrowest"] >= min_width - 1, (path, row)
+            stacked += row["lines"] > 1
         narrow.screenshot(path=str(screenshot_dir / f"narrow_900_{path or 'explore'}.png"))
+    assert stacked >= 5  # Masks, Flash, Scaling, Generation, ... put their two figures one under the other here
     narrow.locator('[data-testid="stExpandSidebarButton"]').click()
     narrow.goto(f"{app_url}/masks")
     wait_until_idle(narrow)
@@ -157,14 +245,22 @@ def test_a_900_px_window_closes_the_sidebar_and_cuts_no_label(narrow, app_url, s
 
 
 def test_screenshots_at_1440_x_900(browser, app_url, screenshot_dir):
-    """The researcher's window: every page renders with the sidebar open; screenshots kept with the others."""
+    """The researcher's window: every page renders with the sidebar open, nothing cut, no figure's labels colliding,
+    and figures built to sit side by side do; screenshots kept with the others."""
     page = next(window := _window(browser, 1440, 900))
-    for path in [*PAGES, "checkpoints"]:
+    side_by_side = 0
+    for path in NARROW_PAGES:
         page.goto(f"{app_url}/{path}")
-        wait_until_idle(page)
+        _drawn(page)
         assert page.locator('[data-testid="stException"]').count() == 0, path
         assert page.evaluate(TRUNCATED) == [], path
+        assert page.evaluate(CUT_CONTROLS) == [], path
+        assert page.evaluate(SIDEWAYS_TABLES) == [], path
+        assert page.evaluate(FIGURE_COLLISIONS) == [], path
+        rows = page.evaluate(FIGURE_ROWS)
+        side_by_side += sum(row["lines"] == 1 for row in rows)
         page.screenshot(path=str(screenshot_dir / f"wide_1440_{path or 'explore'}.png"))
+    assert side_by_side >= 8
     window.close()
 
 
