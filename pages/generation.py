@@ -14,6 +14,7 @@ from attnviz.models.capture import capture
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_reading as reading
 from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.tokens_display import markdown_literal
@@ -290,13 +291,13 @@ def step_attention_figure(key: tuple, step: int, layer: int, head: int, _cached:
                           _labels: list[str], _tokenizer):
     chosen = _cached.steps[step]
     what = "decoder self-attention" if _cached.encoder_decoder else "attention"
-    window = gen.window_statement(_cached, step, layer)
+    window = reading.window_statement(_cached, step, layer)
     figure = bar_chart(token_labels(_labels[: chosen.position]), chosen.attention[layer, head].tolist(),
                        title=f"Step {step + 1}: {what} of layer {layer}, head {head}", y_title="weight",
                        notes=gen_sequence.piece_notes(_tokenizer, _cached.ids[: chosen.position]))
     caption = ("The weights of the query that predicted this token (the last token read) over every earlier token"
                + (" of the decoder (its start token, then what it wrote)" if _cached.encoder_decoder else "")
-               + f"; {gen.row_sum_statement(_cached, step, layer, head)}." + (f" {window}" if window else ""))
+               + f"; {reading.row_sum_statement(_cached, step, layer, head)}." + (f" {window}" if window else ""))
     return figure, caption
 
 
@@ -304,7 +305,7 @@ def step_attention_figure(key: tuple, step: int, layer: int, head: int, _cached:
 def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.Generation, _labels: list[str],
                     _tokenizer):
     sliding = layer < len(_cached.layers) and _cached.layers[layer].sliding
-    matrix = gen.timeline(_cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
+    matrix = reading.timeline(_cached, layer, head)[: step + 1]  # [steps so far, positions]: it grows with the Step
     written = _cached.steps[: step + 1]
     n_prompt = len(_cached.prompt_ids)
     rows = token_labels(_labels[n_prompt: n_prompt + step + 1], [s.position for s in written])
@@ -323,8 +324,8 @@ def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.G
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def sink_figure(key: tuple, layer: int, _cached: gen.Generation):
-    sink = gen.sink_mass(_cached)[:, layer]  # [steps, heads]
-    leaves = gen.first_token_leaves(_cached, layer)
+    sink = reading.sink_mass(_cached)[:, layer]  # [steps, heads]
+    leaves = reading.first_token_leaves(_cached, layer)
     figure = line_chart(list(range(1, len(_cached.steps) + 1)),
                         {f"head {h}": sink[:, h].tolist() for h in range(sink.shape[1])},
                         title=f"Attention-sink mass: share on the first token, layer {layer}", x_title="step",
@@ -416,7 +417,7 @@ def cross_section(folder: str, name: str, cached: gen.Generation, step: int, lay
                           y_title="weight"),
                 "The same query's weights over the encoder's tokens (the prompt): which source tokens this output "
                 "token reads.", key="gen_cross")
-    matrix = gen.cross_timeline(cached, layer, head)
+    matrix = reading.cross_timeline(cached, layer, head)
     rows = token_labels(labels[len(cached.prompt_ids):], [s.position for s in cached.steps])
     show_figure(matrix_heatmap(matrix, rows, sources, title=f"Cross-attention timeline, layer {layer}, head {head}",
                                x_title="source token", y_title="generated token", show_values=False),
@@ -428,7 +429,7 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
                   float64: tuple[bool, float] | None) -> None:
     st.subheader("The KV cache, as the model holds it")
     chosen = cached.steps[step]
-    st.dataframe(gen.cache_table(chosen), hide_index=True)
+    st.dataframe(reading.cache_table(chosen), hide_index=True)
     if cached.encoder_decoder:
         st.caption(f"The cross-attention cache: the encoder's K and V in every layer, {chosen.cross_keys[0]} per "
                    f"layer, {human_bytes(chosen.cross_bytes)} in all, computed at the first step and only read after "
@@ -461,7 +462,7 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
                  f"{float64[1]:.1e} over the steps both took): a near-tie the rounding tipped, or a cache that "
                  "changes the result.")
     st.caption(
-        f"After step {step + 1} the cache holds K and V for {gen.cache_holds(chosen)}. With it, "
+        f"After step {step + 1} the cache holds K and V for {reading.cache_holds(chosen)}. With it, "
         "each step feeds only the newest token; without it, every step runs the whole sequence again: the same "
         "tokens and logits (up to rounding), more work. Times are medians over the steps after the first, on this "
         f"machine. {again}"

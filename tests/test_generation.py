@@ -18,6 +18,7 @@ from attnviz.models.loading import (
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_reading as reading
 from attnviz.pagelogic import generation_systems as gen_systems
 from attnviz.units import human_bytes
 
@@ -202,12 +203,12 @@ def test_each_steps_attention_is_the_last_row_of_a_full_forward_pass(tiny):
     assert last.cache_keys == [(1, kv_heads, last.position, head_dim)] * config.num_hidden_layers
     assert last.cache_bytes == 2 * config.num_hidden_layers * kv_heads * last.position * head_dim * 4
     assert last.cache_values == last.cache_keys and sum(last.layer_bytes) == last.cache_bytes
-    table = gen.cache_table(last)
+    table = reading.cache_table(last)
     assert [row["V shape"] for row in table] == [str(list(shape)) for shape in last.cache_values]
     assert table[0]["bytes (K and V)"] == human_bytes(last.cache_bytes // config.num_hidden_layers)
-    timeline = gen.timeline(result, 0, 0)
+    timeline = reading.timeline(result, 0, 0)
     assert timeline.shape == (5, len(ids)) and (timeline[:, -1] != timeline[:, -1]).all()  # NaN: not there yet
-    sink = gen.sink_mass(result)
+    sink = reading.sink_mass(result)
     assert sink.shape == (5, config.num_hidden_layers, config.num_attention_heads)
 
 
@@ -261,7 +262,7 @@ def test_an_encoder_decoder_generates_with_cross_attention_and_both_caches(seq2s
     layers = config.num_hidden_layers if kind == "t5" else config.decoder_layers
     assert len(last.cache_keys) == layers and last.cache_keys[0][2] == last.position  # self: what was written
     assert last.cross_keys[0][2] == source.shape[1]  # cross: the encoder's K, one row per source token
-    assert gen.cross_timeline(result, 0, 1).shape == (n, source.shape[1])
+    assert reading.cross_timeline(result, 0, 1).shape == (n, source.shape[1])
     assert "".join(result.pieces(tokenizer)) == tokenizer.decode([s.token_id for s in result.steps])
     # The same tokens and logits without the cache (fp64: within 1e-5; the bound)
     double = model.double()

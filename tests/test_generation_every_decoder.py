@@ -8,6 +8,7 @@ import torch
 
 from attnviz.models.support import ARCHITECTURES, TESTED_MODEL_TYPES
 from attnviz.pagelogic import generation as gen
+from attnviz.pagelogic import generation_reading as reading
 
 DECODERS = [kind for kind in TESTED_MODEL_TYPES if ARCHITECTURES[kind].role == "decoder"]
 WINDOW = 4
@@ -48,7 +49,7 @@ def test_what_the_generation_page_states_is_what_the_model_does(kind, tmp_path):
             # What the weights sum to: the number stated is the row's own; a sink is named only where it is.
             for head in range(expected.shape[1]):
                 total = float(expected[layer, head].sum())
-                statement = gen.row_sum_statement(result, index, layer, head)
+                statement = reading.row_sum_statement(result, index, layer, head)
                 assert statement.startswith(f"they sum to {total:.2f}")
                 assert ("learned sink" in statement) == (result.layers[layer].sinks is True)
                 if abs(total - 1) >= 5e-3:
@@ -56,7 +57,7 @@ def test_what_the_generation_page_states_is_what_the_model_does(kind, tmp_path):
             # Where a window leaves keys out: the first key the query really reads.
             read = (full[layer][0, :, query, : step.position] != 0).any(0)
             first = int(read.nonzero()[0])
-            window = gen.window_statement(result, index, layer)
+            window = reading.window_statement(result, index, layer)
             if first:
                 assert window is not None and f"reads only positions {first} to {query}" in window
             else:
@@ -66,7 +67,7 @@ def test_what_the_generation_page_states_is_what_the_model_does(kind, tmp_path):
             cache = model(input_ids=ids[:, : step.position], use_cache=True).past_key_values
         held = [int(layer.keys.shape[-2]) for layer in cache.layers]
         assert [shape[2] for shape in step.cache_keys] == held
-        assert gen.cache_holds(step) == gen.cache_holds(
+        assert reading.cache_holds(step) == reading.cache_holds(
             gen.Step(step.position, step.token_id, step.token, [], step.attention,
                      [(1, 1, tokens, 1) for tokens in held], 0, 0.0))
     # Sliding layers in transformers keep W - 1 keys between steps: said where it happens.
@@ -74,4 +75,4 @@ def test_what_the_generation_page_states_is_what_the_model_does(kind, tmp_path):
     if sliding and kind != "gpt_neo":
         last = result.steps[-1]
         assert all(last.cache_keys[layer][2] == result.layers[layer].window - 1 for layer in sliding)
-        assert f"{WINDOW - 1} tokens in " in gen.cache_holds(last)
+        assert f"{WINDOW - 1} tokens in " in reading.cache_holds(last)

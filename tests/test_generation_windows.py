@@ -9,6 +9,7 @@ import torch
 from attnviz import circuits
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
+from attnviz.pagelogic import generation_reading as reading
 from attnviz.pagelogic import generation_systems as gen_systems
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 
@@ -62,7 +63,7 @@ def test_each_step_is_placed_at_its_absolute_key_positions(windowed, kind):
         torch.testing.assert_close(step.attention, expected, atol=1e-5, rtol=1e-4)
     slides = []
     for layer in range(len(full)):
-        timeline = gen.timeline(result, layer, 0)  # [steps, positions]
+        timeline = reading.timeline(result, layer, 0)  # [steps, positions]
         firsts = []
         for index, step in enumerate(result.steps):
             query = step.position - 1
@@ -73,10 +74,10 @@ def test_each_step_is_placed_at_its_absolute_key_positions(windowed, kind):
             assert np.isnan(row[:first]).all() and np.isnan(row[step.position:]).all()
             np.testing.assert_allclose(row[first: step.position], full[layer][0, 0, query, first: step.position],
                                        atol=1e-5, rtol=1e-4)
-        sink = gen.sink_mass(result)[:, layer]  # the weight on position 0 itself
+        sink = reading.sink_mass(result)[:, layer]  # the weight on position 0 itself
         np.testing.assert_allclose(sink, torch.stack([full[layer][0, :, s.position - 1, 0] for s in result.steps]),
                                    atol=1e-5)
-        leaves = gen.first_token_leaves(result, layer)
+        leaves = reading.first_token_leaves(result, layer)
         expected_leaves = next((index + 1 for index, first in enumerate(firsts) if first > 0), None)
         assert leaves == expected_leaves
         slides.append(expected_leaves is not None)
@@ -94,7 +95,7 @@ def test_the_row_sum_is_measured_and_the_sink_named(windowed):
     for layer in range(len(full)):
         total = float(full[layer][0, 1, -1].sum())  # head 1's last row, as transformers computes it
         assert total < 0.99  # gpt-oss's sink logit takes a share of every row
-        statement = gen.row_sum_statement(result, 0, layer, 1)
+        statement = reading.row_sum_statement(result, 0, layer, 1)
         assert f"{total:.2f}" in statement and f"{1 - total:.2f}" in statement and "sink" in statement
 
 
@@ -107,7 +108,7 @@ def test_the_cache_is_described_per_layer_as_its_tensors_hold_it(windowed):
     sliding = model.config.layer_types.index("sliding_attention")
     held = [shape[2] for shape in last.cache_keys]
     assert held[full] == last.position and held[sliding] < WINDOW  # the full layer keeps all; the sliding one not
-    statement = gen.cache_holds(last)
+    statement = reading.cache_holds(last)
     assert "every layer" not in statement
     assert f"{held[full]} tokens in layer {full}" in statement
     assert f"{held[sliding]} tokens in layer {sliding}" in statement
