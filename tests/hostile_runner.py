@@ -103,7 +103,8 @@ def run_case(case: dict, facts: dict) -> dict:
     import torch
 
     from attnviz.models import loading, with_heads
-    from attnviz.models.capture import capture, replay_difference
+    from attnviz.models.capture import capture
+    from attnviz.models.replay_check import replay_difference
     from attnviz.models.safety import CheckpointRefused
 
     if case["model_root"]:

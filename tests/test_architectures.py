@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from attnviz.models import support
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.models.record import NotReplayable
+from attnviz.models.replay_check import replay_difference
 from tests.test_models import eager_attentions
 
 TEXT, PAIR = "The quick brown fox jumps over the lazy dog.", "A dog sleeps."

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from attnviz.models import safety
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir, placement
+from attnviz.models.replay_check import replay_difference
 from attnviz.models.uploads import prepare_single_files, prepare_zip
 from tests.test_models import eager_attentions
 from tests.tiny_models import TOKENIZER_FILES, make_tiny_checkpoint, zip_folder

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnviz.models.attention_hook import ATTENTION_NAME, recording
-from attnviz.models.capture import _to_cpu, capture, record_from_calls, replay_difference
+from attnviz.models.capture import _to_cpu, capture, record_from_calls
 from attnviz.models.loading import load_model_dir
+from attnviz.models.replay_check import replay_difference
 from tests.test_models import eager_attentions
 from tests.tiny_models import VOCAB, make_tiny_checkpoint
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from attnviz.models import preflight
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
+from attnviz.models.replay_check import replay_difference
 from attnviz.models.safety import CheckpointRefused
 from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
 from tests.tiny_models import bundled_bert, make_tiny_checkpoint

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnviz.bench.tiny import copy_tokenizer
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
+from attnviz.models.replay_check import replay_difference
 from attnviz.pagelogic import explore_heads as explore
 from tests.apptest_helpers import figures, open_page, plotly_array
 from tests.tiny_models import TOKENIZER_FILES, make_tiny_checkpoint

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import FallbackTokenizer, load_model_dir
+from attnviz.models.replay_check import replay_difference
 from attnviz.models.safety import CheckpointRefused
 
 

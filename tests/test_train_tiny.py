@@ -23,6 +23,17 @@ def test_the_default_recipe_is_the_shipped_one():
     assert shipped_recipe() == train_tiny.Recipe()
 
 
+def test_the_shipped_card_is_what_the_script_writes_from_its_report():
+    """The model card is written from the recipe and training.json alone: the shipped one, word for word."""
+    from attnviz.tiny_gpt_card import model_card
+
+    recipe = shipped_recipe()
+    report = json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
+    card = model_card(recipe, report, long_batch=train_tiny.long_batch_size(recipe),
+                      copied_positions=train_tiny.copies_positions(recipe), eos=train_tiny.EOS)
+    assert card == (BUNDLED_GPT_DIR / "README.md").read_text()
+
+
 def test_batches_repeat_random_tokens_and_shifted_rows_reach_the_end_of_the_context():
     recipe = replace(train_tiny.Recipe(), batch=64, shifted_share=0.5)
     ids = torch.arange(10_000) % 400 + 1

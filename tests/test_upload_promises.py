@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from attnviz.models import disk, keep, preflight
-from attnviz.models.capture import capture, replay_difference
+from attnviz.models.capture import capture
 from attnviz.models.loading import LOADING, load_model_dir
+from attnviz.models.replay_check import replay_difference
 from attnviz.models.safety import CheckpointRefused
 from attnviz.models.uploads import prepare_folder_path, prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder

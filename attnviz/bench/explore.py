@@ -19,8 +19,9 @@ def sentence_of(n_tokens: int, tokenizer) -> str:
 
 
 def bench_explore(repeats: int) -> dict:
-    from attnviz.models.capture import capture, replay_difference
+    from attnviz.models.capture import capture
     from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir, load_model_dir
+    from attnviz.models.replay_check import replay_difference
     from attnviz.pagelogic import explore_heads as explore
 
     start = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.models.capture import replay_difference
+from attnviz.models.replay_check import replay_difference
 from attnviz.pagelogic.explore_heads import statistics_table
 
 
