@@ -218,7 +218,7 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int, drawn: 
                 shown, [f"q{trace_block * block_q + i}" for i in range(shown.shape[0])],
                 [f"k{state.key_block * block_k + j}" for j in range(shown.shape[1])],
                 title=f"The tile's scaled scores (first 16 x 16), key block k{state.key_block}",
-                scale=SIGNED, show_values=False, height=360)),
+                scale=SIGNED, show_values=False, height=360, width=TILE_FIGURE_WIDTH)),  # in the tiling's column
             "Grey cells are masked (−∞) inside a diagonal or edge tile.",
             key="flash_tile_scores",
         )

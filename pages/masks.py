@@ -120,7 +120,9 @@ def convention_section(record, layer: int, head: int, labels: list[str], drawn: 
     # Two by two where a table gets its width (eight columns and the labels), one under the other in a narrow window.
     for column, (name, matrix) in zip(figure_columns(4, key="masks_spellings", min_width=460), spellings, strict=True):
         column.markdown(f"**{name}**")
-        column.dataframe(pd.DataFrame(matrix.numpy(), index=small_labels, columns=range(size)).astype(str))
+        # static: eight narrow columns that wrap to any width (a data grid scrolled sideways on a projector)
+        column.table(pd.DataFrame(matrix.numpy(), index=small_labels, columns=range(size)).astype(str),
+                     border="horizontal")
     verdicts = []
     for name in demo.weights:
         leak = demo.future_weight[name]

@@ -83,3 +83,30 @@ def test_the_title_sits_below_the_toolbars_band(name):
     assert figure.layout.margin.t >= framing.TOOLBAR_BAND + lines * (title.font.size or 17) * framing.TITLE_LINE
     again = framing.title_below_toolbar(figure)  # idempotent: cached figures are framed on every rerun
     assert again.layout.margin.t == figure.layout.margin.t and again.layout.title.y == title.y
+
+
+def test_the_title_goes_above_panel_titles_and_a_legend_over_the_plot():
+    """What a figure puts between its title and its plot (subplots' panel titles, a legend laid out above the plot)
+    keeps its room under the moved title, on a projector too (panel titles of two lines, enlarged first)."""
+    from attnviz.viz.generation import sequence_heatmap
+
+    values = torch.rand(6, 6)
+    panels = heatmap_row([values, values], ["bool, True = may attend ✔ none on the future", "right"], LABELS, LABELS,
+                         title="What PyTorch's SDPA does with each spelling", width=500)
+    for band, scale in ((framing.TOOLBAR_BAND, 1.0), (framing.PROJECTOR_TOOLBAR_BAND, 1.35)):
+        figure = framing.title_below_toolbar(framing.enlarge_text(go.Figure(panels), scale) if scale != 1 else
+                                             go.Figure(panels), band)
+        title_bottom = band + (figure.layout.title.font.size or framing.BASE_TITLE) * framing.TITLE_LINE
+        panel = figure.layout.annotations[0]
+        panel_height = (panel.text.count("<br>") + 1) * panel.font.size * framing.TITLE_LINE
+        assert panel.text.count("<br>") >= 1  # the long panel title takes two lines
+        assert figure.layout.margin.t >= title_bottom + panel_height, (band, figure.layout.margin.t)
+    # the Generation page's whole-sequence heatmap: its legend ("the token after the earlier occurrence") above the
+    # plot
+    marked = sequence_heatmap(values, LABELS, [0, 0, 0, 1, 1, 1], [(4, 1)], title="Layer 1, head 3 over the sequence")
+    unmarked = sequence_heatmap(values, LABELS, [0, 0, 0, 1, 1, 1], [], title="Layer 1, head 3 over the sequence")
+    assert marked.layout.legend.y == 1.0 and unmarked.layout.legend.y is None
+    top = {name: framing.title_below_toolbar(figure).layout.margin.t
+           for name, figure in (("marked", marked), ("unmarked", unmarked))}
+    legend_room = top["marked"] - top["unmarked"]
+    assert legend_room >= framing.BASE_FONT * framing.TITLE_LINE

@@ -129,3 +129,20 @@ def test_line_chart_marker_line_stays_in_data_units_on_log_axes():
 def test_label_count_mismatch_is_an_error(scale):
     with pytest.raises(ValueError, match="labels"):
         matrix_heatmap(np.zeros((2, 2)), ["a"], ["a", "b"], title="t", scale=scale)
+
+
+def test_a_sweeps_few_sizes_are_each_labelled_on_a_log_axis():
+    """A log x axis over a benchmark's few sizes labels each size (not Plotly's 2 ... 9 between decades, which
+    collided with "1000" in a half-width chart); a long sweep keeps Plotly's own ticks."""
+    from attnviz.viz.charts import MOST_LABELLED_X, line_chart
+
+    sizes = [512, 1024, 2048, 4096, 8192]
+    figure = line_chart(sizes, {"naive": [1, 2, 4, 8, 16]}, title="Time vs N", x_title="N", y_title="ms", log_x=True)
+    assert figure.layout.xaxis.tickmode == "array"
+    assert list(figure.layout.xaxis.tickvals) == sizes
+    assert list(figure.layout.xaxis.ticktext) == ["512", "1,024", "2,048", "4,096", "8,192"]
+    many = [2 ** i for i in range(MOST_LABELLED_X + 3)]
+    figure = line_chart(many, {"d_k": many}, title="Variance", x_title="d_k", y_title="variance", log_x=True)
+    assert figure.layout.xaxis.tickmode is None and figure.layout.xaxis.type == "log"
+    linear = line_chart(sizes, {"naive": [1, 2, 4, 8, 16]}, title="Time vs N", x_title="N", y_title="ms")
+    assert linear.layout.xaxis.tickmode is None

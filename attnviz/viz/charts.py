@@ -27,6 +27,9 @@ def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, height: i
     return figure
 
 
+MOST_LABELLED_X = 10  # a log x axis over this many points or fewer labels each point's x (a sweep's sizes)
+
+
 def line_chart(
     x,
     series: dict[str, list],
@@ -64,6 +67,10 @@ def line_chart(
     _layout(figure, title, x_title, y_title, height)
     if log_x:
         figure.update_xaxes(type="log")
+        xs = [v for v in x if v is not None]
+        if 1 < len(xs) <= MOST_LABELLED_X:  # a sweep's few sizes: each one labelled, not the log axis's 2 ... 9
+            figure.update_xaxes(tickmode="array", tickvals=xs,
+                                ticktext=[f"{v:,}" if float(v).is_integer() else style.format_number(v) for v in xs])
     if log_y:
         figure.update_yaxes(type="log")
     return figure

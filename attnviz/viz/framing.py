@@ -67,10 +67,30 @@ def title_below_toolbar(figure: go.Figure, band: int = TOOLBAR_BAND) -> go.Figur
         return figure
     title_size = figure.layout.title.font.size or BASE_TITLE
     lines = text.count("<br>") + 1
-    top = band + int(lines * title_size * TITLE_LINE) + 10  # px: band, title, a gap above the plot
+    # px: band, title, what sits between the title and the plot (panel titles, a legend), a gap above the plot
+    top = band + int(lines * title_size * TITLE_LINE) + _above_the_plot(figure) + 10
     height = figure.layout.height or 450
     figure.update_layout(
         margin_t=max(figure.layout.margin.t or 0, top),
         title=dict(yref="container", y=1 - band / height, yanchor="top"),
     )
     return figure
+
+
+def _above_the_plot(figure: go.Figure) -> int:
+    """Pixels of text that the figure places just above its plot area (in its top margin, under the title): the
+    subplots' panel titles and a legend laid out above the plot. The title goes above them, not over them."""
+    layout = figure.layout
+    above = 0.0
+    for annotation in layout.annotations or ():
+        placed_above = (annotation.yref in (None, "paper") and (annotation.y or 0) >= 1
+                        and annotation.yanchor in (None, "auto", "bottom"))
+        if placed_above and annotation.text:
+            size = annotation.font.size or layout.font.size or BASE_FONT
+            above = max(above, (annotation.text.count("<br>") + 1) * size * TITLE_LINE + (annotation.yshift or 0))
+    legend = layout.legend
+    if legend.y is not None and legend.y >= 1 and legend.yanchor == "bottom" and legend.yref in (None, "paper"):
+        size = legend.font.size or layout.font.size or BASE_FONT
+        above = max(above, size * TITLE_LINE + 10)  # one row of entries and the legend's padding
+    return int(above)
+
