@@ -48,6 +48,16 @@ FIGURE_COLLISIONS = """
     const title = chart.querySelector('.gtitle');
     if (title && title.getBoundingClientRect().right > frame.right + 1)
       found.push([index, 'title cut', title.textContent]);
+    if (title) {  // nothing drawn over the title: panel titles, legends, annotations
+      const box = title.getBoundingClientRect();
+      chart.querySelectorAll('.main-svg text').forEach(other => {
+        if (other === title || !other.textContent.trim() || other.closest('.modebar, .hoverlayer')) return;
+        const them = other.getBoundingClientRect();
+        const across = Math.min(box.right, them.right) - Math.max(box.left, them.left);
+        const down = Math.min(box.bottom, them.bottom) - Math.max(box.top, them.top);
+        if (across > 2 && down > 2) found.push([index, 'over the title', other.textContent.slice(0, 40)]);
+      });
+    }
     chart.querySelectorAll('.xaxislayer-above, .yaxislayer-above').forEach(layer => {
       const ticks = [...layer.querySelectorAll('text')].filter(t => t.textContent.trim()).map(t => {
         const transform = t.getAttribute('transform') || '';
@@ -122,7 +132,8 @@ FIGURE_TEXT_SIZES = """
 def test_a_link_opens_presentation_mode_and_the_point_is_on_the_first_screen(projector, app_url, screenshot_dir):
     """1280 x 720 from a link with presentation_mode=true: the sidebar out of the way, the whole width, the mode kept,
     Previous/Next above the title and at the end; each story page's main figure starts high enough that 280 px of it
-    (its title and first rows) show on the first screen, and no text inside any figure on it is under 16 px."""
+    (its title and first rows) show on the first screen, no text inside any figure on it is under 16 px, and the
+    larger text cuts no control, widens no table past its box and makes no figure's labels collide."""
     for path in PAGES:
         projector.goto(f"{app_url}/{path}?presentation_mode=true")
         wait_until_idle(projector)
@@ -150,6 +161,9 @@ def test_a_link_opens_presentation_mode_and_the_point_is_on_the_first_screen(pro
         assert figure is not None and figure["top"] <= 720 - 280, (path, figure)
         small = [(text, size) for text, size in projector.evaluate(FIGURE_TEXT_SIZES) if size < 16]
         assert small == [], (path, small[:8])
+        assert projector.evaluate(CUT_CONTROLS) == [], path  # the larger text still fits every control
+        assert projector.evaluate(SIDEWAYS_TABLES) == [], path
+        assert projector.evaluate(FIGURE_COLLISIONS) == [], path
 
 
 def _toolbars_apart_from_titles(page, charts) -> list:
