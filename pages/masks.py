@@ -13,7 +13,7 @@ from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.sidebar import current_sentence
 from attnviz.units import DTYPE_BYTES
 from attnviz.viz import style
-from attnviz.viz.matrix import BLOCK_COLOURS, heatmap_row, mask_heatmap
+from attnviz.viz.matrix import BLOCK_COLOURS, HALF_WIDTH, heatmap_row, mask_heatmap
 
 
 def pattern_parameters(key: str, n: int, record) -> dict:
@@ -33,16 +33,14 @@ def key_vectors(record, n: int) -> torch.Tensor:
     return keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
-FIGURE_WIDTH = 460  # px: the least the pattern and the receptive field are drawn at (figure_columns)
-
 
 def pattern_figure(name: str, built: mask_patterns.PatternMask, labels: list[str]):
     n = len(labels)
     if built.block_kind is not None:
         kinds = masks.expand_block_layout(built.block_kind, built.block_size)[:n, :n]
         return mask_heatmap(kinds, labels, labels, title=f"{name} over your {n} tokens", legend=BLOCK_COLOURS,
-                            width=FIGURE_WIDTH)
-    return mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens", width=FIGURE_WIDTH)
+                            width=HALF_WIDTH)
+    return mask_heatmap(built.mask.long(), labels, labels, title=f"{name} over your {n} tokens", width=HALF_WIDTH)
 
 
 def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, labels: list[str],
@@ -52,7 +50,7 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
     n = len(labels)
     seen = masks.keys_per_query(built.mask)
     name = mask_patterns.label(key)
-    left, right = figure_columns(2, key="masks_pattern", min_width=FIGURE_WIDTH)
+    left, right = figure_columns(2, key="masks_pattern", min_width=HALF_WIDTH)
     with left:
         show_figure(figure_once(("masks pattern", *drawn), lambda: pattern_figure(name, built, labels)),
                     mask_patterns.describe(key, **params) + " Rows are queries, columns keys.",
@@ -66,7 +64,7 @@ def pattern_section(key: str, params: dict, built: mask_patterns.PatternMask, la
             figure_once(("masks reach", *drawn, n_layers, query), lambda: mask_heatmap(
                 reach.long(), [f"after {layer + 1} layer{'s' if layer else ''}" for layer in range(n_layers)], labels,
                 title=f"Receptive field of {style.plotly_text(labels[query])}", height=140 + 30 * n_layers,
-                x_title="input token", width=FIGURE_WIDTH,
+                x_title="input token", width=HALF_WIDTH,
                 y_title="stacked layers", legend={0: ("#ffffff", "cannot reach it"), 1: ("#2f6db5", "reaches it")},
             )),
             "Blue: tokens whose information can reach this position through the stacked layers (with residuals). "
@@ -118,7 +116,7 @@ def convention_section(record, layer: int, head: int, labels: list[str], drawn: 
     spellings = (("True = may attend", demo.allowed.long()), ("True = masked", demo.masked.long()),
                  ("additive 0 / −∞", demo.additive), ("float 1 = keep", demo.keep_float))
     # Two by two where a table gets its width (eight columns and the labels), one under the other in a narrow window.
-    for column, (name, matrix) in zip(figure_columns(4, key="masks_spellings", min_width=460), spellings, strict=True):
+    for column, (name, matrix) in zip(figure_columns(4, key="masks_spellings"), spellings, strict=True):
         column.markdown(f"**{name}**")
         # static: eight narrow columns that wrap to any width (a data grid scrolled sideways on a projector)
         column.table(pd.DataFrame(matrix.numpy(), index=small_labels, columns=range(size)).astype(str),

@@ -10,6 +10,7 @@ import streamlit as st
 
 from attnviz.run_log import append_run_log
 from attnviz.streamlit_compat import leave_legacy_pages_mode
+from attnviz.viz.matrix import HALF_WIDTH
 
 
 def start_page(title: str) -> None:
@@ -57,7 +58,7 @@ h1 { font-size: 2.1rem !important; padding: 0.25rem 0 0.25rem 0 !important; }
 
 
 FIGURE_ROW = "figrow"  # the key prefix of figure_columns' rows, which LAYOUT_CSS gives their minimum width
-FIGURE_COLUMN_WIDTHS = (230, 260, 300, 400, 460)  # px: the widths a figure column may ask for (one CSS rule each)
+FIGURE_COLUMN_WIDTHS = (230, 260, 300, 400, HALF_WIDTH)  # px: the widths a figure column may ask for (a CSS rule each)
 
 
 # Every page, every width: a row of controls too narrow for its labels wraps onto the next line instead of cutting
@@ -97,7 +98,7 @@ LAYOUT_CSS = """
 """
 
 
-def figure_columns(spec, *, key: str, min_width: int = 460, gap: str = "small") -> list:
+def figure_columns(spec, *, key: str, min_width: int = HALF_WIDTH, gap: str = "small") -> list:
     """``st.columns(spec)`` for figures: side by side while each column gets ``min_width`` px (one of
     :data:`FIGURE_COLUMN_WIDTHS`), one under the other at full width in a narrower window (a 900-px window, a
     laptop with the sidebar open). A figure drawn in one can be built for ``min_width`` px: it is never drawn

@@ -93,4 +93,3 @@ def _above_the_plot(figure: go.Figure) -> int:
         size = legend.font.size or layout.font.size or BASE_FONT
         above = max(above, size * TITLE_LINE + 10)  # one row of entries and the legend's padding
     return int(above)
-

@@ -18,7 +18,7 @@ TEXT_LIMIT = 400  # cells: numbers are written in each cell up to 20 x 20, where
 DETAIL_LIMIT = 4096  # cells: cell borders up to 64 x 64
 RANK_LIMIT = 256 * 256  # cells: the hover gives each weight's rank in its row up to 256 x 256 (2 bytes a cell)
 FULL_WIDTH = 1000  # px: a figure the page's full width on a laptop (layout="wide"); figures in columns pass less
-HALF_WIDTH = 480  # px: a figure in one of two columns
+HALF_WIDTH = 460  # px: a figure in one of two columns (the least figure_columns' default column is drawn at)
 NARROW_FULL_WIDTH = 740  # px: a figure the page's full width in a 900-px window (the sidebar collapses there)
 NARROW_PANEL = 220  # px: side-by-side panels narrower than this label their x axis by position only
 CELL_TEXT_SIZE = 12  # px: numbers in cells are printed at this fixed size, or not at all
