@@ -24,6 +24,7 @@ from attnviz.scan.importance_runner import (
     run_importance,
 )
 from attnviz.scan.runner import ScanRefused
+from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 TEXTS = ["The cat sat on the mat, and the dog slept by the door.",
          "Attention weights say where a head looks; ablation says whether the model needs it.",
@@ -66,7 +67,8 @@ def test_a_chunked_run_gives_each_document_what_one_batch_of_the_corpus_gives(ti
     expected = {"zero": imp.ablation_map(model, batch, "zero"), "mean": imp.ablation_map(model, batch, "mean"),
                 "gradient": imp.gradient_importance(model, batch)}
     rows = table(tmp_path / "run.duckdb", EFFECTS)
-    assert len(rows) == 7 * 3 * 8  # documents with text x methods x heads; the empty one has none
+    assert len(rows) == 7 * 3 * TINY_GPT_LAYERS * TINY_GPT_HEADS  # documents with text x methods x heads; the empty
+    # one has none
     for doc, method, module, head, value in rows:
         reference = float(expected[method].per_text[module, head, measured.index(doc)])
         if doc == 4:  # one token: no target, NULL (not NaN) in the database, for every method
@@ -79,7 +81,7 @@ def test_a_chunked_run_gives_each_document_what_one_batch_of_the_corpus_gives(ti
     with istore.ImportanceReader(tmp_path / "run.duckdb") as reader:
         maps = reader.maps()
         assert reader.methods() == ["zero", "mean", "gradient"] and reader.documents == 8
-        assert [module.label for module in reader.modules()] == ["layer 0", "layer 1"]
+        assert [module.label for module in reader.modules()] == [f"layer {i}" for i in range(TINY_GPT_LAYERS)]
         mean, spread, count = maps["zero"]
         assert (count == 6).all()  # NULLs are not counted
         np.testing.assert_allclose(mean, np.nanmean(expected["zero"].per_text.numpy(), -1), rtol=1e-4, atol=1e-6)

@@ -10,6 +10,7 @@ import pytest
 from attnviz.models.loading import BUNDLED_GPT_NAME
 from attnviz.scan import importance_store as istore
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
+from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 PAGE = "pages/importance.py"
 
@@ -97,7 +98,7 @@ def test_a_scans_labels_stand_beside_the_importance_of_the_same_heads(tmp_path, 
     table = next(frame.value for frame in at.dataframe if "label over the scan" in frame.value.columns)
     with store.ScanReader(scan) as reader:
         expected = reader.top_labels()
-    assert len(table) == 8
+    assert len(table) == TINY_GPT_LAYERS * TINY_GPT_HEADS
     for _, row in table.iterrows():
         layer, head = (int(part.split()[-1]) for part in row["head"].split(", "))
         label, share = expected[(layer, head)]

@@ -57,7 +57,8 @@ def test_sentences_typed_twice_are_nearly_free_the_second_time(tiny):
 def test_greedy_decoding_continues_a_repeat(tiny):
     """'A B C ... A B' continues with C, through the page's own generation loop (its KV cache): each sentence typed
     once, then its first three words again; greedy decoding's next word is the sentence's fourth. (A 2-layer model
-    matches one token back: a piece that occurs twice in the sentence, such as " the", leaves it two candidates.)"""
+    matched one token back: a piece that occurs twice in the sentence, such as " the", left it two candidates, and 15
+    of 24 continued; the 3-layer model shipped since continues 22.)"""
     model, tokenizer = tiny
     fox = "The quick brown fox jumps over the lazy dog."
     result = gen.generate(model, tokenizer, fox + " The quick brown", 12, gen.Sampling("greedy"))
@@ -68,7 +69,7 @@ def test_greedy_decoding_continues_a_repeat(tiny):
         prompt = sentence + " " + " ".join(words[:3])
         result = gen.generate(model, tokenizer, prompt, 8, gen.Sampling("greedy"))
         continued.append((prompt + result.text(tokenizer)).startswith(sentence + " " + " ".join(words[:4])))
-    assert sum(continued) / len(continued) >= 0.55, continued  # 15 of 24 when it was trained
+    assert sum(continued) / len(continued) >= 0.8, continued  # 22 of 24 when it was trained
 
 
 def test_the_previous_token_head_holds_on_held_out_prose(tiny, report):

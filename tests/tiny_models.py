@@ -1,10 +1,17 @@
 """The tests' models: tiny checkpoints made by attnviz.bench.tiny (shared with the browser benchmarks), and the
 bundled BERT loaded as the app loads it."""
 
-from attnviz.bench.tiny import TOKENIZER_FILES, VOCAB, make_tiny_checkpoint, tiny_config, zip_folder
-from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
+import json
 
-__all__ = ["TOKENIZER_FILES", "VOCAB", "bundled_bert", "make_tiny_checkpoint", "tiny_config", "zip_folder"]
+from attnviz.bench.tiny import TOKENIZER_FILES, VOCAB, make_tiny_checkpoint, tiny_config, zip_folder
+from attnviz.models.loading import BUNDLED_GPT_DIR, DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
+
+__all__ = ["TINY_GPT_HEADS", "TINY_GPT_LAYERS", "TOKENIZER_FILES", "VOCAB", "bundled_bert", "make_tiny_checkpoint",
+           "tiny_config", "zip_folder"]
+
+# The bundled tiny GPT's shape, as its config states it (the tests follow a retrained model's shape)
+_TINY_GPT_CONFIG = json.loads((BUNDLED_GPT_DIR / "config.json").read_text())
+TINY_GPT_LAYERS, TINY_GPT_HEADS = _TINY_GPT_CONFIG["n_layer"], _TINY_GPT_CONFIG["n_head"]
 
 
 def bundled_bert() -> ModelBundle:
