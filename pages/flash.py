@@ -21,7 +21,6 @@ from attnviz.viz.charts import line_chart
 from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
-DEFAULT_CONTENDERS = ["naive", "tiled", "sdpa/flash", "sdpa/math", "triton"]
 TILE_FIGURE_WIDTH = 400  # px: the least the tile map's column is drawn at
 
 
@@ -30,33 +29,37 @@ def controls(gpu: bool) -> dict:
     in the setup area (on a projector, a closed expander)."""
     columns = st.columns([2, 2, 2, 3, 2, 4])
     chosen = {
-        "n": columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], 1024, key="flash_n",
+        "n": columns[0].select_slider("N (tokens)", [64, 128, 256, 512, 1024, 2048, 4096], flash_page.DEFAULT_N,
+                                      key="flash_n",
                                       bind="query-params"),
-        "d": columns[1].select_slider("Head dim d", [16, 32, 64, 128], 64, key="flash_d"),
-        "heads": columns[2].select_slider("Heads", [1, 2, 4, 8, 16], 4, key="flash_heads"),
+        "d": columns[1].select_slider("Head dim d", [16, 32, 64, 128], flash_page.DEFAULT_D, key="flash_d"),
+        "heads": columns[2].select_slider("Heads", [1, 2, 4, 8, 16], flash_page.DEFAULT_HEADS, key="flash_heads"),
     }
-    # Causal by default: the mask whose skipped tiles show why flash attention is fast.
     flash_masks = flash_page.flash_masks()
     chosen["mask"] = columns[3].selectbox("Mask", flash_masks, format_func=flash_page.mask_label,
-                                          index=flash_masks.index("causal"), key="flash_mask", bind="query-params")
+                                          index=flash_masks.index(flash_page.DEFAULT_MASK), key="flash_mask",
+                                          bind="query-params")
     chosen["mask_params"] = pattern_widgets(chosen["mask"], mask_patterns.FLASH, columns[4:5], chosen["n"],
                                             prefix="flash")
     chosen["interpreter"] = False
     if not gpu:
         chosen["interpreter"] = columns[5].toggle(
-            "Triton interpreter", value=chosen["n"] <= 128, key="flash_interpreter",
+            "Triton interpreter", value=flash_page.interpreter_by_default(chosen["n"]), key="flash_interpreter",
             help="No GPU here: Triton can run its kernel in a CPU interpreter, slowly, for N <= "
                  f"{flash_page.INTERPRETER_LIMIT}. Correctness only: its time is not shown.",
         )
     with setup_area("Backends, K/V heads and dtype"):
         columns = st.columns([6, 2, 2])
-        chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS), default=DEFAULT_CONTENDERS,
+        chosen["names"] = columns[0].multiselect("Backends", list(CONTENDERS),
+                                                 default=list(flash_page.DEFAULT_CONTENDERS),
                                                  format_func=lambda key: CONTENDERS[key].label, key="flash_backends")
         chosen["kv_heads"] = columns[1].selectbox(
             "K/V heads", [h for h in (1, 2, 4, 8, 16) if chosen["heads"] % h == 0 and h <= chosen["heads"]],
             index=None, placeholder=f"{chosen['heads']} (MHA)", key="flash_kv_heads",
         ) or chosen["heads"]
-        chosen["dtype"] = columns[2].selectbox("dtype", list(TORCH_DTYPES), key="flash_dtype")
+        chosen["dtype"] = columns[2].selectbox("dtype", list(TORCH_DTYPES),
+                                               index=list(TORCH_DTYPES).index(flash_page.DEFAULT_DTYPE),
+                                               key="flash_dtype")
     return chosen
 
 
@@ -64,7 +67,7 @@ def measured_rows(case, chosen: dict, gpu: bool) -> list:
     """The backends' results for these inputs: measured once on this server and shared by every session (one
     measurement at a time, so that sessions do not slow each other's timings), again only when asked. A rerun from
     another widget (e.g. the tiling's sliders) does not re-measure."""
-    key = (case, tuple(chosen["names"]), chosen["interpreter"])
+    key = flash_page.measurement_key(case, chosen["names"], chosen["interpreter"])
     again = st.session_state.pop("flash_measure_again", False)
     seen = st.session_state.setdefault("flash_results", {})  # this session's settings, newest last (16 at most)
     names = chosen["names"]

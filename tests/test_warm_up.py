@@ -217,3 +217,28 @@ def test_the_second_part_fills_what_the_generation_page_reads_first(monkeypatch,
     at = open_page("pages/generation.py")
     assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
     assert any("induction head" in m.value for m in at.markdown)
+
+
+def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, clean_streamlit_caches):
+    """After the warm-up's Flash part, a fresh Flash page at its opening settings shows that measurement (its time
+    stamp) and times nothing itself; another N is measured by the page."""
+    import time as clock
+
+    from attnviz.pagelogic import flash as flash_page
+    from attnviz.ui.shared_measurements import shared_measurements
+
+    warm_up_module.warm_flash_measurement()
+    ((key, (rows, measured_at)),) = shared_measurements().results.items()
+    assert key[0] == flash_page.default_case() and [row.name for row in rows] == list(flash_page.DEFAULT_CONTENDERS)
+    assert next(row for row in rows if row.name == "naive").median_ms > 0
+
+    timed = []
+    real = flash_page.run_contenders
+    monkeypatch.setattr(flash_page, "run_contenders", lambda *a, **k: timed.append(a[0].n) or real(*a, **k))
+    at = open_page("pages/flash.py")
+    assert not at.exception, [e.value for e in at.exception]
+    assert timed == []
+    stamp = clock.strftime("%H:%M:%S", clock.localtime(measured_at))
+    assert any(f"Measured on this server at {stamp}" in c.value for c in at.caption)
+    at.select_slider(key="flash_n").set_value(256).run()
+    assert timed == [256]

@@ -18,6 +18,26 @@ from attnviz.units import DTYPE_BYTES, human_bytes
 
 INTERPRETER_LIMIT = 256  # tokens: above this the Triton interpreter takes minutes
 STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
+# The page's opening settings: what a first visit measures, and what the server's warm-up measures before one.
+# Causal by default: the mask whose skipped tiles show why flash attention is fast.
+DEFAULT_N, DEFAULT_D, DEFAULT_HEADS, DEFAULT_MASK = 1024, 64, 4, "causal"
+DEFAULT_CONTENDERS = ("naive", "tiled", "sdpa/flash", "sdpa/math", "triton")
+DEFAULT_DTYPE = "fp32"
+
+
+def interpreter_by_default(n: int) -> bool:
+    """Whether the Triton interpreter starts switched on (without a GPU): only where it takes seconds."""
+    return n <= 128
+
+
+def measurement_key(case: AttentionCase, names, interpreter: bool) -> tuple:
+    """What names one measurement of the page's backends, shared by every session with these settings."""
+    return (case, tuple(names), interpreter)
+
+
+def default_case() -> AttentionCase:
+    """The inputs of the page at its opening settings (the causal mask has no parameters to choose)."""
+    return page_case(DEFAULT_N, DEFAULT_D, DEFAULT_HEADS, DEFAULT_HEADS, DEFAULT_DTYPE, DEFAULT_MASK, {})
 
 
 def default_device() -> str:

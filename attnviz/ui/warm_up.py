@@ -8,6 +8,7 @@ import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (a
 import attnviz.viz.heads  # noqa: F401
 import attnviz.viz.vision  # noqa: F401
 from attnviz.models.loading import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
+from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.captures import cached_capture, text_capture_key
 from attnviz.ui.explore_cache import cached_replay_difference
 from attnviz.ui.generation_cache import (
@@ -25,6 +26,7 @@ from attnviz.ui.scaling_cache import (
     scaling_stability_rows,
     scaling_variance_rows,
 )
+from attnviz.ui.shared_measurements import shared_measurements
 from attnviz.ui.sidebar import DEFAULT_SENTENCE
 
 
@@ -47,9 +49,10 @@ def warm_up() -> None:
 
 def warm_up_later() -> None:
     """The second part of the warm-up, once the first visitor's page is drawn: the Scaling page's experiments at
-    their defaults (4 s of sampling on 2 cores, once per process), and the Generation page's first visit: the
+    their defaults (4 s of sampling on 2 cores, once per process); the Generation page's first visit: the
     bundled tiny GPT with its LM head, the heads it learned (measured on its own text), and the default prompt's
-    generation."""
+    generation; and the Flash page's measurement of its backends at its opening settings (the one every session
+    shares, stamped with the time it was measured, as a first visit's would be)."""
     seed, samples = SCALING_DEFAULTS["seed"], SCALING_DEFAULTS["samples"]
     scaling_variance_rows(samples, seed)
     scaling_dot_samples(SCALING_DEFAULTS["d_hist"], samples, seed)
@@ -66,3 +69,12 @@ def warm_up_later() -> None:
                               default_sampling_key(), use_cache, request["keep"])
         cached_float64_check(folder, BUNDLED_GPT_NAME, request["prompt"], request["new_tokens"],
                              default_sampling_key(), request["keep"])
+    warm_flash_measurement()
+
+
+def warm_flash_measurement() -> None:
+    """The Flash page's backends timed at its opening settings, into the store its sessions share."""
+    case, names = flash_page.default_case(), list(flash_page.DEFAULT_CONTENDERS)
+    interpreter = case.device != "cuda" and flash_page.interpreter_by_default(case.n)  # as the page chooses
+    shared_measurements().get(flash_page.measurement_key(case, names, interpreter),
+                              lambda: flash_page.run_contenders(case, names, allow_interpreter=interpreter))
