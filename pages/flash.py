@@ -13,6 +13,7 @@ from attnviz.flash import CONTENDERS
 from attnviz.flash.cases import measure_peak_memory
 from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.figures import figure_once, show_figure
+from attnviz.ui.flash_cache import cached_tiling
 from attnviz.ui.frame import figure_columns, page_intro, setup_area, start_page, transient_status
 from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.ui.shared_measurements import shared_measurements
@@ -230,15 +231,15 @@ def stepper(trace, output, block_q: int, block_k: int, trace_block: int, drawn: 
 def tiling_section(case) -> None:
     st.subheader("The tiling")
     columns = st.columns(3)
-    block_q = columns[0].select_slider("Query block", [16, 32, 64, 128], 64, key="flash_block_q")
-    block_k = columns[1].select_slider("Key block", [16, 32, 64, 128], 64, key="flash_block_k")
+    block_q = columns[0].select_slider("Query block", [16, 32, 64, 128], flash_page.DEFAULT_BLOCK, key="flash_block_q")
+    block_k = columns[1].select_slider("Key block", [16, 32, 64, 128], flash_page.DEFAULT_BLOCK, key="flash_block_k")
     layout_block = flash_page.layout_block_size(case)
     if layout_block:
         block_q = block_k = layout_block  # block-sparse tiles are the layout's blocks
     n_query_blocks = -(-case.n // block_q)
-    trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1, min(n_query_blocks - 1, 2),
-                                    key="flash_trace_block")
-    output, trace = flash_page.tiling(case, block_q, block_k, trace_block)
+    trace_block = columns[2].slider("Follow query block", 0, n_query_blocks - 1,
+                                    flash_page.default_trace_block(n_query_blocks), key="flash_trace_block")
+    output, trace = cached_tiling(repr(case), case, block_q, block_k, trace_block)
     drawn = (repr(case), block_q, block_k, trace_block)
     codes = torch.tensor([[flash_page.STATUS_CODES[s] for s in row] for row in trace.status])
     legend = {0: ("#ffffff", "skipped"), 1: ("#2f6db5", "computed"), 2: ("#ff9f1c", "computed + masked")}

@@ -221,7 +221,7 @@ def test_the_second_part_fills_what_the_generation_page_reads_first(monkeypatch,
 
 def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, clean_streamlit_caches):
     """After the warm-up's Flash part, a fresh Flash page at its opening settings shows that measurement (its time
-    stamp) and times nothing itself; another N is measured by the page."""
+    stamp) and times and traces nothing itself; another query block is traced, another N measured, by the page."""
     import time as clock
 
     from attnviz.pagelogic import flash as flash_page
@@ -232,12 +232,15 @@ def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, cl
     assert key[0] == flash_page.default_case() and [row.name for row in rows] == list(flash_page.DEFAULT_CONTENDERS)
     assert next(row for row in rows if row.name == "naive").median_ms > 0
 
-    timed = []
-    real = flash_page.run_contenders
+    timed, traced = [], []
+    real, real_tiling = flash_page.run_contenders, flash_page.tiling
     monkeypatch.setattr(flash_page, "run_contenders", lambda *a, **k: timed.append(a[0].n) or real(*a, **k))
+    monkeypatch.setattr(flash_page, "tiling", lambda *a: traced.append(a[1:]) or real_tiling(*a))
     at = open_page("pages/flash.py")
     assert not at.exception, [e.value for e in at.exception]
-    assert timed == []
+    assert timed == [] and traced == []  # the tiling's trace too was made by the warm-up
+    at.slider(key="flash_trace_block").set_value(3).run()
+    assert traced == [(64, 64, 3)]
     stamp = clock.strftime("%H:%M:%S", clock.localtime(measured_at))
     assert any(f"Measured on this server at {stamp}" in c.value for c in at.caption)
     at.select_slider(key="flash_n").set_value(256).run()

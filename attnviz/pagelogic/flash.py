@@ -23,6 +23,12 @@ STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
 DEFAULT_N, DEFAULT_D, DEFAULT_HEADS, DEFAULT_MASK = 1024, 64, 4, "causal"
 DEFAULT_CONTENDERS = ("naive", "tiled", "sdpa/flash", "sdpa/math", "triton")
 DEFAULT_DTYPE = "fp32"
+DEFAULT_BLOCK = 64  # the tiling's query and key blocks
+
+
+def default_trace_block(n_query_blocks: int) -> int:
+    """The query block the stepper follows at first: the third, where a causal mask has skipped tiles to show."""
+    return min(n_query_blocks - 1, 2)
 
 
 def interpreter_by_default(n: int) -> bool:

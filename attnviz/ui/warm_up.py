@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 
 import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (analysis, vision, the figures)
@@ -11,6 +12,7 @@ from attnviz.models.loading import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled
 from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.captures import cached_capture, text_capture_key
 from attnviz.ui.explore_cache import cached_replay_difference
+from attnviz.ui.flash_cache import cached_tiling
 from attnviz.ui.generation_cache import (
     REQUEST_DEFAULTS,
     cached_circuits,
@@ -73,8 +75,13 @@ def warm_up_later() -> None:
 
 
 def warm_flash_measurement() -> None:
-    """The Flash page's backends timed at its opening settings, into the store its sessions share."""
+    """The Flash page's backends timed at its opening settings, into the store its sessions share; the tiling's
+    trace at those settings; and pandas' Styler (its import reads and compiles Jinja templates: 0.2 s of the
+    page's first run), which the page's online-softmax table uses."""
     case, names = flash_page.default_case(), list(flash_page.DEFAULT_CONTENDERS)
     interpreter = case.device != "cuda" and flash_page.interpreter_by_default(case.n)  # as the page chooses
     shared_measurements().get(flash_page.measurement_key(case, names, interpreter),
                               lambda: flash_page.run_contenders(case, names, allow_interpreter=interpreter))
+    block = flash_page.DEFAULT_BLOCK
+    cached_tiling(repr(case), case, block, block, flash_page.default_trace_block(-(-case.n // block)))
+    pd.DataFrame({"x": [0.0]}).style.format(precision=4).to_html()
