@@ -64,8 +64,8 @@ class Recipe:
     # GPT-2 only: as they start, the untrained positions take a copy of the trained ones (position train_length + j
     # starts as j), as Longformer extended RoBERTa's 512 positions.
     copy_positions: bool = True
-    # A third layer: the induction head can then match more than the one token before (2-layer models had two
-    # candidates wherever a piece occurred twice in a sentence); greedy continuation went from 15 to 19 of 24.
+    # Three layers: with two, greedy decoding gave the fourth word of 15 of the 24 test sentences typed again (most
+    # misses where a piece occurs twice in the sentence); with three, 22 (docs/benchmarks.md).
     n_layer: int = 3
     n_head: int = 4
     n_kv_head: int = 2  # grouped-query attention: two query heads share each K/V head

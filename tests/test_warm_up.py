@@ -227,7 +227,7 @@ def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, cl
     from attnviz.pagelogic import flash as flash_page
     from attnviz.ui.shared_measurements import shared_measurements
 
-    warm_up_module.warm_flash_measurement()
+    warm_up_module.warm_flash_page()
     ((key, (rows, measured_at)),) = shared_measurements().results.items()
     assert key[0] == flash_page.default_case() and [row.name for row in rows] == list(flash_page.DEFAULT_CONTENDERS)
     assert next(row for row in rows if row.name == "naive").median_ms > 0

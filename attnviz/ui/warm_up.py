@@ -53,8 +53,7 @@ def warm_up_later() -> None:
     """The second part of the warm-up, once the first visitor's page is drawn: the Scaling page's experiments at
     their defaults (4 s of sampling on 2 cores, once per process); the Generation page's first visit: the
     bundled tiny GPT with its LM head, the heads it learned (measured on its own text), and the default prompt's
-    generation; and the Flash page's measurement of its backends at its opening settings (the one every session
-    shares, stamped with the time it was measured, as a first visit's would be)."""
+    generation; and the Flash page's first visit (:func:`warm_flash_page`)."""
     seed, samples = SCALING_DEFAULTS["seed"], SCALING_DEFAULTS["samples"]
     scaling_variance_rows(samples, seed)
     scaling_dot_samples(SCALING_DEFAULTS["d_hist"], samples, seed)
@@ -71,13 +70,13 @@ def warm_up_later() -> None:
                               default_sampling_key(), use_cache, request["keep"])
         cached_float64_check(folder, BUNDLED_GPT_NAME, request["prompt"], request["new_tokens"],
                              default_sampling_key(), request["keep"])
-    warm_flash_measurement()
+    warm_flash_page()
 
 
-def warm_flash_measurement() -> None:
-    """The Flash page's backends timed at its opening settings, into the store its sessions share; the tiling's
-    trace at those settings; and pandas' Styler (its import reads and compiles Jinja templates: 0.2 s of the
-    page's first run), which the page's online-softmax table uses."""
+def warm_flash_page() -> None:
+    """The Flash page's backends timed at its opening settings, into the store its sessions share (stamped with the
+    time they were measured, as a first visit's would be); the tiling's trace at those settings; and pandas' Styler
+    (its import compiles Jinja templates: 0.2 s of the page's first run), which the online-softmax table uses."""
     case, names = flash_page.default_case(), list(flash_page.DEFAULT_CONTENDERS)
     interpreter = case.device != "cuda" and flash_page.interpreter_by_default(case.n)  # as the page chooses
     shared_measurements().get(flash_page.measurement_key(case, names, interpreter),
