@@ -33,6 +33,9 @@ def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool,
               f"and {halves[1]:.3f} over the second") if halves else ""
     if halves and not (recipe.shifted_share or recipe.long_steps or recipe.train_length >= recipe.context):
         halves += f" (positions from {recipe.train_length} on were never trained)"
+    common_words = (f" and on the {recipe.common_words:,} most frequent English words of the `wordfreq` package's list "
+                    "(each as often as in 3 million words of English), so that everyday words are single tokens; the "
+                    "model never trains on that list" if getattr(recipe, "common_words", 0) else "")
     heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
     return f"""# attnviz tiny GPT
 
@@ -47,7 +50,8 @@ wrongly, and it has memorised much of its training text.
   {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is sequences repeated (periods
   {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}, at most half the sequence), which teaches induction:
   {text_rows}random tokens {pool_text}.
-- **Tokenizer**: byte-level BPE, {recipe.vocab_size} tokens, trained on the same text; `{eos}` is BOS and EOS.
+- **Tokenizer**: byte-level BPE, {recipe.vocab_size:,} tokens, trained on the same text{common_words}; `{eos}` is BOS
+  and EOS.
 - **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens{positions}, AdamW (lr
   {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
   {recipe.seed}, CPU ({report['threads']} thread{'s' if report['threads'] != 1 else ''}):
@@ -73,5 +77,7 @@ wrongly, and it has memorised much of its training text.
     second copy's tokens (whole sentences: {sentences['sentences_continued']:.0%}).
 - **Licence**: the training text is Python's documentation, copyright the Python Software Foundation, under the
   PSF License Agreement (https://docs.python.org/3/license.html); the weights, trained on that text, are
-  distributed under the same terms.
+  distributed under the same terms.{" The tokenizer's merges were also counted on wordfreq's English word list "
+  "(https://github.com/rspeer/wordfreq, data under CC BY-SA 4.0); no text of it is in the weights." if getattr(
+  recipe, "common_words", 0) else ""}
 """

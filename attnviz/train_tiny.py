@@ -2,10 +2,11 @@
 
 The model is a GPT-2 (transformers' ``GPT2LMHeadModel``: learned positions, LayerNorm, GELU MLP) small enough to
 train on a laptop and to read head by head: 3 layers, 4 heads, d_model 128, a context of 256 tokens, a byte-level
-BPE vocabulary of 512 tokens trained on the same text. (``--architecture llama`` trains a Llama with RoPE and
-grouped-query attention instead; its induction heads came out more diffuse in our runs.) The text is
-Python's own documentation (``pydoc_data.topics``, shipped with every Python), so training needs nothing from the
-internet.
+BPE vocabulary of 4,096 tokens trained on the same text and on the most frequent English words (the ``wordfreq``
+package's list, a test-only extra), so that everyday words are single tokens. (``--architecture llama`` trains a
+Llama with RoPE and grouped-query attention instead; its induction heads came out more diffuse in our runs.) The
+text is Python's own documentation (``pydoc_data.topics``) and the standard library's docstrings, shipped with
+every Python, so training needs nothing from the internet.
 
 Batches mix two kinds of sequence: windows of the documentation (what the model predicts on the page), and
 random tokens repeated (``A B C ... A B C ...``), which teach the two-layer induction circuit fast (Olsson et al.,
@@ -50,9 +51,11 @@ EOS = "<|endoftext|>"
 @dataclass
 class Recipe:
     architecture: str = "gpt2"  # or "llama"
-    # A small vocabulary: most tokens are pieces of words, whose next piece depends on exactly the token before,
-    # so a sharp previous-token head pays (with 2,048 tokens the best layer-0 head averaged the last few tokens).
-    vocab_size: int = 512
+    # A few thousand tokens, so that the words people type are single tokens (with 512, nine in ten of the 300 most
+    # frequent English words were split; with 4,096 and ``common_words``, none of the 1,000 most frequent). Trained
+    # on the documentation alone, a 2,048-token model's layer-0 heads averaged the last few tokens; with the
+    # docstrings too its previous-token head formed (docs/benchmarks.md).
+    vocab_size: int = 4096
     context: int = 256  # positions the model has
     train_length: int = 128  # tokens per training sequence
     # Learned positions that no training sequence reaches stay near their random start, and the model loses its
@@ -71,7 +74,7 @@ class Recipe:
     n_kv_head: int = 2  # grouped-query attention: two query heads share each K/V head
     n_embd: int = 128
     intermediate: int = 384
-    steps: int = 7000
+    steps: int = 7500
     batch: int = 16
     learning_rate: float = 2e-3
     warmup: int = 100
@@ -103,7 +106,11 @@ class Recipe:
     position_init: str = "learned"  # or "sinusoidal": GPT-2's positions start as the original Transformer's
     position_scale: float = 0.1  # ... times this, so that they neither drown nor vanish beside token embeddings
     freeze_positions: bool = False  # keep them sinusoidal (not trained)
-    docstrings: bool = False  # also train on the docstrings of Python's standard library (4x the text)
+    docstrings: bool = True  # also train on the docstrings of Python's standard library (4x the text)
+    # The BPE also learns from this many of the most frequent English words (wordfreq's list, each repeated by its
+    # frequency), so that everyday words a user types are single tokens, not only Python's vocabulary. The model
+    # itself never trains on the list; those tokens learn to be copied from the repeated random rows.
+    common_words: int = 3000
     # Llama only: biases on the Q/K/V/O projections. With RoPE, a bias-only query and key give a score that depends
     # on the offset j - i alone, the same for every token, so "attend one back" is one pair of vectors to learn.
     attention_bias: bool = False
@@ -122,8 +129,9 @@ def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:
     return table
 
 
-def train_tokenizer(text: str, vocab_size: int):
-    """A byte-level BPE (GPT-2's kind: any text encodes, no unknown tokens) trained on ``text``."""
+def train_tokenizer(text: str, vocab_size: int, common_words: int = 0):
+    """A byte-level BPE (GPT-2's kind: any text encodes, no unknown tokens) trained on ``text`` and, with
+    ``common_words``, on that many of the most frequent English words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -132,8 +140,26 @@ def train_tokenizer(text: str, vocab_size: int):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator([text], trainer)
+    tokenizer.train_from_iterator([text, *common_english_words(common_words)], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+
+
+def common_english_words(count: int, words_of_text: int = 3_000_000) -> list[str]:
+    """The ``count`` most frequent English words of ``wordfreq`` (alphabetic ones), each as `` word`` repeated
+    as often as it would occur in ``words_of_text`` words of English (at least once), and `` Word`` a quarter as
+    often: text for the BPE to count, so that a common word's pieces merge into one token."""
+    if not count:
+        return []
+    try:
+        import wordfreq
+    except ImportError as error:  # a training-only extra (requirements-dev.txt)
+        raise SystemExit("common words need the wordfreq package: pip install wordfreq") from error
+    texts = []
+    for word in wordfreq.top_n_list("en", count):
+        if word.isalpha():
+            repeats = max(1, int(words_of_text * wordfreq.word_frequency(word, "en")))
+            texts.append(f" {word}" * repeats + f" {word.capitalize()}" * max(1, repeats // 4))
+    return texts
 
 
 def frequent_tokens(ids: torch.Tensor, count: int, skip: int) -> list[int]:
@@ -343,7 +369,7 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     topics_chars = len(train_text)
     if recipe.docstrings:
         train_text = train_text + "\n\n" + standard_library_docstrings()
-    tokenizer = train_tokenizer(train_text, recipe.vocab_size)
+    tokenizer = train_tokenizer(train_text, recipe.vocab_size, recipe.common_words)
     train_ids = torch.tensor(tokenizer(train_text)["input_ids"])
     held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])
     model = build_model(recipe, tokenizer)
@@ -406,8 +432,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--position-init", choices=("sinusoidal", "learned"), default=Recipe.position_init)
     parser.add_argument("--position-scale", type=float, default=Recipe.position_scale)
     parser.add_argument("--freeze-positions", action="store_true")
-    parser.add_argument("--docstrings", action="store_true",
-                        help="also train on the standard library's docstrings")
+    parser.add_argument("--no-docstrings", action="store_true",
+                        help="train on the documentation topics only, not the standard library's docstrings")
+    parser.add_argument("--common-words", type=int, default=Recipe.common_words,
+                        help="the BPE also learns this many most frequent English words (needs wordfreq)")
     parser.add_argument("--small-pool-share", type=float, default=Recipe.small_pool_share)
     parser.add_argument("--text-repeat-share", type=float, default=Recipe.text_repeat_share,
                         help="share of the repeated rows that repeat a window of the text")
@@ -442,7 +470,8 @@ def main(argv: list[str] | None = None) -> None:
                           n_layer=args.layers,
                           weight_decay=args.weight_decay, architecture=args.architecture,
                           position_init=args.position_init, position_scale=args.position_scale,
-                          freeze_positions=args.freeze_positions, docstrings=args.docstrings,
+                          freeze_positions=args.freeze_positions, docstrings=not args.no_docstrings,
+                          common_words=args.common_words,
                           small_pool_share=args.small_pool_share, small_pool=args.small_pool,
                           text_repeat_share=args.text_repeat_share, text_repeat_span=tuple(args.text_repeat_span),
                           attention_bias=args.attention_bias, echo_share=args.echo_share,
