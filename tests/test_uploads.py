@@ -196,3 +196,18 @@ def test_parameters_are_counted_from_headers(tiny_gpt2):
 
     expected = sum(t.numel() for t in load_file(str(tiny_gpt2 / "model.safetensors")).values())
     assert parameters_in_files(tiny_gpt2) == expected
+
+
+def test_a_folder_given_by_a_relative_path_loads(tiny_gpt2, monkeypatch):
+    """As `python -m attnviz.scan corpus.txt --model ./my-model` passes it: the checked files' links in the view
+    transformers reads must not depend on the working folder (they once pointed nowhere, and the load failed with
+    "Should have a `model_type` key")."""
+    from attnviz.models.with_heads import load_causal_lm
+
+    folder = Path(tiny_gpt2)
+    monkeypatch.chdir(folder.parent)
+    relative = Path(".") / folder.name
+    bundle = load_model_dir(relative)
+    assert bundle.n_layers == load_model_dir(folder).n_layers
+    model, tokenizer = load_causal_lm(relative)
+    assert model.config.model_type == "gpt2" and tokenizer is not None

@@ -101,7 +101,8 @@ def inspect(folder: str | Path, links: LinkRule) -> CheckedFolder:
     """Check everything transformers will read in ``folder`` (see the module's docstring), following links only
     as ``links`` allows (:func:`attnviz.models.uploads.link_rule_for`); raises :class:`CheckpointRefused` with
     the reason. Reads only headers, JSON and sizes: milliseconds."""
-    folder = Path(folder)
+    # Absolute (links not resolved): the view's links to the checked files must not depend on the working folder
+    folder = Path(os.path.abspath(folder))
     config_file = regular_file(folder, CONFIG, links)
     if config_file is None:
         raise CheckpointRefused("no config.json found: a Hugging Face model folder needs one")
