@@ -212,9 +212,9 @@ def test_the_weights_path_says_what_it_cannot_do(checkpoint):
     restricted = record.layer_weights(0, mask=keep)
     expected = record.weights[0] * keep / (record.weights[0] * keep).sum(-1, keepdim=True)
     torch.testing.assert_close(restricted, expected)
-    falcon = capture(load_model_dir(checkpoint("falcon")), TEXT).records["self"]
+    mpt = capture(load_model_dir(checkpoint("mpt")), TEXT).records["self"]  # a decoder on the weights path
     with pytest.raises(NotReplayable):  # a causal model's mask cannot be widened without its Q and K
-        falcon.layer_weights(0, mask=torch.ones(falcon.n_q, falcon.n_k, dtype=torch.bool))
+        mpt.layer_weights(0, mask=torch.ones(mpt.n_q, mpt.n_k, dtype=torch.bool))
 
 
 def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, monkeypatch):
@@ -222,7 +222,8 @@ def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, mo
 
     assert record.dense_token_limit(24, 16) == 456  # sqrt(80M / 384)
     assert record.dense_token_limit(2, 4) == 1024
-    bundle = load_model_dir(checkpoint("falcon"))
+    bundle = load_model_dir(checkpoint("mpt"))
+    assert bundle.capture_path == "weights"
     monkeypatch.setattr(record, "DENSE_CELLS", 2 * 4 * 10 * 10)
     result = capture(bundle, " ".join(["word"] * 40))
     assert len(result.tokens) == 10 and result.truncated

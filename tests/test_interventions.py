@@ -241,14 +241,14 @@ def test_edits_end_with_their_block_and_stay_in_their_thread():
 
 # Attention in the model's own code (read by hooks or by eager weights): edits go through a pre-hook on the output
 # projection, the reference zeroes that projection's weight columns
-OWN_CODE = {"gpt_neo": "out_proj", "mpnet": "o", "bloom": "dense", "falcon": "dense", "deberta-v2": "output.dense"}
+OWN_CODE = {"gpt_neo": "out_proj", "mpnet": "o", "bloom": "dense", "mpt": "out_proj", "deberta-v2": "output.dense"}
 
 
 def _own_code_model(kind: str) -> torch.nn.Module:
     from attnviz.bench.tiny import tiny_config
 
     torch.manual_seed(0)
-    causal = kind in ("gpt_neo", "bloom", "falcon")
+    causal = kind in ("gpt_neo", "bloom", "mpt")
     builder = T.AutoModelForCausalLM if causal else T.AutoModel
     model = builder.from_config(tiny_config(kind), attn_implementation="eager").eval().double()
     return model

@@ -148,15 +148,19 @@ def test_a_rule_mask_is_shared_and_not_kept_dense(tmp_path):
     assert replay_difference(record) < 1e-5
 
 
-def test_falcon_with_alibi_is_shown_from_its_eager_weights(tmp_path):
+def test_falcon_with_alibi_matches_its_eager_weights_on_the_path_transformers_gives_it(tmp_path):
+    """ALiBi inside Falcon: before transformers 5.25 in its own code (shown from eager weights), since then added
+    to the mask it gives the attention interface (recorded and replayed, the bias included)."""
     from transformers import AutoModel, FalconConfig
+
+    from attnviz.models import support
 
     folder = tmp_path / "falcon"
     torch.manual_seed(0)
     AutoModel.from_config(FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                        alibi=True)).save_pretrained(folder)
     bundle = load_model_dir(folder)
-    assert bundle.capture_path == "weights" and "falcon" in bundle.capture_note
+    assert bundle.capture_path == support.path_of("falcon")
     record = capture(bundle, "ALiBi inside Falcon's own code").records["self"]
     reference = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     ids = bundle.tokenizer.ids(bundle.tokenizer.tokenize("ALiBi inside Falcon's own code"),
@@ -165,6 +169,8 @@ def test_falcon_with_alibi_is_shown_from_its_eager_weights(tmp_path):
         expected = reference(input_ids=torch.tensor([ids]), output_attentions=True).attentions[0][0]
     torch.testing.assert_close(record.weights[0], expected)
     assert torch.all(record.weights[0].triu(diagonal=1) == 0)
+    if bundle.capture_path == "interface":
+        assert replay_difference(record) < 1e-5
 
 
 def test_statistics_follow_the_stand_in_tokenizer(tmp_path):

@@ -46,9 +46,9 @@ def tiny_checkpoints(tmp_path_factory):
     return {kind: str(make_tiny_checkpoint(kind, root / kind)) for kind in ARCHITECTURES}
 
 
-# the interface path (an encoder-only BERT is the bundled model), BLOOM on the hooks path, DeBERTa and Falcon on
-# the eager-weights path (see attnviz.models.eager)
-ARCHITECTURES = ("gpt2", "llama", "bart", "t5", "bloom", "deberta-v2", "falcon")
+# the interface path (an encoder-only BERT is the bundled model), BLOOM on the hooks path, DeBERTa and MPT (a
+# decoder with ALiBi) on the eager-weights path (see attnviz.models.eager)
+ARCHITECTURES = ("gpt2", "llama", "bart", "t5", "bloom", "deberta-v2", "mpt")
 
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
@@ -68,7 +68,7 @@ def _open(tiny_checkpoints, kind: str, page: str, **state):
     return at
 
 
-@pytest.mark.parametrize("kind", ["deberta-v2", "falcon"])
+@pytest.mark.parametrize("kind", ["deberta-v2", "mpt"])
 def test_the_eager_weights_path_says_so_on_every_view_that_needs_q_and_k(tiny_checkpoints, kind):
     at = _open(tiny_checkpoints, kind, "pages/explore_heads.py")
     assert any(kind in i.value and "not available" in i.value for i in at.info)  # which path, what it allows

@@ -211,3 +211,15 @@ def test_a_folder_given_by_a_relative_path_loads(tiny_gpt2, monkeypatch):
     assert bundle.n_layers == load_model_dir(folder).n_layers
     model, tokenizer = load_causal_lm(relative)
     assert model.config.model_type == "gpt2" and tokenizer is not None
+
+
+def test_a_sub_config_may_leave_its_model_type_empty_but_the_model_may_not():
+    """transformers writes ``"model_type": ""`` in sub-configs that are not models (MPT's ``attn_config``): such
+    checkpoints load (MPT is on the tested list); an empty or missing type at the top is refused in words."""
+    from attnviz.models.config_numbers import check_config_numbers
+
+    check_config_numbers({"model_type": "mpt", "attn_config": {"model_type": "", "alibi": True}}, 10, 1_000)
+    with pytest.raises(CheckpointRefused, match="model_type is empty"):
+        check_config_numbers({"model_type": ""}, 10, 1_000)
+    with pytest.raises(CheckpointRefused, match="not int"):
+        check_config_numbers({"model_type": "mpt", "attn_config": {"model_type": 3}}, 10, 1_000)

@@ -69,6 +69,7 @@ _SPECIAL = {
                 max_position_embeddings=64, word_embed_proj_dim=32),
     "bloom": dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4),
     "falcon": dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+    "mpt": dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=64),
     "phi": dict(_COMMON, partial_rotary_factor=0.5),
     "phi3": dict(_COMMON, num_key_value_heads=2, pad_token_id=0),
     "mixtral": dict(_COMMON, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1),

@@ -47,6 +47,9 @@ class AttentionCall:
     is_causal: bool  # with mask None: the mask is causal (True) or full (False)
     scaling: float
     position_bias: torch.Tensor | None = None  # T5: [heads, n_q, n_k], added to the scaled scores
+    # The bias came inside a float mask (Falcon's ALiBi since transformers 5.25): the mask is kept as given, never
+    # replaced by a rule, so that running the kernel again adds the bias too
+    bias_in_mask: bool = False
     softcap: float | None = None  # Gemma 2: scores = softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None  # gpt-oss: [heads] logits of a sink column in every row's softmax
     sliding_window: int | None = None
@@ -184,6 +187,19 @@ def batch_zero_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask if mask.dtype == torch.bool else mask > -1e4
 
 
+def bias_in_mask(attention_mask: torch.Tensor | None, heads: int, n_q: int, n_k: int) -> torch.Tensor | None:
+    """The finite, non-zero part of batch item 0's additive float mask, ``[heads, n_q, n_k]``: a position bias
+    that a model adds to the scores through the mask (Falcon's ALiBi), or None for a bool mask or a plain 0 /
+    large-negative one."""
+    if attention_mask is None or attention_mask.dtype == torch.bool or attention_mask.dim() < 3:
+        return None
+    first = attention_mask.reshape(-1, *attention_mask.shape[-3:])[0][..., -n_q:, :n_k]  # [heads or 1, n_q, n_k]
+    values = first.masked_fill(first <= -1e4, 0.0)
+    if not bool(values.any()):
+        return None
+    return values.detach().expand(heads, n_q, n_k)
+
+
 def _additive_mask(attention_mask: torch.Tensor | None, is_causal: bool, query: torch.Tensor,
                    key: torch.Tensor) -> torch.Tensor | None:
     """What transformers' eager functions expect: an additive float mask (0 / the dtype's minimum). SDPA's mask
@@ -220,6 +236,10 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
     recorder = _RECORDER.get()
     if recorder is not None:
         bias = kwargs.get("position_bias")
+        bias = None if bias is None else bias.reshape(-1, *bias.shape[-3:])[0].detach()
+        folded = bias_in_mask(attention_mask, query.shape[1], query.shape[-2], key.shape[-2])
+        if folded is not None:
+            bias = folded if bias is None else bias + folded
         sinks = kwargs.get("s_aux")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         is_causal = kwargs.get("is_causal")
@@ -231,7 +251,8 @@ def attnviz_attention(module, query, key, value, attention_mask, scaling=None, d
             mask=batch_zero_mask(attention_mask),
             is_causal=bool(getattr(module, "is_causal", False) if is_causal is None else is_causal),
             scaling=float(scale),
-            position_bias=None if bias is None else bias.reshape(-1, *bias.shape[-3:])[0].detach(),
+            position_bias=bias,
+            bias_in_mask=folded is not None,
             softcap=kwargs.get("softcap"),
             sinks=None if sinks is None else sinks.detach(),
             sliding_window=kwargs.get("sliding_window"),

@@ -147,7 +147,7 @@ def record_from_calls(kind: str, calls: list[AttentionCall], query_tokens: list[
     rule_cache: dict = {}
     layer_masks = [_rule_of(c, n_q, n_k, rule_cache) for c in calls]
     for call, layer_mask in zip(calls, layer_masks, strict=True):
-        if layer_mask.rule is not None and call.kernel.attention_mask is not None:
+        if layer_mask.rule is not None and call.kernel.attention_mask is not None and not call.bias_in_mask:
             # An N x N mask that is a rule is not kept: the replay check builds it again when it runs.
             rule = layer_mask.rule
             call.kernel.attention_mask = None

@@ -48,7 +48,7 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
     if depth > MAX_NESTING:
         raise CheckpointRefused(f"{path} nests sub-configs more than {MAX_NESTING} deep")
     if depth == 0 or "model_type" in config:
-        _check_model_type(config, path)
+        _check_model_type(config, path, nested=depth > 0)
     _check_bounds(config, path)
     _check_heads_and_layers(config, tensors, path)
     _check_described_size(config, parameters, path)
@@ -59,10 +59,14 @@ def check_config_numbers(config: dict, tensors: int, parameters: int, path: str 
             check_config_numbers(value, tensors, parameters, f"{path} → {key}", depth + 1)
 
 
-def _check_model_type(config: dict, path: str) -> None:
+def _check_model_type(config: dict, path: str, nested: bool = False) -> None:
+    """The top level names its type; a nested sub-config may leave it empty (transformers writes ``""`` for
+    sub-configs that are not models of their own, such as MPT's ``attn_config``)."""
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
+    if not isinstance(model_type, str):
         raise CheckpointRefused(f"{path}'s model_type must be a name (a string), not {type(model_type).__name__}")
+    if not model_type and not nested:
+        raise CheckpointRefused(f"{path}'s model_type is empty: it must name the model's type")
 
 
 def _check_bounds(config: dict, path: str) -> None:

@@ -56,14 +56,15 @@ OUTPUT_PROJECTIONS = {
     "GPTNeoSelfAttention": "out_proj",
     "MPNetSelfAttention": "o",
     "BloomAttention": "dense",
-    "FalconAttention": "dense",
+    "FalconAttention": "dense",  # (before transformers 5.25: its attention interface since)
+    "MptAttention": "out_proj",
     "DebertaV2Attention": "output.dense",
 }
 
 
 def _heads_of(module: torch.nn.Module) -> int | None:
     for owner in (module, getattr(module, "self", None)):
-        for name in ("num_heads", "num_attention_heads", "n_head"):
+        for name in ("num_heads", "num_attention_heads", "n_head", "n_heads"):
             value = getattr(owner, name, None) if owner is not None else None
             if isinstance(value, int) and value > 0:
                 return value

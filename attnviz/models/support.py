@@ -14,6 +14,8 @@ README in step, and the tests are parametrised by :data:`TESTED_MODEL_TYPES` and
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from dataclasses import dataclass
 
@@ -62,7 +64,11 @@ class Architecture:
 
     @property
     def capture_path(self) -> str:
-        """How its attention is observed: "interface", "hooks" or "weights" (see :mod:`attnviz.models.eager`)."""
+        """How its attention is observed: "interface", "hooks" or "weights" (see :mod:`attnviz.models.eager`), with
+        the installed transformers: a type whose code moves to the attention interface is recorded there, as
+        :func:`capture_path_of` finds on the loaded model (Falcon did in transformers 5.25)."""
+        if (self.adapter is not None or self.weights_only_reason is not None) and code_uses_interface(self.model_type):
+            return "interface"
         if self.adapter is not None:
             return "hooks"
         return "weights" if self.weights_only_reason is not None else "interface"
@@ -107,7 +113,11 @@ RECORDS = (
     Architecture("bloom", role="decoder", traits="ALiBi", positions="ALiBi", adapter=BloomAdapter()),
     Architecture("falcon", **_ROTARY_DECODER,
                  weights_only_reason="Falcon applies its rotary embedding (or ALiBi) to Q and K inside its own "
-                                     "attention code, after the projections a hook can read"),
+                                     "attention code, after the projections a hook can read (before transformers "
+                                     "5.25; since, it goes through the attention interface)"),
+    Architecture("mpt", role="decoder", traits="ALiBi", positions="ALiBi",
+                 weights_only_reason="MPT adds its ALiBi bias to the scores inside its own attention code, after "
+                                     "the projections a hook can read"),
     Architecture("llama", traits="grouped-query attention", **_ROTARY_DECODER),
     Architecture("mistral", traits="sliding window", **_ROTARY_DECODER),
     Architecture("mixtral", traits="mixture of experts", **_ROTARY_DECODER),
@@ -229,6 +239,18 @@ def shares_layers(model_type: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Capture: which path, its adapter, and which attention a recorded call belongs to
+
+
+@functools.cache
+def code_uses_interface(model_type: str) -> bool:
+    """Whether the installed transformers' modeling code of ``model_type`` goes through its attention interface
+    (the test :func:`uses_attention_interface` makes on a loaded model, made on the module by its name)."""
+    name = model_type.replace("-", "_")
+    try:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return False
+    return hasattr(module, "ALL_ATTENTION_FUNCTIONS")
 
 
 def uses_attention_interface(model: torch.nn.Module) -> bool:

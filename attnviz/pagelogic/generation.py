@@ -30,9 +30,10 @@ ALIBI_CONTEXT = 2048  # BLOOM's config names no length (ALiBi has no position ta
 
 
 def context_length(config) -> int:
-    """How many positions a causal LM has: its position table's length, or BLOOM's training length."""
+    """How many positions a causal LM has: its position table's length (MPT: ``max_seq_len``, the length its
+    ALiBi bias is built for), or BLOOM's training length."""
     return int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-               or ALIBI_CONTEXT)
+               or getattr(config, "max_seq_len", None) or ALIBI_CONTEXT)
 
 
 def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
