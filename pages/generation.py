@@ -37,7 +37,7 @@ from attnviz.units import human_bytes
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.generation import next_token_chart, sequence_heatmap
 from attnviz.viz.inference import block_table_figure, memory_map_figure, ring_figure
-from attnviz.viz.matrix import matrix_heatmap
+from attnviz.viz.matrix import NARROW_FULL_WIDTH, matrix_heatmap
 from attnviz.viz.style import token_labels
 
 TABS = ["Generation", "PagedAttention", "Ring attention"]
@@ -313,6 +313,7 @@ def timeline_figure(key: tuple, step: int, layer: int, head: int, _cached: gen.G
     figure = matrix_heatmap(matrix, rows, token_labels(_labels),
                             title=f"Timeline: each step's attention, layer {layer}, head {head}",
                             x_title="key position", y_title="generated token", show_values=False,
+                            width=NARROW_FULL_WIDTH,  # its key labels thinned to fit a 900-px window too
                             row_notes=notes[n_prompt: n_prompt + step + 1], col_notes=notes)
     caption = (f"One row per generated token up to step {step + 1} (labelled by its position): its query's weights "
                "over the earlier tokens, each at its position. Grey: keys the query did not read, positions that did "

@@ -56,7 +56,7 @@ def shown(at) -> list[str]:
                   for widget in at.main.get(kind)]
     for kind in ("markdown", "caption", "metric", "info", "warning", "error", "success", "latex", "code", "subheader"):
         parts += [f"{kind}: {element.value}" for element in at.main.get(kind)]
-    parts += [f"table: {frame.value.to_json()}" for frame in at.main.get("dataframe")]
+    parts += [f"table: {frame.value.to_json()}" for kind in ("dataframe", "table") for frame in at.main.get(kind)]
     return parts
 
 

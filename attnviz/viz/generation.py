@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from attnviz.viz import style
 from attnviz.viz.heads import HEAD_COLOURS
-from attnviz.viz.matrix import BOUNDARY_COLOUR, FULL_WIDTH, matrix_heatmap
+from attnviz.viz.matrix import BOUNDARY_COLOUR, NARROW_FULL_WIDTH, matrix_heatmap
 
 
 def next_token_chart(labels: list[str], probabilities: list[float], ids: list[int], *, title: str,
@@ -41,11 +41,12 @@ def next_token_chart(labels: list[str], probabilities: list[float], ids: list[in
 
 
 def sequence_heatmap(values, labels: list[str], segments: list[int], marks: list[tuple[int, int]], *, title: str,
-                     width: int = FULL_WIDTH, notes: list[str] | None = None) -> go.Figure:
+                     width: int = NARROW_FULL_WIDTH, notes: list[str] | None = None) -> go.Figure:
     """One head's weights, every query (rows) over every key (columns) of the sequence, on the shared 0..1 scale;
     generated tokens' labels in orange after a dashed line; ``marks`` ``(row, col)`` outlined: the cells an
     induction head fills (each repeated token's query on the token after its earlier occurrence). ``notes`` (one
-    per label: a token's raw piece and id) are added to the hover."""
+    per label: a token's raw piece and id) are added to the hover. ``width``: by default the narrowest the page
+    draws it at (a 900-px window), so that its key labels, turned by 45 degrees, are thinned to fit there too."""
     n = len(labels)
     height = int(min(900, max(420, 160 + 15 * n)))  # every label up to ~50 tokens
     figure = matrix_heatmap(values, labels, labels, title=title, x_title="key", y_title="query", show_values=False,
