@@ -35,7 +35,7 @@ def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool,
         halves += f" (positions from {recipe.train_length} on were never trained)"
     common_words = (f" and on the {recipe.common_words:,} most frequent English words of the `wordfreq` package's list "
                     "(each as often as in 3 million words of English), so that everyday words are single tokens; the "
-                    "model never trains on that list" if getattr(recipe, "common_words", 0) else "")
+                    "model never trains on that list" if recipe.common_words else "")
     heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
     return f"""# attnviz tiny GPT
 
@@ -78,6 +78,6 @@ wrongly, and it has memorised much of its training text.
 - **Licence**: the training text is Python's documentation, copyright the Python Software Foundation, under the
   PSF License Agreement (https://docs.python.org/3/license.html); the weights, trained on that text, are
   distributed under the same terms.{" The tokenizer's merges were also counted on wordfreq's English word list "
-  "(https://github.com/rspeer/wordfreq, data under CC BY-SA 4.0); no text of it is in the weights." if getattr(
-  recipe, "common_words", 0) else ""}
+  "(https://github.com/rspeer/wordfreq, data under CC BY-SA 4.0); no text of it is in the weights." if
+  recipe.common_words else ""}
 """

@@ -440,8 +440,7 @@ def _max_positions(config) -> int:
         size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
         patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
         return (size // patch) ** 2 + len(support.image_prefix(config.model_type))  # [CLS] (DeiT: and [DIST])
-    rows = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0)
-               or getattr(config, "max_seq_len", 0) or 512)
+    rows = support.declared_positions(config) or 512
     if support.positions_after_padding(config.model_type):
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return rows

@@ -241,6 +241,17 @@ def shares_layers(model_type: str) -> bool:
 # Capture: which path, its adapter, and which attention a recorded call belongs to
 
 
+def declared_positions(config) -> int | None:
+    """The length a config gives its positions: its position table's rows (``max_position_embeddings``, GPT-2's
+    ``n_positions``) or MPT's ``max_seq_len`` (the length its ALiBi bias is built for); None when it names none
+    (BLOOM)."""
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    return None
+
+
 @functools.cache
 def code_uses_interface(model_type: str) -> bool:
     """Whether the installed transformers' modeling code of ``model_type`` goes through its attention interface

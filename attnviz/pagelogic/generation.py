@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnviz.models import support
 from attnviz.models.layer_facts import LayerFacts, layer_facts
 
 STRATEGIES = {"greedy": "greedy (the most likely token)", "sample": "sample (temperature, top-k, top-p)"}
@@ -32,8 +33,7 @@ ALIBI_CONTEXT = 2048  # BLOOM's config names no length (ALiBi has no position ta
 def context_length(config) -> int:
     """How many positions a causal LM has: its position table's length (MPT: ``max_seq_len``, the length its
     ALiBi bias is built for), or BLOOM's training length."""
-    return int(getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-               or getattr(config, "max_seq_len", None) or ALIBI_CONTEXT)
+    return support.declared_positions(config) or ALIBI_CONTEXT
 
 
 def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
