@@ -392,7 +392,8 @@ def export_view(path: Path) -> None:
     ready = st.session_state.get("corpus_export_ready")
     if ready and ready[:2] == (str(path), table):
         st.download_button(f"Download {table}.parquet ({len(ready[2]) / 1024:,.0f} KB)", ready[2],
-                           file_name=f"{table}.parquet", mime="application/octet-stream", key="corpus_download")
+                           file_name=f"{table}.parquet", mime="application/octet-stream", key="corpus_download",
+                           on_click="ignore")
     st.caption(f"The whole scan is one DuckDB file: `{path.name}`. Its tables are described in the docs "
                "(docs/scans.md).")
 

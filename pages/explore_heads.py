@@ -525,24 +525,24 @@ def export_tab(capture, record, options: ViewOptions) -> None:
         figure, _ = view_figure(capture, options)
         columns[0].download_button(
             "Figure (HTML)", lambda: figure_html(figure), f"attnviz_{view}_L{layer}H{head}.html", "text/html",
-            key="export_html",
+            key="export_html", on_click="ignore",
         )
     except ValueError:
         columns[0].caption("No figure to export with these filters.")
     columns[1].download_button(
         "All tensors (.npz)", lambda: capture_npz(capture), "attnviz_capture.npz", "application/octet-stream",
-        key="export_npz", help=f"Q, K and V of every layer (and every head's weights up to "
+        key="export_npz", on_click="ignore", help=f"Q, K and V of every layer (and every head's weights up to "
                                f"{dense_token_limit(record.n_layers, record.n_heads):,} tokens with this model).",
     )
     table_options = options if view in ("head", "average") else dataclasses.replace(options, view="head")
     columns[2].download_button(
         "This head as shown (CSV)", lambda: matrix_csv(shown_matrix(capture, table_options), capture, options.kind),
-        f"attnviz_L{layer}H{head}.csv", "text/csv", key="export_csv",
+        f"attnviz_L{layer}H{head}.csv", "text/csv", key="export_csv", on_click="ignore",
     )
     columns[3].download_button(
         "This head as shown (JSON)",
         lambda: matrix_json(capture, table_options, shown_matrix(capture, table_options)),
-        f"attnviz_L{layer}H{head}.json", "application/json", key="export_json",
+        f"attnviz_L{layer}H{head}.json", "application/json", key="export_json", on_click="ignore",
     )
     st.caption("Link to this view: copy the address bar; it holds the model, the sentence and sentence B, the layer, "
                "head and view, and the filters.")

@@ -180,7 +180,8 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
     with st.expander("Exact weights (copy or download)"):
         weights_frame = pd.DataFrame(steps.weights.numpy(), index=query_labels, columns=key_labels)
         st.dataframe(weights_frame)
-        st.download_button("Download weights as CSV", weights_frame.to_csv(), "attention_weights.csv", "text/csv")
+        st.download_button("Download weights as CSV", weights_frame.to_csv(), "attention_weights.csv", "text/csv",
+                           on_click="ignore")
 
 
 def main() -> None:

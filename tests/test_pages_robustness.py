@@ -95,3 +95,21 @@ def test_bloom_is_replayed_and_its_own_alibi_is_on_the_positional_page(tiny_chec
     assert any("uses ALiBi itself" in m.value and "the paper's slopes for 4 heads" in m.value for m in at.markdown)
     titles = [spec["layout"]["title"]["text"] for spec in figures(at)]
     assert any("Its bias, head 0" in t for t in titles), titles
+
+
+def test_no_download_reruns_its_page():
+    """A download must not rerun the page: a rerun that starts while a deferred file is being made clears the
+    messages waiting for the browser, the reply among them, and the button then stays disabled for three minutes
+    (Streamlit 1.67's ForwardMsgQueue.clear keeps only lifecycle messages)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    calls = []
+    for path in [root / "app.py", *sorted((root / "pages").glob("*.py")), *sorted((root / "attnviz").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "download_button":
+                on_click = {k.arg: k.value for k in node.keywords}.get("on_click")
+                calls.append((f"{path.name}:{node.lineno}", isinstance(on_click, ast.Constant) and on_click.value))
+    assert len(calls) >= 6  # the four exports, step by step's weights, the corpus's Parquet
+    assert [where for where, value in calls if value != "ignore"] == []
