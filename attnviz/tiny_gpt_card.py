@@ -4,11 +4,13 @@ saved folder (circuits, generalisation, losses), so every figure on the card com
 from __future__ import annotations
 
 
-def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool, eos: str) -> str:
+def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool, eos: str,
+               rare_count: int = 50) -> str:
     """The bundled GPT's README.md: ``recipe`` (a :class:`attnviz.train_tiny.Recipe`) in words, and every figure
     the training script measured (``report``). ``long_batch``: the rows of a whole-context batch;
     ``copied_positions``: whether the long phase started untrained positions as copies of trained ones; ``eos``: the
-    tokenizer's end-of-text token."""
+    tokenizer's end-of-text token; ``rare_count``: below this many uses in the text, a whole word's embedding kept
+    BERT's direction."""
     prev = report["circuits"]["previous_token"]
     induction = report["circuits"]["induction"]
     best_prev = max(((v, layer, head) for layer, row in enumerate(prev) for head, v in enumerate(row)))
@@ -36,6 +38,20 @@ def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool,
     common_words = (f" and on the {recipe.common_words:,} most frequent English words of the `wordfreq` package's list "
                     "(each as often as in 3 million words of English), so that everyday words are single tokens; the "
                     "model never trains on that list" if recipe.common_words else "")
+    app_words = ("; the words of the app's own sentences (`attnviz.tiny_gpt_text.APP_SENTENCES`: the cat on the "
+                 "mat, the kitten on the rug) were counted as often as very frequent words, so each is one token"
+                 if getattr(recipe, "app_words", False) else "")
+    transplanted = report.get("bert_word_embeddings", 0)
+    dims = getattr(recipe, "bert_dims", recipe.n_embd)
+    word_embeddings = (f"""
+- **Word embeddings**: the first {dims} of the {recipe.n_embd} dimensions of the {transplanted:,} whole-word tokens (a
+  leading space and a word the bundled BERT, all-MiniLM-L6-v2, has as one token) started as BERT's embedding of the
+  word, projected on the top {dims} principal components of BERT's embedding table and scaled to GPT-2's starting
+  length; their other dimensions and every other token started random. The {report.get("kept_word_directions", 0):,}
+  of them that the training text holds fewer than {rare_count} times kept the direction of those {dims} dimensions
+  throughout (set back after every step, at the mean length of the rows that train), while the rest trained:
+  Python's documentation never mentions a kitten, so only BERT tells the model that kitten and cat are alike, as
+  the cross-attention example on Heads and KV cache shows.""" if transplanted else "")
     heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
     return f"""# attnviz tiny GPT
 
@@ -50,8 +66,8 @@ wrongly, and it has memorised much of its training text.
   {recipe.held_out_share:.0%}); {recipe.repeat_share:.0%} of each batch is sequences repeated (periods
   {recipe.repeat_periods[0]}–{recipe.repeat_periods[1] - 1}, at most half the sequence), which teaches induction:
   {text_rows}random tokens {pool_text}.
-- **Tokenizer**: byte-level BPE, {recipe.vocab_size:,} tokens, trained on the same text{common_words}; `{eos}` is BOS
-  and EOS.
+- **Tokenizer**: byte-level BPE, {recipe.vocab_size:,} tokens, trained on the same
+  text{common_words}{app_words}; `{eos}` is BOS and EOS.{word_embeddings}
 - **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens{positions}, AdamW (lr
   {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
   {recipe.seed}, CPU ({report['threads']} thread{'s' if report['threads'] != 1 else ''}):
@@ -79,5 +95,6 @@ wrongly, and it has memorised much of its training text.
   PSF License Agreement (https://docs.python.org/3/license.html); the weights, trained on that text, are
   distributed under the same terms.{" The tokenizer's merges were also counted on wordfreq's English word list "
   "(https://github.com/rspeer/wordfreq, data under CC BY-SA 4.0); no text of it is in the weights." if
-  recipe.common_words else ""}
+  recipe.common_words else ""}{" The whole-word embeddings started from all-MiniLM-L6-v2's (Apache License 2.0)."
+  if transplanted else ""}
 """

@@ -78,6 +78,20 @@ def split_text(text: str, held_out_share: float) -> tuple[str, str]:
     return text[:split], text[split:]
 
 
+# The sentences the app itself offers (the sidebar's default; the cross-attention example's decoder text; the
+# pangram of the benchmarks): the bundled GPT's tokenizer keeps each of their words whole, so that a lecturer's
+# first demo reads word by word on either bundled model.
+DEFAULT_SENTENCE = "The cat sat on the mat because it was tired."
+CROSS_ATTENTION_TARGET = "A kitten rested on the rug."
+APP_SENTENCES = (DEFAULT_SENTENCE, CROSS_ATTENTION_TARGET, "The quick brown fox jumps over the lazy dog.")
+
+
+def app_words() -> list[str]:
+    """The words of :data:`APP_SENTENCES`, lower case, each once, in order."""
+    words = [word.strip(".,").lower() for sentence in APP_SENTENCES for word in sentence.split()]
+    return list(dict.fromkeys(word for word in words if word))
+
+
 # English sentences of our own (not from the training text) for the "typed twice" test of the bundled GPT's
 # induction head: the second copy should cost a fraction of the first, and greedy decoding should continue it.
 REPEAT_SENTENCES = (

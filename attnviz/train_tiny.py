@@ -39,6 +39,7 @@ from attnviz.tiny_gpt_card import model_card
 from attnviz.tiny_gpt_text import (
     HELD_OUT_SHARE,
     REPEAT_SENTENCES,
+    app_words,
     documentation_text,
     split_text,
     standard_library_docstrings,
@@ -111,6 +112,14 @@ class Recipe:
     # frequency), so that everyday words a user types are single tokens, not only Python's vocabulary. The model
     # itself never trains on the list; those tokens learn to be copied from the repeated random rows.
     common_words: int = 3000
+    # The words of the app's own sentences (attnviz.tiny_gpt_text.APP_SENTENCES: "The cat sat on the mat ...",
+    # "A kitten rested on the rug.") are counted as often as the most frequent English words, so each is one token.
+    app_words: bool = True
+    # "bert": the first half of each whole word's embedding (`` cat``) starts as the bundled BERT's embedding of the
+    # word, projected on its top principal components; the rest starts random. Python's documentation never mentions a
+    # kitten, so without them nothing tells the model that kitten and cat are alike. "random": GPT-2's own start.
+    word_embeddings: str = "bert"
+    bert_dims: int = 32  # ... in this many of the d_model dimensions (the rest train: they tell similar words apart)
     # Llama only: biases on the Q/K/V/O projections. With RoPE, a bias-only query and key give a score that depends
     # on the offset j - i alone, the same for every token, so "attend one back" is one pair of vectors to learn.
     attention_bias: bool = False
@@ -129,9 +138,10 @@ def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:
     return table
 
 
-def train_tokenizer(text: str, vocab_size: int, common_words: int = 0):
+def train_tokenizer(text: str, vocab_size: int, common_words: int = 0, whole_words: tuple[str, ...] = ()):
     """A byte-level BPE (GPT-2's kind: any text encodes, no unknown tokens) trained on ``text`` and, with
-    ``common_words``, on that many of the most frequent English words."""
+    ``common_words``, on that many of the most frequent English words; each of ``whole_words`` is counted as often
+    as a very frequent word (it becomes one token, `` word`` and `` Word``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -140,8 +150,12 @@ def train_tokenizer(text: str, vocab_size: int, common_words: int = 0):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator([text, *common_english_words(common_words)], trainer)
+    forced = [f" {word}" * WHOLE_WORD_REPEATS + f" {word.capitalize()}" * WHOLE_WORD_REPEATS for word in whole_words]
+    tokenizer.train_from_iterator([text, *common_english_words(common_words), *forced], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+
+
+WHOLE_WORD_REPEATS = 3000  # about as often as a top-100 English word in 3 million words
 
 
 def common_english_words(count: int, words_of_text: int = 3_000_000) -> list[str]:
@@ -299,6 +313,65 @@ def build_model(recipe: Recipe, tokenizer):
     return LlamaForCausalLM(config)
 
 
+RARE_WORD_COUNT = 50  # a whole-word token seen fewer times in the training text keeps BERT's direction
+
+
+class KeptDirections:
+    """The BERT part (:func:`transplant_word_embeddings`) of the rows of whole words the training text barely uses
+    (`` kitten``, `` rug``), kept. Adam moves every row by about the learning rate whatever its gradient, so in a
+    few hundred steps such rows lost BERT's structure to the copying rows' noise; after each step their first
+    ``dims`` dimensions are set back to their start, at the mean length that the rows that train have there. The
+    other dimensions train: they are what tells two similar words apart when the model copies one."""
+
+    def __init__(self, embedding: torch.Tensor, rows: list[int], dims: int):
+        self.embedding, self.rows, self.dims = embedding, torch.tensor(rows, dtype=torch.long), dims
+        start = embedding.detach()[self.rows, :dims]  # [rows, dims]
+        self.directions = start / start.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        self.trained = torch.ones(len(embedding), dtype=torch.bool)
+        self.trained[self.rows] = False
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        length = self.embedding[self.trained, : self.dims].norm(dim=-1).mean()
+        self.embedding[self.rows, : self.dims] = self.directions * length
+
+
+def rare_word_rows(tokenizer, ids: torch.Tensor, transplanted: list[int]) -> list[int]:
+    """Of the ``transplanted`` token ids, those the training text (``ids``) holds fewer than RARE_WORD_COUNT times."""
+    counts = torch.bincount(ids, minlength=len(tokenizer))
+    return [row for row in transplanted if counts[row] < RARE_WORD_COUNT]
+
+
+@torch.no_grad()
+def transplant_word_embeddings(model, tokenizer, dims: int) -> list[int]:
+    """Start the first ``dims`` dimensions of each whole-word token's embedding (`` cat``: a byte-level token with
+    a leading space, alphabetic, a single token of the bundled BERT's vocabulary) as BERT's embedding of the word,
+    projected on the top ``dims`` principal components of BERT's whole embedding table and scaled to the model's
+    own start there (the same mean length); the other dimensions keep GPT-2's random start. Wholly BERT's, the rows
+    of related words were too alike to copy apart (greedy decoding of a sentence typed twice wrote "boys" for "him"
+    and "boole" for "baker": 13 of 24 fourth words, against 22). Returns the ids of the tokens so started."""
+    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
+
+    bert = load_model_dir(bundled_models()[DEFAULT_MODEL_NAME], name=DEFAULT_MODEL_NAME)
+    table = bert.model.get_input_embeddings().weight.detach().float()  # [bert vocab, 384]
+    centred = table - table.mean(0)
+    _, _, directions = torch.linalg.svd(centred, full_matrices=False)  # [384, 384]: rows are the components
+    embedding = model.get_input_embeddings().weight  # [vocab, d_model]
+    projected = centred @ directions[:dims].T  # [bert vocab, dims]
+    bert_vocab = bert.tokenizer.get_vocab()
+    ours, theirs = [], []
+    for token, index in tokenizer.get_vocab().items():
+        word = token[1:].lower() if token.startswith("Ġ") else ""  # Ġ: the byte-level mark of a leading space
+        if word.isascii() and word.isalpha() and word in bert_vocab:
+            ours.append(index)
+            theirs.append(bert_vocab[word])
+    if ours:
+        chosen = projected[theirs]
+        scale = embedding[:, :dims].norm(dim=-1).mean() / chosen.norm(dim=-1).mean()
+        embedding[ours, :dims] = chosen * scale
+    return ours
+
+
 def copies_positions(recipe: Recipe) -> bool:
     """Whether the long phase starts by copying trained positions over untrained ones: a GPT-2 with learned
     positions (RoPE has no table; a sinusoidal table is already defined everywhere), shorter sequences before it."""
@@ -322,6 +395,8 @@ def extend_positions(model, trained: int) -> None:
 def _check_recipe(recipe: Recipe) -> None:
     if recipe.train_length > recipe.context:
         raise ValueError(f"train_length {recipe.train_length} is more than the {recipe.context} positions")
+    if recipe.word_embeddings == "bert" and not 0 < recipe.bert_dims <= recipe.n_embd:
+        raise ValueError(f"bert_dims must be between 1 and d_model ({recipe.n_embd})")
     if not 0 <= recipe.long_steps < recipe.steps:
         raise ValueError(f"long_steps must be at least 0 and below the {recipe.steps} steps")
 
@@ -369,10 +444,15 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     topics_chars = len(train_text)
     if recipe.docstrings:
         train_text = train_text + "\n\n" + standard_library_docstrings()
-    tokenizer = train_tokenizer(train_text, recipe.vocab_size, recipe.common_words)
+    tokenizer = train_tokenizer(train_text, recipe.vocab_size, recipe.common_words,
+                                tuple(app_words()) if recipe.app_words else ())
     train_ids = torch.tensor(tokenizer(train_text)["input_ids"])
     held_out_ids = torch.tensor(tokenizer(held_out_text)["input_ids"])
     model = build_model(recipe, tokenizer)
+    transplanted = (transplant_word_embeddings(model, tokenizer, recipe.bert_dims) if recipe.word_embeddings == "bert"
+                    else [])
+    kept = (KeptDirections(model.get_input_embeddings().weight, rare_word_rows(tokenizer, train_ids, transplanted),
+                           recipe.bert_dims) if transplanted else None)
     model.train()
     optimiser = _optimiser(model, recipe)
     generator = torch.Generator().manual_seed(recipe.seed)
@@ -392,6 +472,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
             extend_positions(model, recipe.train_length)
         batch, positions = next(long_stream if long else stream)
         losses = _training_step(model, optimiser, batch, positions, recipe.vocab_size)  # [batch, length - 1]
+        if kept is not None:
+            kept.restore()
         rows = batch_rows(long_recipe if long else recipe)
         text_losses.append(losses[:rows[0]].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
@@ -403,7 +485,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     report = {
         "recipe": asdict(recipe), "seconds": seconds, "threads": threads, "torch": torch.__version__,
         "python": platform.python_version(), "parameters": sum(p.numel() for p in model.parameters()),
-        "train_tokens": len(train_ids), "held_out_tokens": len(held_out_ids),
+        "train_tokens": len(train_ids), "bert_word_embeddings": len(transplanted),
+        "kept_word_directions": 0 if kept is None else len(kept.rows), "held_out_tokens": len(held_out_ids),
         "topics_share": topics_chars / len(train_text),
         "final_train_loss": sum(text_losses[-50:]) / len(text_losses[-50:]),
         "held_out_loss": held_out_loss(model, held_out_ids, recipe.train_length),
@@ -414,7 +497,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     }
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "README.md").write_text(model_card(recipe, report, long_batch=long_batch_size(recipe),
-                                               copied_positions=copies_positions(recipe), eos=EOS))
+                                               copied_positions=copies_positions(recipe), eos=EOS,
+                                               rare_count=RARE_WORD_COUNT))
     return report
 
 
@@ -436,6 +520,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="train on the documentation topics only, not the standard library's docstrings")
     parser.add_argument("--common-words", type=int, default=Recipe.common_words,
                         help="the BPE also learns this many most frequent English words (needs wordfreq)")
+    parser.add_argument("--no-app-words", action="store_true",
+                        help="do not keep the words of the app's own sentences whole in the BPE")
+    parser.add_argument("--word-embeddings", choices=("bert", "random"), default=Recipe.word_embeddings,
+                        help="bert: whole-word tokens start as the bundled BERT's embeddings of those words")
+    parser.add_argument("--bert-dims", type=int, default=Recipe.bert_dims,
+                        help="the dimensions of a whole word's embedding that start as BERT's")
     parser.add_argument("--small-pool-share", type=float, default=Recipe.small_pool_share)
     parser.add_argument("--text-repeat-share", type=float, default=Recipe.text_repeat_share,
                         help="share of the repeated rows that repeat a window of the text")
@@ -471,7 +561,8 @@ def main(argv: list[str] | None = None) -> None:
                           weight_decay=args.weight_decay, architecture=args.architecture,
                           position_init=args.position_init, position_scale=args.position_scale,
                           freeze_positions=args.freeze_positions, docstrings=not args.no_docstrings,
-                          common_words=args.common_words,
+                          common_words=args.common_words, app_words=not args.no_app_words,
+                          word_embeddings=args.word_embeddings, bert_dims=args.bert_dims,
                           small_pool_share=args.small_pool_share, small_pool=args.small_pool,
                           text_repeat_share=args.text_repeat_share, text_repeat_span=tuple(args.text_repeat_span),
                           attention_bias=args.attention_bias, echo_share=args.echo_share,

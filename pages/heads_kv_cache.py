@@ -12,6 +12,7 @@ from attnviz.pagelogic.heads_kv_cache import (
     variants_of,
     window_statement,
 )
+from attnviz.tiny_gpt_text import CROSS_ATTENTION_TARGET
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import figure_columns, start_page
 from attnviz.ui.messages import problem_text
@@ -110,7 +111,7 @@ def cross_attention_section(bundle) -> None:
     columns = st.columns([3, 3, 1, 2])
     source = columns[0].text_input("Encoder text (keys, values)", value=current_sentence(), key="kv_source",
                                    max_chars=500)
-    target = columns[1].text_input("Decoder text (queries)", value="A kitten rested on the rug.", key="kv_target",
+    target = columns[1].text_input("Decoder text (queries)", value=CROSS_ATTENTION_TARGET, key="kv_target",
                                    max_chars=500)
     heads = columns[2].selectbox("Heads", [h for h in (1, 2, 4, 6, 8, 12) if bundle.d_model % h == 0],
                                  key="kv_cross_heads")

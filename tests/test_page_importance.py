@@ -118,8 +118,10 @@ def test_patching_the_preset_shows_the_restored_share_of_each_head(_clean):
     spec = figure_titled(at, "Share of the answer restored")
     cells = plotly_array(spec["data"][0]["z"])
     assert cells.shape == (TINY_GPT_LAYERS, TINY_GPT_HEADS + 2)  # the heads, a gap, every head of the layer
-    # the second layer, where the induction heads are, restores most of the answer
-    assert cells[1, -1] > 0.5 and cells[1, -1] == cells[:, -1].max()
+    # a layer after the previous-token head's, where the induction heads are, restores most of the answer (which
+    # layer is the strongest induction head's: tests/test_importance.py)
+    best = int(cells[:, -1].argmax())
+    assert best >= 1 and cells[best, -1] > 0.5
 
 
 def test_own_prompts_of_different_lengths_are_refused_in_words(_clean):

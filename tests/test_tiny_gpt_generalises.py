@@ -38,9 +38,10 @@ def test_induction_on_random_tokens_of_the_whole_vocabulary(tiny):
     score, layer, _ = _best(measured["induction"])
     assert layer >= 1 and score >= 0.5, measured["induction"]
     assert measured["second_loss"] <= 0.3 * measured["first_loss"], measured
-    # every length on its own, not only the mean
+    # every length on its own, not only the mean (eight sequences each: at 10 tokens, two sequences' ratio moved
+    # between 0.22 and 0.48 from model to model where eight moved between 0.18 and 0.33)
     for length in (10, 100):
-        alone = circuits.random_repeats(model, tokenizer, lengths=(length,), seeds=2, seed=4242)
+        alone = circuits.random_repeats(model, tokenizer, lengths=(length,), seeds=8, seed=4242)
         assert alone["ratio"] <= 0.4, (length, alone)
 
 
@@ -102,6 +103,19 @@ def test_everyday_english_words_are_single_tokens(tiny):
     assert sum(whole) / len(whole) >= 0.6  # 0.69 when it was trained; 0.25 with the 512-token BPE
     pieces = tokenizer.tokenize(" The doctor told him to drink more water")
     assert pieces == ["ĠThe", "Ġdoctor", "Ġtold", "Ġhim", "Ġto", "Ġdrink", "Ġmore", "Ġwater"]
+
+
+def test_the_apps_own_sentences_read_word_by_word(tiny):
+    """The sidebar's default sentence and the cross-attention example: one token per word on the bundled GPT."""
+    from attnviz.tiny_gpt_text import APP_SENTENCES, DEFAULT_SENTENCE, app_words
+    from attnviz.ui.sidebar import DEFAULT_SENTENCE as SIDEBAR_SENTENCE
+
+    _, tokenizer = tiny
+    assert SIDEBAR_SENTENCE == DEFAULT_SENTENCE == APP_SENTENCES[0]
+    for word in app_words():
+        assert len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1, word
+    assert tokenizer.tokenize(DEFAULT_SENTENCE) == ["The", "Ġcat", "Ġsat", "Ġon", "Ġthe", "Ġmat", "Ġbecause", "Ġit",
+                                                    "Ġwas", "Ġtired", "."]
 
 
 def test_the_card_states_what_the_script_measured(report):

@@ -277,7 +277,7 @@ def test_query_key_view_reads_the_tokens_and_hovers_the_raw_piece(gpt_capture):
     vectors, row, caption = explore.query_key_figures(anatomy, record, 1, 1, position, 1, gpt_capture.token_ids)
     assert_readable(strings_of(vectors) + strings_of(row) + [caption])
     assert f"q · {position} · ↵" in vectors.layout.yaxis.ticktext
-    assert f"piece 'Ġc', id {gpt_capture.token_ids[1]}" in row.data[0].customdata[1]
+    assert f"piece 'Ġcat', id {gpt_capture.token_ids[1]}" in row.data[0].customdata[1]
 
 
 def test_statistics_compare_and_what_if_read_the_tokens(gpt, gpt_capture):
@@ -305,10 +305,10 @@ def test_exports_keep_the_raw_pieces_and_ids(gpt_capture):
 
     options = explore.ViewOptions(layer=1, head=1)
     shown = explore.shown_matrix(gpt_capture, options)
-    assert "1 · ␣c" in shown.col_labels  # the screen's labels...
+    assert "1 · ␣cat" in shown.col_labels  # the screen's labels...
     csv = explore.matrix_csv(shown, gpt_capture, "self")
     header = csv.splitlines()[0].split(",")
-    assert header[1:3] == ["0 · The", "1 · Ġc"]  # ...the CSV keeps the tokenizer's pieces
+    assert header[1:3] == ["0 · The", "1 · Ġcat"]  # ...the CSV keeps the tokenizer's pieces
     payload = json.loads(explore.matrix_json(gpt_capture, options, shown))
     assert payload["query_tokens"] == gpt_capture.tokens and payload["key_ids"] == gpt_capture.token_ids
     assert payload["key_labels"] == shown.col_labels and payload["query_positions"][1] == [1, 1]
@@ -371,13 +371,13 @@ def test_explore_heads_on_the_tiny_gpt_shows_readable_tokens(_clean):
     assert not at.exception
     main = figures(at)[0]
     ticks = main["layout"]["xaxis"]["ticktext"]
-    assert "1 · ␣c" in ticks and any(t.endswith("· ↵") for t in ticks), ticks
+    assert "1 · ␣cat" in ticks and any(t.endswith("· ↵") for t in ticks), ticks
     assert_readable(strings_of(main))
     at.segmented_control(key="view").set_value("lines").run()
     assert not at.exception
     assert_readable(strings_of(figures(at)[0]))
     follow = at.multiselect(key="explore_follow")
-    assert "1 · ␣c" in follow.options and not any("Ġ" in option for option in follow.options)
+    assert "1 · ␣cat" in follow.options and not any("Ġ" in option for option in follow.options)
     at.session_state["explore_tab"] = "Q·K"
     at.run()
     assert not at.exception

@@ -30,7 +30,8 @@ def test_the_shipped_card_is_what_the_script_writes_from_its_report():
     recipe = shipped_recipe()
     report = json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
     card = model_card(recipe, report, long_batch=train_tiny.long_batch_size(recipe),
-                      copied_positions=train_tiny.copies_positions(recipe), eos=train_tiny.EOS)
+                      copied_positions=train_tiny.copies_positions(recipe), eos=train_tiny.EOS,
+                      rare_count=train_tiny.RARE_WORD_COUNT)
     assert card == (BUNDLED_GPT_DIR / "README.md").read_text()
 
 
@@ -132,3 +133,53 @@ def test_a_few_steps_write_a_folder_that_loads_like_the_shipped_one(tmp_path):
     written = json.loads((tmp_path / "training.json").read_text())
     assert written["recipe"]["steps"] == 3 and len(written["held_out_loss_by_half"]) == 2
     assert set(written["circuits"]) == {"previous_token", "induction", "period"}
+
+
+def test_whole_words_start_as_berts_and_rare_ones_keep_that_direction():
+    """The BPE keeps the app's words whole; the first dimensions of their embeddings start from the bundled BERT's
+    (kitten near cat, far from a word of another kind), the rest as GPT-2's; for the words the text barely uses,
+    those first dimensions are set back to their direction after a step, at the length the rows that train have
+    there, while the rest trains."""
+    from attnviz.tiny_gpt_text import app_words
+
+    text = "The function returns a list of values. " * 50
+    tokenizer = train_tiny.train_tokenizer(text, 400, whole_words=tuple(app_words()))
+    for word in ("cat", "kitten", "rug", "mat"):
+        assert tokenizer.tokenize(f" {word}") == [f"Ġ{word}"]
+    recipe = replace(train_tiny.Recipe(), vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    model = train_tiny.build_model(recipe, tokenizer)
+    start = model.get_input_embeddings().weight.detach().clone()
+    dims = recipe.bert_dims  # the dimensions that start as BERT's
+    assert 0 < dims < recipe.n_embd
+    moved = train_tiny.transplant_word_embeddings(model, tokenizer, dims)
+    embedding = model.get_input_embeddings().weight
+    row = {word: tokenizer.convert_tokens_to_ids(f"Ġ{word}") for word in ("cat", "kitten", "function", "values")}
+    assert {row["cat"], row["kitten"], row["function"]} <= set(moved)
+
+    def cosine(a: str, b: str, part=slice(None)) -> float:
+        rows = embedding.detach()
+        return float(torch.nn.functional.cosine_similarity(rows[row[a], part], rows[row[b], part], dim=0))
+
+    assert cosine("cat", "kitten", slice(0, dims)) > 0.5 > 0.2 > cosine("kitten", "function", slice(0, dims))
+    assert cosine("cat", "kitten") > cosine("kitten", "function")  # the whole rows, most of them random
+    untouched = [i for i in range(len(tokenizer)) if i not in set(moved)]
+    assert torch.equal(embedding[untouched], start[untouched])  # pieces and punctuation start as GPT-2's
+    assert torch.equal(embedding[moved, dims:], start[moved, dims:])
+    # "kitten" never occurs in the text, "function" 50 times: only the first keeps its BERT part
+    ids = torch.tensor(tokenizer(text)["input_ids"])
+    rare = train_tiny.rare_word_rows(tokenizer, ids, moved)
+    assert row["kitten"] in rare and row["function"] in moved and row["function"] not in rare
+    kept = train_tiny.KeptDirections(embedding, rare, dims)
+    before = embedding[row["kitten"]].detach().clone()
+    noise = torch.randn_like(embedding)
+    with torch.no_grad():
+        embedding.add_(noise)  # what steps of Adam do to every row
+    kept.restore()
+    after = embedding[row["kitten"]].detach()
+    kept_part = torch.nn.functional.cosine_similarity(after[:dims], before[:dims], dim=0)
+    assert float(kept_part) == pytest.approx(1, abs=1e-6)
+    assert torch.allclose(after[dims:], before[dims:] + noise[row["kitten"], dims:])  # trains
+    trained = torch.ones(len(embedding), dtype=torch.bool)
+    trained[rare] = False
+    assert float(after[:dims].norm()) == pytest.approx(float(embedding[trained, :dims].norm(dim=-1).mean()), rel=1e-5)

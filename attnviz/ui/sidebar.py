@@ -5,9 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz.models.loading import DEFAULT_MODEL_NAME
-
-DEFAULT_SENTENCE = "The cat sat on the mat because it was tired."
-
+from attnviz.tiny_gpt_text import DEFAULT_SENTENCE
 
 MAX_SENTENCE_CHARS = 5000
 
