@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from attnviz import circuits
+from attnviz import circuits, positional
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.tiny_gpt_card import model_card
@@ -44,9 +44,16 @@ from attnviz.tiny_gpt_text import (
     split_text,
     standard_library_docstrings,
 )
+from attnviz.tiny_gpt_words import (
+    EOS,
+    RARE_WORD_COUNT,
+    KeptDirections,
+    rare_word_rows,
+    start_from_bert,
+    train_tokenizer,
+)
 
 BUNDLED_DIR = BUNDLED_GPT_DIR
-EOS = "<|endoftext|>"
 
 
 @dataclass
@@ -126,54 +133,6 @@ class Recipe:
     # GPT-2 only: False drops the 1/sqrt(d_head) of the scores (GPT2Config.scale_attn_weights), so that the same
     # weights give logits sqrt(d_head) times larger: a sharp pattern costs less weight (and weight decay).
     scale_attention: bool = True
-
-
-def sinusoidal_positions(positions: int, dim: int) -> torch.Tensor:
-    """The original Transformer's encoding ``[positions, dim]``: sin and cos of position / 10000^(2i/dim)."""
-    position = torch.arange(positions, dtype=torch.float32)[:, None]  # [positions, 1]
-    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # [dim/2]
-    table = torch.zeros(positions, dim)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency)
-    return table
-
-
-def train_tokenizer(text: str, vocab_size: int, common_words: int = 0, whole_words: tuple[str, ...] = ()):
-    """A byte-level BPE (GPT-2's kind: any text encodes, no unknown tokens) trained on ``text`` and, with
-    ``common_words``, on that many of the most frequent English words; each of ``whole_words`` is counted as often
-    as a very frequent word (it becomes one token, `` word`` and `` Word``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    forced = [f" {word}" * WHOLE_WORD_REPEATS + f" {word.capitalize()}" * WHOLE_WORD_REPEATS for word in whole_words]
-    tokenizer.train_from_iterator([text, *common_english_words(common_words), *forced], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
-
-
-WHOLE_WORD_REPEATS = 3000  # about as often as a top-100 English word in 3 million words
-
-
-def common_english_words(count: int, words_of_text: int = 3_000_000) -> list[str]:
-    """The ``count`` most frequent English words of ``wordfreq`` (alphabetic ones), each as `` word`` repeated
-    as often as it would occur in ``words_of_text`` words of English (at least once), and `` Word`` a quarter as
-    often: text for the BPE to count, so that a common word's pieces merge into one token."""
-    if not count:
-        return []
-    try:
-        import wordfreq
-    except ImportError as error:  # a training-only extra (requirements-dev.txt)
-        raise SystemExit("common words need the wordfreq package: pip install wordfreq") from error
-    texts = []
-    for word in wordfreq.top_n_list("en", count):
-        if word.isalpha():
-            repeats = max(1, int(words_of_text * wordfreq.word_frequency(word, "en")))
-            texts.append(f" {word}" * repeats + f" {word.capitalize()}" * max(1, repeats // 4))
-    return texts
 
 
 def frequent_tokens(ids: torch.Tensor, count: int, skip: int) -> list[int]:
@@ -300,7 +259,7 @@ def build_model(recipe: Recipe, tokenizer):
             # back" for each of the 256 positions separately; from sinusoids, it is one linear map (a rotation per
             # frequency) that W_Q and W_K can learn once.
             with torch.no_grad():
-                model.transformer.wpe.weight.copy_(sinusoidal_positions(recipe.context, recipe.n_embd)
+                model.transformer.wpe.weight.copy_(positional.sinusoidal(recipe.context, recipe.n_embd)
                                                    * recipe.position_scale)
             model.transformer.wpe.weight.requires_grad_(not recipe.freeze_positions)
         return model
@@ -313,63 +272,15 @@ def build_model(recipe: Recipe, tokenizer):
     return LlamaForCausalLM(config)
 
 
-RARE_WORD_COUNT = 50  # a whole-word token seen fewer times in the training text keeps BERT's direction
-
-
-class KeptDirections:
-    """The BERT part (:func:`transplant_word_embeddings`) of the rows of whole words the training text barely uses
-    (`` kitten``, `` rug``), kept. Adam moves every row by about the learning rate whatever its gradient, so in a
-    few hundred steps such rows lost BERT's structure to the copying rows' noise; after each step their first
-    ``dims`` dimensions are set back to their start, at the mean length that the rows that train have there. The
-    other dimensions train: they are what tells two similar words apart when the model copies one."""
-
-    def __init__(self, embedding: torch.Tensor, rows: list[int], dims: int):
-        self.embedding, self.rows, self.dims = embedding, torch.tensor(rows, dtype=torch.long), dims
-        start = embedding.detach()[self.rows, :dims]  # [rows, dims]
-        self.directions = start / start.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        self.trained = torch.ones(len(embedding), dtype=torch.bool)
-        self.trained[self.rows] = False
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        length = self.embedding[self.trained, : self.dims].norm(dim=-1).mean()
-        self.embedding[self.rows, : self.dims] = self.directions * length
-
-
-def rare_word_rows(tokenizer, ids: torch.Tensor, transplanted: list[int]) -> list[int]:
-    """Of the ``transplanted`` token ids, those the training text (``ids``) holds fewer than RARE_WORD_COUNT times."""
-    counts = torch.bincount(ids, minlength=len(tokenizer))
-    return [row for row in transplanted if counts[row] < RARE_WORD_COUNT]
-
-
 @torch.no_grad()
 def transplant_word_embeddings(model, tokenizer, dims: int) -> list[int]:
-    """Start the first ``dims`` dimensions of each whole-word token's embedding (`` cat``: a byte-level token with
-    a leading space, alphabetic, a single token of the bundled BERT's vocabulary) as BERT's embedding of the word,
-    projected on the top ``dims`` principal components of BERT's whole embedding table and scaled to the model's
-    own start there (the same mean length); the other dimensions keep GPT-2's random start. Wholly BERT's, the rows
-    of related words were too alike to copy apart (greedy decoding of a sentence typed twice wrote "boys" for "him"
-    and "boole" for "baker": 13 of 24 fourth words, against 22). Returns the ids of the tokens so started."""
+    """:func:`attnviz.tiny_gpt_words.start_from_bert` with the bundled BERT's embedding table and vocabulary:
+    the first ``dims`` dimensions of ``model``'s whole-word embeddings start as BERT's. Returns their token ids."""
     from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
 
     bert = load_model_dir(bundled_models()[DEFAULT_MODEL_NAME], name=DEFAULT_MODEL_NAME)
-    table = bert.model.get_input_embeddings().weight.detach().float()  # [bert vocab, 384]
-    centred = table - table.mean(0)
-    _, _, directions = torch.linalg.svd(centred, full_matrices=False)  # [384, 384]: rows are the components
-    embedding = model.get_input_embeddings().weight  # [vocab, d_model]
-    projected = centred @ directions[:dims].T  # [bert vocab, dims]
-    bert_vocab = bert.tokenizer.get_vocab()
-    ours, theirs = [], []
-    for token, index in tokenizer.get_vocab().items():
-        word = token[1:].lower() if token.startswith("Ġ") else ""  # Ġ: the byte-level mark of a leading space
-        if word.isascii() and word.isalpha() and word in bert_vocab:
-            ours.append(index)
-            theirs.append(bert_vocab[word])
-    if ours:
-        chosen = projected[theirs]
-        scale = embedding[:, :dims].norm(dim=-1).mean() / chosen.norm(dim=-1).mean()
-        embedding[ours, :dims] = chosen * scale
-    return ours
+    return start_from_bert(model.get_input_embeddings().weight, tokenizer.get_vocab(),
+                           bert.model.get_input_embeddings().weight, bert.tokenizer.get_vocab(), dims)
 
 
 def copies_positions(recipe: Recipe) -> bool:
