@@ -377,6 +377,52 @@ def test_examples_are_kept_per_criterion_best_first(bert_scan):
                 assert e["window_start"] <= e["query"] < e["window_start"] + len(e["window_tokens"])
 
 
+def test_an_example_names_the_key_its_criterion_points_at(bert, bert_scan):
+    """previous, next, self and first point at their position; separator and punctuation at the strongest key of
+    that kind; every example's weight is the real weight on that key (transformers' eager weights)."""
+    documents = eager_documents(bert, TEXTS, MAX_TOKENS)
+    checked = set()
+    with store.ScanReader(bert_scan) as reader:
+        for layer, head in ((0, 1), (3, 7), (5, 0)):
+            for criterion in CRITERIA:
+                for e in reader.examples(layer, head, criterion):
+                    _, tokens, special, weights = documents[e["doc"]]
+                    row, query, key = weights[layer, head, e["query"]], e["query"], e["key"]
+                    expected = {"previous": query - 1, "next": query + 1, "self": query, "first": 0}.get(criterion)
+                    if criterion in ("separator", "punctuation"):
+                        kind = ([flag and j > 0 for j, flag in enumerate(special)] if criterion == "separator"
+                                else [is_punctuation(t) for t in tokens])
+                        expected = max((j for j in range(len(row)) if kind[j]), key=lambda j: row[j])
+                        np.testing.assert_allclose(e["score"], sum(row[j] for j in range(len(row)) if kind[j]),
+                                                   atol=1e-5)  # the share of the whole kind; the key its largest
+                    elif expected is not None:
+                        np.testing.assert_allclose(e["score"], row[key], atol=1e-5)
+                    if expected is not None:
+                        assert key == expected, (criterion, e)
+                    np.testing.assert_allclose(e["weight"], row[key], atol=1e-5)
+                    checked.add(criterion)
+    assert checked == set(CRITERIA)
+
+
+def test_key_tokens_rank_by_weight_and_per_occurrence(bert_scan):
+    with store.ScanReader(bert_scan) as reader:
+        every = reader.frame("SELECT t.readable AS key_token, sum(weight) AS weight, sum(occurrences) AS occurrences "
+                             "FROM key_parts k JOIN tokens t ON t.token_id = k.key_id WHERE layer = 1 AND head = 2 "
+                             "GROUP BY ALL")
+        by_weight = reader.key_tokens(1, 2, 5)
+        assert by_weight["weight"].tolist() == sorted(every["weight"], reverse=True)[:5]
+        per = reader.key_tokens(1, 2, 5, by="per occurrence", min_occurrences=3)
+        often = every[every.occurrences >= 3]
+        expected = sorted(often.weight / often.occurrences, reverse=True)[:5]
+        np.testing.assert_allclose(per["per_occurrence"], expected)
+        assert len(per) == min(5, len(often)) > 0
+
+
+def test_words_keep_wordpieces_apart():
+    assert store.word_of("##in") == "##in" and store.word_of("In") == "in"
+    assert store.word_of("Ġthe") == store.word_of("▁the") == store.word_of("The") == "the"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The command line
 
@@ -405,6 +451,29 @@ def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
     assert main(["missing.txt", "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--progress-file",
                  str(progress)]) == 2
     assert json.loads(progress.read_text())["status"] == "failed"
+
+
+def test_a_scan_stopped_in_its_sample_is_grouped_when_it_finishes(bert, tmp_path):
+    """A stop during the queries-and-keys sample leaves every document scanned; the run that then finishes the
+    sample must still copy the file compactly (each token pair once), as an uninterrupted scan does."""
+    import duckdb
+
+    settings = ScanSettings(max_docs=6, max_tokens=MAX_TOKENS, chunk_docs=2, qk_points=64)
+    path, whole = tmp_path / "stopped.duckdb", tmp_path / "whole.duckdb"
+    asked = []
+    stop_in_sample = lambda: asked.append(1) or len(asked) > 3 + 1  # noqa: E731 - after the 3 chunks, in the sample
+    state = run_scan(small_corpus(), bert, path, settings, should_stop=stop_in_sample)
+    assert state.status == store.STATUS_STOPPED and state.done == 6
+    assert run_scan(small_corpus(), bert, path, settings).status == store.STATUS_FINISHED
+    run_scan(small_corpus(), bert, whole, settings)
+    for file in (path, whole):
+        with duckdb.connect(str(file), read_only=True) as connection:
+            rows, distinct = connection.execute(
+                "SELECT count(*), (SELECT count(*) FROM (SELECT DISTINCT layer, head, query_id, key_id "
+                "FROM pair_parts)) FROM pair_parts").fetchone()
+            assert rows == distinct > 0, file.name
+    assert_same_tables(tables(whole), tables(path))
+    assert path.stat().st_size <= 1.05 * whole.stat().st_size  # copied afresh, not grouped in place
 
 
 def test_a_scan_being_rewritten_is_not_listed(tmp_path):

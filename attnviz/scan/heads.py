@@ -296,8 +296,8 @@ def _add_examples(partial: Partial, doc: int, weights: torch.Tensor, values: dic
     queries = best_query[flats, columns]
     picked = weights[torch.from_numpy(flats), torch.from_numpy(queries)]  # [candidates, n]
     rows, shown = picked.numpy(), torch.round(picked.double(), decimals=5).numpy()  # shown: what an example keeps
-    key_of = np.where(columns == criteria.index("strongest"), strongest_key.numpy()[flats, queries],
-                      top_key.numpy()[flats, queries])  # [candidates]
+    key_of = _pointed_keys(criteria, columns, queries, picked, strongest_key.numpy()[flats, queries],
+                           top_key.numpy()[flats, queries], keys)  # [candidates]
     scores = best_score[flats, columns]
     for i, (flat, c, query, key) in enumerate(zip(flats.tolist(), columns.tolist(), queries.tolist(),
                                                   key_of.tolist(), strict=True)):
@@ -314,3 +314,20 @@ def _add_examples(partial: Partial, doc: int, weights: torch.Tensor, values: dic
         partial.changed.add(slot)
         if floors is not None and len(kept) == EXAMPLES:
             floors[flat, c] = max(floors[flat, c], kept[-1].score)
+
+
+def _pointed_keys(criteria: list[str], columns: np.ndarray, queries: np.ndarray, picked: torch.Tensor,
+                  strongest_key: np.ndarray, top_key: np.ndarray, keys: _KeyKinds) -> np.ndarray:
+    """The key each example's criterion points at (``[candidates]``): the previous, next or same position, the
+    first token, the strongest separator or punctuation key, the strongest ordinary key for "strongest", and the
+    row's strongest key for "focused" and "far" (criteria of the whole row)."""
+    pointed = top_key.copy()
+    by_criterion = {"strongest": strongest_key, "previous": queries - 1, "next": queries + 1, "self": queries,
+                    "first": np.zeros_like(queries)}
+    for name, kind in (("separator", keys.separators), ("punctuation", keys.punctuation)):
+        by_criterion[name] = (picked * kind.to(picked.dtype)).argmax(-1).numpy()  # [candidates]
+    for name, chosen in by_criterion.items():
+        where = columns == criteria.index(name)
+        pointed[where] = chosen[where]
+    return pointed
+

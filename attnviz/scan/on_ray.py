@@ -115,10 +115,9 @@ def run_scan_on_ray(corpus: Corpus, bundle: ModelBundle, path: str | Path, setti
                     if should_stop is not None and should_stop():
                         state.status = store.STATUS_STOPPED
                         break
-            rewrite = bool(state.done_this_run)  # as in runner.run_scan: the copy groups the parts
             finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress,
-                                              should_stop), compact=not rewrite)
-        if state.status == store.STATUS_FINISHED and rewrite:
+                                              should_stop))
+        if state.status == store.STATUS_FINISHED and not state.finished_before:  # as in runner.run_scan
             store.rewrite_compactly(path)
     finally:
         if started_here:

@@ -63,6 +63,7 @@ class Progress:
     status: str = store.STATUS_RUNNING
     sampled: int = 0  # documents whose queries and keys were kept, of sample_planned (after every document)
     sample_planned: int = 0
+    finished_before: bool = False  # the scan was finished when this run began: nothing to scan, group or copy
 
     @property
     def elapsed(self) -> float:
@@ -180,7 +181,8 @@ def resume(writer: store.ScanWriter, corpus: Corpus, settings: ScanSettings, n_l
     done = writer.done_documents()
     planned = planned_documents(corpus, settings)
     todo = [(doc, document) for doc, document in planned if doc not in done]
-    state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
+    state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time(),
+                     finished_before=writer.settings().get("status") == store.STATUS_FINISHED)
     partial = writer.load_partial(n_layers, n_heads)
     writer.set(status=store.STATUS_RUNNING)
     return todo, state, partial
@@ -231,10 +233,8 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
             record_chunk(writer, partial, part, dict(chunk), state)
             if progress is not None:
                 progress(state)
-        rewrite = bool(state.done_this_run)  # a finished scan that read documents now is copied compactly
-        finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop),
-               compact=not rewrite)
-    if state.status == store.STATUS_FINISHED and rewrite:
+        finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop))
+    if state.status == store.STATUS_FINISHED and not state.finished_before:  # copied compactly, grouped on the way
         store.rewrite_compactly(path)
     if progress is not None:
         progress(state)
@@ -274,15 +274,11 @@ def keep_sample(writer: store.ScanWriter, bundle: ModelBundle, kind: str, corpus
     return sample
 
 
-def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None, *,
-           compact: bool = True) -> None:
-    """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped.
-    ``compact=False``: the caller copies the finished file with :func:`store.rewrite_compactly`, which groups the
-    parts on the way."""
+def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None) -> None:
+    """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped. A
+    scan this run finished is then copied with :func:`store.rewrite_compactly`, which groups its parts."""
     if state.status != store.STATUS_STOPPED and sample is not None and not sample():
         state.status = store.STATUS_STOPPED
     if state.status != store.STATUS_STOPPED:
         state.status = store.STATUS_FINISHED
-        if compact:
-            writer.compact()
     writer.set(status=state.status, finished=time.time() if state.status == store.STATUS_FINISHED else None)

@@ -83,8 +83,9 @@ CREATE OR REPLACE VIEW key_tokens AS SELECT layer, head, key_id, sum(weight) AS 
 
 
 def word_of(readable: str) -> str:
-    """What a search matches a token by: lower case, without a word-start mark or ``##``."""
-    return readable.lstrip(TOKEN_MARKS).removeprefix("##").lower()
+    """What a search matches a token by: lower case, without a word-start mark. WordPiece's ``##`` (a piece inside
+    a word) stays: "in" finds the word, "##in" the piece."""
+    return readable.lstrip(TOKEN_MARKS).lower()
 
 
 def versions() -> dict[str, str]:
@@ -240,18 +241,6 @@ class ScanWriter(DatabaseFile):
             if len(examples):
                 self._insert("examples", examples)
 
-    def compact(self) -> None:
-        """At the end of a scan that is not rewritten (:func:`rewrite_compactly` groups as it copies): the parts
-        grouped once (and sorted by head, so reading one head skips the rest)."""
-        for table, select in COMPACTED.items():
-            self.connection.execute("BEGIN TRANSACTION")
-            self.connection.execute(f"CREATE OR REPLACE TEMP TABLE compacted AS {select.format(source=table)}")
-            self.connection.execute(f"DELETE FROM {table}")
-            self.connection.execute(f"INSERT INTO {table} SELECT * FROM compacted")
-            self.connection.execute("DROP TABLE compacted")
-            self.connection.execute("COMMIT")
-        self.connection.execute("CHECKPOINT")
-
 
 def _grid(partial: Partial, names: list, **arrays) -> pd.DataFrame:
     """One row per layer, head and name: the columns of ``arrays`` (each ``[layers, heads, len(names)]``)."""
@@ -286,7 +275,7 @@ def example_frame(partial: Partial, slots) -> pd.DataFrame:
                  "window_tokens", "window_weights"])
 
 
-# The parts the chunks wrote, grouped once at the end of a scan (the columns in the table's order).
+# The parts the chunks wrote, grouped once as a finished scan is copied (the columns in the table's order).
 COMPACTED = {
     "pair_parts": "SELECT layer, head, query_id, key_id, sum(weight) AS weight, sum(count) AS count FROM {source} "
                   "GROUP BY ALL ORDER BY layer, head, weight DESC",
@@ -395,13 +384,14 @@ class ScanReader(DatabaseFile):
                    min_occurrences: int = 5) -> pd.DataFrame:
         """The key tokens that attract most: by total weight, or by weight per occurrence (``by="per
         occurrence"``, among tokens seen ``min_occurrences`` times or more)."""
-        order = "weight" if by == "weight" else "weight / occurrences"
+        inner, outer = (("sum(weight)", "k.weight") if by == "weight" else
+                        ("sum(weight) / sum(occurrences)", "k.weight / k.occurrences"))
         return self.frame(
             "SELECT t.readable AS key_token, k.weight, k.occurrences, k.weight / k.occurrences AS per_occurrence, "
             "k.weight / (SELECT count FROM head_state WHERE layer = ? AND head = ? AND statistic = 'entropy') "
             f"AS share FROM (SELECT key_id, sum(weight) AS weight, sum(occurrences) AS occurrences FROM key_parts "
-            f"WHERE layer = ? AND head = ? GROUP BY ALL HAVING sum(occurrences) >= ? ORDER BY {order} DESC LIMIT ?) k "
-            f"JOIN tokens t ON t.token_id = k.key_id ORDER BY {order} DESC",
+            f"WHERE layer = ? AND head = ? GROUP BY key_id HAVING sum(occurrences) >= ? ORDER BY {inner} DESC, key_id "
+            f"LIMIT ?) k JOIN tokens t ON t.token_id = k.key_id ORDER BY {outer} DESC, k.key_id",
             [layer, head, layer, head, min_occurrences if by != "weight" else 1, limit])
 
     def examples(self, layer: int, head: int, criterion: str) -> list[dict]:
