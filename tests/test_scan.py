@@ -451,6 +451,16 @@ def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
     assert main(["missing.txt", "--model", DEFAULT_MODEL_NAME, "--out", str(out), "--progress-file",
                  str(progress)]) == 2
     assert json.loads(progress.read_text())["status"] == "failed"
+    capsys.readouterr()
+    # an --out that is not a DuckDB file, or whose folder is missing: a message, no traceback
+    (tmp_path / "notes.duckdb").write_text("not a database")
+    for bad in (tmp_path / "notes.duckdb", tmp_path / "missing" / "scan.duckdb"):
+        assert main([str(corpus), "--model", "all-minilm", "--out", str(bad), "--progress-file", str(progress)]) == 2
+        said = json.loads(progress.read_text())
+        assert said["status"] == "failed" and "cannot be written as a scan's database" in said["error"]
+    # a bundled model by the start of its name; an unknown name lists the bundled ones
+    assert main([str(corpus), "--model", "no-such-model", "--out", str(tmp_path / "x.duckdb")]) == 2
+    assert DEFAULT_MODEL_NAME in capsys.readouterr().err
 
 
 def test_a_scan_stopped_in_its_sample_is_grouped_when_it_finishes(bert, tmp_path):

@@ -50,6 +50,23 @@ def write_json(path: Path, value: dict) -> None:
     scratch.replace(path)  # atomic: the page never reads half a file
 
 
+def chosen_model(name: str, bundled: dict) -> tuple[Path, str | None]:
+    """``--model``: (folder, bundled name or None). A bundled model's name, or its start when that names one model
+    alone (``all-MiniLM-L6-v2``, ``tiny GPT``, any case); otherwise a folder. Refused, with the bundled names, when
+    it is neither."""
+    from attnviz.models.safety import CheckpointRefused
+
+    if name in bundled:
+        return Path(bundled[name]), name
+    if Path(name).is_dir():
+        return Path(name), None
+    starting = [known for known in bundled if known.lower().startswith(name.strip().lower())] if name.strip() else []
+    if len(starting) == 1:
+        return Path(bundled[starting[0]]), starting[0]
+    raise CheckpointRefused(f"--model {name!r} is not a folder here, nor a bundled model's name; the bundled models "
+                            f"are {', '.join(map(repr, bundled))}")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, *, out: str, max_docs: int, max_tokens: int, chunk: int,
                       stop: str) -> None:
     """The options a scan and a corpus importance run share: the model, the output, the limits, the corpus file's
@@ -87,6 +104,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     configure_environment()
+    import duckdb
     import torch
 
     from attnviz.models.loading import bundled_models, load_model_dir
@@ -106,10 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr)
         if not corpus.documents:
             raise CorpusRefused("the corpus holds no document to scan")
-        bundled = bundled_models()
-        folder = bundled.get(args.model, args.model)
-        bundle = load_model_dir(folder, name=args.name or (args.model if args.model in bundled else None),
-                                dtype=args.dtype)
+        folder, bundled_name = chosen_model(args.model, bundled_models())
+        bundle = load_model_dir(folder, name=args.name or bundled_name, dtype=args.dtype)
         should_stop = (lambda: stop_file.exists()) if stop_file else None
         started = time.time()
         if args.ray:
@@ -120,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                                     should_stop=should_stop)
         else:
             state = run_scan(corpus, bundle, args.out, settings, progress=reporter, should_stop=should_stop)
-    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError) as problem:
+    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, duckdb.Error) as problem:
+        if isinstance(problem, duckdb.Error):  # --out is not a DuckDB file, or cannot be written
+            problem = f"{args.out} cannot be written as a scan's database: {str(problem).splitlines()[0]}"
         if args.progress_file:
             write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
         print(f"\nattnviz.scan: {problem}", file=sys.stderr)

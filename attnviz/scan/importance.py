@@ -29,10 +29,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import duckdb
+
     from attnviz.models.loading import bundled_models
     from attnviz.models.safety import CheckpointRefused
     from attnviz.runtime import configure_environment
-    from attnviz.scan.__main__ import Reporter, write_json
+    from attnviz.scan.__main__ import Reporter, chosen_model, write_json
 
     args = parse(argv)
     configure_environment()
@@ -45,9 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads and not args.ray:
             torch.set_num_threads(args.threads)
         corpus = read_corpus_spec(args.corpus, split=args.split, field_name=args.field)
-        bundled = bundled_models()
-        folder = Path(bundled.get(args.model, args.model))
-        name = args.name or (args.model if args.model in bundled else folder.name)
+        folder, bundled_name = chosen_model(args.model, bundled_models())
+        name = args.name or bundled_name or folder.name
         if args.ray:
             from attnviz.scan.importance_ray import run_importance_on_ray
 
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             state = run_importance(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
                                    progress=reporter, should_stop=should_stop, source=args.corpus)
-    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, ValueError) as problem:
+    except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, ValueError, duckdb.Error) as problem:
+        if isinstance(problem, duckdb.Error):  # --out is not a DuckDB file, or cannot be written
+            problem = f"{args.out} cannot be written as a DuckDB file: {str(problem).splitlines()[0]}"
         if args.progress_file:
             write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
         print(f"\nattnviz.scan.importance: {problem}", file=sys.stderr)
