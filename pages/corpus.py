@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz.scan import background, qk_sample, store
 from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
-from attnviz.scan.runner import ScanSettings, token_limit
+from attnviz.scan.runner import ScanSettings, text_as_read, token_limit
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import figure_columns, page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
@@ -71,8 +71,12 @@ def chosen_corpus() -> tuple[str | None, str, str | None] | None:
             if not names:
                 st.error("No text field or column found in this file.", icon=":material/block:")
                 return None
-            field = st.selectbox("The text is in", names, index=names.index("text") if "text" in names else 0,
-                                 key="corpus_field")
+            field = st.selectbox("The text is in", names, key="corpus_field", placeholder="Choose the column",
+                                 index=names.index("text") if "text" in names else 0 if len(names) == 1 else None)
+            if field is None:
+                st.info(f"{upload.name} has no column named text: choose the one that holds the documents.",
+                        icon=":material/table_rows:")
+                return None
     except CorpusRefused as problem:
         st.error(f"{upload.name} cannot be used: {problem}.", icon=":material/block:")
         return None
@@ -135,6 +139,7 @@ def scan_controls(bundle) -> None:
         if st.button(label, type="primary", key="corpus_scan", disabled=folder.job() is not None,
                      icon=":material/play_arrow:"):
             st.session_state["corpus_chosen"] = str(existing)
+            st.session_state.pop("corpus_chosen_shown", None)  # show it, even if it was shown before
             if not finished:
                 folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
                              field_name=field, dtype=model_dtype(bundle.name), model_name=bundle.name)
@@ -217,12 +222,20 @@ def readable_scans() -> list[Path]:
 
 
 def choose_scan(scans: list[Path], key: str, label: str, exclude: Path | None = None) -> Path | None:
+    """A scan to show. The main choice follows a scan just opened, started or finished (``corpus_chosen``) once
+    it can be read, and otherwise keeps what the reader chose."""
     choices = [path for path in scans if path != exclude]
     if not choices:
         return None
-    wanted = st.session_state.get("corpus_chosen")
-    index = next((i for i, path in enumerate(choices) if str(path) == wanted), 0) if key == "corpus_scan_choice" else 0
-    return st.selectbox(label, choices, index=index, format_func=scan_label, key=key)
+    state = st.session_state
+    if state.get(key) not in choices:
+        state.pop(key, None)
+    if key == "corpus_scan_choice":
+        wanted = state.get("corpus_chosen")
+        match = next((path for path in choices if str(path) == wanted), None)
+        if match is not None and state.get("corpus_chosen_shown") != wanted:
+            state[key], state["corpus_chosen_shown"] = match, wanted
+    return st.selectbox(label, choices, format_func=scan_label, key=key)
 
 
 def map_view(path: Path, said: dict) -> None:
@@ -281,8 +294,9 @@ def head_view(path: Path, said: dict) -> None:
     summary = scan_read(path, "head_summary", layer, head)
     summary["statistic"] = summary["statistic"].map(STATISTIC_NAMES)
     left, right = st.columns([3, 2])
-    left.dataframe(summary.round(4), hide_index=True, width="stretch")
-    right.dataframe(labels.round(3), hide_index=True, width="stretch")
+    rows_high = max(len(summary), len(labels)) * 35 + 38  # every row shown, no scrollbar
+    left.dataframe(summary.round(4), hide_index=True, width="stretch", height=rows_high)
+    right.dataframe(labels.round(3), hide_index=True, width="stretch", height=rows_high)
     left, right = st.columns(2)
     left.markdown("**Token pairs it links most** (the weight each query gives its 3 strongest keys)")
     left.dataframe(scan_read(path, "token_pairs", layer, head, 15).round(4), hide_index=True, width="stretch")
@@ -299,28 +313,38 @@ def examples_section(path: Path, said: dict, layer: int, head: int) -> None:
     if not examples:
         st.info("No document gives this head a positive score by this criterion.", icon=":material/info:")
         return
-    st.caption("Each token shaded by the weight the query (boxed) gives it; the key the criterion points at is "
-               "underlined. Hover a token for its weight.")
+    pointed = ("the key the criterion points at" if criterion not in ("focused", "far")
+               else "the query's strongest key")
+    st.caption(f"Each token shaded by the weight the query (boxed) gives it; {pointed} is underlined. Hover a token "
+               "for its weight. One example per document; Open in Explore heads reads the document as the scan did "
+               f"(its first {said.get('max_tokens')} tokens at most).")
     for rank, example in enumerate(examples[:EXAMPLES_SHOWN]):
         text_column, button_column = st.columns([6, 1])
         query, key = example["query"], example["key"]
         start = example["window_start"]
+        cut_end = (f" · the key is the end token the tokenizer adds to a document cut at {example['n_tokens']} tokens"
+                   if example["truncated"] and key == example["n_tokens"] - 1 else "")
         text_column.markdown(
             f"**{rank + 1}.** score {example['score']:.3f} · document {example['doc']} ({example['source']}) · "
-            f"query {query} → key {key} (weight {example['weight']:.3f})")
+            f"query {query} → key {key} (weight {example['weight']:.3f}){cut_end}")
         text_column.html(figures.example_html(list(example["window_tokens"]), list(example["window_weights"]),
                                               query - start, key - start if start <= key else None))
         button_column.button("Open in Explore heads", key=f"corpus_open_{rank}", on_click=open_in_explore,
-                             args=(path, int(example["doc"]), layer, head, said.get("model")),
-                             icon=":material/search:")
+                             args=(path, int(example["doc"]), layer, head, said), icon=":material/search:")
 
 
-def open_in_explore(path: Path, doc: int, layer: int, head: int, model: str | None) -> None:
-    """Callback: the document opens in Explore heads on the head, with the scan's model when this session has
-    it."""
+def open_in_explore(path: Path, doc: int, layer: int, head: int, said: dict) -> None:
+    """Callback: the document as the scan read it (its first ``max_tokens`` tokens, cut by the scan's model's
+    tokenizer when the sidebar holds that model) opens in Explore heads on the head, with the scan's model when
+    this session has it."""
     document = scan_read(path, "document", doc)
-    if document is not None:
-        ask_to_open(str(document["text"]), model, layer, head)
+    if document is None:
+        return
+    text = str(document["text"])
+    sidebar = current_bundle()
+    if document["truncated"] and str(sidebar.folder) == said.get("model_folder"):
+        text = text_as_read(sidebar, text, int(said["max_tokens"]))
+    ask_to_open(text, said.get("model"), layer, head)
 
 
 def search_view(path: Path, said: dict) -> None:
@@ -337,7 +361,7 @@ def search_view(path: Path, said: dict) -> None:
                            layer=None if layer == "any" else layer, head=None if head == "any" else head,
                            min_weight=min_weight)
     st.caption(f"{len(found):,} queries{' (the first 200)' if len(found) == 200 else ''}. Words match any case, "
-               "with or without the tokenizer's space mark.")
+               "with or without the tokenizer's space mark; a piece inside a word keeps its ## (\"##ing\").")
     st.dataframe(found, hide_index=True, width="stretch", height=260)
     with st.expander("The SQL"):
         st.code(sql, language="sql")
@@ -373,16 +397,27 @@ def compare_view(path: Path, said: dict, scans: list[Path]) -> None:
     mine, _ = scan_read(path, "statistic_map", statistic, "queries")
     theirs, _ = scan_read(other, "statistic_map", statistic, "queries")
     difference = mine - theirs
+    names = (said["model"], other_said["model"])
+    if names[0] == names[1]:  # one model twice: the scans are told apart by their limits
+        names = tuple(f"{s['model']} ({s['documents_scanned']:,} documents, ≤ {s['max_tokens']} tokens)"
+                      for s in (said, other_said))
     figure = figures.difference_map(difference, statistic=statistic,
-                                    title=f"{STATISTIC_NAMES[statistic]}: {said['model']} minus {other_said['model']}")
+                                    title=f"{STATISTIC_NAMES[statistic]}:\n{names[0]}\nminus {names[1]}")
     if np.isfinite(difference).any():
         layer, head = np.unravel_index(np.nanargmax(np.abs(difference)), difference.shape)
         note = f"Largest change: layer {layer}, head {head} ({difference[layer, head]:+.3g})."
     else:
         note = "No head has this statistic in both scans."
-    same_corpus = other_said.get("corpus_fingerprint") == said.get("corpus_fingerprint")
-    show_figure(figure, note + ("" if same_corpus else " The two scans read different corpora."),
-                key="corpus_compare_map")
+    differences = [what for what, differs in (
+        ("different corpora", other_said.get("corpus_fingerprint") != said.get("corpus_fingerprint")),
+        (f"{said['documents_scanned']:,} and {other_said['documents_scanned']:,} documents",
+         said["documents_scanned"] != other_said["documents_scanned"]),
+        (f"at most {said.get('max_tokens')} and {other_said.get('max_tokens')} tokens a document",
+         said.get("max_tokens") != other_said.get("max_tokens"))) if differs]
+    if differences:
+        st.warning(f"The two scans read {', '.join(differences)}: part of each difference may come from that, not "
+                   "from the models.", icon=":material/warning:")
+    show_figure(figure, note, key="corpus_compare_map")
 
 
 def export_view(path: Path) -> None:
@@ -401,8 +436,9 @@ def export_view(path: Path) -> None:
 def results() -> None:
     scans = readable_scans()
     if not scans:
-        st.info("No scan yet: choose a corpus and press Scan. The bundled corpus and 200 documents take about a "
-                "minute with the bundled BERT on two CPU cores.", icon=":material/dataset:")
+        if folder.job() is None:
+            st.info("No scan yet: choose a corpus and press Scan. The bundled corpus and 200 documents take about a "
+                    "minute with the bundled BERT on two CPU cores.", icon=":material/dataset:")
         return
     path = choose_scan(scans, "corpus_scan_choice", "Scan")
     try:
@@ -416,6 +452,10 @@ def results() -> None:
                    "resumes it.")
     for line in said.get("corpus_report") or []:
         st.caption(f":material/info: {line}")
+    if not said["documents_scanned"]:
+        st.info("This scan holds no document yet: it stopped before its first chunk was written. Scan with the same "
+                "settings resumes it.", icon=":material/hourglass_empty:")
+        return
     view = st.segmented_control("Show", VIEWS, default="Map", key="corpus_view", label_visibility="collapsed") or "Map"
     {"Map": lambda: map_view(path, said), "Head": lambda: head_view(path, said),
      "Search": lambda: search_view(path, said), "Compare": lambda: compare_view(path, said, scans),

@@ -110,3 +110,16 @@ def test_the_title_goes_above_panel_titles_and_a_legend_over_the_plot():
            for name, figure in (("marked", marked), ("unmarked", unmarked))}
     legend_room = top["marked"] - top["unmarked"]
     assert legend_room >= framing.BASE_FONT * framing.TITLE_LINE
+
+
+def test_the_title_goes_above_an_x_axis_drawn_on_top():
+    """The layers x heads maps draw their "head" axis on top: its tick labels and title keep their room under the
+    title (the corpus page's title ran into "head")."""
+    from attnviz.viz.heads import statistic_heatmap
+
+    figure = framing.title_below_toolbar(statistic_heatmap(np.random.rand(6, 12), title="weight on separators, every "
+                                                           "head, over 120 documents", statistic="separator"))
+    title_bottom = framing.TOOLBAR_BAND + framing.BASE_TITLE * framing.TITLE_LINE
+    axis = framing.BASE_FONT * framing.TITLE_LINE * 2  # its tick labels and its title, one line each
+    assert figure.layout.xaxis.side == "top" and figure.layout.xaxis.title.text == "head"
+    assert figure.layout.margin.t >= title_bottom + axis

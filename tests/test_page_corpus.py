@@ -86,12 +86,13 @@ def test_server_scans_search_compare_and_export(server_scans, monkeypatch, clean
     found = at.dataframe[0].value
     assert len(found) and set(found["query_token"]) == {"the"}
     at.segmented_control(key="corpus_view").set_value("Compare").run()
-    spec = figure_titled(at, "weight on the previous token: all-MiniLM")
+    spec = figure_titled(at, "weight on the previous token:<br>all-MiniLM")
     with store.ScanReader(server_scans / "long.duckdb") as a, store.ScanReader(server_scans / "short.duckdb") as b:
         chosen = at.selectbox(key="corpus_scan_choice").value
         mine, other = (a, b) if chosen.name == "long.duckdb" else (b, a)
         expected = mine.statistic_map("previous")[0] - other.statistic_map("previous")[0]
     np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), expected, atol=1e-12)
+    assert any("24 and 12 tokens" in w.value or "12 and 24 tokens" in w.value for w in at.warning)  # said
     at.segmented_control(key="corpus_view").set_value("Export").run()
     at.selectbox(key="corpus_export_table").set_value("head_stats").run()
     at.button(key="corpus_export").click().run()
@@ -117,7 +118,64 @@ def test_hostile_uploads_get_a_message(clean_streamlit_caches, tmp_path):
         assert not at.exception, (name, [e.value for e in at.exception])
         shown = " ".join(e.value for e in at.error)
         assert said in shown, (name, shown)
+        assert "/tmp" not in shown and "kept" not in shown, shown  # no server path in a message
+    # a file without a text column: the page asks which column holds the documents (it used to take the first)
+    at.get("file_uploader")[0].set_value(("corpus.csv", b"id,body\n1,first text\n2,second text\n", "text/csv"))
+    at.run()
+    assert any("no column named text" in info.value for info in at.info)
+    assert not any(b.key == "corpus_scan" for b in at.button)
+    at.selectbox(key="corpus_field").set_value("body").run()
+    assert at.button(key="corpus_scan").label == "Scan 2 documents"
     good = json.dumps({"text": "A good document."}).encode()
     at.get("file_uploader")[0].set_value(("corpus.jsonl", good, "application/json"))
     at.run()
     assert not at.error and at.button(key="corpus_scan").label == "Scan 1 document"
+
+
+def test_a_head_of_a_server_scan_ranks_keys_and_opens_the_document_as_read(server_scans, bert, monkeypatch,
+                                                                          clean_streamlit_caches):
+    """Key tokens by weight per occurrence; an example opens in Explore heads cut to the scan's 12 tokens (the
+    weights Explore then shows are the scan's); the scan chosen last is the one shown."""
+    from attnviz.models.capture import capture
+    from attnviz.scan.runner import text_as_read
+
+    monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(server_scans))
+    at = open_page(PAGE)
+    at.session_state["corpus_chosen"] = str(server_scans / "short.duckdb")
+    at.run()
+    assert at.selectbox(key="corpus_scan_choice").value.name == "short.duckdb"
+    at.segmented_control(key="corpus_view").set_value("Head").run()
+    at.radio(key="corpus_keys_by").set_value("per occurrence").run()
+    assert not at.exception, [e.value for e in at.exception]
+    per = at.dataframe[3].value
+    assert list(per["per_occurrence"]) == sorted(per["per_occurrence"], reverse=True) and len(per)
+    at.selectbox(key="corpus_criterion").set_value("far").run()
+    with store.ScanReader(server_scans / "short.duckdb") as reader:
+        example = reader.examples(0, 0, "far")[0]
+        document = reader.document(example["doc"])
+    at.button(key="corpus_open_0").click().run()
+    sentence = at.session_state["sentence"]
+    assert document["truncated"] and sentence == text_as_read(bert, document["text"], 12)
+    assert len(capture(bert, sentence).tokens) == 12
+
+
+def test_the_scan_opened_last_is_shown_and_a_choice_is_kept(server_scans, monkeypatch, clean_streamlit_caches):
+    monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(server_scans))
+    at = open_page(PAGE)
+    for name in ("short.duckdb", "long.duckdb"):
+        at.session_state["corpus_chosen"] = str(server_scans / name)  # what Scan / Open and a finished scan set
+        at.run()
+        assert at.selectbox(key="corpus_scan_choice").value.name == name
+    at.selectbox(key="corpus_scan_choice").set_value(server_scans / "short.duckdb").run()
+    at.run()  # the reader's own choice stays: the page does not jump back to the scan opened last
+    assert at.selectbox(key="corpus_scan_choice").value.name == "short.duckdb"
+
+
+def test_a_scan_stopped_before_its_first_chunk_says_so(bert, tmp_path, monkeypatch, clean_streamlit_caches):
+    corpus = Corpus("tests", [Document(text, f"line {i + 1}") for i, text in enumerate(TEXTS)])
+    run_scan(corpus, bert, tmp_path / "empty.duckdb", ScanSettings(max_docs=6, max_tokens=12),
+             should_stop=lambda: True)
+    monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(tmp_path))
+    at = open_page(PAGE)
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("holds no document yet" in info.value for info in at.info)

@@ -515,3 +515,13 @@ def test_a_finished_scan_keeps_each_token_pair_once_sorted_by_head(bert, tmp_pat
         pairs = connection.execute("SELECT sum(count) FROM pair_parts").fetchone()[0]
         queries = connection.execute("SELECT count(*) FROM query_top_keys").fetchone()[0]
     assert pairs == 3 * queries  # each query's three strongest keys, every one counted once (no short document)
+
+
+def test_an_uploaded_corpus_keeps_a_readable_name_inside_its_folder(tmp_path):
+    from attnviz.scan.background import ScanFolder
+
+    folder = ScanFolder(tmp_path / "scans")
+    kept = folder.keep_corpus(b"a,b\n", "../../my notes (v2).csv")
+    assert kept.parent == folder.folder and kept.name.startswith("my_notes_v2-") and kept.suffix == ".csv"
+    assert folder.keep_corpus(b"a,b\n", "../../my notes (v2).csv") == kept  # the same file is kept once
+    assert folder.keep_corpus(b"x", "....csv").name.startswith("corpus-")

@@ -78,12 +78,20 @@ def test_parquet_is_read_by_its_reader(tmp_path):
     corpus = read_corpus(path)
     assert [d.text for d in corpus.documents] == ["alpha", "beta"]
     assert corpus.report.not_text == 1 and corpus.report.empty == 1
-    assert columns_of(path) == ["text", "n"]
-    numbers = read_corpus(path, field_name="n")
-    assert numbers.documents == [] and numbers.report.not_text == 4
-    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")
-    with pytest.raises(CorpusRefused, match="cannot be read"):
-        read_corpus(tmp_path / "broken.parquet")
+    assert columns_of(path) == ["text"]  # only text columns are offered
+    with pytest.raises(CorpusRefused, match="choose the column that holds the text: this file has 'text'"):
+        read_corpus(path, field_name="n")
+    # nested columns: only the top-level text columns, never their parts ("element" of a list)
+    nested = tmp_path / "nested.parquet"
+    pd.DataFrame({"body": ["one", "two"], "tags": [["a", "b"], ["c"]], "id": [1, 2]}).to_parquet(nested)
+    assert columns_of(nested) == ["body"]
+    assert [d.text for d in read_corpus(nested).documents] == ["one", "two"]  # the one text column
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 this is not a parquet file PAR1")
+    for read in (read_corpus, columns_of):
+        with pytest.raises(CorpusRefused, match="cannot be read") as refused:
+            read(broken)
+        assert str(tmp_path) not in str(refused.value)  # the server's path stays on the server
 
 
 class Exploding:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -188,9 +189,11 @@ class ScanFolder:
             leftover.unlink(missing_ok=True)
 
     def keep_corpus(self, data: bytes, name: str) -> Path:
-        """An uploaded corpus saved under its content's hash (the same file twice is kept once)."""
+        """An uploaded corpus saved under its own name's letters and its content's hash (the same file twice is
+        kept once; nothing of the name but letters, digits, ``-`` and ``_`` reaches the path)."""
         suffix = format_of(name)
-        path = self.folder / f"corpus-{hashlib.sha256(data).hexdigest()[:24]}{suffix}"
+        stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(name).stem).strip("_-")[:40] or "corpus"
+        path = self.folder / f"{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
         if not path.exists():
             scratch = path.with_name(f".{path.name}.{os.getpid()}")
             scratch.write_bytes(data)

@@ -250,8 +250,7 @@ def _read_parquet(source, name: str, column: str | None, limit: int) -> Corpus:
     _read_bytes_size_only(Path(source), limit)
     try:
         connection = duckdb.connect()  # in memory; the reader only reads the one file it is given
-        columns = [row[0] for row in connection.execute(
-            "SELECT name FROM parquet_schema(?) WHERE name <> 'schema'", [str(source)]).fetchall()]
+        columns = _parquet_text_columns(connection, source)
         wanted = column or (DEFAULT_FIELD if DEFAULT_FIELD in columns else (columns[0] if len(columns) == 1 else None))
         if wanted is None or wanted not in columns:
             raise CorpusRefused(f"choose the column that holds the text: this file has {', '.join(map(repr, columns))}")
@@ -265,8 +264,20 @@ def _read_parquet(source, name: str, column: str | None, limit: int) -> Corpus:
                 collector.offer(value, f"row {number}")
         connection.close()
     except duckdb.Error as problem:
-        raise CorpusRefused(f"the Parquet file cannot be read: {str(problem).splitlines()[0]}") from problem
+        raise CorpusRefused(f"the Parquet file cannot be read: {_without_path(problem, source)}") from problem
     return collector.corpus(Path(name).name)
+
+
+def _parquet_text_columns(connection, source: str | Path) -> list[str]:
+    """The top-level text (VARCHAR) columns of a Parquet file: what can hold a corpus's documents (not numbers,
+    nor the parts of a nested column)."""
+    return [row[0] for row in connection.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(source)]).fetchall()
+            if row[1] == "VARCHAR"]
+
+
+def _without_path(problem: Exception, source: str | Path) -> str:
+    """A reader's message without the server's path of the file (the user knows the file by its name)."""
+    return str(problem).splitlines()[0].replace(str(source), "the file")
 
 
 def _read_bytes_size_only(path: Path, limit: int) -> None:
@@ -290,10 +301,9 @@ def columns_of(path: str | Path) -> list[str]:
 
         try:
             with duckdb.connect() as connection:
-                return [row[0] for row in connection.execute(
-                    "SELECT name FROM parquet_schema(?) WHERE name <> 'schema'", [str(path)]).fetchall()]
+                return _parquet_text_columns(connection, path)
         except duckdb.Error as problem:
-            raise CorpusRefused(f"the Parquet file cannot be read: {str(problem).splitlines()[0]}") from problem
+            raise CorpusRefused(f"the Parquet file cannot be read: {_without_path(problem, path)}") from problem
     with open(path, "rb") as handle:
         head = handle.read(1_000_000)
     if suffix == ".csv":

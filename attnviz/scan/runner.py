@@ -149,6 +149,22 @@ def read_document(bundle: ModelBundle, kind: str, doc: int, document: Document,
     return doc, result, weights, None
 
 
+def text_as_read(bundle: ModelBundle, text: str, max_tokens: int) -> str:
+    """The part of ``text`` that a scan read (its first ``max_tokens`` tokens, special tokens included), cut where
+    its last token ends: read again without a limit it gives the same tokens, so Explore heads shows the weights
+    the scan measured (but where a BPE merges the cut's last characters otherwise: 1 of the bundled corpus's first
+    200 documents at 64 tokens with the tiny GPT, none with the BERT). The whole text where the tokenizer gives no
+    character offsets (a stand-in tokenizer)."""
+    try:
+        encoded = bundle.tokenizer(text, truncation=True, max_length=max_tokens, return_offsets_mapping=True,
+                                   return_special_tokens_mask=True)
+        ends = [end for (_, end), special in zip(encoded["offset_mapping"], encoded["special_tokens_mask"],
+                                                 strict=True) if not special]
+    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):
+        return text
+    return text[:max(ends)] if ends else text
+
+
 def add_document(partial: Partial, read: tuple, floors: np.ndarray) -> None:
     """A document read by :func:`read_document` added to ``partial`` (a chunk's), or listed with its problem."""
     doc, result, weights, problem = read

@@ -397,7 +397,7 @@ class ScanReader(DatabaseFile):
     def examples(self, layer: int, head: int, criterion: str) -> list[dict]:
         if criterion not in CRITERIA:
             raise ValueError(f"no criterion {criterion!r}")
-        frame = self.frame("SELECT e.*, d.source FROM examples e JOIN documents d USING (doc) "
+        frame = self.frame("SELECT e.*, d.source, d.n_tokens, d.truncated FROM examples e JOIN documents d USING (doc) "
                            "WHERE layer = ? AND head = ? AND criterion = ? ORDER BY rank", [layer, head, criterion])
         return frame.to_dict("records")
 

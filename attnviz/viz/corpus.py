@@ -23,17 +23,23 @@ def statistic_range(statistic: str, values: np.ndarray) -> tuple[float, float] |
     return (0.0, 1.0)
 
 
+def plotly_text(text: str) -> str:
+    """``text`` as Plotly shows it literally (its titles read a few HTML tags, so "</s>" would vanish), with a
+    line break for each newline."""
+    return html.escape(text, quote=False).replace("\n", "<br>")
+
+
 def statistic_map(mean: np.ndarray, spread: np.ndarray, *, statistic: str, title: str,
                   highlight: tuple[int, int] | None = None) -> go.Figure:
     """Every head's mean of ``statistic`` over the scan, its spread in the hover (and the cell when it fits)."""
     notes = [[f"spread ± {style.format_number(s)}" if np.isfinite(s) else "" for s in row] for row in spread]
-    return statistic_heatmap(mean, title=title, statistic=statistic, labels=notes, highlight=highlight,
+    return statistic_heatmap(mean, title=plotly_text(title), statistic=statistic, labels=notes, highlight=highlight,
                              value_range=statistic_range(statistic, mean))
 
 
 def difference_map(difference: np.ndarray, *, statistic: str, title: str) -> go.Figure:
     """This scan minus another, head by head, on a scale centred on 0."""
-    figure = statistic_heatmap(difference, title=title, statistic=f"Δ {statistic}")
+    figure = statistic_heatmap(difference, title=plotly_text(title), statistic=f"Δ {statistic}")
     bound = float(np.nanmax(np.abs(difference))) if np.isfinite(difference).any() else 1.0
     figure.update_traces(selector=dict(type="heatmap"), colorscale=style.SIGNED_COLORSCALE,
                          zmin=-max(bound, 1e-9), zmax=max(bound, 1e-9))

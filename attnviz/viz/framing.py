@@ -88,6 +88,11 @@ def _above_the_plot(figure: go.Figure) -> int:
         if placed_above and annotation.text:
             size = annotation.font.size or layout.font.size or BASE_FONT
             above = max(above, (annotation.text.count("<br>") + 1) * size * TITLE_LINE + (annotation.yshift or 0))
+    for axis in figure.select_xaxes():  # an x axis drawn on top: its tick labels, then its title, under the title
+        if axis.side == "top" and axis.visible is not False:
+            ticks = (axis.tickfont.size or layout.font.size or BASE_FONT) * TITLE_LINE + 6
+            named = axis.title.text and (axis.title.font.size or layout.font.size or BASE_FONT) * TITLE_LINE + 6
+            above = max(above, ticks + (named or 0))
     legend = layout.legend
     if legend.y is not None and legend.y >= 1 and legend.yanchor == "bottom" and legend.yref in (None, "paper"):
         size = legend.font.size or layout.font.size or BASE_FONT
