@@ -473,8 +473,14 @@ def test_a_scan_stopped_in_its_sample_is_grouped_when_it_finishes(bert, tmp_path
     asked = []
     stop_in_sample = lambda: asked.append(1) or len(asked) > 3 + 1  # noqa: E731 - after the 3 chunks, in the sample
     state = run_scan(small_corpus(), bert, path, settings, should_stop=stop_in_sample)
-    assert state.status == store.STATUS_STOPPED and state.done == 6
-    assert run_scan(small_corpus(), bert, path, settings).status == store.STATUS_FINISHED
+    assert state.status == store.STATUS_STOPPED and state.done == 6 and 0 < state.sampled < state.sample_planned
+    kept_before, planned = state.sampled, state.sample_planned
+    seen = []
+    resumed = run_scan(small_corpus(), bert, path, settings, progress=lambda s: seen.append((s.sampled,
+                                                                                             s.sample_planned)))
+    assert resumed.status == store.STATUS_FINISHED
+    sample = [entry for entry in seen if entry[1]]
+    assert sample[0] == (kept_before, planned) and sample[-1] == (planned, planned)  # counted from before the stop
     run_scan(small_corpus(), bert, whole, settings)
     for file in (path, whole):
         with duckdb.connect(str(file), read_only=True) as connection:

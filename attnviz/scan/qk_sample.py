@@ -156,7 +156,10 @@ def record_sample(connection: duckdb.DuckDBPyConnection, bundle: ModelBundle, ki
     counts = connection.execute("SELECT doc, n_tokens FROM documents WHERE problem IS NULL").fetchall()
     chosen = chosen_documents([(doc, n) for doc, n in counts if doc in texts], budget)
     todo = [doc for doc in chosen if doc not in sampled(connection)]
-    for done, doc in enumerate(todo):
+    kept_before = len(chosen) - len(todo)  # a resumed sample counts from what it kept before the stop
+    if progress is not None:
+        progress(kept_before, len(chosen))
+    for done, doc in enumerate(todo, start=kept_before):
         if should_stop is not None and should_stop():
             return False
         rows = document_rows(bundle, kind, texts[doc], max_tokens)
@@ -171,7 +174,7 @@ def record_sample(connection: duckdb.DuckDBPyConnection, bundle: ModelBundle, ki
                            [doc, priority(doc), document["n_tokens"], document["tokens"], document["special"]])
         connection.execute("COMMIT")
         if progress is not None:
-            progress(done + 1, len(todo))
+            progress(done + 1, len(chosen))
     project_every_head(connection)
     return True
 
