@@ -30,7 +30,7 @@ def wait_for_results(at, seconds: float = 180):
 
 
 @pytest.mark.slow
-def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(clean_streamlit_caches):
+def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(bert, clean_streamlit_caches):
     at = open_page(PAGE)
     assert any("No scan yet" in info.value for info in at.info)
     at.number_input(key="corpus_docs").set_value(6)
@@ -57,8 +57,11 @@ def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(clean_strea
     at.button(key="corpus_open_0").click().run()
     with store.ScanReader(chosen) as reader:
         example = reader.examples(2, 0, "strongest")[0]
-        text = reader.document(example["doc"])["text"]
-    assert at.session_state["sentence"] == text
+        document = reader.document(example["doc"])
+    from attnviz.scan.runner import text_as_read
+
+    read = text_as_read(bert, document["text"], 24) if document["truncated"] else document["text"]
+    assert at.session_state["sentence"] == read  # the document as the scan read it
     assert (at.session_state["layer"], at.session_state["head"]) == (2, 0)
 
 
