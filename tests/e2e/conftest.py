@@ -50,6 +50,7 @@ def upload_checkpoint(page, url: str, archive) -> None:
     page.get_by_role("button", name="Load this zip").click()
     wait_until_idle(page)
     page.get_by_text(f"Loaded {Path(archive).stem}").wait_for(timeout=60_000)
+    wait_until_idle(page)  # the run that registers the model ends before the test navigates away
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +81,23 @@ def screenshot_dir():
     return path
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test, so the ``page`` fixture knows whether the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def page(browser):
+def page(browser, request, screenshot_dir):
+    """A fresh browser tab; if the test fails, what the tab showed is kept as ``FAILED-<test>.png`` beside the
+    screenshots (a timeout says what was missing, the screenshot says what was there instead)."""
     context = browser.new_context(viewport={"width": 1500, "height": 3200})
     tab = context.new_page()
     yield tab
+    failed = getattr(request.node, "report_call", None)
+    if failed is not None and failed.failed:
+        with contextlib.suppress(Exception):  # a closed tab: nothing to keep
+            tab.screenshot(path=str(screenshot_dir / f"FAILED-{request.node.name}.png"), full_page=True)
     context.close()
