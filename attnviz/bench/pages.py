@@ -7,10 +7,16 @@ times are the server's share of a rerun."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import cProfile
+import functools
+import os
 import pstats
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +36,8 @@ class PageVisit:
     script: str
     key: str | None
     values: tuple = ()
+    state: tuple = ()  # (key, value) pairs set in the session before the first visit
+    scan: bool = False  # the page reads a scan of the bundled corpus (SCAN_DOCUMENTS documents, made once)
 
 
 PAGES = (
@@ -42,10 +50,51 @@ PAGES = (
     PageVisit("Flash vs naive", "pages/flash.py", "flash_step", (1, 2)),
     PageVisit("Generation and KV cache", "pages/generation.py", "gen_step", (3, 4)),
     PageVisit("Heads across a corpus", "pages/corpus.py", "corpus_docs", (300, 400)),
+    PageVisit("Corpus: a scan's map", "pages/corpus.py", "corpus_statistic", ("entropy", "first"), scan=True),
+    PageVisit("Corpus: a head", "pages/corpus.py", "corpus_layer", (1, 2), (("corpus_view", "Head"),), scan=True),
     PageVisit("Does this head matter?", "pages/importance.py", "imp_circuit_seed", (12, 13)),
     PageVisit("Queries and keys", "pages/queries_keys.py", "qk_head", (3, 4)),
     PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )
+
+
+SCAN_DOCUMENTS = 200
+
+
+@functools.cache
+def scans_root() -> Path:
+    """A folder holding one scan of the bundled corpus's first SCAN_DOCUMENTS documents with the default model, made
+    once per run (removed when the process ends): what the corpus page's visits read."""
+    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
+    from attnviz.scan.corpus import Corpus, bundled_corpus
+    from attnviz.scan.runner import ScanSettings, run_scan
+
+    root = Path(tempfile.mkdtemp(prefix="attnviz-bench-pages-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    corpus = bundled_corpus()
+    bundle = load_model_dir(bundled_models()[DEFAULT_MODEL_NAME], name=DEFAULT_MODEL_NAME)
+    run_scan(Corpus(corpus.name, corpus.documents[:SCAN_DOCUMENTS]), bundle, root / "bench.duckdb",
+             ScanSettings(max_docs=SCAN_DOCUMENTS, qk_points=0))
+    return root
+
+
+@contextlib.contextmanager
+def scans_shown(visit: PageVisit):
+    """While a visit that reads a scan runs, the page finds :func:`scans_root` as the server's scans folder."""
+    from attnviz.scan.background import SCAN_ROOT_VARIABLE
+
+    if not visit.scan:
+        yield
+        return
+    before = os.environ.get(SCAN_ROOT_VARIABLE)
+    os.environ[SCAN_ROOT_VARIABLE] = str(scans_root())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SCAN_ROOT_VARIABLE, None)
+        else:
+            os.environ[SCAN_ROOT_VARIABLE] = before
 
 
 def widget(at, key: str):
@@ -104,11 +153,18 @@ def slowest_parts(profiler: cProfile.Profile, script: str, total_s: float, top: 
 
 
 def bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> dict:
+    with scans_shown(visit):
+        return _bench_page(visit, repeats, sentence)
+
+
+def _bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> dict:
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
     if sentence is not None:
         at.session_state["sentence"] = sentence
+    for key, value in visit.state:
+        at.session_state[key] = value
     row = {"page": visit.title, "script": visit.script, "widget": visit.key,
            "start_s": timed(at.run)}  # app.py and its default page, in a new session
     check(at, "app.py")
@@ -147,7 +203,8 @@ def print_pages(report: dict) -> list[str]:
     lines = [f"Every page in AppTest, the default model, the sentence {report['sentence'][:60]!r} "
              f"(medians of {report['repeats']} reruns; a new session's start, model load included: {start:.2f} s)",
              "first = the page's first visit in a new session; rerun = the same widgets; change = one widget moved "
-             "between two values already seen; slowest parts = share of a profiled change",
+             "between two values already seen; slowest parts = share of a profiled change; the \"Corpus:\" visits read "
+             f"a scan of the bundled corpus's first {SCAN_DOCUMENTS} documents",
              f"{'page':<24} {'first':>8} {'rerun':>8} {'change':>8}  {'widget':<18} slowest parts of the change"]
     for row in report["results"]:
         change = row.get("widget_change_s")
