@@ -18,7 +18,7 @@ from attnviz.pagelogic.explore_heads.statistics import statistics_table
 from attnviz.scan import background
 from attnviz.scan.corpus import CorpusRefused
 from attnviz.scan.importance_runner import METHODS, SCAN_PREFIX, ImportanceSettings
-from attnviz.scan.runner import ScanRefused
+from attnviz.scan.runner import ScanRefused, text_as_read
 from attnviz.tokens_display import readable_tokens, tokenizer_style
 from attnviz.ui.captures import cached_capture
 from attnviz.ui.figures import show_figure
@@ -182,13 +182,14 @@ def show_maps(maps: dict[str, imp.ImportanceMap], labels: list[str], objective: 
     """One heatmap per measure, side by side."""
     for column, (method, one_map) in zip(st.columns(len(maps)), maps.items(), strict=True):
         with column:
-            signed = method != "gradient"
+            signed = method != "gradient" and objective != "hidden"  # a distance, like a gradient's size, is >= 0
             figure = figures.importance_heatmap(
                 one_map.values, labels, title=METHOD_TITLES[method],
-                measure=MEASURES[objective] if signed else "|dL/dg|", signed=signed, width=1000 // len(maps))
-            caption = ("Red: the loss rises without the head (it helps); blue: it falls." if signed and
-                       objective != "hidden" else "How far the final states move without the head."
-                       if signed else f"How fast the loss moves as the head's gate leaves 1 (averaged over {over}).")
+                measure="|dL/dg|" if method == "gradient" else MEASURES[objective], signed=signed,
+                width=1000 // len(maps))
+            caption = (f"How fast the loss moves as the head's gate leaves 1 (averaged over {over})."
+                       if method == "gradient" else "How far the final states move without the head."
+                       if objective == "hidden" else "Red: the loss rises without the head (it helps); blue: it falls.")
             show_figure(figure, caption, key=f"{key}_{method}")
 
 
@@ -310,7 +311,7 @@ def corpus_results(path: Path, results: dict, objective: str) -> None:
         st.caption(note)
     with st.expander("Every head, with its spread over the documents", icon=":material/table:"):
         st.dataframe(rows, hide_index=True, width="stretch")
-    documents_of_a_head(path, modules, list(maps))
+    documents_of_a_head(path, modules, list(maps), said)
 
 
 def scan_labels_for(said: dict) -> tuple[dict | None, str]:
@@ -331,7 +332,22 @@ def scan_labels_for(said: dict) -> tuple[dict | None, str]:
                     "(where it looks, beside what removing it costs).")
 
 
-def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
+def as_read(text: str, said: dict) -> str:
+    """A document as the run read it: cut after its first ``max_tokens`` tokens by the run's model's tokenizer."""
+    name = str(said.get("model"))
+    try:
+        bundle = load_bundle(str(said.get("model_folder")), name, model_dtype(name))
+    except Exception:  # noqa: BLE001 - the run's model cannot be loaded now: the whole document
+        return text
+    return text_as_read(bundle, text, int(said.get("max_tokens") or imp.MAX_TOKENS))
+
+
+def open_document(text: str, said: dict, layer: int, head: int) -> None:
+    """Callback: the document, as the run read it, in Explore heads on the head, with the run's model."""
+    ask_to_open(as_read(text, said), said.get("model"), layer, head)
+
+
+def documents_of_a_head(path: Path, modules, methods: list[str], said: dict) -> None:
     st.subheader("Where does a head matter most?")
     columns = st.columns([3, 2, 3])
     labels = [module.label for module in modules]
@@ -343,17 +359,17 @@ def documents_of_a_head(path: Path, modules, methods: list[str]) -> None:
     if not found:
         st.caption("No document measured for this head yet.")
         return
-    name = st.session_state.get("imp_model")
     for rank, entry in enumerate(found):
         text_column, value_column, button_column = st.columns([8, 2, 3])
-        flat = " ".join(entry["text"].split())  # as plain text: a document is not markdown
+        flat = " ".join(as_read(entry["text"], said).split())  # the part measured, as plain text (not markdown)
         text_column.markdown(f"**Document {entry['doc']}**")
         text_column.text(flat[:240] + ("…" if len(flat) > 240 else ""))
         value_column.metric(METHOD_TITLES[method], format_number(entry["change"]), label_visibility="collapsed")
         if modules[row].kind == "self":  # Explore heads numbers self-attention layers as here
-            button_column.button("Open in Explore heads", key=f"imp_corpus_open_{rank}", on_click=ask_to_open,
-                                 args=(entry["text"], name, modules[row].index, head), icon=":material/search:")
-    st.caption("The documents where removing the head moves the objective most, either way.")
+            button_column.button("Open in Explore heads", key=f"imp_corpus_open_{rank}", on_click=open_document,
+                                 args=(entry["text"], said, modules[row].index, head), icon=":material/search:")
+    st.caption("The documents where removing the head moves the objective most, either way: each as the run read "
+               f"it, its first {said.get('max_tokens')} tokens at most.")
 
 
 SHOWN_STATISTICS = ("previous token", "first token", "self", "normalised entropy", "mean distance")

@@ -103,6 +103,9 @@ def test_an_encoder_is_measured_by_its_hidden_states_and_says_so(_clean):
     assert any("no head that gives a loss" in i.value for i in at.info)
     assert _heatmap(at, "Zero ablation").shape == (6, 12)
     assert (_heatmap(at, "Zero ablation") > 0).all()  # a distance from the unedited states
+    trace = figure_titled(at, "Zero ablation")["data"][0]
+    assert trace["zmin"] == 0.0  # on a scale from 0 (a distance is never negative), not one centred on 0
+    assert any("How far the final states move" in c.value for c in at.caption)
     titles = [spec for spec in at.get("plotly_chart") if "Gradient" in spec.proto.spec]
     assert not titles
 

@@ -50,10 +50,18 @@ def test_a_corpus_run_started_on_the_page_shows_what_its_database_holds(clean_st
     # the documents where a head matters most, each openable in Explore heads on that head
     at.selectbox(key="imp_corpus_layer").set_value(1).run()
     at.selectbox(key="imp_corpus_head").set_value(2).run()
+    with istore.ImportanceReader(at.session_state["imp_corpus_path"]) as reader:
+        first = reader.per_document("zero", 1, 2)["text"].iloc[0]
     at.button(key="imp_corpus_open_0").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert (at.session_state["layer"], at.session_state["head"], at.session_state["view"]) == (1, 2, "head")
     assert at.session_state["model"] == BUNDLED_GPT_NAME  # the page's model (the sidebar's has no loss)
+    from attnviz.models.capture import capture
+    from attnviz.models.loading import bundled_models, load_model_dir
+
+    gpt = load_model_dir(bundled_models()[BUNDLED_GPT_NAME], name=BUNDLED_GPT_NAME)
+    opened = at.session_state["sentence"]
+    assert first.startswith(opened) and len(capture(gpt, opened).tokens) <= 16  # the document as the run read it
 
 
 def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeypatch, clean_streamlit_caches):
