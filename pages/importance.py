@@ -465,11 +465,13 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         st.code(f"clean      … {shown[0]}   → {answer_shown}\ncorrupted  … {shown[1]}", language=None)
     else:
         columns = st.columns(3)
-        clean_text = columns[0].text_input("Clean prompt", "When Mary and John went to the store, John gave a "
-                                           "drink to", key="imp_clean")
-        corrupted_text = columns[1].text_input("Corrupted prompt (the same number of tokens)", "When Mary and "
-                                               "John went to the store, Mary gave a drink to", key="imp_corrupted")
-        answer_text = columns[2].text_input("Answer (its first token)", " Mary", key="imp_answer")
+        # names that are one token each in the bundled tiny GPT and in GPT-2 ("Mary" is two in the tiny GPT)
+        clean_text = columns[0].text_input("Clean prompt", "When the boy and the girl went to the store, the girl "
+                                           "gave a drink to the", key="imp_clean")
+        corrupted_text = columns[1].text_input("Corrupted prompt (the same number of tokens)", "When the boy and the "
+                                               "girl went to the store, the boy gave a drink to the",
+                                               key="imp_corrupted")
+        answer_text = columns[2].text_input("Answer (its first token)", " boy", key="imp_answer")
         clean, corrupted = tokenizer(clean_text)["input_ids"], tokenizer(corrupted_text)["input_ids"]
         answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
         if not clean or not answer_ids:

@@ -224,3 +224,12 @@ def test_hostile_texts_get_a_message_or_a_map(box, said, _clean):
         assert np.isfinite(_heatmap(at, "Zero ablation")).all()
     if box.startswith("word"):
         assert any(f"read up to {imp.MAX_TOKENS}" in c.value for c in at.caption)
+
+
+def test_the_own_prompts_example_runs_with_the_pages_model(_clean):
+    """The typed-prompts example has the same number of tokens in both prompts with the page's default model (the
+    tiny GPT read "Mary" as two tokens, and the example was refused)."""
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching")
+    at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("same number of tokens" in e.value for e in [*at.error, *at.warning])
