@@ -128,6 +128,10 @@ def scan_controls(bundle) -> None:
         planned = min(max_docs, facts["documents"])
         key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings)
         existing = folder.database(key)
+        job = folder.job()
+        if job is not None and job.key != key:
+            st.info("The scan in progress below was started with other settings (another corpus, model or limits): "
+                    "these can run once it ends, or after Stop.", icon=":material/pending:")
         try:
             said = scan_read(existing, "settings") if existing.is_file() and folder.job() is None else None
         except Exception:  # noqa: BLE001 - a scan file that cannot be read (cut short while being created): anew

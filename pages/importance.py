@@ -241,6 +241,9 @@ def corpus_run_view(folder: str, name: str, objective: str) -> None:
                "corpus means, for mean ablation). It runs in a process of its own: leave the page or reload, it "
                "goes on; the same corpus, model and limits reopen the same results.")
     if running is not None:
+        if running.key != facts["key"]:
+            st.info("The run in progress below was started with other settings (another model, corpus or limits): "
+                    "these can run once it ends, or after Stop.", icon=":material/pending:")
         running_run(jobs)
         return
     said = jobs.progress(facts["key"])

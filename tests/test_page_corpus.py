@@ -182,3 +182,17 @@ def test_a_scan_stopped_before_its_first_chunk_says_so(bert, tmp_path, monkeypat
     at = open_page(PAGE)
     assert not at.exception, [e.value for e in at.exception]
     assert any("holds no document yet" in info.value for info in at.info)
+
+
+def test_a_scan_running_with_other_settings_is_named_as_such(monkeypatch, clean_streamlit_caches):
+    """The progress shown is the running scan's; when the form names another scan, the page says so (the audit
+    read the running scan's progress as the form's)."""
+    import os
+
+    from attnviz.scan.background import Job, ScanFolder
+
+    monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-scan", os.getpid(), time.time()))
+    at = open_page(PAGE)
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("started with other settings" in info.value for info in at.info)
+    assert at.button(key="corpus_scan").disabled

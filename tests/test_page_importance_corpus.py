@@ -112,3 +112,16 @@ def test_a_scans_labels_stand_beside_the_importance_of_the_same_heads(tmp_path, 
         label, share = expected[(layer, head)]
         assert row["label over the scan"] == f"{label} ({share:.0%} of documents)"
     assert any("most frequent label on the same documents" in c.value for c in at.caption)
+
+
+def test_a_run_in_progress_with_other_settings_is_named_as_such(monkeypatch, clean_streamlit_caches):
+    import os
+    import time
+
+    from attnviz.scan.background import Job, ScanFolder
+
+    monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-run", os.getpid(), time.time()))
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.segmented_control(key="imp_source").set_value("A corpus, in the background").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("started with other settings" in info.value for info in at.info)
