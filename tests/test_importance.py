@@ -149,6 +149,25 @@ def test_the_token_effect_of_a_head_adds_up_to_its_map_cell(tiny_gpt):
     assert float(change.mean()) == pytest.approx(float(result.values[1, 2]), abs=1e-5)
 
 
+@pytest.mark.parametrize("how", ["zero", "mean"])
+def test_one_texts_token_effect_equals_the_whole_batch_run_with_the_head_ablated(tiny_gpt, how):
+    """token_effect runs only the chosen text again (with the batch's clean run, and its means for mean ablation):
+    the same changes as ablating the head over the whole batch and reading that text's row."""
+    model, tokenizer = tiny_gpt
+    batch = imp.batch_of(tokenizer, SENTENCES[:3], "next-token")
+    module = imp.attention_modules(model, batch.inputs)[2]
+    clean = imp.clean_run(model, batch, "next-token")
+    means, _, clean_losses, counted = clean
+    plan = imp.zeroed(module.name, 1) if how == "zero" else {module.name: {1: means[module.name][1]}}
+    with torch.no_grad(), imp.edited(model, plan):
+        losses, _ = imp.token_losses(model, batch, model(**batch.inputs), "next-token")
+    for text in range(3):
+        targets, change = imp.token_effect(model, batch, module, 1, how, text, clean=clean)
+        expected = (losses - clean_losses)[text][counted[text]]
+        torch.testing.assert_close(change, expected, atol=1e-5, rtol=1e-5)
+        assert len(targets) == len(expected) > 0
+
+
 def test_the_induction_circuit_of_the_bundled_gpt(tiny_gpt):
     """Ablating each strong induction head (the heads that put more than 0.6 of their weight on the token after
     the current one's earlier copy) raises the second copy's loss at least 2x while the first copy's moves by less

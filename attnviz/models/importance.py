@@ -203,7 +203,7 @@ class Study:
     maps: dict[str, ImportanceMap] = field(default_factory=dict)
 
 
-def _clean_run(model, batch: Batch, objective: str):
+def clean_run(model, batch: Batch, objective: str):
     """The unedited forward: every module's head outputs averaged over the texts' real tokens (what mean ablation
     puts in; over every real query position: a seq2seq decoder reads the text shifted, the same mask), the final
     hidden states ("hidden" only), the per-token losses and which count."""
@@ -234,7 +234,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     objective = objective or objective_of(model)
     modules = modules or attention_modules(model, batch.inputs)
     finished = {} if finished is None else finished
-    means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    means_by_module, clean_hidden, clean_losses, counted = clean_run(model, batch, objective)
     means_by_module = means if means is not None else means_by_module
     clean = text_losses(clean_losses, counted, batch.copies)
     per_text = empty_map(modules, len(batch.texts))
@@ -393,28 +393,42 @@ def head_rows(result: Study, labels: dict[tuple[str, int, int], str] | None = No
 
 
 def token_effect(model: torch.nn.Module, batch: Batch, module: AttentionModule, head: int, how: str = "zero",
-                 text: int = 0, *, objective: str | None = None) -> tuple[list[str], torch.Tensor]:
+                 text: int = 0, *, objective: str | None = None, clean: tuple | None = None
+                 ) -> tuple[list[str], torch.Tensor]:
     """For one head: how each target token's loss of text ``text`` moves when the head is ablated (positive:
     the head helped predict it). Returns the target tokens and ``[targets]`` changes (next-token: the token
     predicted at each position, so the text's tokens from the second on; masked: each token masked in one of the
-    text's copies, in text order)."""
+    text's copies, in text order). ``clean``: :func:`clean_run` of the batch, when the caller keeps it (a page
+    showing one head after another); only the text's own rows are run with the head ablated."""
     objective = objective or objective_of(model)
-    means_by_module, clean_hidden, clean_losses, counted = _clean_run(model, batch, objective)
+    means_by_module, clean_hidden, clean_losses, counted = clean if clean is not None else clean_run(model, batch,
+                                                                                                      objective)
+    rows = list(range(text, len(batch.texts) * batch.copies, len(batch.texts)))  # this text's rows (its copies)
+    one = _rows_of(batch, rows)  # only this text is run again: the means of mean ablation are the whole batch's
     with torch.no_grad():
         plan = zeroed(module.name, head)
         if how == "mean":
             plan = {module.name: {head: means_by_module[module.name][head]}}
         with edited(model, plan):
-            losses, _ = token_losses(model, batch, model(**batch.inputs), objective, clean_hidden)
+            losses, _ = token_losses(model, one, model(**one.inputs), objective,
+                                     None if clean_hidden is None else clean_hidden[rows])
     tokens = batch.tokens[text]
     if batch.copies > 1 or objective == "masked":
         # [copies, n] rows of this text; each token is masked (counted) in at most one of them
-        rows = slice(text, None, len(batch.texts))
         kept = counted[rows]
-        change = ((losses - clean_losses)[rows] * kept).sum(0)
+        change = ((losses - clean_losses[rows]) * kept).sum(0)
         where = kept.any(0).nonzero().flatten().tolist()
         return [tokens[position] for position in where], change[where]
     keep = counted[text]
-    change = (losses - clean_losses)[text][keep]
+    change = (losses[0] - clean_losses[text])[keep]
     targets = tokens[1:] if objective == "next-token" else tokens
     return targets[: len(change)], change
+
+
+def _rows_of(batch: Batch, rows: list[int]) -> Batch:
+    """The batch's ``rows`` alone (one text's), padded as they were."""
+    inputs = {name: value[rows] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] ==
+              batch.real.shape[0] else value for name, value in batch.inputs.items()}
+    text = rows[0] % len(batch.texts)
+    return Batch(inputs, batch.real[rows], [batch.tokens[text]], [batch.texts[text]], [batch.cut[text]],
+                 batch.copies)

@@ -106,7 +106,15 @@ def patching(key: tuple, model, tokenizer, clean: list[int], corrupted: list[int
 
 @st.cache_resource(max_entries=32, show_spinner=False)
 def cached_token_effect(key: tuple, row: int, head: int, how: str, text: int, _model, _study: imp.Study):
-    return imp.token_effect(_model, _study.batch, _study.modules[row], head, how, text, objective=_study.objective)
+    """One head's effect on each token of one text: the study's clean run is kept (``key`` names the study), so a
+    change of head or text runs only that text again, with the head ablated."""
+    return imp.token_effect(_model, _study.batch, _study.modules[row], head, how, text, objective=_study.objective,
+                            clean=cached_clean_run(key, _model, _study))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_clean_run(key: tuple, _model, _study: imp.Study) -> tuple:
+    return imp.clean_run(_model, _study.batch, _study.objective)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Removing each head in turn…")
