@@ -124,18 +124,21 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
         if not texts:
             st.warning("Type a text first (one per line for several).", icon=":material/edit:")
             return
-        st.button("Stop", key="imp_stop", icon=":material/stop:",
-                  help="Stops after the head being measured; what is measured is kept, and Measure every head "
-                       "goes on from there.")
+        stop = st.empty()  # shown while the heads are measured, gone once they are
+        stop.button("Stop", key="imp_stop", icon=":material/stop:",
+                    help="Stops after the head being measured; what is measured is kept, and Measure every head "
+                         "goes on from there.")
         bar, progress = progress_bar("Ablating heads:")
         started = time.perf_counter()
         try:
             study(key, model, tokenizer, texts, progress)
         except ValueError as problem:
             bar.empty()
+            stop.empty()
             st.error(problem_text(problem), icon=":material/block:")
             return
         bar.empty()
+        stop.empty()
         st.session_state["imp_done"] = {"key": key, "seconds": time.perf_counter() - started}
     done = st.session_state.get("imp_done")
     if not done or done["key"] != key:
@@ -152,7 +155,12 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
     tokens = int(result.batch.real[: len(result.batch.texts)].sum())  # a text's copies are one text
     cut = sum(result.batch.cut)
     columns = st.columns(4)
-    columns[0].metric("Texts", f"{len(result.batch.texts):,}", help=f"{tokens:,} tokens read in all")
+    predicting = sum(len(text_tokens) > 1 for text_tokens in result.batch.tokens) if objective == "next-token" else \
+        len(result.batch.texts)  # a one-token text has no next token: it adds nothing to the loss or the maps
+    columns[0].metric("Texts", f"{predicting:,}" if predicting == len(result.batch.texts) else
+                      f"{predicting:,} of {len(result.batch.texts):,}",
+                      help=f"{tokens:,} tokens read in all" + ("" if predicting == len(result.batch.texts) else
+                                                               "; a text of one token has no next token to predict"))
     columns[1].metric("Heads", f"{sum(m.heads for m in heads):,}", help=f"{len(heads)} attention modules")
     if objective != "hidden":
         columns[2].metric("Loss without edits", f"{format_number(result.maps['zero'].clean)} nats",
@@ -436,6 +444,10 @@ def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> Non
         text = columns[3].selectbox("Text", range(len(result.batch.texts)), key="imp_text",
                                     format_func=lambda i: result.batch.texts[i][:60])
     targets, change = cached_token_effect(key, row, head, how, text, model, result)
+    if not targets:
+        st.info("This text has no token to predict (one token: nothing follows it). Choose another text.",
+                icon=":material/short_text:")
+        return
     label = f"{labels[row]}, head {head}"
     tokens = result.batch.tokens[text]
     st.html(figures.token_effect_html(targets, change.tolist(),

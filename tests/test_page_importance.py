@@ -233,3 +233,14 @@ def test_the_own_prompts_example_runs_with_the_pages_model(_clean):
     at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
     assert not at.exception, [e.value for e in at.exception]
     assert not any("same number of tokens" in e.value for e in [*at.error, *at.warning])
+
+
+def test_a_one_token_text_is_counted_apart_and_its_tokens_view_says_why_it_is_empty(_clean):
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.text_area(key="imp_texts").set_value("the\nThe cat sat on the mat.").run()
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert next(m.value for m in at.metric if m.label == "Texts") == "1 of 2"
+    assert not any(b.key == "imp_stop" for b in at.button)  # the Stop button goes once the heads are measured
+    at.selectbox(key="imp_text").set_value(0).run()
+    assert any("no token to predict" in info.value for info in at.info)
