@@ -126,7 +126,7 @@ def scan_controls(bundle) -> None:
             return
         settings = ScanSettings(max_docs=max_docs, max_tokens=max_tokens, qk_points=qk_points)
         planned = min(max_docs, facts["documents"])
-        key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings)
+        key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings, bundle.dtype)
         existing = folder.database(key)
         job = folder.job()
         if job is not None and job.key != key:

@@ -229,7 +229,7 @@ def corpus_run_view(folder: str, name: str, objective: str) -> None:
     settings = ImportanceSettings(max_docs=max_docs, max_tokens=max_tokens,
                                   methods=tuple(m for m in METHODS if m in methods))
     try:
-        facts = run_facts(spec, folder, settings)
+        facts = run_facts(spec, folder, settings, model_dtype(name))
     except (CorpusRefused, ScanRefused) as problem:
         st.error(f"The corpus cannot be read: {problem}.", icon=":material/block:")
         return

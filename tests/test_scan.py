@@ -531,3 +531,20 @@ def test_an_uploaded_corpus_keeps_a_readable_name_inside_its_folder(tmp_path):
     assert kept.parent == folder.folder and kept.name.startswith("my_notes_v2-") and kept.suffix == ".csv"
     assert folder.keep_corpus(b"a,b\n", "../../my notes (v2).csv") == kept  # the same file is kept once
     assert folder.keep_corpus(b"x", "....csv").name.startswith("corpus-")
+
+
+def test_a_scan_in_another_dtype_is_another_scan(bert):
+    """A half-precision checkpoint scanned in fp32 never resumes (or reopens) a scan made as stored: the key holds
+    the dtype as loaded. float32, the common case, keeps the keys scans had before."""
+    from attnviz.scan.importance_runner import ImportanceSettings, importance_key
+
+    settings = ScanSettings(max_docs=2, max_tokens=24)
+    assert scan_key(small_corpus(), bert.folder, settings) == scan_key(small_corpus(), bert.folder, settings,
+                                                                         "float32")
+    assert scan_key(small_corpus(), bert.folder, settings, "bfloat16") != scan_key(small_corpus(), bert.folder,
+                                                                                   settings, "float32")
+    runs = ImportanceSettings(max_docs=2, max_tokens=24)
+    assert importance_key(small_corpus(), bert.folder, runs) == importance_key(small_corpus(), bert.folder, runs,
+                                                                               "stored")
+    assert importance_key(small_corpus(), bert.folder, runs, "fp32") != importance_key(small_corpus(), bert.folder,
+                                                                                       runs)

@@ -75,9 +75,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, out: str, max_docs: in
     parser.add_argument("--name", default=None, help="the model's name in the results (default: the bundled "
                                                      "model's name, or the folder's)")
     parser.add_argument("--out", required=True, help=out)
-    parser.add_argument("--max-docs", type=int, default=max_docs)
-    parser.add_argument("--max-tokens", type=int, default=max_tokens)
-    parser.add_argument("--chunk", type=int, default=chunk, help="documents per committed chunk (and Ray batch)")
+    parser.add_argument("--max-docs", type=int, default=max_docs,
+                        help=f"the corpus's first documents read (default {max_docs:,})")
+    parser.add_argument("--max-tokens", type=int, default=max_tokens,
+                        help=f"each document's first tokens read, special tokens included (default {max_tokens})")
+    parser.add_argument("--chunk", type=int, default=chunk,
+                        help=f"documents per committed chunk (and Ray batch; default {chunk})")
     parser.add_argument("--split", choices=("line", "paragraph"), default="line", help=".txt: one document per ...")
     parser.add_argument("--field", default=None, help=".jsonl field, .csv or .parquet column (default: text)")
     parser.add_argument("--dtype", default="stored", help="the model's dtype: stored or fp32")

@@ -81,11 +81,12 @@ def read_corpus_spec(spec: str, *, split: str = "line", field_name: str | None =
     return open_corpus(spec, split=split, field_name=field_name)
 
 
-def importance_key(corpus: Corpus, folder: str | Path, settings: ImportanceSettings) -> str:
-    """The same corpus, model and limits give the same key (and the page the same file): reused, or resumed."""
+def importance_key(corpus: Corpus, folder: str | Path, settings: ImportanceSettings, dtype: str = "stored") -> str:
+    """The same corpus, model, dtype and limits give the same key (and the page the same file): reused, or resumed.
+    A run in fp32 of a half-precision checkpoint is another run: it never resumes one made as stored."""
     wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
               "max_tokens": settings.max_tokens, "methods": sorted(settings.methods),
-              "schema": istore.SCHEMA_VERSION}
+              "schema": istore.SCHEMA_VERSION, **({} if dtype == "stored" else {"dtype": dtype})}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -161,9 +162,10 @@ def measure_chunk(model, tokenizer, objective: str, modules: list[AttentionModul
 
 
 def open_run(path: str | Path, corpus: Corpus, folder: str | Path, name: str, settings: ImportanceSettings,
-             objective: str, modules: list[AttentionModule], source: str | None = None) -> istore.ImportanceWriter:
+             objective: str, modules: list[AttentionModule], source: str | None = None,
+             dtype: str = "stored") -> istore.ImportanceWriter:
     """The run's database: new (its settings written), or the same run's to resume; refused if it holds another."""
-    key = importance_key(corpus, folder, settings)
+    key = importance_key(corpus, folder, settings, dtype)
     writer = istore.ImportanceWriter(path)
     existing = writer.settings()
     if existing and existing.get("key") != key:
@@ -207,7 +209,7 @@ def run_importance(corpus: Corpus, folder: str | Path, path: str | Path,
     model, tokenizer = loaded if loaded is not None else editable_checkpoint(folder, dtype)[:2]
     objective, planned, modules = prepare(model, tokenizer, corpus, settings)
     with open_run(path, corpus, folder, name or Path(folder).name, settings, objective, modules,
-                  source) as writer:
+                  source, dtype) as writer:
         done = writer.done_documents()
         todo = [(doc, document) for doc, document in planned if doc not in done]
         state = ImportanceProgress(done=len(planned) - len(todo), planned=len(planned), started=time.time())

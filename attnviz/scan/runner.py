@@ -100,10 +100,12 @@ def model_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def scan_key(corpus: Corpus, folder: str | Path, settings: ScanSettings) -> str:
-    """The same corpus, model and limits give the same key (and the page the same file): reused, or resumed."""
+def scan_key(corpus: Corpus, folder: str | Path, settings: ScanSettings, dtype: str = "float32") -> str:
+    """The same corpus, model, dtype (as loaded) and limits give the same key (and the page the same file): reused,
+    or resumed. A half-precision checkpoint scanned in fp32 is another scan: it never resumes one made as stored."""
     wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
-              "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION, "qk_points": settings.qk_points}
+              "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION, "qk_points": settings.qk_points,
+              **({} if dtype == "float32" else {"dtype": dtype})}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -213,7 +215,7 @@ def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings:
                 n_layers: int, n_heads: int) -> store.ScanWriter:
     """The scan's database: new (its settings written), or the same scan's to resume. Refused if the file holds
     another scan."""
-    key = scan_key(corpus, bundle.folder, settings)
+    key = scan_key(corpus, bundle.folder, settings, bundle.dtype)
     writer = store.ScanWriter(path)
     existing = writer.settings()
     if existing and existing.get("key") != key:

@@ -145,16 +145,17 @@ def _stamp(path: Path) -> float:
         return 0.0
 
 
-def run_facts(spec: str, model_folder: str, settings: ImportanceSettings) -> dict:
-    """The run's key and how many documents it reads, for a corpus ``spec`` (``bundled`` or ``scan:FILE``)."""
+def run_facts(spec: str, model_folder: str, settings: ImportanceSettings, dtype: str = "stored") -> dict:
+    """The run's key and how many documents it reads, for a corpus ``spec`` (``bundled`` or ``scan:FILE``) and the
+    model's dtype ("stored" or "fp32")."""
     stamp = 0.0 if spec == BUNDLED_SPEC else _stamp(Path(spec.removeprefix(SCAN_PREFIX)))
-    return _run_facts(spec, stamp, model_folder, settings)
+    return _run_facts(spec, stamp, model_folder, settings, dtype)
 
 
 @st.cache_data(max_entries=16, show_spinner="Reading the corpus…")
-def _run_facts(spec: str, stamp: float, model_folder: str, settings: ImportanceSettings) -> dict:
+def _run_facts(spec: str, stamp: float, model_folder: str, settings: ImportanceSettings, dtype: str) -> dict:
     corpus = read_corpus_spec(spec)
-    return {"key": importance_key(corpus, model_folder, settings), "documents": len(corpus.documents),
+    return {"key": importance_key(corpus, model_folder, settings, dtype), "documents": len(corpus.documents),
             "name": "the bundled corpus" if spec == BUNDLED_SPEC else corpus.name}
 
 

@@ -47,9 +47,10 @@ def corpus_facts(path: str | None, stamp: float, split: str, field_name: str | N
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def key_for(path: str | None, stamp: float, split: str, field_name: str | None, model_folder: str,
-            settings: ScanSettings) -> str:
+            settings: ScanSettings, dtype: str = "float32") -> str:
+    """The key of the scan these settings name (``dtype``: the model's, as loaded)."""
     corpus = bundled_corpus() if path is None else read_corpus(path, split=split, field_name=field_name)
-    return scan_key(corpus, model_folder, settings)
+    return scan_key(corpus, model_folder, settings, dtype)
 
 
 def scan_read(path: str | Path, method: str, *args, **kwargs):
