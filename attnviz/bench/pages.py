@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_TARGET_S = 0.3  # a warm rerun (a widget change, the same sentence and model) on the server, on a laptop CPU
@@ -78,23 +79,13 @@ def scans_root() -> Path:
     return root
 
 
-@contextlib.contextmanager
 def scans_shown(visit: PageVisit):
     """While a visit that reads a scan runs, the page finds :func:`scans_root` as the server's scans folder."""
     from attnviz.scan.background import SCAN_ROOT_VARIABLE
 
     if not visit.scan:
-        yield
-        return
-    before = os.environ.get(SCAN_ROOT_VARIABLE)
-    os.environ[SCAN_ROOT_VARIABLE] = str(scans_root())
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(SCAN_ROOT_VARIABLE, None)
-        else:
-            os.environ[SCAN_ROOT_VARIABLE] = before
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, {SCAN_ROOT_VARIABLE: str(scans_root())})
 
 
 def widget(at, key: str):

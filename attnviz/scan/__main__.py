@@ -50,6 +50,11 @@ def write_json(path: Path, value: dict) -> None:
     scratch.replace(path)  # atomic: the page never reads half a file
 
 
+def unwritable(out: str, problem: Exception, what: str) -> str:
+    """A DuckDB error at ``--out`` in words: the file is not a DuckDB file, or its folder cannot be written."""
+    return f"{out} cannot be written as {what}: {str(problem).splitlines()[0]}"
+
+
 def chosen_model(name: str, bundled: dict) -> tuple[Path, str | None]:
     """``--model``: (folder, bundled name or None). A bundled model's name, or its start when that names one model
     alone (``all-MiniLM-L6-v2``, ``tiny GPT``, any case); otherwise a folder. Refused, with the bundled names, when
@@ -140,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             state = run_scan(corpus, bundle, args.out, settings, progress=reporter, should_stop=should_stop)
     except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, duckdb.Error) as problem:
-        if isinstance(problem, duckdb.Error):  # --out is not a DuckDB file, or cannot be written
-            problem = f"{args.out} cannot be written as a scan's database: {str(problem).splitlines()[0]}"
+        if isinstance(problem, duckdb.Error):
+            problem = unwritable(args.out, problem, "a scan's database")
         if args.progress_file:
             write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
         print(f"\nattnviz.scan: {problem}", file=sys.stderr)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnviz.models.loading import bundled_models
     from attnviz.models.safety import CheckpointRefused
     from attnviz.runtime import configure_environment
-    from attnviz.scan.__main__ import Reporter, chosen_model, write_json
+    from attnviz.scan.__main__ import Reporter, chosen_model, unwritable, write_json
 
     args = parse(argv)
     configure_environment()
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             state = run_importance(corpus, folder, args.out, settings, name=name, dtype=args.dtype,
                                    progress=reporter, should_stop=should_stop, source=args.corpus)
     except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, ValueError, duckdb.Error) as problem:
-        if isinstance(problem, duckdb.Error):  # --out is not a DuckDB file, or cannot be written
-            problem = f"{args.out} cannot be written as a DuckDB file: {str(problem).splitlines()[0]}"
+        if isinstance(problem, duckdb.Error):
+            problem = unwritable(args.out, problem, "a DuckDB file")
         if args.progress_file:
             write_json(Path(args.progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
         print(f"\nattnviz.scan.importance: {problem}", file=sys.stderr)
