@@ -35,10 +35,13 @@ PAGES = (  # (script, title, icon); the first is the default page
 def main() -> None:
     configure_environment()  # offline, and Triton's interpreter without a GPU: before transformers or triton load
     from attnviz.ui.frame import apply_presentation_mode, presentation_requested
+    from attnviz.ui.links import drop_unusable_numbers
     from attnviz.ui.page_scripts import install_page_scripts
     from attnviz.ui.session_models import open_linked_model, show_notices
     from attnviz.ui.session_uploads import start_janitor
     from attnviz.ui.sidebar import keep_sidebar_choices
+
+    drop_unusable_numbers()  # ?head=inf, ?layer=1e309: dropped before any widget reads the URL
 
     st.set_page_config(
         page_title="attnviz · attention, explained", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
@@ -126,4 +129,6 @@ def run_page(navigation, pages) -> None:
 if __name__ == "__main__":  # a browser session's run
     main()
 else:  # `streamlit run app.py` looking for an ASGI app: this one, with the warm-up at server start
-    app = st.App(__file__, lifespan=server_lifespan)
+    from attnviz.ui.downloads import routes as download_routes
+
+    app = st.App(__file__, lifespan=server_lifespan, routes=download_routes())  # + large exports, streamed

@@ -6,15 +6,25 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from attnviz.scan import background, qk_sample, store
-from attnviz.scan.corpus import FORMATS, CorpusRefused, columns_of, max_corpus_bytes
+from attnviz.models.safety import CheckpointRefused
+from attnviz.scan import background, jobs, qk_sample, store
+from attnviz.scan.corpus import FORMATS, CorpusRefused, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
+from attnviz.scan.jobs import JobRefused
 from attnviz.scan.runner import ScanSettings, text_as_read, token_limit
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import figure_columns, page_intro, setup_area, start_page
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
-from attnviz.ui.scans import corpus_facts, export_bytes, key_for, scan_folder, scan_read
+from attnviz.ui.scans import (
+    corpus_columns,
+    corpus_facts,
+    key_for,
+    prepare_export,
+    scan_folder,
+    scan_read,
+    session_id,
+)
 from attnviz.ui.session_models import current_bundle, model_dtype
 from attnviz.viz import corpus as figures
 
@@ -53,7 +63,7 @@ def chosen_corpus() -> tuple[str | None, str, str | None] | None:
         return None, "line", None
     upload = st.file_uploader(f"A corpus file ({', '.join(FORMATS)}; at most {max_corpus_bytes() / 1024**2:,.0f} "
                               "MB): read by its format's reader, never run", type=[f[1:] for f in FORMATS],
-                              key="corpus_upload")
+                              key="corpus_upload", max_upload_size=max(1, -(-max_corpus_bytes() // 1024**2)))
     if upload is None:
         return None
     if upload.size > max_corpus_bytes():
@@ -61,13 +71,14 @@ def chosen_corpus() -> tuple[str | None, str, str | None] | None:
                  f"{max_corpus_bytes() / 1024**2:,.0f} MB here.", icon=":material/block:")
         return None
     try:
-        path = folder.keep_corpus(upload.getvalue(), upload.name)
+        job = folder.job()
+        path = folder.keep_corpus(upload.getvalue(), upload.name, in_use=set() if job is None else {job.corpus})
         split, field = "line", None
         if path.suffix == ".txt":
             split = st.radio("One document per", ("line", "paragraph"), horizontal=True, key="corpus_split",
                              help="paragraph: blank lines separate documents")
         else:
-            names = columns_of(path)
+            names = corpus_columns(str(path), _stamp(str(path)))
             if not names:
                 st.error("No text field or column found in this file.", icon=":material/block:")
                 return None
@@ -77,10 +88,11 @@ def chosen_corpus() -> tuple[str | None, str, str | None] | None:
                 st.info(f"{upload.name} has no column named text: choose the one that holds the documents.",
                         icon=":material/table_rows:")
                 return None
-    except CorpusRefused as problem:
+    except (CorpusRefused, CheckpointRefused) as problem:
         st.error(f"{upload.name} cannot be used: {problem}.", icon=":material/block:")
         return None
     return str(path), split, field
+
 
 
 def scan_controls(bundle) -> None:
@@ -126,33 +138,72 @@ def scan_controls(bundle) -> None:
             return
         settings = ScanSettings(max_docs=max_docs, max_tokens=max_tokens, qk_points=qk_points)
         planned = min(max_docs, facts["documents"])
-        key = key_for(path, _stamp(path), split, field, str(bundle.folder), settings, bundle.dtype)
+        key = key_for(facts["fingerprint"], str(bundle.folder), settings, bundle.dtype)
         existing = folder.database(key)
         job = folder.job()
         if job is not None and job.key != key:
             st.info("The scan in progress below was started with other settings (another corpus, model or limits): "
                     "these can run once it ends, or after Stop.", icon=":material/pending:")
-        try:
-            said = scan_read(existing, "settings") if existing.is_file() and folder.job() is None else None
-        except Exception:  # noqa: BLE001 - a scan file that cannot be read (cut short while being created): anew
-            folder.delete(key)
-            said = None
+        said = existing_scan(existing) if existing.is_file() and job is None else None
+        if said == "busy":
+            return
         finished = said is not None and said.get("status") == store.STATUS_FINISHED
         label = ("Open the finished scan" if finished else
                  "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")
-        if st.button(label, type="primary", key="corpus_scan", disabled=folder.job() is not None,
+        reserved = store.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads,
+                                              characters_of_first(facts, planned), qk_points,
+                                              bundle.d_model // max(bundle.n_heads, 1))
+        if st.button(label, type="primary", key="corpus_scan", disabled=job is not None,
                      icon=":material/play_arrow:"):
+            if not finished:
+                try:
+                    folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
+                                 field_name=field, dtype=model_dtype(bundle.name), model_name=bundle.name,
+                                 disk_bytes=reserved, session=session_id())
+                except (JobRefused, CheckpointRefused) as problem:
+                    st.error(f"The scan cannot start: {problem}.", icon=":material/block:")
+                    return
             st.session_state["corpus_chosen"] = str(existing)
             st.session_state.pop("corpus_chosen_shown", None)  # show it, even if it was shown before
-            if not finished:
-                folder.start(key, background.corpus_argument(path), bundle.folder, settings, split=split,
-                             field_name=field, dtype=model_dtype(bundle.name), model_name=bundle.name)
             st.rerun()
         kept = (f" Then it keeps every head's queries, keys and values on documents of up to {qk_points:,} tokens in "
                 "all, for the Queries and keys page." if qk_points else "")
         st.caption(f"{planned:,} of the corpus's {facts['documents']:,} documents, at most {max_tokens} tokens each, "
-                   f"with {bundle.name}.{kept} The scan runs in the background: leave the page or reload, it goes on; "
-                   "the same corpus, model and limits reopen the same scan.")
+                   f"with {bundle.name}.{kept} The scan runs in the background (at most {jobs.job_limit()} at once on "
+                   f"this server, the rest wait their turn) and reserves up to {megabytes(reserved)} of disk: leave "
+                   "the page or reload, it goes on; the same corpus, model and limits reopen the same scan.")
+
+
+def characters_of_first(facts: dict, count: int) -> int:
+    """At least the characters of the corpus's first ``count`` documents (noted every few hundred documents)."""
+    from attnviz.scan.corpus import CHARS_EVERY, MAX_DOCUMENT_CHARS
+
+    noted = facts.get("chars_every") or []
+    note = -(-count // CHARS_EVERY) - 1
+    if note < len(noted):
+        return int(noted[note])
+    return int(facts.get("characters") or count * MAX_DOCUMENT_CHARS)
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1024**3:,.1f} GB" if size >= 1024**3 else f"{size / 1024**2:,.0f} MB"
+
+
+def existing_scan(path: Path) -> dict | str | None:
+    """The settings of the scan file these settings name: None when there is none (a file that is not a scan at
+    all, cut short as it was created, is deleted: only this case), "busy" when it cannot be read now (said)."""
+    try:
+        return scan_read(path, "settings")
+    except store.NotAResultsFile as problem:
+        if problem.missing:
+            folder.delete(path.stem)
+            return None
+        st.error(f"This browser's scan file for these settings cannot be read: {problem}.", icon=":material/error:")
+        return "busy"
+    except (store.DatabaseBusy, MemoryError, OSError) as problem:
+        st.warning(f"The scan for these settings is busy ({problem_text(problem)}): try again in a moment.",
+                   icon=":material/hourglass_top:")
+        return "busy"
 
 
 def _stamp(path: str | None) -> float:
@@ -161,7 +212,8 @@ def _stamp(path: str | None) -> float:
 
 @st.fragment(run_every=1.0)
 def running_scan() -> None:
-    """The running scan's progress, refreshed every second; the whole page reruns when it ends."""
+    """The running scan's progress (or its place in the server's queue), refreshed every second; the whole page
+    reruns when it ends."""
     job = folder.job()
     if job is None:
         st.session_state["corpus_chosen"] = st.session_state.get("corpus_running") or st.session_state.get(
@@ -169,6 +221,13 @@ def running_scan() -> None:
         st.session_state.pop("corpus_running", None)
         st.rerun(scope="app")
     st.session_state["corpus_running"] = str(folder.database(job.key))
+    if job.waiting:
+        st.progress(0.0, text=f"Waiting for its turn: {ordinal(job.place)} in the server's queue ({job.running} of "
+                              f"{job.limit} job{'s' if job.limit != 1 else ''} running, all visitors together)")
+        if st.button("Cancel", key="corpus_cancel", icon=":material/close:", help="leave the queue"):
+            folder.stop(job.key)
+            st.rerun(scope="app")
+        return
     said = folder.progress(job.key) or {}
     done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
     rate, eta = said.get("documents_per_second") or 0.0, said.get("eta")
@@ -188,6 +247,14 @@ def running_scan() -> None:
                  help="stops after the current chunk; what was scanned is kept, and Scan resumes it"):
         folder.stop(job.key)
         st.toast("Stopping after the current chunk…")
+
+
+def ordinal(place: int) -> str:
+    """A place in the queue in words: next, 2nd, 3rd, 11th, 21st…"""
+    if place == 1:
+        return "next"
+    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
+    return f"{place}{suffix}"
 
 
 def failed_scan_note() -> None:
@@ -211,7 +278,9 @@ def failed_scan_note() -> None:
 def scan_label(path: Path) -> str:
     try:
         said = scan_read(path, "settings")
-    except Exception:  # noqa: BLE001 - a file being written, or not a scan
+    except store.NotAResultsFile:
+        return f"{path.name} (not a scan)"
+    except Exception:  # noqa: BLE001 - a file being written
         return f"{path.name} (cannot be read now)"
     status = said.get("status")
     state = "" if status == store.STATUS_FINISHED else f" · {status}"
@@ -427,12 +496,17 @@ def compare_view(path: Path, said: dict, scans: list[Path]) -> None:
 def export_view(path: Path) -> None:
     table = st.selectbox("Table", store.EXPORTABLE, key="corpus_export_table")
     if st.button("Prepare the Parquet file", key="corpus_export"):
-        st.session_state["corpus_export_ready"] = (str(path), table, export_bytes(path, table))
+        try:
+            with st.spinner(f"Writing {table} as Parquet…"):
+                link, size = prepare_export(path, table)
+            st.session_state["corpus_export_ready"] = (str(path), table, link, size)
+        except (CheckpointRefused, store.DatabaseBusy, OSError) as problem:
+            st.error(f"The export cannot be prepared: {problem_text(problem)}.", icon=":material/block:")
     ready = st.session_state.get("corpus_export_ready")
     if ready and ready[:2] == (str(path), table):
-        st.download_button(f"Download {table}.parquet ({len(ready[2]) / 1024:,.0f} KB)", ready[2],
-                           file_name=f"{table}.parquet", mime="application/octet-stream", key="corpus_download",
-                           on_click="ignore")
+        st.link_button(f"Download {table}.parquet ({ready[3] / 1024:,.0f} KB)", ready[2], icon=":material/download:")
+        st.caption("The file is streamed from the server's disk (never held in its memory) and offered for 30 "
+                   "minutes.")
     st.caption(f"The whole scan is one DuckDB file: `{path.name}`. Its tables are described in the docs "
                "(docs/scans.md).")
 
@@ -447,6 +521,10 @@ def results() -> None:
     path = choose_scan(scans, "corpus_scan_choice", "Scan")
     try:
         said = scan_read(path, "settings")
+    except (store.DatabaseBusy, MemoryError) as problem:
+        st.warning(f"{path.name} is busy ({problem_text(problem)}): try again in a moment.",
+                   icon=":material/hourglass_top:")
+        return
     except Exception as problem:  # noqa: BLE001 - a broken or foreign file in the scans folder
         st.error(f"{path.name} cannot be read as a scan: {problem_text(problem)}.", icon=":material/error:")
         return

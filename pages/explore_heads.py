@@ -556,7 +556,8 @@ def text_source(bundle) -> tuple[str, int | None]:
         help="Long texts: attnviz replays attention on demand, pools large heatmaps and zooms into any window.",
     )
     if source == TEXT_SOURCES[1]:
-        uploaded = st.file_uploader("A .txt file (UTF-8), or paste below", type=["txt"], key="explore_long_file")
+        uploaded = st.file_uploader("A .txt file (UTF-8), or paste below", type=["txt"], key="explore_long_file",
+                                    max_upload_size=max(1, -(-MAX_LONG_TEXT_BYTES // 1024**2)))
         if uploaded is not None:
             data = uploaded.getvalue()
             if len(data) > MAX_LONG_TEXT_BYTES:
@@ -592,6 +593,7 @@ def image_source() -> tuple[str, object, str]:
                                           key="explore_image_source")
     if source == IMAGE_SOURCES[1]:
         uploaded = columns[1].file_uploader("A PNG or JPEG", type=["png", "jpg", "jpeg"], key="explore_image_file",
+                                            max_upload_size=vision.MAX_IMAGE_BYTES // 1024**2,
                                             help=f"Up to {human_bytes(vision.MAX_IMAGE_BYTES)} and "
                                                  f"{vision.MAX_IMAGE_PIXELS / 1e6:.0f} megapixels.")
         if uploaded is None:

@@ -23,6 +23,7 @@ from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
 SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 TILE_FIGURE_WIDTH = 400  # px: the least the tile map's column is drawn at
+FLASH_JSON_MB = 4  # a benchmark's JSON is a few KB
 
 
 def controls(gpu: bool) -> dict:
@@ -272,8 +273,13 @@ def saved_or_uploaded_report(chosen: dict):
         st.info("No saved benchmark in docs/bench/. Run `python -m attnviz.bench flash` and copy its JSON there.")
         return None
     if source == "upload a benchmark JSON":
-        uploaded = st.file_uploader("JSON from python -m attnviz.bench flash", type=["json"], key="flash_upload")
+        uploaded = st.file_uploader("JSON from python -m attnviz.bench flash", type=["json"], key="flash_upload",
+                                    max_upload_size=FLASH_JSON_MB)
         if uploaded is None:
+            return None
+        if uploaded.size > FLASH_JSON_MB * 1024**2:
+            st.error(f"That file is {uploaded.size / 1024**2:,.1f} MB; a benchmark's JSON is at most "
+                     f"{FLASH_JSON_MB} MB.")
             return None
         try:
             report = json.loads(uploaded.getvalue().decode("utf-8"))

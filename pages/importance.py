@@ -11,6 +11,7 @@ from attnviz import circuits
 from attnviz.models import importance as imp
 from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.models.safety import CheckpointRefused
 from attnviz.models.with_heads import declares_masked_lm_head
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
@@ -18,6 +19,8 @@ from attnviz.pagelogic.explore_heads.statistics import statistics_table
 from attnviz.scan import background
 from attnviz.scan.corpus import CorpusRefused
 from attnviz.scan.importance_runner import METHODS, SCAN_PREFIX, ImportanceSettings
+from attnviz.scan.importance_store import estimated_run_bytes
+from attnviz.scan.jobs import JobRefused
 from attnviz.scan.runner import ScanRefused, text_as_read
 from attnviz.tokens_display import readable_tokens, tokenizer_style
 from attnviz.ui.captures import cached_capture
@@ -42,7 +45,7 @@ from attnviz.ui.importance_cache import (
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
-from attnviz.ui.scans import scan_folder
+from attnviz.ui.scans import scan_folder, session_id
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import importance as figures
@@ -240,9 +243,17 @@ def corpus_run_view(folder: str, name: str, objective: str) -> None:
     planned = min(max_docs, facts["documents"])
     label = ("Measured: see below" if status == "finished" else "Go on measuring" if results else
              f"Measure every head over {planned:,} document{'s' if planned != 1 else ''}")
+    bundle = load_bundle(folder, name, model_dtype(name))
+    heads = bundle.n_layers * bundle.n_heads * (3 if bundle.architecture == "encoder-decoder" else 1)
+    reserved = estimated_run_bytes(planned, heads, len(settings.methods), facts["characters"], bundle.d_model)
     if st.button(label, type="primary", key="imp_corpus_run", icon=":material/play_arrow:",
                  disabled=running is not None or status == "finished"):
-        jobs.start_importance(facts["key"], spec, folder, settings, dtype=model_dtype(name), model_name=name)
+        try:
+            jobs.start_importance(facts["key"], spec, folder, settings, dtype=model_dtype(name), model_name=name,
+                                  disk_bytes=reserved, session=session_id())
+        except (JobRefused, CheckpointRefused) as problem:
+            st.error(f"The run cannot start: {problem}.", icon=":material/block:")
+            return
         st.rerun()
     st.caption(f"{planned:,} of {facts['documents']:,} documents of {facts['name']}, at most {max_tokens} tokens "
                f"each, with {name}: each head removed in turn over every document (and a first pass for the "
@@ -268,6 +279,14 @@ def running_run(jobs) -> None:
     job = jobs.job()
     if job is None:
         st.rerun(scope="app")
+    if job.waiting:
+        place = "next" if job.place == 1 else f"number {job.place}"
+        st.progress(0.0, text=f"Waiting for its turn: {place} in the server's queue ({job.running} of {job.limit} "
+                              f"job{'s' if job.limit != 1 else ''} running, all visitors together)")
+        if st.button("Cancel", key="imp_corpus_cancel", icon=":material/close:", help="leave the queue"):
+            jobs.stop(job.key)
+            st.rerun(scope="app")
+        return
     said = jobs.progress(job.key) or {}
     done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
     if not said:

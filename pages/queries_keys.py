@@ -17,6 +17,7 @@ from attnviz.ui.qkmap_cache import (
     cached_projection,
     corpus_captures,
     grid_figure,
+    projections_file,
     sampled_scans,
     scan_grid,
     scan_points,
@@ -155,7 +156,7 @@ try:
             coordinates, trusted = cached_projection(points_key, kind, layer, head, method, dims, 0, values, points)
         else:
             coordinates, trusted = scan_projection(scan["path"], scan["key"], layer, head, method, dims, 0, values,
-                                                   points)
+                                                   points, _kept=projections_file(scan["key"]))
 except ValueError as problem:
     st.warning(str(problem), icon=":material/info:")
     st.stop()

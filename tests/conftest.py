@@ -20,6 +20,10 @@ os.environ["ATTNVIZ_STRICT_ERRORS"] = "1"
 KEPT = tempfile.mkdtemp(prefix="attnviz-test-kept-")
 os.environ["ATTNVIZ_KEEP_DIR"] = KEPT
 atexit.register(shutil.rmtree, KEPT, ignore_errors=True)
+# The server's queue of background jobs (attnviz.scan.jobs) too: each test process has its own.
+JOBS = tempfile.mkdtemp(prefix="attnviz-test-jobs-")
+os.environ["ATTNVIZ_JOBS_DIR"] = JOBS
+atexit.register(shutil.rmtree, JOBS, ignore_errors=True)
 
 
 @pytest.fixture

@@ -386,6 +386,16 @@ def build_all(root: Path, tiny: Path) -> tuple[list[Case], dict]:
     zip_case("vision: images of 512 pixels in patches of 1 (262,144 tokens)", with_config(
         vit, image_size=512, patch_size=1), match="tokens", fast=True)
 
+    # A shared layer (ALBERT) declared far more often than its weights were made for: cost counts layer calls
+    from attnviz.bench.tiny import make_tiny_checkpoint, tiny_config
+
+    shape = tiny_config("albert")
+    shape.update({"hidden_size": 128, "intermediate_size": 512})
+    albert = folder_files(make_tiny_checkpoint("albert", root / "albert", config=shape))
+    zip_case("config: ALBERT's shared layer run 256 times", with_config(albert, num_hidden_layers=256),
+             match="runs its shared layers 256 times")
+    zip_case("config: ALBERT's shared layer run 12 times", with_config(albert, num_hidden_layers=12), expect="loads")
+
     # The files tab
     def files_case(name: str, files: dict[str, bytes], **expect) -> None:
         folder = root / "files" / f"{len(cases):03d}"

@@ -100,7 +100,20 @@ def test_server_scans_search_compare_and_export(server_scans, monkeypatch, clean
     at.selectbox(key="corpus_export_table").set_value("head_stats").run()
     at.button(key="corpus_export").click().run()
     assert not at.exception
-    assert at.get("download_button")
+    # the export is a file on disk, offered at a link of its own (streamed by app.py's route, never in memory)
+    import pyarrow.parquet as pq
+
+    from attnviz.ui.downloads import DOWNLOAD_PREFIX, offered
+
+    link = at.get("link_button")[0].proto.url
+    assert link.startswith(DOWNLOAD_PREFIX)
+    file, name = offered(link.removeprefix(DOWNLOAD_PREFIX))
+    assert name == "head_stats.parquet"
+    with store.ScanReader(chosen) as reader:
+        expected = reader.frame("SELECT * FROM head_stats ORDER BY layer, head, statistic")
+    exported = pq.read_table(file).to_pandas().sort_values(["layer", "head", "statistic"]).reset_index(drop=True)
+    assert exported.equals(expected)
+    assert offered("not-a-token") is None
 
 
 def test_hostile_uploads_get_a_message(clean_streamlit_caches, tmp_path):

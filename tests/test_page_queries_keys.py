@@ -108,12 +108,20 @@ def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_ke
     assert shown["strongest key is the nearest"] == f"{trusted[1]:.0%}"  # the trust the scan kept
     grid = figure_titled(at, "self, layer 0: queries and keys of each head")
     assert len(grid["data"]) == 2 * 12
-    # a t-SNE made on the page is kept in the scan's database, with the trust shown
+    # a t-SNE made on the page is kept in this browser's own file for the scan, with the trust shown: the server's
+    # scan itself is never written (it is opened read-only, with external access off)
+    before = (path.stat().st_size, path.stat().st_mtime_ns, path.read_bytes())
     at.selectbox(key="qk_layer").set_value(2).run()
     at.segmented_control(key="qk_method").set_value("t-SNE").run()
     assert not at.exception, [e.value for e in at.exception]
+    assert (path.stat().st_size, path.stat().st_mtime_ns, path.read_bytes()) == before
     with store.ScanReader(path) as reader:
-        kept, kept_trust = qk_sample.stored_projection(reader.connection, 2, 0, "t-SNE", 2, 0, False)
+        assert qk_sample.stored_projection(reader.connection, 2, 0, "t-SNE", 2, 0, False) is None
+        key = reader.settings["key"]
+    from attnviz.models.keep import BrowserStore
+
+    mine = BrowserStore(at.session_state["browser_key"]).folder / "scans" / "projections" / f"{key}.duckdb"
+    kept, kept_trust = qk_sample.kept_projection(mine, 2, 0, "t-SNE", 2, 0, False)
     assert kept.shape == (2 * facts["tokens"], 2)
     assert {m.label: m.value for m in at.metric}["strongest key is the nearest"] == f"{kept_trust[1]:.0%}"
     # values as a third set, and colours by token category with their legend

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import json
 import os
 import secrets
 import tempfile
@@ -98,22 +99,50 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def _pending(root: Path) -> int:
-    """What live reservations may still write: each one's bytes less what its workspace holds already."""
-    pending = 0
+def _entries(root: Path) -> list[tuple[Path, int, dict]]:
+    """The live reservations: (entry, bytes, what it reserves for: its workspace, and the file-name part and owner
+    it is for, if any). Entries of processes that died are removed."""
+    found = []
     folder = root / RESERVATIONS
     if not folder.is_dir():
-        return 0
+        return found
     for entry in folder.iterdir():
         try:
             pid, _token, size = entry.name.split("-")
-            workspace = Path(entry.read_text())
+            text = entry.read_text()
+            facts = json.loads(text) if text.startswith("{") else {"workspace": text}
         except (ValueError, OSError):
             continue
         if not _alive(int(pid)):
             entry.unlink(missing_ok=True)  # a process that died mid-upload
             continue
-        pending += max(0, int(size) - (folder_bytes(workspace) if workspace.is_dir() else 0))
+        found.append((entry, int(size), facts))
+    return found
+
+
+def written_bytes(workspace: Path, part: str | None = None) -> int:
+    """What a reservation's holder has written so far: its workspace's files, or, with ``part``, those of its files
+    whose name holds ``part`` (a scan's key: its database, the copy being compacted, its log)."""
+    if part is None:
+        return folder_bytes(workspace) if workspace.is_dir() else 0
+    total = 0
+    try:
+        for path in workspace.iterdir():
+            if part in path.name and not path.is_symlink() and path.is_file():
+                total += path.stat().st_size
+    except OSError:
+        pass
+    return total
+
+
+def _pending(root: Path, owner: str | None = None) -> int:
+    """What live reservations (of ``owner`` only, if given) may still write: each one's bytes less what it has
+    written already."""
+    pending = 0
+    for _entry, size, facts in _entries(root):
+        if owner is not None and facts.get("owner") != owner:
+            continue
+        pending += max(0, size - written_bytes(Path(facts["workspace"]), facts.get("part")))
     return pending
 
 
@@ -151,19 +180,34 @@ class Reservation:
         self.release()
 
 
-def reserve(workspace: Path, size: int, also: list[Path] = ()) -> Reservation:
-    """Reserve ``size`` bytes for what an upload writes into ``workspace``, or refuse with the numbers when
-    every upload together would pass :func:`uploads_limit_bytes`."""
+def reserve(workspace: Path, size: int, also: list[Path] = (), *, part: str | None = None,
+            owner: Path | None = None, owner_limit: int | None = None, what: str = "this upload") -> Reservation:
+    """Reserve ``size`` bytes for what is written into ``workspace`` (only its files whose name holds ``part``,
+    when given), or refuse with the numbers when everything uploads, corpora and scans occupy would pass
+    :func:`uploads_limit_bytes`, or when ``owner`` (a browser's folder of scans and corpora) would pass
+    ``owner_limit`` with what it holds and has reserved. ``what`` names it in a refusal."""
     limit = uploads_limit_bytes()
     with locked():
         used = in_use(also)
         if used + size > limit:
             raise CheckpointRefused(
                 f"this server's space for uploads is full ({used / 1024**3:.2f} of {limit / 1024**3:g} GiB in use by "
-                f"everyone's models; this one needs up to {size / 1024**3:.2f} GiB). Remove a model you added, or try "
-                "again later")
+                f"everyone's models, corpora and scans; {what} needs up to {_amount(size)}). Remove a model or a scan "
+                "you added, or try again later")
+        if owner is not None and owner_limit is not None:
+            mine = (folder_bytes(owner) if owner.is_dir() else 0) + _pending(uploads_root(), str(owner))
+            if mine + size > owner_limit:
+                raise CheckpointRefused(
+                    f"this browser's corpora, scans and runs take {_amount(mine)} of the {_amount(owner_limit)} one "
+                    f"browser may keep on this server, and {what} needs up to {_amount(size)} more. Delete a scan "
+                    "or a kept corpus, or ask for fewer documents")
         folder = uploads_root() / RESERVATIONS
         folder.mkdir(mode=0o700, exist_ok=True)
         entry = folder / f"{os.getpid()}-{secrets.token_hex(6)}-{int(size)}"
-        entry.write_text(str(workspace))
+        entry.write_text(json.dumps({"workspace": str(workspace), "part": part,
+                                     "owner": None if owner is None else str(owner)}))
     return Reservation(entry, size)
+
+
+def _amount(size: int) -> str:
+    return f"{size / 1024**3:.2f} GiB" if size >= 1024**3 else f"{size / 1024**2:,.1f} MB"

@@ -247,10 +247,11 @@ def root_bytes(root: Path | None = None) -> int:
     return folder_bytes(root) if root.is_dir() else 0
 
 
-def sweep_expired(root: Path | None = None, hours: float | None = None, now: float | None = None) -> list[Path]:
+def sweep_expired(root: Path | None = None, hours: float | None = None, now: float | None = None,
+                  before_delete=None) -> list[Path]:
     """Delete every browser folder not visited for ``hours``; returns what was deleted. Only folders named as
     this module names them, in a root that carries its marker: a keep root set to the wrong folder by mistake
-    loses nothing."""
+    loses nothing. ``before_delete(folder)`` is called first (the janitor ends the folder's background jobs)."""
     root = Path(root or keep_root())
     hours = keep_hours() if hours is None else hours
     now = time.time() if now is None else now
@@ -261,6 +262,8 @@ def sweep_expired(root: Path | None = None, hours: float | None = None, now: flo
         if not BROWSER_FOLDER.fullmatch(folder.name) or not folder.is_dir() or folder.is_symlink():
             continue
         if now - folder.stat().st_mtime > hours * 3600:
+            if before_delete is not None:
+                before_delete(folder)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
         else:

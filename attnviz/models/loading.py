@@ -208,6 +208,37 @@ def parameters_in_files(folder: Path) -> int:
     return preflight.parameters_of(preflight.resolve_weights(folder, link_rule_for(folder))[2])
 
 
+MAX_REUSE = 24  # a shared-layer model may cost this many times its weights (ALBERT xlarge: 24 calls, 20.7x)
+
+
+def layer_call_cost(skeleton, config) -> int:
+    """The parameters a forward pass goes through, counting each layer call: a model's parameters, and for a
+    shared-layer model (ALBERT) its shared groups again for every further call (``num_hidden_layers`` calls
+    through ``num_hidden_groups`` groups)."""
+    described = sum(p.numel() for p in skeleton.parameters())
+    if not support.shares_layers(getattr(config, "model_type", "")):
+        return described
+    shared = sum(p.numel() for name, p in skeleton.named_parameters() if "layer_groups" in name)
+    calls = max(1, int(getattr(config, "num_hidden_layers", 1)) // max(1, int(getattr(config, "num_hidden_groups",
+                                                                                        1))))
+    return described + (calls - 1) * shared
+
+
+def _check_layer_calls(skeleton, config, described: int, in_files: int) -> None:
+    """A shared-layer model's cost is bounded by its layer calls, not by the weights alone: 47 MB of ALBERT weights
+    declared as 256 layers cost 21 times the 12 they came with, at every capture."""
+    cost = layer_call_cost(skeleton, config)
+    if cost == described:
+        return
+    if cost > MAX_PARAMETERS or cost > MAX_REUSE * max(in_files, described) + 1_000_000:
+        calls = int(getattr(config, "num_hidden_layers", 1))
+        raise CheckpointRefused(
+            f"config.json runs its shared layers {calls} times: a forward pass costs as much as {cost / 1e6:,.0f}M "
+            f"parameters, {cost / max(in_files, 1):,.0f} times the {in_files / 1e6:,.1f}M its weights hold (attnviz "
+            f"reads a shared-layer model up to {MAX_REUSE} times its weights, as the largest ALBERT uses them, and up "
+            f"to {MAX_PARAMETERS / 1e9:.0f}B parameters' worth)")
+
+
 def _check_size_before_loading(config, in_files: int, progress=None, builder=None) -> str:
     """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
     transformers builds it: a tiny upload must not make the server allocate a huge random model. The config's
@@ -232,6 +263,7 @@ def _check_size_before_loading(config, in_files: int, progress=None, builder=Non
             f"config.json describes {described / 1e6:.1f}M parameters but the safetensors hold only "
             f"{in_files / 1e6:.1f}M: the weights do not belong to this config (wrong architecture, or missing shards?)"
         )
+    _check_layer_calls(skeleton, config, described, in_files)
     if buffers > max(described, 50_000_000):  # tables a model computes at build time (positions, RoPE caches)
         raise CheckpointRefused(f"config.json asks for {buffers / 1e6:.0f}M numbers of tables computed when the model "
                                 f"is built, more than its {described / 1e6:.0f}M parameters")

@@ -55,6 +55,25 @@ def unwritable(out: str, problem: Exception, what: str) -> str:
     return f"{out} cannot be written as {what}: {str(problem).splitlines()[0]}"
 
 
+def stopper(stop_file: str | None, out: str, disk_limit: int):
+    """What a run asks before each chunk: whether its stop file has appeared. Past ``disk_limit`` bytes of its
+    files (those in the output's folder whose name holds the output's stem), it refuses to go on instead."""
+    from attnviz.models.disk import written_bytes
+    from attnviz.scan.runner import ScanRefused
+
+    stop = Path(stop_file) if stop_file else None
+    if stop is None and not disk_limit:
+        return None
+
+    def should_stop() -> bool:
+        if disk_limit and written_bytes(Path(out).parent, Path(out).stem) > disk_limit:
+            raise ScanRefused(f"its files passed the {disk_limit / 1024**2:,.0f} MB of disk this server reserved for "
+                              "it, so it stopped there (what it did is kept)")
+        return stop is not None and stop.exists()
+
+    return should_stop
+
+
 def chosen_model(name: str, bundled: dict) -> tuple[Path, str | None]:
     """``--model``: (folder, bundled name or None). A bundled model's name, or its start when that names one model
     alone (``all-MiniLM-L6-v2``, ``tiny GPT``, any case); otherwise a folder. Refused, with the bundled names, when
@@ -95,6 +114,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, out: str, max_docs: in
     parser.add_argument("--threads", type=int, default=None, help="torch threads (in-process), per worker on Ray")
     parser.add_argument("--progress-file", default=None, help="write progress as JSON here after every chunk")
     parser.add_argument("--stop-file", default=None, help=stop)
+    parser.add_argument("--disk-limit", type=int, default=0, metavar="BYTES",
+                        help="stop, failed, once the output's files pass this many bytes (what the server reserved "
+                             "for them; default: no limit)")
     parser.add_argument("--quiet", action="store_true")
 
 
@@ -121,20 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan
 
     reporter = Reporter(args.progress_file, args.quiet)
-    stop_file = Path(args.stop_file) if args.stop_file else None
     try:
         settings = ScanSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk,
                                 **({} if args.qk_points is None else {"qk_points": args.qk_points}))
         if args.threads and not args.ray:
             torch.set_num_threads(args.threads)
-        corpus = open_corpus(args.corpus, split=args.split, field_name=args.field)
+        corpus = open_corpus(args.corpus, split=args.split, field_name=args.field, keep=settings.max_docs)
         for line in corpus.report.lines():
             print(line, file=sys.stderr)
         if not corpus.documents:
             raise CorpusRefused("the corpus holds no document to scan")
         folder, bundled_name = chosen_model(args.model, bundled_models())
         bundle = load_model_dir(folder, name=args.name or bundled_name, dtype=args.dtype)
-        should_stop = (lambda: stop_file.exists()) if stop_file else None
+        should_stop = stopper(args.stop_file, args.out, args.disk_limit)
         started = time.time()
         if args.ray:
             from attnviz.scan.on_ray import run_scan_on_ray

@@ -1,12 +1,18 @@
-"""Scans the page starts: each runs as ``python -m attnviz.scan`` in a process of its own (it goes on while the
-page is left or reloaded, and a crash in it cannot take the server down), one at a time per scans folder (a
-browser's), writing its progress to a JSON file beside its database and stopping, resumably, when a stop file
-appears.
+"""Scans and corpus importance runs the pages start: each runs as ``python -m attnviz.scan`` (or
+``attnviz.scan.importance``) in a process of its own (it goes on while the page is left or reloaded, and a crash in
+it cannot take the server down), through the server's queue (:mod:`attnviz.scan.jobs`: at most ``ATTNVIZ_JOBS``
+at once, all browsers together, one per browser and per session), writing its progress to a JSON file beside its
+database and stopping, resumably, when a stop file appears.
 
 A scans folder holds, per scan ``<key>`` (:func:`attnviz.scan.runner.scan_key`): ``<key>.duckdb``,
-``<key>.progress.json``, ``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; ``job.json`` names the
-running scan (its process id and key); uploaded corpora are kept as ``corpus-<sha256>.<format>``. At most
-:data:`MAX_SCANS` scans are kept per folder: starting another deletes the oldest.
+``<key>.progress.json``, ``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; uploaded corpora are
+kept as ``<name>-<sha256>.<format>``, at most :data:`MAX_CORPORA`; projections the Queries and keys page makes
+of any scan go to ``projections/<scan key>.duckdb``. At most :data:`MAX_SCANS` scans are kept per folder: starting
+another deletes the oldest.
+
+Disk: a corpus, a scan or a run reserves the bytes it may write before it writes any
+(:func:`attnviz.models.disk.reserve`), in the same accounting as checkpoint uploads (``ATTNVIZ_UPLOADS_GB``, all
+browsers together) and within what one browser may keep (:func:`browser_limit_bytes`).
 
 Scans made on the command line can be opened from ``ATTNVIZ_SCAN_ROOT``: the ``.duckdb`` files directly in that
 folder (no links, nothing outside it), read-only.
@@ -18,17 +24,19 @@ import hashlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from attnviz.models import disk
+from attnviz.scan import jobs
 from attnviz.scan.corpus import BUNDLED, format_of
+from attnviz.scan.jobs import Job, JobRefused  # noqa: F401 - what callers of a folder's job() get
 from attnviz.scan.runner import ScanSettings
 
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
+MAX_CORPORA = 3  # uploaded corpora kept per browser; the oldest not in use goes first
+BROWSER_GB_VARIABLE = "ATTNVIZ_BROWSER_GB"
+DEFAULT_BROWSER_GB = 4.0
 
 
 def max_page_documents() -> int:
@@ -38,36 +46,37 @@ def max_page_documents() -> int:
         return max(1, int(os.environ.get("ATTNVIZ_SCAN_MAX_DOCS", "20000")))
     except ValueError:
         return 20_000
-JOB = "job.json"
-SCAN_ROOT_VARIABLE = "ATTNVIZ_SCAN_ROOT"
-REPOSITORY = Path(__file__).resolve().parents[2]  # where ``python -m attnviz.scan`` finds the package
 
 
-@dataclass(frozen=True)
-class Job:
-    key: str
-    pid: int
-    started: float
-
-
-def _alive(pid: int) -> bool:
+def browser_limit_bytes() -> int:
+    """The most one browser's corpora, scans, runs and projections may take on disk (``ATTNVIZ_BROWSER_GB``; by
+    default 4 GiB, and never more than a quarter of ``ATTNVIZ_UPLOADS_GB``)."""
     try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # a finished child stays a zombie until reaped: reap it here (it is ours when it is a zombie of ours)
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:  # not our child (another server process started it): alive, as kill said
-        return True
+        chosen = float(os.environ.get(BROWSER_GB_VARIABLE, "") or DEFAULT_BROWSER_GB)
+    except ValueError:
+        chosen = DEFAULT_BROWSER_GB
+    explicit = bool(os.environ.get(BROWSER_GB_VARIABLE, "").strip())
+    limit = int(max(0.0, chosen) * 1024**3)
+    return limit if explicit else min(limit, disk.uploads_limit_bytes() // 4)
+
+
+SCAN_ROOT_VARIABLE = "ATTNVIZ_SCAN_ROOT"
 
 
 class ScanFolder:
-    """The scans of one browser (or session): start, watch, stop, list, bound."""
+    """The scans (or importance runs) of one browser (or session): start, watch, stop, list, bound.
 
-    def __init__(self, folder: str | Path):
+    ``owner``: the browser's folder of scans, corpora and runs (its disk is counted together, and it has one job
+    at a time); by default this folder. ``queue``: the server's (:func:`attnviz.scan.jobs.server_queue`)."""
+
+    def __init__(self, folder: str | Path, owner: str | Path | None = None, queue: jobs.JobQueue | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.owner = Path(owner) if owner is not None else self.folder
+        self.queue = queue
+
+    def _queue(self) -> jobs.JobQueue:
+        return self.queue if self.queue is not None else jobs.server_queue()
 
     def database(self, key: str) -> Path:
         return self.folder / f"{key}.duckdb"
@@ -78,18 +87,10 @@ class ScanFolder:
     def stop_file(self, key: str) -> Path:
         return self.folder / f"{key}.stop"
 
-    # -- the running scan ----------------------------------------------------------------------------------------
+    # -- the job ---------------------------------------------------------------------------------------------------
     def job(self) -> Job | None:
-        """The scan running now, or None (a job whose process has ended is forgotten here)."""
-        try:
-            entry = json.loads((self.folder / JOB).read_text())
-            job = Job(str(entry["key"]), int(entry["pid"]), float(entry["started"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if _alive(job.pid):
-            return job
-        (self.folder / JOB).unlink(missing_ok=True)
-        return None
+        """This folder's job, waiting (``job.waiting``, with its place) or running, or None."""
+        return self._queue().job_of(self.folder)
 
     def progress(self, key: str) -> dict | None:
         try:
@@ -105,64 +106,67 @@ class ScanFolder:
 
     def start(self, key: str, corpus: str | Path, model_folder: str | Path, settings: ScanSettings, *,
               split: str = "line", field_name: str | None = None, dtype: str = "stored",
-              model_name: str | None = None) -> Job:
-        """Start the scan ``key`` (or resume it) in a process of its own. Refused while another scan of this
-        folder runs."""
+              model_name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
+        """Start the scan ``key`` (or resume it) in a process of its own, through the server's queue, with
+        ``disk_bytes`` reserved for its files. Refused (:class:`JobRefused`, or a refusal of the disk in words)
+        while this browser or session has a job, when the queue is full or the disk would be."""
         command = [sys.executable, "-m", "attnviz.scan", str(corpus), "--model", str(model_folder), "--out",
                    str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
                    str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--qk-points",
                    str(settings.qk_points), "--split", split, "--dtype", dtype,
                    "--progress-file", str(self.progress_file(key)), "--stop-file", str(self.stop_file(key)),
-                   "--quiet", "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+                   "--quiet", "--threads", str(_threads())]
         if field_name:
             command += ["--field", field_name]
         if model_name:
             command += ["--name", model_name]
-        return self._launch(key, command)
+        return self._launch(key, command, "scan", disk_bytes, session)
 
     def start_importance(self, key: str, corpus: str, model_folder: str | Path, settings, *, dtype: str = "stored",
-                         model_name: str | None = None) -> Job:
+                         model_name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
         """Start (or resume) a corpus importance run ``key`` (:mod:`attnviz.scan.importance`; ``corpus`` as its
-        command line takes it) in a process of its own. Refused while another job of this folder runs."""
+        command line takes it) in a process of its own, through the server's queue, like :meth:`start`."""
         command = [sys.executable, "-m", "attnviz.scan.importance", corpus, "--model", str(model_folder), "--out",
                    str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
                    str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--methods",
                    ",".join(settings.methods), "--dtype", dtype, "--progress-file", str(self.progress_file(key)),
-                   "--stop-file", str(self.stop_file(key)), "--quiet",
-                   "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+                   "--stop-file", str(self.stop_file(key)), "--quiet", "--threads", str(_threads())]
         if model_name:
             command += ["--name", model_name]
-        return self._launch(key, command)
+        return self._launch(key, command, "importance", disk_bytes, session)
 
-    def _launch(self, key: str, command: list[str]) -> Job:
-        running = self.job()
-        if running is not None:
-            raise RuntimeError("a job is already running here: wait for it, or stop it")
-        self.bound(keep=key)
+    def _launch(self, key: str, command: list[str], kind: str, disk_bytes: int, session: str | None) -> Job:
+        database = self.database(key)
+        written = disk.written_bytes(self.folder, key)  # a resumed job's files are on disk already
+        needed = max(0, int(disk_bytes) - written)
+        if disk_bytes:
+            command += ["--disk-limit", str(int(disk_bytes))]
+
+        def reserve() -> str | None:
+            if not needed:
+                return None
+            reservation = disk.reserve(self.folder, needed, _counted_beside(), part=key, owner=self.owner,
+                                       owner_limit=browser_limit_bytes(),
+                                       what=f"this {'scan' if kind == 'scan' else 'run'}")
+            return str(reservation.entry)
+
+        self.progress_file(key).unlink(missing_ok=True)  # what it says belongs to this start, not an earlier one
         self.stop_file(key).unlink(missing_ok=True)
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        with open(self.folder / f"{key}.log", "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=environment,
-                                       start_new_session=True)  # its own process group: a page rerun leaves it
-        job = Job(key, process.pid, time.time())
-        scratch = self.folder / f".{JOB}.{os.getpid()}"
-        scratch.write_text(json.dumps(job.__dict__))
-        scratch.replace(self.folder / JOB)
+        job = self._queue().submit(folder=self.folder, key=key, kind=kind, command=command,
+                                   log=self.folder / f"{key}.log", owner=str(self.owner), session=session,
+                                   reserve=reserve)
+        self.bound(keep=database.stem)
         return job
 
     def stop(self, key: str) -> None:
-        """Ask the running scan to stop after its current chunk (it keeps what it did; Scan resumes it)."""
-        self.stop_file(key).touch()
+        """A waiting job leaves the queue; a running one is asked to stop after its current chunk (it keeps what it
+        did; starting it again resumes it)."""
+        if not self._queue().cancel(self.folder, key):
+            self.stop_file(key).touch()
 
     def kill(self) -> None:
-        """End the running scan now (a stop that takes too long); its last committed chunk is kept."""
-        job = self.job()
-        if job is not None:
-            try:
-                os.killpg(job.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """End the running job now (a stop that takes too long); its last committed chunk is kept."""
+        self._queue().kill(self.folder)
 
     # -- kept scans ----------------------------------------------------------------------------------------------
     def scans(self) -> list[Path]:
@@ -173,32 +177,70 @@ class ScanFolder:
         return sorted(found, key=_modified, reverse=True)
 
     def bound(self, keep: str | None = None) -> None:
-        """Delete the oldest scans beyond MAX_SCANS - 1 (room for one more), never ``keep`` or the running one."""
+        """Delete the oldest scans beyond MAX_SCANS - 1 (room for one more), never ``keep`` or the job's."""
         running = self.job()
         protected = {keep, running.key if running else None}
         for path in self.scans()[MAX_SCANS - 1:]:
             if path.stem not in protected:
-                for leftover in self.folder.glob(f"{path.stem}.*"):
-                    leftover.unlink(missing_ok=True)
+                self.delete(path.stem)
 
     def delete(self, key: str) -> None:
+        """A scan's files deleted (never its job's: stop it first)."""
         running = self.job()
         if running is not None and running.key == key:
             raise RuntimeError("stop the scan before deleting it")
         for leftover in self.folder.glob(f"{key}.*"):
             leftover.unlink(missing_ok=True)
+        (self.folder / PROJECTIONS / f"{key}.duckdb").unlink(missing_ok=True)
 
-    def keep_corpus(self, data: bytes, name: str) -> Path:
+    def corpora(self) -> list[Path]:
+        """The uploaded corpora kept here, newest first."""
+        found = [path for path in self.folder.iterdir() if path.suffix in FORMATS_KEPT and path.is_file()
+                 and not path.name.startswith(".") and not path.is_symlink()]
+        return sorted(found, key=_modified, reverse=True)
+
+    def keep_corpus(self, data: bytes, name: str, in_use: set[str] = frozenset()) -> Path:
         """An uploaded corpus saved under its own name's letters and its content's hash (the same file twice is
-        kept once; nothing of the name but letters, digits, ``-`` and ``_`` reaches the path)."""
+        kept once; nothing of the name but letters, digits, ``-`` and ``_`` reaches the path). Its bytes are
+        reserved before they are written; the oldest of more than :data:`MAX_CORPORA` goes, unless ``in_use``
+        (paths a job reads)."""
         suffix = format_of(name)
         stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(name).stem).strip("_-")[:40] or "corpus"
         path = self.folder / f"{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
-        if not path.exists():
-            scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        if path.exists():
+            os.utime(path)
+            return path
+        for old in self.corpora()[MAX_CORPORA - 1:]:
+            if str(old) not in in_use:
+                old.unlink(missing_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        with disk.reserve(self.folder, len(data), _counted_beside(), part=scratch.name, owner=self.owner,
+                          owner_limit=browser_limit_bytes(), what="this corpus"):
             scratch.write_bytes(data)
             scratch.replace(path)
         return path
+
+    def projections(self, key: str) -> Path:
+        """Where the Queries and keys page keeps the projections this browser makes of scan ``key`` (any scan's,
+        the server's included: they are never written into the scan's own file)."""
+        folder = self.folder / PROJECTIONS
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder / f"{key}.duckdb"
+
+
+def _threads() -> int:
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _counted_beside() -> list[Path]:
+    """Where else what uploads occupy lies: the kept models and scans (attnviz.models.keep)."""
+    from attnviz.models.keep import keep_root
+
+    return [Path(os.path.realpath(keep_root()))]
+
+
+PROJECTIONS = "projections"
+FORMATS_KEPT = (".txt", ".jsonl", ".csv", ".parquet")
 
 
 def _modified(path: Path) -> float:

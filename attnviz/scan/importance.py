@@ -34,19 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     from attnviz.models.loading import bundled_models
     from attnviz.models.safety import CheckpointRefused
     from attnviz.runtime import configure_environment
-    from attnviz.scan.__main__ import Reporter, chosen_model, unwritable, write_json
+    from attnviz.scan.__main__ import Reporter, chosen_model, stopper, unwritable, write_json
 
     args = parse(argv)
     configure_environment()
     reporter = Reporter(args.progress_file, args.quiet)
-    stop_file = Path(args.stop_file) if args.stop_file else None
-    should_stop = (lambda: stop_file.exists()) if stop_file else None
+    should_stop = stopper(args.stop_file, args.out, args.disk_limit)
     try:
         settings = ImportanceSettings(max_docs=args.max_docs, max_tokens=args.max_tokens, chunk_docs=args.chunk,
                                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
         if args.threads and not args.ray:
             torch.set_num_threads(args.threads)
-        corpus = read_corpus_spec(args.corpus, split=args.split, field_name=args.field)
+        corpus = read_corpus_spec(args.corpus, split=args.split, field_name=args.field, keep=settings.max_docs)
         folder, bundled_name = chosen_model(args.model, bundled_models())
         name = args.name or bundled_name or folder.name
         if args.ray:

@@ -75,16 +75,21 @@ def scan_documents(path: str | Path) -> Corpus:
     return Corpus(name, [Document(text, source) for text, source in rows])
 
 
-def read_corpus_spec(spec: str, *, split: str = "line", field_name: str | None = None) -> Corpus:
+def read_corpus_spec(spec: str, *, split: str = "line", field_name: str | None = None,
+                     keep: int | None = None) -> Corpus:
+    """``bundled``, a corpus file, or ``scan:FILE`` (the documents a scan read); a file's first ``keep`` documents
+    kept in memory (every one counted and fingerprinted)."""
     if spec.startswith(SCAN_PREFIX):
         return scan_documents(spec[len(SCAN_PREFIX):])
-    return open_corpus(spec, split=split, field_name=field_name)
+    return open_corpus(spec, split=split, field_name=field_name, keep=keep)
 
 
-def importance_key(corpus: Corpus, folder: str | Path, settings: ImportanceSettings, dtype: str = "stored") -> str:
+def importance_key(corpus: Corpus | str, folder: str | Path, settings: ImportanceSettings,
+                   dtype: str = "stored") -> str:
     """The same corpus, model, dtype and limits give the same key (and the page the same file): reused, or resumed.
     A run in fp32 of a half-precision checkpoint is another run: it never resumes one made as stored."""
-    wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
+    fingerprint = corpus if isinstance(corpus, str) else corpus.fingerprint
+    wanted = {"corpus": fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
               "max_tokens": settings.max_tokens, "methods": sorted(settings.methods),
               "schema": istore.SCHEMA_VERSION, **({} if dtype == "stored" else {"dtype": dtype})}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
@@ -175,9 +180,9 @@ def open_run(path: str | Path, corpus: Corpus, folder: str | Path, name: str, se
     if not existing:
         writer.set(key=key, model=name, model_folder=str(folder), objective=objective, source=source,
                    objective_words=imp.OBJECTIVES[objective], corpus=corpus.name,
-                   corpus_fingerprint=corpus.fingerprint, corpus_documents=len(corpus.documents),
+                   corpus_fingerprint=corpus.fingerprint, corpus_documents=corpus.count,
                    max_docs=settings.max_docs, max_tokens=settings.max_tokens,
-                   methods=methods_for(objective, settings), planned=min(settings.max_docs, len(corpus.documents)),
+                   methods=methods_for(objective, settings), planned=min(settings.max_docs, corpus.count),
                    versions=istore.versions(), started=time.time(), status=istore.STATUS_RUNNING)
     writer.write_modules(modules)
     return writer

@@ -43,6 +43,12 @@ CREATE OR REPLACE VIEW importance AS SELECT method, module, head, avg(value) AS 
 """
 
 
+def estimated_run_bytes(documents: int, heads: int, methods: int, characters: int, width: int = 1024) -> int:
+    """At most what a corpus importance run's file takes on disk: a row per document, head and method, each
+    document's text, each head's mean output. What the page reserves before it starts."""
+    return int(documents * (heads * methods * 48 + 256) + 4 * characters + heads * width * 8 + 4 * 1024**2)
+
+
 class ImportanceWriter(DatabaseFile):
     """The writing side of a run's database: created or reopened (to resume) at ``path``."""
 
@@ -99,8 +105,10 @@ class ImportanceWriter(DatabaseFile):
 class ImportanceReader(DatabaseFile):
     """A run's database opened read-only: what the page shows."""
 
+    WHAT = "an importance run's database"
+
     def __init__(self, path: str | Path):
-        super().__init__(path, read_only=True)
+        super().__init__(path, _SCHEMA, read_only=True)
         self.settings = self.read_settings()
 
     @property

@@ -61,10 +61,13 @@ CREATE TABLE IF NOT EXISTS qk_documents (doc INTEGER PRIMARY KEY, priority DOUBL
 CREATE TABLE IF NOT EXISTS qk_vectors (doc INTEGER, layer SMALLINT, head SMALLINT, d SMALLINT, d_v SMALLINT,
     queries BLOB, keys BLOB, "values" BLOB, strongest_keys BLOB, strongest_weights BLOB);
 CREATE TABLE IF NOT EXISTS qk_masks (doc INTEGER, layer SMALLINT, allowed BLOB, translate BOOLEAN);
+"""
+PROJECTIONS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS qk_projections (layer SMALLINT, head SMALLINT, method VARCHAR, dims SMALLINT,
     seed INTEGER, with_values BOOLEAN, coordinates BLOB, trust VARCHAR, seconds DOUBLE,
     PRIMARY KEY (layer, head, method, dims, seed, with_values));
 """
+SCHEMA += PROJECTIONS_SCHEMA
 
 
 VECTOR_COLUMNS = ("doc", "layer", "head", "d", "d_v", "queries", "keys", "values", "strongest_keys",
@@ -269,13 +272,29 @@ def project_every_head(connection: duckdb.DuckDBPyConnection) -> None:
 
 
 def save_projection(path: str | Path, *args, attempts: int = 10) -> bool:
-    """:func:`keep_projection` into the scan's file at ``path``, from a page: a short write, tried again while
-    another process reads the file; False if it stayed busy (the projection is then only shown)."""
+    """:func:`keep_projection` into the projections file at ``path`` (a page's: this browser's own file for one
+    scan, never the scan's, which may be the server's and is opened read-only), created if need be: a short write,
+    tried again while another process holds the file; False if it stayed busy (the projection is then only
+    shown)."""
     for attempt in range(attempts):
         try:
             with duckdb.connect(str(path)) as connection:
+                connection.execute(PROJECTIONS_SCHEMA)
                 keep_projection(connection, *args)
             return True
         except duckdb.Error:
             time.sleep(0.05 * (attempt + 1))
     return False
+
+
+def kept_projection(path: str | Path, *args) -> tuple[torch.Tensor, dict[int, float]] | None:
+    """A projection a page kept in the projections file at ``path`` (arguments as :func:`stored_projection`'s),
+    or None (no file, not kept, or the file busy now)."""
+    if not Path(path).is_file():
+        return None
+    try:
+        with duckdb.connect(str(path)) as connection:
+            store.check_catalog(connection, PROJECTIONS_SCHEMA, ("qk_projections",), "a projections file")
+            return stored_projection(connection, *args)
+    except (duckdb.Error, store.NotAResultsFile):
+        return None

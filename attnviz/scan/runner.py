@@ -29,6 +29,7 @@ from attnviz.scan.corpus import Corpus, Document
 from attnviz.scan.heads import CRITERIA, Partial, document_partial
 
 NONFINITE = "its attention weights hold NaN or infinity (the model overflows on it): left out of every statistic"
+REFUSED_BY_TOKENIZER = "the tokenizer cannot read this text: left out of every statistic"
 SCANNED_KINDS = ("self", "encoder")  # the self-attention over the input text: decoders' and encoders'
 
 
@@ -100,10 +101,12 @@ def model_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def scan_key(corpus: Corpus, folder: str | Path, settings: ScanSettings, dtype: str = "float32") -> str:
-    """The same corpus, model, dtype (as loaded) and limits give the same key (and the page the same file): reused,
-    or resumed. A half-precision checkpoint scanned in fp32 is another scan: it never resumes one made as stored."""
-    wanted = {"corpus": corpus.fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
+def scan_key(corpus: Corpus | str, folder: str | Path, settings: ScanSettings, dtype: str = "float32") -> str:
+    """The same corpus (or its fingerprint), model, dtype (as loaded) and limits give the same key (and the page the
+    same file): reused, or resumed. A half-precision checkpoint scanned in fp32 is another scan: it never resumes one
+    made as stored."""
+    fingerprint = corpus if isinstance(corpus, str) else corpus.fingerprint
+    wanted = {"corpus": fingerprint, "model": model_fingerprint(folder), "max_docs": settings.max_docs,
               "max_tokens": settings.max_tokens, "schema": store.SCHEMA_VERSION, "qk_points": settings.qk_points,
               **({} if dtype == "float32" else {"dtype": dtype})}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:24]
@@ -143,6 +146,8 @@ def read_document(bundle: ModelBundle, kind: str, doc: int, document: Document,
         result = capture(bundle, document.text, max_tokens=max_tokens, check_finite=False)
     except ValueError as problem:  # a tokenizer that does not fit its model, an empty text after all
         return doc, None, None, str(problem)
+    except (TypeError, UnicodeError) as problem:  # text the tokenizer refuses: this document only is left out
+        return doc, None, None, f"{REFUSED_BY_TOKENIZER} ({type(problem).__name__})"
     weights = result.records[kind].every_layer_weights()  # self-attention over the input: queries = result.tokens
     # One NaN would spoil every sum of its heads. Weights lie in [0, 1], so their sum is finite exactly when every
     # weight is (NaN and infinities carry into it): one reduction, no [layers, heads, n, n] mask.
@@ -226,9 +231,9 @@ def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings:
         writer.set(key=key, model=bundle.name, model_folder=str(bundle.folder), model_type=bundle.model_type,
                    tokenizer=type(bundle.tokenizer).__name__, kind=kind, n_layers=n_layers, n_heads=n_heads,
                    corpus=corpus.name, corpus_fingerprint=corpus.fingerprint,
-                   corpus_documents=len(corpus.documents), corpus_report=corpus.report.lines(),
+                   corpus_documents=corpus.count, corpus_report=corpus.report.lines(),
                    max_docs=settings.max_docs, max_tokens=settings.max_tokens, qk_points=settings.qk_points,
-                   planned=min(settings.max_docs, len(corpus.documents)), versions=store.versions(),
+                   planned=min(settings.max_docs, corpus.count), versions=store.versions(),
                    started=time.time(), status=store.STATUS_RUNNING)
     return writer
 

@@ -20,6 +20,7 @@ Tables (``layer``, ``head`` count from 0; token ids are the tokenizer's):
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 from contextlib import suppress
@@ -82,6 +83,24 @@ CREATE OR REPLACE VIEW key_tokens AS SELECT layer, head, key_id, sum(weight) AS 
 """
 
 
+ROW_BYTES = 84  # per query and head: about 50 as the chunks write them, 34 in the compacted copy made beside them
+HEAD_DOCUMENT_BYTES = 300  # per document and head: its statistics and label
+FIXED_BYTES = 8 * 1024**2  # the aggregates, examples and token tables of a small scan
+
+
+def estimated_scan_bytes(documents: int, max_tokens: int, n_layers: int, n_heads: int, characters: int,
+                         qk_points: int = 0, head_dim: int = 64) -> int:
+    """At most what a scan's files take on disk while it runs and as it is copied compactly at the end (every
+    document read at ``max_tokens`` tokens; ``characters``: the documents' text), measured on the bundled BERT
+    (1,015,416 query rows: 49.6 MB at the last chunk, 32.0 MB compacted). What the page reserves before it starts."""
+    heads = n_layers * n_heads
+    rows = documents * max_tokens * heads
+    body = rows * ROW_BYTES + documents * heads * HEAD_DOCUMENT_BYTES + 2 * 4 * characters
+    points = min(qk_points, documents * max_tokens)
+    sample = 2 * (points * heads * (6 * head_dim + 64) + points * max_tokens * n_layers // 8)
+    return int(body + sample + FIXED_BYTES)
+
+
 def word_of(readable: str) -> str:
     """What a search matches a token by: lower case, without a word-start mark. WordPiece's ``##`` (a piece inside
     a word) stays: "in" finds the word, "##in" the piece."""
@@ -96,15 +115,112 @@ def versions() -> dict[str, str]:
             "duckdb": duckdb.__version__, "schema": str(SCHEMA_VERSION)}
 
 
+READ_CONFIG = {  # how a file anyone may have written is opened: it can read nothing but itself, and cannot undo it
+    "enable_external_access": False, "autoload_known_extensions": False, "autoinstall_known_extensions": False,
+    "memory_limit": MEMORY_LIMIT, "lock_configuration": True}
+
+
+class NotAResultsFile(ValueError):
+    """The file is not a scan's (or importance run's) database, or holds something its schema does not: a view,
+    a macro, a table or a column of its own. ``missing``: it lacks the tables every such file has (a file cut short
+    as it was created): the only case in which the page may delete its own copy."""
+
+    def __init__(self, message: str, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
+
+
+class DatabaseBusy(RuntimeError):
+    """The file is being written by another connection (a scan still running, another process): try again."""
+
+    in_words = True  # its message is for people (attnviz.ui.messages.problem_text)
+
+
+def catalog(connection: duckdb.DuckDBPyConnection) -> dict:
+    """What a database holds besides its rows: tables with their columns, views with their SQL, and anything else
+    (macros, sequences, types, indexes, other schemas), as names."""
+    tables: dict[str, list[tuple[str, str]]] = {}
+    for schema, table, column, kind in connection.execute(
+            "SELECT schema_name, table_name, column_name, data_type FROM duckdb_columns() "
+            "WHERE database_name = current_database() AND NOT internal ORDER BY table_name, column_index").fetchall():
+        tables.setdefault(f"{schema}.{table}", []).append((column, kind))
+    views = {f"{schema}.{view}": " ".join(sql.split()).lower() for schema, view, sql in connection.execute(
+        "SELECT schema_name, view_name, sql FROM duckdb_views() WHERE database_name = current_database() "
+        "AND NOT internal").fetchall()}
+    for name in views:
+        tables.pop(name, None)  # duckdb_columns() lists a view's columns too
+    other = [f"{kind} {name}" for kind, name in connection.execute(
+        "SELECT function_type, function_name FROM duckdb_functions() WHERE database_name = current_database() "
+        "AND NOT internal UNION ALL SELECT 'sequence', sequence_name FROM duckdb_sequences() "
+        "WHERE database_name = current_database() UNION ALL SELECT 'type', type_name FROM duckdb_types() "
+        "WHERE database_name = current_database() AND NOT internal UNION ALL SELECT 'index', index_name "
+        "FROM duckdb_indexes() WHERE database_name = current_database()").fetchall()]
+    return {"tables": tables, "views": views, "other": sorted(other)}
+
+
+@functools.lru_cache(maxsize=4)
+def expected_catalog(schema: str) -> dict:
+    """The catalog a file made with ``schema`` has (built in memory, with this DuckDB)."""
+    with duckdb.connect() as connection:
+        connection.execute(schema)
+        return catalog(connection)
+
+
+def check_catalog(connection: duckdb.DuckDBPyConnection, schema: str, required: tuple[str, ...], what: str) -> None:
+    """Refuse (:class:`NotAResultsFile`) a file that lacks a ``required`` table, or holds a table, column, view,
+    macro or anything else that ``schema`` does not make (a view could read the server's files, a macro run
+    anything): only what attnviz itself writes is read."""
+    found, expected = catalog(connection), expected_catalog(schema)
+    problems = [f"table {name}" for name in found["tables"] if name not in expected["tables"]]
+    problems += [f"table {name}'s columns" for name, columns in found["tables"].items()
+                 if name in expected["tables"] and columns != expected["tables"][name]]
+    problems += [f"view {name}" for name, sql in found["views"].items() if expected["views"].get(name) != sql]
+    problems += found["other"]
+    if problems:
+        raise NotAResultsFile(f"it holds what {what} does not ({', '.join(sorted(problems)[:4])}"
+                              f"{', …' if len(problems) > 4 else ''}): it is not read")
+    missing = [name for name in required if f"main.{name}" not in found["tables"]]
+    if missing:  # nothing foreign, and not even its first tables: a file cut short as it was created
+        raise NotAResultsFile(f"it is not {what}: it has no {', '.join(missing)} table", missing=True)
+
+
+def open_for_reading(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to a DuckDB file that anyone may have written, with external access off and the
+    configuration locked. A lock held by a writer is :class:`DatabaseBusy`; a file that is not a DuckDB database
+    at all is :class:`NotAResultsFile` (``missing``)."""
+    try:
+        return duckdb.connect(str(path), read_only=True, config=READ_CONFIG)
+    except duckdb.IOException as problem:
+        text = str(problem)
+        if "lock" in text.lower() or "conflicting" in text.lower():
+            raise DatabaseBusy("it is being written now") from None
+        if "not a valid duckdb" in text.lower() or "database file" in text.lower() and "invalid" in text.lower():
+            raise NotAResultsFile("it is not a DuckDB database", missing=True) from None
+        raise
+    except duckdb.ConnectionException as problem:  # open in this process with another configuration
+        raise DatabaseBusy(f"it is open for writing in this server ({str(problem).splitlines()[0]})") from None
+
+
 class DatabaseFile:
     """One DuckDB file of results (a scan's, a corpus importance run's): its connection, its ``settings`` table
     (key -> JSON) and a context manager. Written (``schema`` created if missing, memory bounded) or, with
-    ``read_only``, read."""
+    ``read_only``, read as a file anyone may have written (:func:`open_for_reading`), after its catalog was checked
+    against ``schema`` (:func:`check_catalog`)."""
+
+    REQUIRED = ("settings", "documents")
+    WHAT = "a results file"
 
     def __init__(self, path: str | Path, schema: str | None = None, *, read_only: bool = False):
         self.path = Path(path)
-        self.connection = duckdb.connect(str(self.path), read_only=read_only)
-        if not read_only:
+        if read_only:
+            self.connection = open_for_reading(self.path)
+            try:
+                check_catalog(self.connection, schema or "", self.REQUIRED, self.WHAT)
+            except BaseException:
+                self.close()
+                raise
+        else:
+            self.connection = duckdb.connect(str(self.path))
             self.connection.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             self.connection.execute(schema or "")
 
@@ -131,6 +247,22 @@ class DatabaseFile:
 
     def _insert(self, table: str, frame: pd.DataFrame) -> None:
         insert_frame(self.connection, table, frame)
+
+    def export_parquet(self, table: str, target: str | Path, rows_per_batch: int = 65_536) -> Path:
+        """One table (or view) of :data:`EXPORTABLE` written as a Parquet file, a batch of rows at a time (never
+        the whole table in memory; DuckDB itself may not write files here)."""
+        import pyarrow.parquet as pq
+
+        if table not in EXPORTABLE:
+            raise ValueError(f"no table {table!r}")
+        target = Path(target)
+        relation = self.connection.cursor().sql(f"SELECT * FROM {table}")  # a cursor: no other result in the way
+        reader = (relation.to_arrow_reader(rows_per_batch) if hasattr(relation, "to_arrow_reader")
+                  else relation.fetch_record_batch(rows_per_batch))
+        with pq.ParquetWriter(target, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+        return target
 
 
 def insert_frame(connection: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame,
@@ -310,8 +442,12 @@ def rewrite_compactly(path: str | Path) -> None:
 class ScanReader(DatabaseFile):
     """A scan's database opened read-only: what the page shows, and the searches."""
 
+    WHAT = "a scan's database"
+
     def __init__(self, path: str | Path):
-        super().__init__(path, read_only=True)
+        from attnviz.scan.qk_sample import SCHEMA as SAMPLE_SCHEMA
+
+        super().__init__(path, _SCHEMA + SAMPLE_SCHEMA, read_only=True)
         self.settings = self.read_settings()
         self.n_layers = int(self.settings.get("n_layers", 0))
         self.n_heads = int(self.settings.get("n_heads", 0))
@@ -433,14 +569,6 @@ class ScanReader(DatabaseFile):
                "s.layer = k.layer AND s.head = k.head AND s.statistic = 'entropy' WHERE t.word = ? "
                "GROUP BY k.layer, k.head HAVING share > ? ORDER BY share DESC")
         return self.frame(sql, [word_of(key_word.strip()), float(min_share)]), sql
-
-    def export_parquet(self, table: str, target: str | Path) -> Path:
-        """One table (or view) written as a Parquet file."""
-        if table not in EXPORTABLE:
-            raise ValueError(f"no table {table!r}")
-        target = Path(target)
-        self.connection.execute(f"COPY (SELECT * FROM {table}) TO '{_literal(target)}' (FORMAT parquet)")
-        return target
 
 
 EXPORTABLE = ("documents", "tokens", "head_documents", "query_top_keys", "token_pairs", "key_tokens", "head_stats",

@@ -135,7 +135,8 @@ BUNDLED_SPEC = "bundled"
 
 def importance_jobs() -> background.ScanFolder:
     """This browser's corpus importance runs: a folder beside its scans (one job at a time)."""
-    return background.ScanFolder(scan_folder().folder / "importance")
+    scans = scan_folder()
+    return background.ScanFolder(scans.folder / "importance", owner=scans.owner)
 
 
 def _stamp(path: Path) -> float:
@@ -155,8 +156,9 @@ def run_facts(spec: str, model_folder: str, settings: ImportanceSettings, dtype:
 @st.cache_data(max_entries=16, show_spinner="Reading the corpus…")
 def _run_facts(spec: str, stamp: float, model_folder: str, settings: ImportanceSettings, dtype: str) -> dict:
     corpus = read_corpus_spec(spec)
-    return {"key": importance_key(corpus, model_folder, settings, dtype), "documents": len(corpus.documents),
-            "name": "the bundled corpus" if spec == BUNDLED_SPEC else corpus.name}
+    return {"key": importance_key(corpus, model_folder, settings, dtype), "documents": corpus.count,
+            "name": "the bundled corpus" if spec == BUNDLED_SPEC else corpus.name,
+            "characters": corpus.characters_of_first(settings.max_docs)}
 
 
 def run_results(path: Path) -> dict | None:

@@ -13,9 +13,11 @@ from attnviz.models.safety import CheckpointRefused
 
 
 def problem_text(problem: BaseException) -> str:
-    """An exception as one line a person can read (its type when it has no message)."""
+    """An exception as one line a person can read (its type too, unless its message was written for people:
+    refusals, and exceptions marked ``in_words``)."""
     text = str(problem).strip().splitlines()[0][:200] if str(problem).strip() else ""
-    return text if isinstance(problem, (ValueError, CheckpointRefused)) and text else (
+    worded = isinstance(problem, (ValueError, CheckpointRefused)) or getattr(problem, "in_words", False)
+    return text if worded and text else (
         f"{type(problem).__name__}{': ' + text if text else ''}")
 
 

@@ -110,18 +110,45 @@ def scan_points(path: str, scan: str, layer: int, head: int, values: bool) -> qk
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def scan_projection(path: str, scan: str, layer: int, head: int, method: str, dims: int, seed: int, values: bool,
-                    _points: qkmap.HeadPoints):
-    """A scan's projection: read where the scan kept it, else made and kept (when the file can be written now)."""
+                    _points: qkmap.HeadPoints, _kept: str | None = None):
+    """A scan's projection: read where the scan kept it (its PCA) or where this browser kept it (``_kept``: its
+    projections file for the scan), else made and kept there when its bytes can be reserved. The scan's own file
+    is never written: it may be the server's, and is read with external access off."""
     with store.ScanReader(path) as reader:
         kept = qk_sample.stored_projection(reader.connection, layer, head, method, dims, seed, values)
+    if kept is None and _kept is not None:
+        kept = qk_sample.kept_projection(_kept, layer, head, method, dims, seed, values)
     if kept is not None:
         return kept
     started = time.perf_counter()
     coordinates = qkmap.project(_points, method, dims, seed=seed, with_values=values)
     trusted = qkmap.trust(_points, coordinates)
-    qk_sample.save_projection(path, layer, head, method, dims, seed, values, coordinates, trusted,
-                              time.perf_counter() - started)
+    if _kept is not None:
+        keep_in_browser(Path(_kept), layer, head, method, dims, seed, values, coordinates, trusted,
+                        time.perf_counter() - started)
     return coordinates, trusted
+
+
+def projections_file(scan: str) -> str:
+    """Where this browser keeps the projections it makes of the scan ``scan`` (its key)."""
+    return str(scan_folder().projections(scan))
+
+
+def keep_in_browser(target: Path, *row) -> bool:
+    """A projection kept in this browser's projections file, its bytes reserved first (False when there is no
+    room now: it is then only shown)."""
+    from attnviz.models import disk
+    from attnviz.models.safety import CheckpointRefused
+
+    folder = scan_folder()
+    coordinates = row[6]
+    size = int(coordinates.numel()) * 4 + 2 * 1024**2  # float32 points, and a new file's first blocks
+    try:
+        with disk.reserve(target.parent, size, background._counted_beside(), part=target.name, owner=folder.owner,
+                          owner_limit=background.browser_limit_bytes(), what="this projection"):
+            return qk_sample.save_projection(target, *row)
+    except (CheckpointRefused, OSError):
+        return False
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

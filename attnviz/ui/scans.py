@@ -3,14 +3,18 @@ database, cached by the file and its modification time so that a widget change r
 
 from __future__ import annotations
 
+import secrets
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import streamlit as st
 
+from attnviz.models import disk
 from attnviz.scan import background, store
-from attnviz.scan.corpus import bundled_corpus, read_corpus
+from attnviz.scan.corpus import CorpusRefused
+from attnviz.scan.corpus_probe import facts_of, probe
 from attnviz.scan.runner import ScanSettings, scan_key
 from attnviz.ui.session_models import browser_store
 from attnviz.ui.session_uploads import session_uploads
@@ -18,16 +22,24 @@ from attnviz.ui.session_uploads import session_uploads
 
 def scan_folder() -> background.ScanFolder:
     """This browser's scans (beside its kept models, for the same hours), or this session's when the server keeps
-    nothing (deleted with the session)."""
+    nothing (inside the uploads' folder, so that its bytes count; deleted with the session)."""
     store_ = browser_store()
     if store_ is not None:
         return background.ScanFolder(store_.folder / "scans")
     folder = st.session_state.get("scan_folder")
     if folder is None or not Path(folder).is_dir():
-        folder = tempfile.mkdtemp(prefix="attnviz-scans-")
+        folder = tempfile.mkdtemp(prefix="attnviz-scans-", dir=disk.uploads_root())
         session_uploads().folders.add(folder)
         st.session_state["scan_folder"] = folder
     return background.ScanFolder(folder)
+
+
+def session_id() -> str:
+    """This Streamlit session's own random id (kept in its session state): a job is limited per session as well as
+    per browser."""
+    if "session_id" not in st.session_state:
+        st.session_state["session_id"] = secrets.token_hex(16)
+    return st.session_state["session_id"]
 
 
 def _stamp(path: Path) -> float:
@@ -37,24 +49,51 @@ def _stamp(path: Path) -> float:
         return 0.0
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
 def corpus_facts(path: str | None, stamp: float, split: str, field_name: str | None) -> dict:
-    """A corpus's size, report and fingerprint (the bundled one for ``path`` None)."""
-    corpus = bundled_corpus() if path is None else read_corpus(path, split=split, field_name=field_name)
-    return {"documents": len(corpus.documents), "report": corpus.report.lines(), "fingerprint": corpus.fingerprint,
-            "name": corpus.name, "first": corpus.documents[0].text[:300] if corpus.documents else ""}
+    """A corpus's size, report, fingerprint and first document (the bundled one for ``path`` None), read once per
+    file and reading (a file in a child process with a memory and CPU cap: :func:`probe`). Refused in words
+    (:class:`CorpusRefused`); a refusal is remembered too, so a rerun does not read the file again."""
+    facts = _corpus_facts(path, stamp, split, field_name)
+    if "refused" in facts:
+        raise CorpusRefused(facts["refused"])
+    return facts
+
+
+@st.cache_data(max_entries=8, show_spinner="Reading the corpus…")
+def _corpus_facts(path: str | None, stamp: float, split: str, field_name: str | None) -> dict:
+    try:
+        return facts_of(None) if path is None else probe(path, "facts", split=split, field_name=field_name)
+    except CorpusRefused as problem:
+        return {"refused": str(problem)}
+
+
+def corpus_columns(path: str, stamp: float) -> list[str]:
+    """The fields or columns a corpus file offers for its text, read in the child process; refused in words."""
+    found = _corpus_columns(path, stamp)
+    if isinstance(found, dict):
+        raise CorpusRefused(found["refused"])
+    return found
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _corpus_columns(path: str, stamp: float) -> list[str] | dict:
+    try:
+        return probe(path, "columns")
+    except CorpusRefused as problem:
+        return {"refused": str(problem)}
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def key_for(path: str | None, stamp: float, split: str, field_name: str | None, model_folder: str,
-            settings: ScanSettings, dtype: str = "float32") -> str:
-    """The key of the scan these settings name (``dtype``: the model's, as loaded)."""
-    corpus = bundled_corpus() if path is None else read_corpus(path, split=split, field_name=field_name)
-    return scan_key(corpus, model_folder, settings, dtype)
+def key_for(fingerprint: str, model_folder: str, settings: ScanSettings, dtype: str = "float32") -> str:
+    """The key of the scan these settings name (``fingerprint``: the corpus's, from :func:`corpus_facts`, so
+    that a change of limits never reads the corpus again; ``dtype``: the model's, as loaded)."""
+    return scan_key(fingerprint, model_folder, settings, dtype)
 
 
 def scan_read(path: str | Path, method: str, *args, **kwargs):
-    """``ScanReader(path).method(*args)``, cached by the file's modification time."""
+    """``ScanReader(path).method(*args)``, cached by the file's modification time. A file being written raises
+    :class:`attnviz.scan.store.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
+    :class:`attnviz.scan.store.NotAResultsFile`."""
     return _scan_read(str(path), _stamp(Path(path)), method, args, tuple(sorted(kwargs.items())))
 
 
@@ -67,9 +106,30 @@ def _scan_read(path: str, stamp: float, method: str, args: tuple, kwargs: tuple)
     return tuple(np.asarray(part) for part in result) if method == "statistic_map" else result
 
 
-def export_bytes(path: str | Path, table: str) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="attnviz-export-") as scratch:
-        target = Path(scratch) / f"{table}.parquet"
-        with store.ScanReader(path) as reader:
-            reader.export_parquet(table, target)
-        return target.read_bytes()
+EXPORT_SECONDS = 1800  # a prepared export is offered for this long
+
+
+def prepare_export(path: str | Path, table: str) -> tuple[str, int]:
+    """One table of a scan written as Parquet into this browser's folder (its bytes reserved first, then streamed
+    batch by batch: never the whole table in memory), offered for download at a link of its own
+    (:mod:`attnviz.ui.downloads`) for :data:`EXPORT_SECONDS`. Returns (the link, the file's bytes). This session's
+    previous export is deleted."""
+    from attnviz.ui.downloads import offer, withdraw
+
+    folder = scan_folder()
+    exports = folder.folder / "exports"
+    exports.mkdir(mode=0o700, exist_ok=True)
+    withdraw(st.session_state.pop("corpus_export_token", None))
+    target = exports / f"{Path(path).stem[:24]}-{table}-{int(time.time() * 1000)}.parquet"
+    with disk.reserve(exports, max(Path(path).stat().st_size, 1024**2), background._counted_beside(),
+                      part=target.name, owner=folder.owner, owner_limit=background.browser_limit_bytes(),
+                      what="this export"):
+        try:
+            with store.ScanReader(path) as reader:
+                reader.export_parquet(table, target)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+    token, link = offer(target, f"{table}.parquet", EXPORT_SECONDS)
+    st.session_state["corpus_export_token"] = token
+    return link, target.stat().st_size

@@ -15,8 +15,19 @@ import streamlit as st
 from attnviz.models import keep
 
 
+def _end_jobs(folder: str | Path) -> None:
+    """The background jobs (scans, importance runs) whose files are in ``folder`` are ended before it goes."""
+    from attnviz.scan.jobs import JobRefused, server_queue
+
+    try:
+        server_queue().end_under(Path(folder))
+    except (JobRefused, OSError):
+        pass
+
+
 def _remove_folders(folders: set[str]) -> None:
     for folder in list(folders):
+        _end_jobs(folder)
         parent = Path(folder).parent
         shutil.rmtree(parent if parent.name.startswith("attnviz-upload-") else folder, ignore_errors=True)
     folders.clear()
@@ -43,6 +54,7 @@ def session_uploads() -> SessionUploads:
 
 
 _JANITOR = {"started": False}
+JOBS_SECONDS = 2.0  # how often the server moves the queue of background jobs on
 
 
 def start_janitor(every: float | None = None) -> None:
@@ -54,9 +66,24 @@ def start_janitor(every: float | None = None) -> None:
     interval = every or float(os.environ.get("ATTNVIZ_JANITOR_SECONDS", "30"))
 
     def sweep():
+        from attnviz.ui.downloads import sweep as sweep_downloads
+
         while True:
             time.sleep(interval)
             gc.collect()
-            keep.sweep_expired()  # browsers not seen for ATTNVIZ_KEEP_HOURS: their kept models are deleted
+            # browsers not seen for ATTNVIZ_KEEP_HOURS: their jobs end, their kept models and scans are deleted
+            keep.sweep_expired(before_delete=_end_jobs)
+            sweep_downloads()
+
+    def move_jobs_on():
+        from attnviz.scan.jobs import server_queue
+
+        while True:  # a job that ended makes room for the next at once, whether or not a page is watching
+            time.sleep(JOBS_SECONDS)
+            try:
+                server_queue().tick()
+            except Exception:  # noqa: BLE001 - the queue's folder unusable now: the pages say so when asked
+                pass
 
     threading.Thread(target=sweep, name="attnviz-janitor", daemon=True).start()
+    threading.Thread(target=move_jobs_on, name="attnviz-jobs", daemon=True).start()
