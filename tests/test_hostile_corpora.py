@@ -167,3 +167,23 @@ def test_the_page_reads_a_bomb_in_the_child_and_says_what_it_left_out(tmp_path, 
     said = " ".join(c.value for c in at.caption)
     assert "39,970 documents after the first 3,000,000 characters of documents: left out" in said
     assert at.button(key="corpus_scan").label == "Scan 30 documents"
+
+
+def test_a_document_the_tokenizer_refuses_is_left_out_of_the_scan_not_fatal(bert, tmp_path):
+    """Whatever reaches a scan (here a lone surrogate put in by hand, past the readers), a document the tokenizer
+    refuses is listed with its problem and left out; the others are scanned, and a resume does not trip on it."""
+    from attnviz.scan import store
+    from attnviz.scan.corpus import Corpus, Document
+    from attnviz.scan.runner import REFUSED_BY_TOKENIZER, ScanSettings, run_scan
+
+    documents = [Document("The cat sat on the mat.", "1"), Document("\ud800 broken", "2"),
+                 Document("It was tired.", "3")]
+    settings = ScanSettings(max_docs=3, max_tokens=16, chunk_docs=1, qk_points=8)
+    state = run_scan(Corpus("c", documents), bert, tmp_path / "scan.duckdb", settings, should_stop=lambda: False)
+    assert state.status == store.STATUS_FINISHED
+    with store.ScanReader(tmp_path / "scan.duckdb") as reader:
+        rows = reader.connection.execute("SELECT doc, n_tokens, problem FROM documents ORDER BY doc").fetchall()
+    assert rows[0][2] is None and rows[2][2] is None and rows[0][1] > 0
+    assert rows[1][2].startswith(REFUSED_BY_TOKENIZER) and rows[1][1] == 0
+    again = run_scan(Corpus("c", documents), bert, tmp_path / "scan.duckdb", settings)
+    assert again.status == store.STATUS_FINISHED

@@ -25,7 +25,7 @@ import torch
 from attnviz.models import importance as imp
 from attnviz.models.interventions import AttentionModule, attention_modules, editable_checkpoint, head_means
 from attnviz.scan import importance_store as istore
-from attnviz.scan.corpus import Corpus, CorpusRefused, Document, open_corpus
+from attnviz.scan.corpus import MAX_RECORDS, Corpus, CorpusRefused, Document, max_corpus_characters, open_corpus
 from attnviz.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
 
 SCAN_PREFIX = "scan:"
@@ -68,10 +68,19 @@ def scan_documents(path: str | Path) -> Corpus:
 
     try:
         with ScanReader(path) as reader:
+            count, characters = reader.connection.execute(
+                "SELECT count(*), coalesce(sum(length(text)), 0) FROM documents").fetchone()
+            if count > MAX_RECORDS or characters > max_corpus_characters():
+                raise CorpusRefused(f"{Path(path).name} holds {count:,} documents of {characters:,} characters: a "
+                                    f"corpus read here holds at most {MAX_RECORDS:,} documents and "
+                                    f"{max_corpus_characters():,} characters")
             rows = reader.connection.execute("SELECT text, source FROM documents ORDER BY doc").fetchall()
             name = f"the documents of scan {reader.settings.get('key', Path(path).stem)}"
-    except Exception as problem:  # noqa: BLE001 - any DuckDB error: not a scan this can read
-        raise CorpusRefused(f"{Path(path).name} is not a scan's database ({type(problem).__name__})") from None
+    except CorpusRefused:
+        raise
+    except Exception as problem:  # noqa: BLE001 - any DuckDB error, or a file that is not a scan: refused
+        said = str(problem) if isinstance(problem, ValueError) else type(problem).__name__
+        raise CorpusRefused(f"{Path(path).name} is not a scan's database this can read ({said})") from None
     return Corpus(name, [Document(text, source) for text, source in rows])
 
 

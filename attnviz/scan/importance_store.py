@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from attnviz.models.interventions import AttentionModule
-from attnviz.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, DatabaseFile, versions
+from attnviz.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, DatabaseFile, storable, versions
 
 __all__ = ["ImportanceReader", "ImportanceWriter", "STATUS_FINISHED", "STATUS_RUNNING", "STATUS_STOPPED",
            "versions"]
@@ -94,7 +94,7 @@ class ImportanceWriter(DatabaseFile):
         """One chunk's documents and head effects, in one transaction."""
         self.connection.execute("BEGIN TRANSACTION")
         try:
-            self._insert("documents", documents)
+            self._insert("documents", documents.assign(text=documents["text"].map(storable)))
             self._insert("head_effects", effects)
             self.connection.execute("COMMIT")
         except BaseException:

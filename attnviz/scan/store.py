@@ -101,6 +101,15 @@ def estimated_scan_bytes(documents: int, max_tokens: int, n_layers: int, n_heads
     return int(body + sample + FIXED_BYTES)
 
 
+def storable(text: str) -> str:
+    """``text`` as DuckDB can keep it: a lone surrogate (which no UTF-8 holds) becomes U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def word_of(readable: str) -> str:
     """What a search matches a token by: lower case, without a word-start mark. WordPiece's ``##`` (a piece inside
     a word) stays: "in" finds the word, "##in" the piece."""
@@ -324,7 +333,7 @@ class ScanWriter(DatabaseFile):
             if scanned:
                 frame = pd.DataFrame(scanned)
                 frame["source"] = [documents[d][0] for d in frame["doc"]]
-                frame["text"] = [documents[d][1] for d in frame["doc"]]
+                frame["text"] = [storable(documents[d][1]) for d in frame["doc"]]
                 frame["n_chars"] = frame["text"].str.len()
                 if "problem" not in frame:
                     frame["problem"] = None
