@@ -204,6 +204,10 @@ def existing_scan(path: Path) -> dict | str | None:
         st.warning(f"The scan for these settings is busy ({problem_text(problem)}): try again in a moment.",
                    icon=":material/hourglass_top:")
         return "busy"
+    except Exception as problem:  # noqa: BLE001 - anything else: said, and the files are left alone
+        st.error(f"This browser's scan file for these settings cannot be read now: "
+                 f"{store.without_paths(problem_text(problem))}.", icon=":material/error:")
+        return "busy"
 
 
 def _stamp(path: str | None) -> float:
@@ -526,7 +530,8 @@ def results() -> None:
                    icon=":material/hourglass_top:")
         return
     except Exception as problem:  # noqa: BLE001 - a broken or foreign file in the scans folder
-        st.error(f"{path.name} cannot be read as a scan: {problem_text(problem)}.", icon=":material/error:")
+        st.error(f"{path.name} cannot be read as a scan: {store.without_paths(problem_text(problem))}.",
+                 icon=":material/error:")
         return
     if said.get("status") != store.STATUS_FINISHED:
         st.caption(f":material/pause: This scan {said.get('status')} after {said['documents_scanned']:,} of "

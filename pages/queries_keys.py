@@ -156,7 +156,7 @@ try:
             coordinates, trusted = cached_projection(points_key, kind, layer, head, method, dims, 0, values, points)
         else:
             coordinates, trusted = scan_projection(scan["path"], scan["key"], layer, head, method, dims, 0, values,
-                                                   points, _kept=projections_file(scan["key"]))
+                                                   points, _kept=projections_file(scan["path"], scan["key"]))
 except ValueError as problem:
     st.warning(str(problem), icon=":material/info:")
     st.stop()

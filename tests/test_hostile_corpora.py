@@ -187,3 +187,35 @@ def test_a_document_the_tokenizer_refuses_is_left_out_of_the_scan_not_fatal(bert
     assert rows[1][2].startswith(REFUSED_BY_TOKENIZER) and rows[1][1] == 0
     again = run_scan(Corpus("c", documents), bert, tmp_path / "scan.duckdb", settings)
     assert again.status == store.STATUS_FINISHED
+
+
+def test_blank_values_just_under_the_cut_cost_little_and_are_bounded(tmp_path, few_characters):
+    """670 bytes of Parquet: 100,000 values of 101,000 spaces, each emptied by stripping (so they never counted
+    against the kept characters): what is looked at is bounded too (twice the budget)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "spaces.parquet"
+    values = pa.array([" " * 101_000] * 100_000).dictionary_encode()
+    pq.write_table(pa.table({"text": values}), path, compression="zstd", row_group_size=100_000)
+    started = time.monotonic()
+    facts = probed(path)
+    assert time.monotonic() - started < 20
+    looked = 2 * few_characters // 101_000
+    assert facts["documents"] == 0
+    assert facts["report"] == [f"{looked:,} documents empty: left out",
+                               f"{100_000 - looked:,} documents after the first {few_characters:,} characters of "
+                               "documents: left out"]
+
+
+def test_a_parquet_value_that_is_not_utf8_is_counted_not_fatal(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = b"good" + b"\xff\xfe" + b"fine"
+    offsets = pa.py_buffer(__import__("struct").pack("<4i", 0, 4, 6, 10))
+    values = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(data)])
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": values}), path)
+    read = read_corpus(path)
+    assert [d.text for d in read.documents] == ["good", "fine"] and read.report.undecodable == 1

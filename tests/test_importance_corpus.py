@@ -136,6 +136,12 @@ def test_the_documents_of_a_scan_are_a_corpus(bert, tmp_path):
     read = read_corpus_spec(f"scan:{tmp_path / 'scan.duckdb'}")
     assert [document.text for document in read.documents] == TEXTS[:4]
     assert read.name.startswith("the documents of scan")
+    # what the page reads to name a run: the same fingerprint and size, from the texts' hashes alone
+    from attnviz.scan.importance_runner import scan_corpus_facts
+
+    facts = scan_corpus_facts(tmp_path / "scan.duckdb")
+    assert (facts.fingerprint, facts.count, facts.name) == (read.fingerprint, 4, read.name) and not facts.documents
+    assert facts.characters == sum(len(text) for text in TEXTS[:4])
 
 
 def test_the_background_process_writes_what_the_run_here_writes(tiny_gpt, tmp_path):

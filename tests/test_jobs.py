@@ -103,30 +103,33 @@ def test_sessions_asking_at_once_cannot_pass_the_limits_together(tmp_path, monke
 
 def test_jobs_end_with_their_folder_and_release_their_disk(tmp_path, monkeypatch):
     """A browser's store expiring (or a session's folder going) ends its jobs: a running one is killed, a waiting
-    one leaves the queue; either way its disk reservation is released."""
+    one leaves the queue; either way its disk reservation is released. A running job holds its own reservation
+    (named by its process), so it outlives a restart of the server, never its job."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # an uploads root (and reservations) of this test's own
     monkeypatch.setenv("ATTNVIZ_JOBS", "1")
     queue = JobQueue(tmp_path / "queue")
-    reservations = []
 
     def reserve(folder):
-        def make():
-            reservation = disk.reserve(folder, 1024, part="nothing-written")
-            reservations.append(reservation.entry)
-            return str(reservation.entry)
-        return make
+        return lambda: str(disk.reserve(folder, 1024, part="nothing-written").entry)
+
+    def holders() -> list[int]:
+        return sorted(int(entry.name.split("-")[0]) for entry, _, _ in disk._entries(disk.uploads_root()))
 
     running = submit(queue, tmp_path / "gone" / "scans", tmp_path / "never", seconds=30,
                      reserve=reserve(tmp_path / "gone" / "scans"))
     waiting = submit(queue, tmp_path / "stays", tmp_path / "later", seconds=0.1, reserve=reserve(tmp_path / "stays"))
     assert (running.state, waiting.state) == ("running", "waiting")
-    assert all(entry.exists() for entry in reservations)
+    import os
+
+    assert holders() == sorted([running.pid, os.getpid()])  # the running job's, and the waiting one's (by the server)
     # what the janitor does before it deletes an expired browser's folder
     assert queue.end_under(tmp_path / "gone") == 1
     wait_until(lambda: not jobs._alive(running.pid, None))
-    assert not reservations[0].exists()
     wait_until(lambda: (tmp_path / "later").exists())  # the waiting job ran once there was room
     wait_until(lambda: queue.counts() == (0, 0))  # and, once its process ended, left the queue
-    assert not reservations[1].exists()
+    assert holders() == []
     # a job whose folder vanished without a word (a session's folder deleted) is ended on the next look
     job = submit(queue, tmp_path / "vanishing", tmp_path / "never2", seconds=30)
     import shutil
@@ -187,3 +190,52 @@ def test_a_crowd_of_cookieless_sessions_asking_for_scans(bert, monkeypatch, clea
     for documents, at in zip((2, 3, 4), sessions, strict=True):
         with store.ScanReader(at.session_state["corpus_chosen"]) as reader:
             assert reader.settings["status"] == store.STATUS_FINISHED and reader.documents == documents
+
+
+def test_a_refused_start_never_starts_a_job_twice(tmp_path, monkeypatch):
+    """A refusal that comes after the queue moved on (a double click just as the job before ends) still records what
+    moved: the waiting job runs once, tracked, never twice. And a refused start leaves its job's files alone."""
+    monkeypatch.setenv("ATTNVIZ_JOBS", "1")
+    queue = JobQueue(tmp_path / "queue")
+    starts = tmp_path / "starts"
+
+    def counting(folder: Path) -> list[str]:
+        return [sys.executable, "-c", f"import time; open({str(starts)!r}, 'a').write('x'); time.sleep(1.5)"]
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+    queue.submit(folder=first, key="a", kind="scan", command=counting(first), log=first / "log", owner="A")
+    queue.submit(folder=second, key="b", kind="scan", command=counting(second), log=second / "log", owner="B")
+    (second / "b.stop").touch()  # a Stop asked of the waiting job's scan: a refused start must not drop it
+    wait_until(lambda: queue.job_of(second).state == jobs.RUNNING, seconds=30)
+    with pytest.raises(JobRefused):
+        queue.submit(folder=second, key="b", kind="scan", command=counting(second), log=second / "log", owner="B")
+    queue.tick()
+    wait_until(lambda: queue.counts() == (0, 0), seconds=30)
+    assert starts.read_text() == "xx"  # each job started once
+
+
+def test_the_refusal_of_a_folder_job_leaves_its_files_and_a_corpus_named_like_a_scan_is_not_its_output(
+        tmp_path, monkeypatch):
+    from attnviz.scan.background import ScanFolder
+    from attnviz.scan.runner import ScanSettings
+
+    monkeypatch.setenv("ATTNVIZ_JOBS", "1")
+    queue = JobQueue(tmp_path / "queue")
+    submit(queue, tmp_path / "other", tmp_path / "m", seconds=30)  # the one slot, taken by another browser
+    folder = ScanFolder(tmp_path / "scans", queue=queue)
+    settings = ScanSettings(max_docs=1, max_tokens=8, qk_points=0)
+    assert folder.start("k", "bundled", "/nowhere", settings).waiting
+    folder.stop_file("k").touch()
+    folder.progress_file("k").write_text('{"done": 3}')
+    with pytest.raises(JobRefused):  # a second tab of the browser asks again
+        folder.start("k", "bundled", "/nowhere", settings)
+    assert folder.stop_file("k").exists() and folder.progress("k") == {"done": 3}  # its files left alone
+    queue.end_under(tmp_path)
+    for leftover in folder.folder.iterdir():
+        leftover.unlink()
+    (folder.folder / "k.duckdb").write_bytes(b"x" * 10)
+    (folder.folder / ".k.compact.duckdb").write_bytes(b"x" * 100)
+    (folder.folder / "k-3f2a.txt").write_bytes(b"x" * 1000)  # an uploaded corpus whose name starts like the key
+    assert disk.written_bytes(folder.folder, "k") == 110

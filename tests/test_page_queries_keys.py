@@ -119,8 +119,9 @@ def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_ke
         assert qk_sample.stored_projection(reader.connection, 2, 0, "t-SNE", 2, 0, False) is None
         key = reader.settings["key"]
     from attnviz.models.keep import BrowserStore
+    from attnviz.scan.background import ScanFolder
 
-    mine = BrowserStore(at.session_state["browser_key"]).folder / "scans" / "projections" / f"{key}.duckdb"
+    mine = ScanFolder(BrowserStore(at.session_state["browser_key"]).folder / "scans").projections(path, key)
     kept, kept_trust = qk_sample.kept_projection(mine, 2, 0, "t-SNE", 2, 0, False)
     assert kept.shape == (2 * facts["tokens"], 2)
     assert {m.label: m.value for m in at.metric}["strongest key is the nearest"] == f"{kept_trust[1]:.0%}"

@@ -177,3 +177,46 @@ def test_a_scan_locked_by_a_writer_is_busy_never_deleted_and_only_a_non_scan_is_
     path.write_bytes(b"")
     at = visit(browser_key=browser)
     assert not path.exists() and at.button(key="corpus_scan").label == "Scan 2 documents"
+
+
+def test_a_generated_column_or_a_default_is_more_than_a_scan(genuine, tmp_path):
+    """Columns of the right names and types that compute their values (a server path, or gigabytes of text per
+    row) are not what attnviz wrote: refused before a row is read."""
+    path = tampered(genuine, tmp_path, "DROP TABLE documents",
+                    "CREATE TABLE documents (doc INTEGER PRIMARY KEY, source VARCHAR, text VARCHAR GENERATED ALWAYS "
+                    "AS (repeat('x', 200000000)), n_chars INTEGER, n_tokens INTEGER, truncated BOOLEAN, "
+                    "problem VARCHAR)")
+    with pytest.raises(store.NotAResultsFile, match="table main.documents's columns"):
+        store.ScanReader(path)
+
+
+def test_a_damaged_scan_is_missing_its_scan_and_its_message_shows_no_path(genuine, tmp_path):
+    cut = tmp_path / "cut.duckdb"
+    cut.write_bytes(genuine.read_bytes()[:8192])
+    scrambled = tmp_path / "scrambled.duckdb"
+    data = bytearray(genuine.read_bytes())
+    data[20_000:20_100] = bytes(100)
+    scrambled.write_bytes(bytes(data))
+    for path in (cut, scrambled):
+        try:
+            with store.ScanReader(path) as reader:
+                reader.statistic_map("previous")
+        except store.NotAResultsFile as problem:
+            assert problem.missing and str(tmp_path) not in str(problem)
+        except RuntimeError as problem:  # read past the damage: said in words, without the path
+            assert str(tmp_path) not in str(problem)
+        else:
+            pass  # the damage missed every block the page reads: nothing to say
+    with pytest.raises(store.NotAResultsFile) as refused:
+        store.ScanReader(cut)
+    assert refused.value.missing
+
+
+def test_a_projection_file_is_named_by_a_hash_never_by_what_a_scan_says(tmp_path):
+    from attnviz.scan.background import ScanFolder
+
+    folder = ScanFolder(tmp_path / "scans")
+    for key in ("/tmp/pwned", "../../../../etc/x", "k" * 24):
+        path = folder.projections(tmp_path / "server" / "scan.duckdb", key)
+        assert path.parent == folder.folder / "projections" and len(path.stem) == 32
+    assert folder.projections(tmp_path / "a.duckdb", "k") != folder.projections(tmp_path / "b.duckdb", "k")

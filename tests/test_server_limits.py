@@ -75,6 +75,14 @@ def test_a_shared_layer_declared_many_times_is_bounded_by_its_layer_calls(tmp_pa
             skeleton = AutoModel.from_config(real)
         weights = sum(p.numel() for p in skeleton.parameters())
         assert weights < layer_call_cost(skeleton, real) <= MAX_REUSE * weights
+    # layers that are not a multiple of the groups: each call still runs one group (a groups'th of them)
+    uneven = AlbertConfig(embedding_size=16, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                          vocab_size=100, num_hidden_layers=255, num_hidden_groups=128)
+    with torch.device("meta"):
+        skeleton = AutoModel.from_config(uneven)
+    shared = sum(p.numel() for name, p in skeleton.named_parameters() if "layer_groups" in name)
+    weights = sum(p.numel() for p in skeleton.parameters())
+    assert layer_call_cost(skeleton, uneven) == weights - shared + -(-255 * shared // 128)
 
 
 # -- uploaders -----------------------------------------------------------------------------------------------------

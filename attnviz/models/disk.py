@@ -120,15 +120,21 @@ def _entries(root: Path) -> list[tuple[Path, int, dict]]:
     return found
 
 
+def is_part(name: str, part: str) -> bool:
+    """Whether a file named ``name`` belongs to ``part``: ``part`` itself, ``part.<anything>`` (a scan's database,
+    log and progress; a database's write-ahead log) or ``.part.<anything>`` (the copy a scan is compacted into)."""
+    return name == part or name.startswith(f"{part}.") or name.startswith(f".{part}.")
+
+
 def written_bytes(workspace: Path, part: str | None = None) -> int:
     """What a reservation's holder has written so far: its workspace's files, or, with ``part``, those of its files
-    whose name holds ``part`` (a scan's key: its database, the copy being compacted, its log)."""
+    that belong to ``part`` (:func:`is_part`: a scan's key, a file's name)."""
     if part is None:
         return folder_bytes(workspace) if workspace.is_dir() else 0
     total = 0
     try:
         for path in workspace.iterdir():
-            if part in path.name and not path.is_symlink() and path.is_file():
+            if is_part(path.name, part) and not path.is_symlink() and path.is_file():
                 total += path.stat().st_size
     except OSError:
         pass

@@ -219,9 +219,9 @@ def layer_call_cost(skeleton, config) -> int:
     if not support.shares_layers(getattr(config, "model_type", "")):
         return described
     shared = sum(p.numel() for name, p in skeleton.named_parameters() if "layer_groups" in name)
-    calls = max(1, int(getattr(config, "num_hidden_layers", 1)) // max(1, int(getattr(config, "num_hidden_groups",
-                                                                                        1))))
-    return described + (calls - 1) * shared
+    calls = max(1, int(getattr(config, "num_hidden_layers", 1)))
+    groups = max(1, int(getattr(config, "num_hidden_groups", 1)))
+    return described - shared + -(-calls * shared // groups)  # each call runs one group, a groups'th of them
 
 
 def _check_layer_calls(skeleton, config, described: int, in_files: int) -> None:

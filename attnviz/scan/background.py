@@ -142,16 +142,15 @@ class ScanFolder:
         if disk_bytes:
             command += ["--disk-limit", str(int(disk_bytes))]
 
-        def reserve() -> str | None:
-            if not needed:
-                return None
-            reservation = disk.reserve(self.folder, needed, _counted_beside(), part=key, owner=self.owner,
-                                       owner_limit=browser_limit_bytes(),
-                                       what=f"this {'scan' if kind == 'scan' else 'run'}")
-            return str(reservation.entry)
+        def reserve() -> str | None:  # once the queue takes the job, before it can start
+            if needed:
+                reservation = disk.reserve(self.folder, needed, _counted_beside(), part=key, owner=self.owner,
+                                           owner_limit=browser_limit_bytes(),
+                                           what=f"this {'scan' if kind == 'scan' else 'run'}")
+            self.progress_file(key).unlink(missing_ok=True)  # what it says belongs to this start, not an earlier
+            self.stop_file(key).unlink(missing_ok=True)
+            return str(reservation.entry) if needed else None
 
-        self.progress_file(key).unlink(missing_ok=True)  # what it says belongs to this start, not an earlier one
-        self.stop_file(key).unlink(missing_ok=True)
         job = self._queue().submit(folder=self.folder, key=key, kind=kind, command=command,
                                    log=self.folder / f"{key}.log", owner=str(self.owner), session=session,
                                    reserve=reserve)
@@ -191,7 +190,9 @@ class ScanFolder:
             raise RuntimeError("stop the scan before deleting it")
         for leftover in self.folder.glob(f"{key}.*"):
             leftover.unlink(missing_ok=True)
-        (self.folder / PROJECTIONS / f"{key}.duckdb").unlink(missing_ok=True)
+        projections = self.projections(self.database(key), key)
+        for leftover in projections.parent.glob(f"{projections.name}*"):
+            leftover.unlink(missing_ok=True)
 
     def corpora(self) -> list[Path]:
         """The uploaded corpora kept here, newest first."""
@@ -220,12 +221,14 @@ class ScanFolder:
             scratch.replace(path)
         return path
 
-    def projections(self, key: str) -> Path:
-        """Where the Queries and keys page keeps the projections this browser makes of scan ``key`` (any scan's,
-        the server's included: they are never written into the scan's own file)."""
+    def projections(self, scan: str | Path, key: str) -> Path:
+        """Where the Queries and keys page keeps the projections this browser makes of the scan at ``scan`` (its
+        file, any scan's, the server's included: they are never written into the scan's own file) whose settings
+        name it ``key``. The file's name is a hash of both: nothing a scan's file says reaches a path."""
         folder = self.folder / PROJECTIONS
         folder.mkdir(mode=0o700, exist_ok=True)
-        return folder / f"{key}.duckdb"
+        name = hashlib.sha256(f"{Path(scan).resolve()}\0{key}".encode()).hexdigest()[:32]
+        return folder / f"{name}.duckdb"
 
 
 def _threads() -> int:

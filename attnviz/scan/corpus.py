@@ -13,8 +13,8 @@ to gigabytes, a few megabytes of short lines to millions of objects):
 * files are streamed, a line (at most :data:`MAX_LINE_BYTES`) or a few Parquet rows at a time: nothing holds the
   whole file;
 * at most :data:`MAX_RECORDS` lines (rows, for CSV and Parquet) are read; the rest are counted, not parsed;
-* the documents together hold at most :func:`max_corpus_characters` characters: from the first document that
-  would pass it, every later one is counted and left out;
+* the documents together hold at most :func:`max_corpus_characters` characters (and the texts looked at, blank
+  ones included, twice that): from the first document that would pass it, every later one is counted and left out;
 * a Parquet column chunk may decompress to at most :func:`max_parquet_chunk_bytes`, checked in the file's footer
   before a page is read, and a value longer than a document may be is counted without being made a string;
 * whoever reads a corpus may keep only its first documents (``keep``): the rest are counted and fingerprinted.
@@ -162,6 +162,7 @@ class _Collector:
         self.characters = 0
         self.budget = max_corpus_characters()
         self.full = False  # the character budget is spent: every later document is counted, not kept
+        self.looked_at = 0  # characters of every text offered (kept or not): at most twice the budget
         self.digest = hashlib.sha256()
         self.chars_every: list[int] = []
 
@@ -174,6 +175,11 @@ class _Collector:
             return
         if len(text) > MAX_DOCUMENT_CHARS + 1024:  # far too long: not even copied (its spaces may be stripped)
             self.report.too_long += 1
+            return
+        self.looked_at += len(text)
+        if self.looked_at > 2 * self.budget:  # what is read and left out (blanks) costs time too: bounded as well
+            self.full = True
+            self.report.past_characters += 1
             return
         text = text.replace("\x00", "").strip()
         if not text:
@@ -516,7 +522,12 @@ def _read_parquet(source, column: str | None, collector: _Collector, limit: int)
                 elif collector.full:
                     collector.report.past_characters += 1
                 else:
-                    collector.offer(values[index].as_py(), f"row {number}")
+                    try:
+                        value = values[index].as_py()
+                    except UnicodeDecodeError:  # a value that is not UTF-8 (a writer that did not check)
+                        collector.report.undecodable += 1
+                        continue
+                    collector.offer(value, f"row {number}")
     except (pa.ArrowException, OSError, ValueError, MemoryError) as problem:
         raise CorpusRefused(f"the Parquet file cannot be read: {_without_path(problem, source)}") from None
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from attnviz.scan.corpus import BUNDLED, CorpusRefused, bundled_corpus, columns_of, read_corpus
@@ -20,6 +21,7 @@ DEFAULT_MEMORY_CAP_MB = 1536  # the child's address space (Python and pyarrow ta
 CPU_SECONDS = 60  # the child's CPU time
 WALL_SECONDS = 90  # and its time on the clock, waiting included
 PREVIEW_CHARS = 300
+_AT_ONCE = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))  # readers running at once in this server
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -47,8 +49,10 @@ def probe(path: str | Path, what: str = "facts", *, split: str = "line", field_n
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
-        child = subprocess.run([sys.executable, "-m", "attnviz.scan.corpus_probe", request], capture_output=True,
-                               text=True, timeout=WALL_SECONDS, env=environment, stdin=subprocess.DEVNULL)
+        with _AT_ONCE:  # one reader per core at most: visitors who upload at once wait their turn
+            child = subprocess.run([sys.executable, "-m", "attnviz.scan.corpus_probe", request],
+                                   capture_output=True, text=True, timeout=WALL_SECONDS, env=environment,
+                                   stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CorpusRefused(f"reading the file took more than {WALL_SECONDS} s") from None
     answer = None

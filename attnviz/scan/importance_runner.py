@@ -25,7 +25,15 @@ import torch
 from attnviz.models import importance as imp
 from attnviz.models.interventions import AttentionModule, attention_modules, editable_checkpoint, head_means
 from attnviz.scan import importance_store as istore
-from attnviz.scan.corpus import MAX_RECORDS, Corpus, CorpusRefused, Document, max_corpus_characters, open_corpus
+from attnviz.scan.corpus import (
+    CHARS_EVERY,
+    MAX_RECORDS,
+    Corpus,
+    CorpusRefused,
+    Document,
+    max_corpus_characters,
+    open_corpus,
+)
 from attnviz.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
 
 SCAN_PREFIX = "scan:"
@@ -82,6 +90,30 @@ def scan_documents(path: str | Path) -> Corpus:
         said = str(problem) if isinstance(problem, ValueError) else type(problem).__name__
         raise CorpusRefused(f"{Path(path).name} is not a scan's database this can read ({said})") from None
     return Corpus(name, [Document(text, source) for text, source in rows])
+
+
+def scan_corpus_facts(path: str | Path) -> Corpus:
+    """The documents of a scan as :func:`scan_documents` reads them, without their texts: how many, their
+    fingerprint (each text's SHA-256 computed by DuckDB, streamed) and their characters. What a page needs to name a
+    run, in memory of a few rows at a time."""
+    from attnviz.scan.store import ScanReader
+
+    digest, every, characters, count = hashlib.sha256(), [], 0, 0
+    try:
+        with ScanReader(path) as reader:
+            name = f"the documents of scan {reader.settings.get('key', Path(path).stem)}"
+            cursor = reader.connection.cursor()
+            cursor.execute("SELECT sha256(text), length(text) FROM documents ORDER BY doc")
+            while rows := cursor.fetchmany(10_000):
+                for hashed, length in rows:
+                    digest.update(bytes.fromhex(hashed))
+                    count, characters = count + 1, characters + int(length)
+                    if count % CHARS_EVERY == 0:
+                        every.append(characters)
+    except Exception as problem:  # noqa: BLE001 - any DuckDB error, or a file that is not a scan: refused
+        said = str(problem) if isinstance(problem, ValueError) else type(problem).__name__
+        raise CorpusRefused(f"{Path(path).name} is not a scan's database this can read ({said})") from None
+    return Corpus(name, [], size=count, digest=digest.hexdigest(), chars_every=every, characters=characters)
 
 
 def read_corpus_spec(spec: str, *, split: str = "line", field_name: str | None = None,

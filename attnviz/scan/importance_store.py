@@ -109,7 +109,6 @@ class ImportanceReader(DatabaseFile):
 
     def __init__(self, path: str | Path):
         super().__init__(path, _SCHEMA, read_only=True)
-        self.settings = self.read_settings()
 
     @property
     def documents(self) -> int:

@@ -137,6 +137,18 @@ def _environment() -> dict:
         "PYTHONPATH")])])}
 
 
+def _hand_over(reservation: Path, pid: int) -> str:
+    """A disk reservation (``<pid>-<token>-<bytes>``, :func:`attnviz.models.disk.reserve`) renamed to the job's
+    process, so that it is released when that process ends, whoever else lives or dies."""
+    _, token, size = reservation.name.split("-")
+    target = reservation.with_name(f"{pid}-{token}-{size}")
+    try:
+        reservation.replace(target)
+        return str(target)
+    except OSError:
+        return str(reservation)
+
+
 def _inside(path: str, folder: Path) -> bool:
     return Path(path) == folder or folder in Path(path).parents
 
@@ -161,11 +173,13 @@ class JobQueue:
                 except (OSError, ValueError):
                     entries = []
                 before = json.dumps(entries)
-                yield entries
-                if json.dumps(entries) != before:
-                    scratch = self.root / f".{QUEUE_FILE}.{os.getpid()}"
-                    scratch.write_text(json.dumps(entries))
-                    scratch.replace(self.root / QUEUE_FILE)
+                try:
+                    yield entries
+                finally:  # a step that refuses after moving the queue on (a process started) is still written
+                    if json.dumps(entries) != before:
+                        scratch = self.root / f".{QUEUE_FILE}.{os.getpid()}"
+                        scratch.write_text(json.dumps(entries))
+                        scratch.replace(self.root / QUEUE_FILE)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -174,7 +188,8 @@ class JobQueue:
                session: str | None = None, reserve=None) -> Job:
         """Queue a job (it starts at once when fewer than the limit run). Refused in words when this owner (a
         browser) or this session has a job waiting or running, or when the queue is full. ``reserve``: called
-        under the lock once the job may queue, returns the path of its disk reservation (or raises to refuse)."""
+        under the lock once the job may queue (before anything starts), returns the path of its disk reservation
+        (or raises to refuse: nothing is queued then)."""
         with self._locked() as entries:
             self._move_on(entries)
             for entry in entries:
@@ -290,6 +305,8 @@ class JobQueue:
             return
         _CHILDREN[process.pid] = process
         entry.update(state=RUNNING, pid=process.pid, start_time=_start_time(process.pid), started=time.time())
+        if entry.get("reservation"):  # the job holds its own disk reservation now: it outlives a server restart
+            entry["reservation"] = _hand_over(Path(entry["reservation"]), process.pid)
 
 
 _QUEUES: dict[str, JobQueue] = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import platform
+import re
 from contextlib import suppress
 from pathlib import Path
 
@@ -146,13 +147,17 @@ class DatabaseBusy(RuntimeError):
 
 
 def catalog(connection: duckdb.DuckDBPyConnection) -> dict:
-    """What a database holds besides its rows: tables with their columns, views with their SQL, and anything else
-    (macros, sequences, types, indexes, other schemas), as names."""
+    """What a database holds besides its rows: tables with their columns and their definitions (defaults, generated
+    columns and constraints included), views with their SQL, and anything else (macros, sequences, types, indexes,
+    other schemas), as names."""
     tables: dict[str, list[tuple[str, str]]] = {}
     for schema, table, column, kind in connection.execute(
             "SELECT schema_name, table_name, column_name, data_type FROM duckdb_columns() "
             "WHERE database_name = current_database() AND NOT internal ORDER BY table_name, column_index").fetchall():
         tables.setdefault(f"{schema}.{table}", []).append((column, kind))
+    definitions = {f"{schema}.{table}": " ".join((sql or "").split()).lower() for schema, table, sql in
+                   connection.execute("SELECT schema_name, table_name, sql FROM duckdb_tables() "
+                                      "WHERE database_name = current_database()").fetchall()}
     views = {f"{schema}.{view}": " ".join(sql.split()).lower() for schema, view, sql in connection.execute(
         "SELECT schema_name, view_name, sql FROM duckdb_views() WHERE database_name = current_database() "
         "AND NOT internal").fetchall()}
@@ -164,7 +169,7 @@ def catalog(connection: duckdb.DuckDBPyConnection) -> dict:
         "WHERE database_name = current_database() UNION ALL SELECT 'type', type_name FROM duckdb_types() "
         "WHERE database_name = current_database() AND NOT internal UNION ALL SELECT 'index', index_name "
         "FROM duckdb_indexes() WHERE database_name = current_database()").fetchall()]
-    return {"tables": tables, "views": views, "other": sorted(other)}
+    return {"tables": tables, "definitions": definitions, "views": views, "other": sorted(other)}
 
 
 @functools.lru_cache(maxsize=4)
@@ -182,7 +187,8 @@ def check_catalog(connection: duckdb.DuckDBPyConnection, schema: str, required: 
     found, expected = catalog(connection), expected_catalog(schema)
     problems = [f"table {name}" for name in found["tables"] if name not in expected["tables"]]
     problems += [f"table {name}'s columns" for name, columns in found["tables"].items()
-                 if name in expected["tables"] and columns != expected["tables"][name]]
+                 if name in expected["tables"] and (columns != expected["tables"][name] or found["definitions"].get(
+                     name) != expected["definitions"].get(name))]  # a default, a generated column, a constraint
     problems += [f"view {name}" for name, sql in found["views"].items() if expected["views"].get(name) != sql]
     problems += found["other"]
     if problems:
@@ -199,15 +205,31 @@ def open_for_reading(path: str | Path) -> duckdb.DuckDBPyConnection:
     at all is :class:`NotAResultsFile` (``missing``)."""
     try:
         return duckdb.connect(str(path), read_only=True, config=READ_CONFIG)
-    except duckdb.IOException as problem:
-        text = str(problem)
-        if "lock" in text.lower() or "conflicting" in text.lower():
-            raise DatabaseBusy("it is being written now") from None
-        if "not a valid duckdb" in text.lower() or "database file" in text.lower() and "invalid" in text.lower():
-            raise NotAResultsFile("it is not a DuckDB database", missing=True) from None
-        raise
-    except duckdb.ConnectionException as problem:  # open in this process with another configuration
-        raise DatabaseBusy(f"it is open for writing in this server ({str(problem).splitlines()[0]})") from None
+    except duckdb.Error as problem:
+        raise reading_problem(problem) from None
+
+
+DAMAGED = ("not a valid duckdb", "could not read enough bytes", "corrupt", "checksum", "invalid database",
+           "unsupported file", "serialization")  # what DuckDB says of a file cut short or scrambled
+
+
+def reading_problem(problem: Exception) -> Exception:
+    """A DuckDB error met reading a file, in words and without the server's paths: :class:`DatabaseBusy` for a
+    lock (a writer) or memory (a passing failure), :class:`NotAResultsFile` (``missing``: damaged beyond reading,
+    never a scan again) for a file cut short or corrupt, else a plain error in words."""
+    text = str(problem).lower()
+    if isinstance(problem, duckdb.ConnectionException) or "lock" in text or "conflicting" in text:
+        return DatabaseBusy("it is being written now")
+    if isinstance(problem, (duckdb.OutOfMemoryException, MemoryError)) or "out of memory" in text:
+        return DatabaseBusy("the server is short of memory for it now")
+    if any(sign in text for sign in DAMAGED):
+        return NotAResultsFile("it is not a DuckDB database, or it is damaged (cut short or corrupt)", missing=True)
+    return RuntimeError(f"DuckDB cannot read it ({without_paths(str(problem).splitlines()[0])})")
+
+
+def without_paths(text: str) -> str:
+    """``text`` with every absolute path in it replaced by "the file": a message never shows the server's paths."""
+    return re.sub(r"""(?<![\w.])/[^\s"':]+""", "the file", text)
 
 
 class DatabaseFile:
@@ -225,6 +247,10 @@ class DatabaseFile:
             self.connection = open_for_reading(self.path)
             try:
                 check_catalog(self.connection, schema or "", self.REQUIRED, self.WHAT)
+                self.settings = self.read_settings()
+            except duckdb.Error as problem:
+                self.close()
+                raise reading_problem(problem) from None
             except BaseException:
                 self.close()
                 raise
@@ -244,8 +270,11 @@ class DatabaseFile:
         self.close()
 
     def read_settings(self) -> dict:
-        return {key: json.loads(value) for key, value in self.connection.execute(
-            "SELECT key, value FROM settings").fetchall()}
+        try:
+            return {str(key): json.loads(value) for key, value in self.connection.execute(
+                "SELECT key, value FROM settings").fetchall()}
+        except (ValueError, TypeError):  # not JSON: not a file attnviz wrote
+            raise NotAResultsFile("its settings are not JSON: it is not read") from None
 
     def set(self, **values) -> None:
         for key, value in values.items():
@@ -457,7 +486,6 @@ class ScanReader(DatabaseFile):
         from attnviz.scan.qk_sample import SCHEMA as SAMPLE_SCHEMA
 
         super().__init__(path, _SCHEMA + SAMPLE_SCHEMA, read_only=True)
-        self.settings = self.read_settings()
         self.n_layers = int(self.settings.get("n_layers", 0))
         self.n_heads = int(self.settings.get("n_heads", 0))
 

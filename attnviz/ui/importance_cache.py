@@ -19,7 +19,13 @@ from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.scan import background
 from attnviz.scan.corpus import bundled_corpus
-from attnviz.scan.importance_runner import SCAN_PREFIX, ImportanceSettings, importance_key, read_corpus_spec
+from attnviz.scan.importance_runner import (
+    SCAN_PREFIX,
+    ImportanceSettings,
+    importance_key,
+    read_corpus_spec,
+    scan_corpus_facts,
+)
 from attnviz.scan.importance_store import ImportanceReader
 from attnviz.scan.store import ScanReader
 from attnviz.ui.loaded_models import load_bundle
@@ -155,7 +161,8 @@ def run_facts(spec: str, model_folder: str, settings: ImportanceSettings, dtype:
 
 @st.cache_data(max_entries=16, show_spinner="Reading the corpus…")
 def _run_facts(spec: str, stamp: float, model_folder: str, settings: ImportanceSettings, dtype: str) -> dict:
-    corpus = read_corpus_spec(spec)
+    corpus = (scan_corpus_facts(spec.removeprefix(SCAN_PREFIX)) if spec.startswith(SCAN_PREFIX)
+              else read_corpus_spec(spec))  # a scan's texts stay in its file: only their hashes are read
     return {"key": importance_key(corpus, model_folder, settings, dtype), "documents": corpus.count,
             "name": "the bundled corpus" if spec == BUNDLED_SPEC else corpus.name,
             "characters": corpus.characters_of_first(settings.max_docs)}

@@ -129,9 +129,9 @@ def scan_projection(path: str, scan: str, layer: int, head: int, method: str, di
     return coordinates, trusted
 
 
-def projections_file(scan: str) -> str:
-    """Where this browser keeps the projections it makes of the scan ``scan`` (its key)."""
-    return str(scan_folder().projections(scan))
+def projections_file(path: str, scan: str) -> str:
+    """Where this browser keeps the projections it makes of the scan at ``path`` (``scan``: its key)."""
+    return str(scan_folder().projections(path, scan))
 
 
 def keep_in_browser(target: Path, *row) -> bool:
