@@ -36,7 +36,6 @@ from attnviz.scan.runner import ScanSettings
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
 MAX_CORPORA = 3  # uploaded corpora kept per browser; the oldest not in use goes first
 BROWSER_GB_VARIABLE = "ATTNVIZ_BROWSER_GB"
-DEFAULT_BROWSER_GB = 4.0
 
 
 def max_page_documents() -> int:
@@ -49,15 +48,15 @@ def max_page_documents() -> int:
 
 
 def browser_limit_bytes() -> int:
-    """The most one browser's corpora, scans, runs and projections may take on disk (``ATTNVIZ_BROWSER_GB``; by
-    default 4 GiB, and never more than a quarter of ``ATTNVIZ_UPLOADS_GB``)."""
+    """The most one browser's corpora, scans, runs, exports and projections may take on disk
+    (``ATTNVIZ_BROWSER_GB``; by default a quarter of ``ATTNVIZ_UPLOADS_GB``: 10 GiB)."""
     try:
-        chosen = float(os.environ.get(BROWSER_GB_VARIABLE, "") or DEFAULT_BROWSER_GB)
+        chosen = os.environ.get(BROWSER_GB_VARIABLE, "").strip()
+        if chosen:
+            return int(max(0.0, float(chosen)) * 1024**3)
     except ValueError:
-        chosen = DEFAULT_BROWSER_GB
-    explicit = bool(os.environ.get(BROWSER_GB_VARIABLE, "").strip())
-    limit = int(max(0.0, chosen) * 1024**3)
-    return limit if explicit else min(limit, disk.uploads_limit_bytes() // 4)
+        pass
+    return disk.uploads_limit_bytes() // 4
 
 
 SCAN_ROOT_VARIABLE = "ATTNVIZ_SCAN_ROOT"
