@@ -153,13 +153,16 @@ def test_a_waiting_job_can_leave_the_queue(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_a_crowd_of_cookieless_sessions_asking_for_scans(bert, monkeypatch, clean_streamlit_caches):
+def test_a_crowd_of_cookieless_sessions_asking_for_scans(bert, monkeypatch, tmp_path, clean_streamlit_caches):
     """Three sessions without cookies (each a new browser to the server) press Scan at once with ATTNVIZ_JOBS=1:
     one scan runs, the others wait with their place shown, and every scan finishes."""
     from attnviz.scan import store
     from tests.apptest_helpers import open_page
 
     monkeypatch.setenv("ATTNVIZ_JOBS", "1")
+    # a queue of this server's own: a browser test's `streamlit run` started from this process shares the folder it
+    # inherits, and moves it on under its own limit
+    monkeypatch.setenv("ATTNVIZ_JOBS_DIR", str(tmp_path / "queue"))
     sessions = []
     for documents in (2, 3, 4):  # different limits: three different scans
         at = open_page("pages/corpus.py")

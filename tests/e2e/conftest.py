@@ -32,11 +32,14 @@ def _require_browser() -> None:
 def streamlit_server(extra_env: dict | None = None):
     """A fresh `streamlit run app.py` on a free port; yields its URL once /_stcore/health answers."""
     _require_browser()
+    queue = tempfile.mkdtemp(prefix="attnviz-e2e-jobs-")  # each server its own queue of background jobs
     try:
-        with shared.streamlit_server(extra_env) as server:
+        with shared.streamlit_server({"ATTNVIZ_JOBS_DIR": queue, **(extra_env or {})}) as server:
             yield server.url
     except shared.ServerFailed as problem:
         pytest.fail(str(problem))
+    finally:
+        shutil.rmtree(queue, ignore_errors=True)
 
 
 def upload_checkpoint(page, url: str, archive) -> None:
