@@ -55,19 +55,6 @@ from attnviz.scan import store
 
 DEFAULT_POINTS = 2_048  # tokens per head a scan keeps (each a query, a key and a value)
 MOST_POINTS = 50_000
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS qk_documents (doc INTEGER PRIMARY KEY, priority DOUBLE, n_tokens INTEGER,
-    tokens VARCHAR[], special BOOLEAN[]);
-CREATE TABLE IF NOT EXISTS qk_vectors (doc INTEGER, layer SMALLINT, head SMALLINT, d SMALLINT, d_v SMALLINT,
-    queries BLOB, keys BLOB, "values" BLOB, strongest_keys BLOB, strongest_weights BLOB);
-CREATE TABLE IF NOT EXISTS qk_masks (doc INTEGER, layer SMALLINT, allowed BLOB, translate BOOLEAN);
-"""
-PROJECTIONS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS qk_projections (layer SMALLINT, head SMALLINT, method VARCHAR, dims SMALLINT,
-    seed INTEGER, with_values BOOLEAN, coordinates BLOB, trust VARCHAR, seconds DOUBLE,
-    PRIMARY KEY (layer, head, method, dims, seed, with_values));
-"""
-SCHEMA += PROJECTIONS_SCHEMA
 
 
 VECTOR_COLUMNS = ("doc", "layer", "head", "d", "d_v", "queries", "keys", "values", "strongest_keys",
@@ -155,7 +142,7 @@ def record_sample(connection: duckdb.DuckDBPyConnection, bundle: ModelBundle, ki
                   progress: Callable[[int, int], None] | None = None) -> bool:
     """Read the chosen documents again and keep their vectors (those already kept are skipped), then PCA of every
     head. ``texts``: doc -> text of the scanned documents. Returns False if ``should_stop`` stopped it."""
-    connection.execute(SCHEMA)
+    connection.execute(store.SAMPLE_SCHEMA)
     counts = connection.execute("SELECT doc, n_tokens FROM documents WHERE problem IS NULL").fetchall()
     chosen = chosen_documents([(doc, n) for doc, n in counts if doc in texts], budget)
     todo = [doc for doc in chosen if doc not in sampled(connection)]
@@ -279,7 +266,7 @@ def save_projection(path: str | Path, *args, attempts: int = 10) -> bool:
     for attempt in range(attempts):
         try:
             with duckdb.connect(str(path)) as connection:
-                connection.execute(PROJECTIONS_SCHEMA)
+                connection.execute(store.PROJECTIONS_SCHEMA)
                 keep_projection(connection, *args)
             return True
         except duckdb.Error:
@@ -294,7 +281,7 @@ def kept_projection(path: str | Path, *args) -> tuple[torch.Tensor, dict[int, fl
         return None
     try:
         with duckdb.connect(str(path)) as connection:
-            store.check_catalog(connection, PROJECTIONS_SCHEMA, ("qk_projections",), "a projections file")
+            store.check_catalog(connection, store.PROJECTIONS_SCHEMA, ("qk_projections",), "a projections file")
             return stored_projection(connection, *args)
     except (duckdb.Error, store.NotAResultsFile):
         return None

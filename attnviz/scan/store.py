@@ -102,6 +102,23 @@ def estimated_scan_bytes(documents: int, max_tokens: int, n_layers: int, n_heads
     return int(body + sample + FIXED_BYTES)
 
 
+# The sample of queries, keys and values a scan keeps (attnviz.scan.qk_sample), and the projections made of it (a
+# scan's PCA, in its own file; what a page makes, in the browser's own projections file: PROJECTIONS_SCHEMA only).
+SAMPLE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS qk_documents (doc INTEGER PRIMARY KEY, priority DOUBLE, n_tokens INTEGER,
+    tokens VARCHAR[], special BOOLEAN[]);
+CREATE TABLE IF NOT EXISTS qk_vectors (doc INTEGER, layer SMALLINT, head SMALLINT, d SMALLINT, d_v SMALLINT,
+    queries BLOB, keys BLOB, "values" BLOB, strongest_keys BLOB, strongest_weights BLOB);
+CREATE TABLE IF NOT EXISTS qk_masks (doc INTEGER, layer SMALLINT, allowed BLOB, translate BOOLEAN);
+"""
+PROJECTIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS qk_projections (layer SMALLINT, head SMALLINT, method VARCHAR, dims SMALLINT,
+    seed INTEGER, with_values BOOLEAN, coordinates BLOB, trust VARCHAR, seconds DOUBLE,
+    PRIMARY KEY (layer, head, method, dims, seed, with_values));
+"""
+SAMPLE_SCHEMA += PROJECTIONS_SCHEMA
+
+
 def storable(text: str) -> str:
     """``text`` as DuckDB can keep it: a lone surrogate (which no UTF-8 holds) becomes U+FFFD."""
     try:
@@ -483,8 +500,6 @@ class ScanReader(DatabaseFile):
     WHAT = "a scan's database"
 
     def __init__(self, path: str | Path):
-        from attnviz.scan.qk_sample import SCHEMA as SAMPLE_SCHEMA
-
         super().__init__(path, _SCHEMA + SAMPLE_SCHEMA, read_only=True)
         self.n_layers = int(self.settings.get("n_layers", 0))
         self.n_heads = int(self.settings.get("n_heads", 0))
