@@ -11,12 +11,20 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def configure_environment() -> None:
     """Everything offline (never reach for a model hub), and Triton's interpreter when there is no GPU."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     configure_triton()
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a process attnviz starts with ``python -m attnviz....`` (a scan, a corpus reader): this
+    one's, with the package on the path, so that it runs from any folder."""
+    package = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([package, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def configure_triton() -> None:

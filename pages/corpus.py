@@ -7,8 +7,8 @@ import numpy as np
 import streamlit as st
 
 from attnviz.models.safety import CheckpointRefused
-from attnviz.scan import background, jobs, qk_sample, store
-from attnviz.scan.corpus import FORMATS, CorpusRefused, max_corpus_bytes
+from attnviz.scan import background, database, jobs, qk_sample, store
+from attnviz.scan.corpus import FORMATS, CorpusRefused, characters_noted, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
 from attnviz.scan.jobs import JobRefused
 from attnviz.scan.runner import ScanSettings, text_as_read, token_limit
@@ -19,13 +19,16 @@ from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.scans import (
     corpus_columns,
     corpus_facts,
+    existing_scan,
     key_for,
     prepare_export,
     scan_folder,
     scan_read,
     session_id,
+    waiting_for_turn,
 )
 from attnviz.ui.session_models import current_bundle, model_dtype
+from attnviz.units import human_bytes
 from attnviz.viz import corpus as figures
 
 STATISTIC_NAMES = {
@@ -144,15 +147,15 @@ def scan_controls(bundle) -> None:
         if job is not None and job.key != key:
             st.info("The scan in progress below was started with other settings (another corpus, model or limits): "
                     "these can run once it ends, or after Stop.", icon=":material/pending:")
-        said = existing_scan(existing) if existing.is_file() and job is None else None
+        said = existing_scan(folder, existing) if existing.is_file() and job is None else None
         if said == "busy":
             return
         finished = said is not None and said.get("status") == store.STATUS_FINISHED
         label = ("Open the finished scan" if finished else
                  "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")
-        reserved = store.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads,
-                                              characters_of_first(facts, planned), qk_points,
-                                              bundle.d_model // max(bundle.n_heads, 1))
+        characters = characters_noted(facts["chars_every"], facts["characters"], planned)
+        reserved = store.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads, characters,
+                                              qk_points, bundle.d_model // max(bundle.n_heads, 1))
         if st.button(label, type="primary", key="corpus_scan", disabled=job is not None,
                      icon=":material/play_arrow:"):
             if not finished:
@@ -170,44 +173,8 @@ def scan_controls(bundle) -> None:
                 "all, for the Queries and keys page." if qk_points else "")
         st.caption(f"{planned:,} of the corpus's {facts['documents']:,} documents, at most {max_tokens} tokens each, "
                    f"with {bundle.name}.{kept} The scan runs in the background (at most {jobs.job_limit()} at once on "
-                   f"this server, the rest wait their turn) and reserves up to {megabytes(reserved)} of disk: leave "
+                   f"this server, the rest wait their turn) and reserves up to {human_bytes(reserved)} of disk: leave "
                    "the page or reload, it goes on; the same corpus, model and limits reopen the same scan.")
-
-
-def characters_of_first(facts: dict, count: int) -> int:
-    """At least the characters of the corpus's first ``count`` documents (noted every few hundred documents)."""
-    from attnviz.scan.corpus import CHARS_EVERY, MAX_DOCUMENT_CHARS
-
-    noted = facts.get("chars_every") or []
-    note = -(-count // CHARS_EVERY) - 1
-    if note < len(noted):
-        return int(noted[note])
-    return int(facts.get("characters") or count * MAX_DOCUMENT_CHARS)
-
-
-def megabytes(size: int) -> str:
-    return f"{size / 1024**3:,.1f} GB" if size >= 1024**3 else f"{size / 1024**2:,.0f} MB"
-
-
-def existing_scan(path: Path) -> dict | str | None:
-    """The settings of the scan file these settings name: None when there is none (a file that is not a scan at
-    all, cut short as it was created, is deleted: only this case), "busy" when it cannot be read now (said)."""
-    try:
-        return scan_read(path, "settings")
-    except store.NotAResultsFile as problem:
-        if problem.missing:
-            folder.delete(path.stem)
-            return None
-        st.error(f"This browser's scan file for these settings cannot be read: {problem}.", icon=":material/error:")
-        return "busy"
-    except (store.DatabaseBusy, MemoryError, OSError) as problem:
-        st.warning(f"The scan for these settings is busy ({problem_text(problem)}): try again in a moment.",
-                   icon=":material/hourglass_top:")
-        return "busy"
-    except Exception as problem:  # noqa: BLE001 - anything else: said, and the files are left alone
-        st.error(f"This browser's scan file for these settings cannot be read now: "
-                 f"{store.without_paths(problem_text(problem))}.", icon=":material/error:")
-        return "busy"
 
 
 def _stamp(path: str | None) -> float:
@@ -226,11 +193,7 @@ def running_scan() -> None:
         st.rerun(scope="app")
     st.session_state["corpus_running"] = str(folder.database(job.key))
     if job.waiting:
-        st.progress(0.0, text=f"Waiting for its turn: {ordinal(job.place)} in the server's queue ({job.running} of "
-                              f"{job.limit} job{'s' if job.limit != 1 else ''} running, all visitors together)")
-        if st.button("Cancel", key="corpus_cancel", icon=":material/close:", help="leave the queue"):
-            folder.stop(job.key)
-            st.rerun(scope="app")
+        waiting_for_turn(folder, job, "corpus_cancel")
         return
     said = folder.progress(job.key) or {}
     done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
@@ -251,14 +214,6 @@ def running_scan() -> None:
                  help="stops after the current chunk; what was scanned is kept, and Scan resumes it"):
         folder.stop(job.key)
         st.toast("Stopping after the current chunk…")
-
-
-def ordinal(place: int) -> str:
-    """A place in the queue in words: next, 2nd, 3rd, 11th, 21st…"""
-    if place == 1:
-        return "next"
-    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
-    return f"{place}{suffix}"
 
 
 def failed_scan_note() -> None:
@@ -282,7 +237,7 @@ def failed_scan_note() -> None:
 def scan_label(path: Path) -> str:
     try:
         said = scan_read(path, "settings")
-    except store.NotAResultsFile:
+    except database.NotAResultsFile:
         return f"{path.name} (not a scan)"
     except Exception:  # noqa: BLE001 - a file being written
         return f"{path.name} (cannot be read now)"
@@ -504,7 +459,7 @@ def export_view(path: Path) -> None:
             with st.spinner(f"Writing {table} as Parquet…"):
                 link, size = prepare_export(path, table)
             st.session_state["corpus_export_ready"] = (str(path), table, link, size)
-        except (CheckpointRefused, store.DatabaseBusy, OSError) as problem:
+        except (CheckpointRefused, database.DatabaseBusy, OSError) as problem:
             st.error(f"The export cannot be prepared: {problem_text(problem)}.", icon=":material/block:")
     ready = st.session_state.get("corpus_export_ready")
     if ready and ready[:2] == (str(path), table):
@@ -525,12 +480,12 @@ def results() -> None:
     path = choose_scan(scans, "corpus_scan_choice", "Scan")
     try:
         said = scan_read(path, "settings")
-    except (store.DatabaseBusy, MemoryError) as problem:
+    except (database.DatabaseBusy, MemoryError) as problem:
         st.warning(f"{path.name} is busy ({problem_text(problem)}): try again in a moment.",
                    icon=":material/hourglass_top:")
         return
     except Exception as problem:  # noqa: BLE001 - a broken or foreign file in the scans folder
-        st.error(f"{path.name} cannot be read as a scan: {store.without_paths(problem_text(problem))}.",
+        st.error(f"{path.name} cannot be read as a scan: {database.without_paths(problem_text(problem))}.",
                  icon=":material/error:")
         return
     if said.get("status") != store.STATUS_FINISHED:

@@ -45,7 +45,7 @@ from attnviz.ui.importance_cache import (
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
-from attnviz.ui.scans import scan_folder, session_id
+from attnviz.ui.scans import scan_folder, session_id, waiting_for_turn
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import importance as figures
@@ -280,12 +280,7 @@ def running_run(jobs) -> None:
     if job is None:
         st.rerun(scope="app")
     if job.waiting:
-        place = "next" if job.place == 1 else f"number {job.place}"
-        st.progress(0.0, text=f"Waiting for its turn: {place} in the server's queue ({job.running} of {job.limit} "
-                              f"job{'s' if job.limit != 1 else ''} running, all visitors together)")
-        if st.button("Cancel", key="imp_corpus_cancel", icon=":material/close:", help="leave the queue"):
-            jobs.stop(job.key)
-            st.rerun(scope="app")
+        waiting_for_turn(jobs, job, "imp_corpus_cancel")
         return
     said = jobs.progress(job.key) or {}
     done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)

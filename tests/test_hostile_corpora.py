@@ -8,7 +8,8 @@ import time
 import pytest
 
 from attnviz.scan import corpus
-from attnviz.scan.corpus import MAX_RECORDS, CorpusRefused, read_corpus
+from attnviz.scan.corpus import MAX_RECORDS, CorpusRefused
+from attnviz.scan.corpus_files import MAX_LINE_BYTES, read_corpus
 from attnviz.scan.corpus_probe import probe
 
 PEAK_BOUND = 700 * 1024**2  # what reading any of these may take in the child (Python and pyarrow: ~330 MB)
@@ -93,7 +94,7 @@ def test_a_line_far_longer_than_a_document_is_skipped_without_being_held(tmp_pat
     path = tmp_path / "long.txt"
     with open(path, "wb") as handle:
         handle.write(b"first\n")
-        handle.write(b"z" * (3 * corpus.MAX_LINE_BYTES) + b"\n")
+        handle.write(b"z" * (3 * MAX_LINE_BYTES) + b"\n")
         handle.write(b"last\n")
     facts = probed(path)
     assert facts["documents"] == 2 and facts["report"] == [
@@ -107,7 +108,7 @@ def test_a_csv_with_an_unclosed_quote_is_refused_in_words(tmp_path):
     path = tmp_path / "quote.csv"
     with open(path, "wb") as handle:
         handle.write(b'text\n"never closed\n')
-        for _ in range(corpus.MAX_LINE_BYTES // 1000 + 10):
+        for _ in range(MAX_LINE_BYTES // 1000 + 10):
             handle.write(b"a" * 999 + b"\n")
     with pytest.raises(CorpusRefused, match="a field of more than 400,000 characters ending at line 402 "
                                             "\\(an unclosed quote\\?\\)"):
@@ -116,7 +117,7 @@ def test_a_csv_with_an_unclosed_quote_is_refused_in_words(tmp_path):
     many = tmp_path / "fields.csv"
     with open(many, "wb") as handle:
         handle.write(b"text,other\n")
-        for _ in range(corpus.MAX_LINE_BYTES // 10_000 + 10):
+        for _ in range(MAX_LINE_BYTES // 10_000 + 10):
             handle.write(b'"a",' * 2_500 + b'"\n')
     with pytest.raises(CorpusRefused, match="a row of more than 4 MB|field of more than"):
         probe(many, "facts")

@@ -202,7 +202,8 @@ def test_a_scan_running_with_other_settings_is_named_as_such(monkeypatch, clean_
     read the running scan's progress as the form's)."""
     import os
 
-    from attnviz.scan.background import Job, ScanFolder
+    from attnviz.scan.background import ScanFolder
+    from attnviz.scan.jobs import Job
 
     monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-scan", os.getpid(), time.time()))
     at = open_page(PAGE)

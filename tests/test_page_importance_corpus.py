@@ -118,7 +118,8 @@ def test_a_run_in_progress_with_other_settings_is_named_as_such(monkeypatch, cle
     import os
     import time
 
-    from attnviz.scan.background import Job, ScanFolder
+    from attnviz.scan.background import ScanFolder
+    from attnviz.scan.jobs import Job
 
     monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-run", os.getpid(), time.time()))
     at = open_page(PAGE, timeout=300, imp_view="Importance map")

@@ -10,7 +10,7 @@ import sys
 import duckdb
 import pytest
 
-from attnviz.scan import store
+from attnviz.scan import database, store
 from attnviz.scan.corpus import Corpus, CorpusRefused, Document
 from attnviz.scan.importance_runner import read_corpus_spec
 from attnviz.scan.runner import ScanSettings, run_scan
@@ -67,7 +67,7 @@ def test_a_scan_file_holding_more_than_a_scans_schema_is_refused(genuine, tmp_pa
         "sequence": ["CREATE SEQUENCE counter"],
     }[what]
     path = tampered(genuine, tmp_path, *statements)
-    with pytest.raises(store.NotAResultsFile, match="it holds what a scan's database does not") as refused:
+    with pytest.raises(database.NotAResultsFile, match="it holds what a scan's database does not") as refused:
         store.ScanReader(path)
     assert not refused.value.missing  # never deleted for it: the page says what it found
     with pytest.raises(CorpusRefused) as refused:  # "Does this head matter?" over a scan's documents
@@ -78,13 +78,13 @@ def test_a_scan_file_holding_more_than_a_scans_schema_is_refused(genuine, tmp_pa
 def test_a_file_that_is_not_a_database_or_lacks_a_scans_tables_is_missing_its_scan(tmp_path):
     junk = tmp_path / "junk.duckdb"
     junk.write_bytes(b"not a database at all" * 100)
-    with pytest.raises(store.NotAResultsFile) as refused:
+    with pytest.raises(database.NotAResultsFile) as refused:
         store.ScanReader(junk)
     assert refused.value.missing
     empty = tmp_path / "cut.duckdb"
     with duckdb.connect(str(empty)):
         pass  # created, cut short before its schema was written
-    with pytest.raises(store.NotAResultsFile, match="no settings, documents table") as refused:
+    with pytest.raises(database.NotAResultsFile, match="no settings, documents table") as refused:
         store.ScanReader(empty)
     assert refused.value.missing
 
@@ -99,7 +99,7 @@ def test_an_importance_run_file_is_checked_against_its_own_schema(tmp_path):
         assert reader.settings["key"] == "k"
     with duckdb.connect(str(path)) as connection:
         connection.execute(f"CREATE VIEW leak AS SELECT * FROM read_text('{secret_file(tmp_path)}')")
-    with pytest.raises(store.NotAResultsFile, match="view main.leak"):
+    with pytest.raises(database.NotAResultsFile, match="view main.leak"):
         importance_store.ImportanceReader(path)
 
 
@@ -186,7 +186,7 @@ def test_a_generated_column_or_a_default_is_more_than_a_scan(genuine, tmp_path):
                     "CREATE TABLE documents (doc INTEGER PRIMARY KEY, source VARCHAR, text VARCHAR GENERATED ALWAYS "
                     "AS (repeat('x', 200000000)), n_chars INTEGER, n_tokens INTEGER, truncated BOOLEAN, "
                     "problem VARCHAR)")
-    with pytest.raises(store.NotAResultsFile, match="table main.documents's columns"):
+    with pytest.raises(database.NotAResultsFile, match="table main.documents's columns"):
         store.ScanReader(path)
 
 
@@ -201,13 +201,13 @@ def test_a_damaged_scan_is_missing_its_scan_and_its_message_shows_no_path(genuin
         try:
             with store.ScanReader(path) as reader:
                 reader.statistic_map("previous")
-        except store.NotAResultsFile as problem:
+        except database.NotAResultsFile as problem:
             assert problem.missing and str(tmp_path) not in str(problem)
         except RuntimeError as problem:  # read past the damage: said in words, without the path
             assert str(tmp_path) not in str(problem)
         else:
             pass  # the damage missed every block the page reads: nothing to say
-    with pytest.raises(store.NotAResultsFile) as refused:
+    with pytest.raises(database.NotAResultsFile) as refused:
         store.ScanReader(cut)
     assert refused.value.missing
 

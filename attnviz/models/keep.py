@@ -95,6 +95,12 @@ def valid_key(key: object) -> bool:
 folder_bytes = disk.folder_bytes
 
 
+def counted_with_uploads() -> list[Path]:
+    """Where the bytes that count against ``ATTNVIZ_UPLOADS_GB`` lie besides the uploads' own folder: the keep root
+    (kept models, and each browser's scans, corpora, runs, exports and projections)."""
+    return [keep_root()]
+
+
 @dataclass
 class KeptModel:
     name: str

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from attnviz.models import disk, preflight
+from attnviz.models.keep import counted_with_uploads
 from attnviz.models.preflight import CONFIG, SINGLE_WEIGHTS, WEIGHTS_INDEX, LinkRule, shown
 from attnviz.models.safety import (
     ARCHIVE_SUFFIXES,
@@ -117,12 +118,6 @@ def _workspace() -> Path:
     workspace = disk.new_workspace()
     atexit.register(shutil.rmtree, workspace, ignore_errors=True)
     return workspace
-
-
-def _also_counted() -> list[Path]:
-    from attnviz.models.keep import keep_root
-
-    return [keep_root()]
 
 
 def _skipped_note(skipped: list[str]) -> list[str]:
@@ -326,7 +321,7 @@ def prepare_zip(data, filename: str = "model.zip") -> tuple[Path, bool, list[str
     workspace = _workspace()
     try:
         report = extract_zip(source, workspace / _model_name(filename), max_bytes=allowance,
-                             reserve=lambda size: disk.reserve(workspace, size, _also_counted()))
+                             reserve=lambda size: disk.reserve(workspace, size, counted_with_uploads()))
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
@@ -399,7 +394,7 @@ def prepare_single_files(files: list[tuple[str, object]]) -> tuple[Path, bool, l
             written.append(name)
     workspace = _workspace()
     try:
-        with disk.reserve(workspace, sum(_size_of(named[name]) for name in written), _also_counted()):
+        with disk.reserve(workspace, sum(_size_of(named[name]) for name in written), counted_with_uploads()):
             folder = workspace / _model_name(renamed.get(SINGLE_WEIGHTS, weights[0]))
             folder.mkdir()
             for name in written:

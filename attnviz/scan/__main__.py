@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from attnviz.models.loading import bundled_models, load_model_dir
     from attnviz.models.safety import CheckpointRefused
-    from attnviz.scan.corpus import CorpusRefused, open_corpus
+    from attnviz.scan.corpus import CorpusRefused
+    from attnviz.scan.corpus_files import open_corpus
     from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan
 
     reporter = Reporter(args.progress_file, args.quiet)

@@ -28,9 +28,10 @@ import sys
 from pathlib import Path
 
 from attnviz.models import disk
+from attnviz.models.keep import counted_with_uploads
 from attnviz.scan import jobs
-from attnviz.scan.corpus import BUNDLED, format_of
-from attnviz.scan.jobs import Job, JobRefused  # noqa: F401 - what callers of a folder's job() get
+from attnviz.scan.corpus import BUNDLED, FORMATS, format_of
+from attnviz.scan.jobs import Job
 from attnviz.scan.runner import ScanSettings
 
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
@@ -143,9 +144,7 @@ class ScanFolder:
 
         def reserve() -> str | None:  # once the queue takes the job, before it can start
             if needed:
-                reservation = disk.reserve(self.folder, needed, _counted_beside(), part=key, owner=self.owner,
-                                           owner_limit=browser_limit_bytes(),
-                                           what=f"this {'scan' if kind == 'scan' else 'run'}")
+                reservation = self.reserve(needed, key, f"this {'scan' if kind == 'scan' else 'run'}")
             self.progress_file(key).unlink(missing_ok=True)  # what it says belongs to this start, not an earlier
             self.stop_file(key).unlink(missing_ok=True)
             return str(reservation.entry) if needed else None
@@ -195,7 +194,7 @@ class ScanFolder:
 
     def corpora(self) -> list[Path]:
         """The uploaded corpora kept here, newest first."""
-        found = [path for path in self.folder.iterdir() if path.suffix in FORMATS_KEPT and path.is_file()
+        found = [path for path in self.folder.iterdir() if path.suffix in FORMATS and path.is_file()
                  and not path.name.startswith(".") and not path.is_symlink()]
         return sorted(found, key=_modified, reverse=True)
 
@@ -214,11 +213,17 @@ class ScanFolder:
             if str(old) not in in_use:
                 old.unlink(missing_ok=True)
         scratch = path.with_name(f".{path.name}.{os.getpid()}")
-        with disk.reserve(self.folder, len(data), _counted_beside(), part=scratch.name, owner=self.owner,
-                          owner_limit=browser_limit_bytes(), what="this corpus"):
+        with self.reserve(len(data), scratch.name, "this corpus"):
             scratch.write_bytes(data)
             scratch.replace(path)
         return path
+
+    def reserve(self, size: int, part: str, what: str, where: Path | None = None) -> disk.Reservation:
+        """Room for ``size`` bytes that the files ``part`` (:func:`attnviz.models.disk.is_part`) in ``where`` (this
+        folder, or one inside this browser's) may take, counted with every upload and within what one browser may
+        keep; refused with the numbers (``what`` names it)."""
+        return disk.reserve(where or self.folder, size, counted_with_uploads(), part=part, owner=self.owner,
+                            owner_limit=browser_limit_bytes(), what=what)
 
     def projections(self, scan: str | Path, key: str) -> Path:
         """Where the Queries and keys page keeps the projections this browser makes of the scan at ``scan`` (its
@@ -234,15 +239,7 @@ def _threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def _counted_beside() -> list[Path]:
-    """Where else what uploads occupy lies: the kept models and scans (attnviz.models.keep)."""
-    from attnviz.models.keep import keep_root
-
-    return [Path(os.path.realpath(keep_root()))]
-
-
 PROJECTIONS = "projections"
-FORMATS_KEPT = (".txt", ".jsonl", ".csv", ".parquet")
 
 
 def _modified(path: Path) -> float:

@@ -15,14 +15,15 @@ import sys
 import threading
 from pathlib import Path
 
-from attnviz.scan.corpus import BUNDLED, CorpusRefused, bundled_corpus, columns_of, read_corpus
+from attnviz.runtime import child_environment
+from attnviz.scan.corpus import BUNDLED, CorpusRefused, bundled_corpus
+from attnviz.scan.corpus_files import columns_of, read_corpus
 
 DEFAULT_MEMORY_CAP_MB = 1536  # the child's address space (Python and pyarrow take about 330 MB of it)
 CPU_SECONDS = 60  # the child's CPU time
 WALL_SECONDS = 90  # and its time on the clock, waiting included
 PREVIEW_CHARS = 300
 _AT_ONCE = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))  # readers running at once in this server
-REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def memory_cap_bytes() -> int:
@@ -42,16 +43,14 @@ def facts_of(path: str | None, split: str = "line", field_name: str | None = Non
 
 
 def probe(path: str | Path, what: str = "facts", *, split: str = "line", field_name: str | None = None) -> dict | list:
-    """``what`` "facts" (:func:`facts_of`) or "columns" (:func:`attnviz.scan.corpus.columns_of`) of the file at
+    """``what`` "facts" (:func:`facts_of`) or "columns" (:func:`attnviz.scan.corpus_files.columns_of`) of the file at
     ``path``, read in a child process with :func:`memory_cap_bytes` and :data:`CPU_SECONDS`. Refused in words
     (:class:`CorpusRefused`) when the file is refused, or the child passes a cap."""
     request = json.dumps({"path": str(path), "what": what, "split": split, "field": field_name})
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
         with _AT_ONCE:  # one reader per core at most: visitors who upload at once wait their turn
             child = subprocess.run([sys.executable, "-m", "attnviz.scan.corpus_probe", request],
-                                   capture_output=True, text=True, timeout=WALL_SECONDS, env=environment,
+                                   capture_output=True, text=True, timeout=WALL_SECONDS, env=child_environment(),
                                    stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CorpusRefused(f"reading the file took more than {WALL_SECONDS} s") from None

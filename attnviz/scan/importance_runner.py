@@ -32,8 +32,8 @@ from attnviz.scan.corpus import (
     CorpusRefused,
     Document,
     max_corpus_characters,
-    open_corpus,
 )
+from attnviz.scan.corpus_files import open_corpus
 from attnviz.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
 
 SCAN_PREFIX = "scan:"

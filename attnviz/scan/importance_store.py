@@ -22,7 +22,8 @@ import pandas as pd
 import torch
 
 from attnviz.models.interventions import AttentionModule
-from attnviz.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, DatabaseFile, storable, versions
+from attnviz.scan.database import DatabaseFile, storable
+from attnviz.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, versions
 
 __all__ = ["ImportanceReader", "ImportanceWriter", "STATUS_FINISHED", "STATUS_RUNNING", "STATUS_STOPPED",
            "versions"]

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnviz.models.disk import private_folder
+from attnviz.runtime import child_environment
 
 JOBS_VARIABLE = "ATTNVIZ_JOBS"
 WAITING_VARIABLE = "ATTNVIZ_JOBS_WAITING"
 DIR_VARIABLE = "ATTNVIZ_JOBS_DIR"
 QUEUE_FILE = "queue.json"
 RUNNING, WAITING = "running", "waiting"
-REPOSITORY = Path(__file__).resolve().parents[2]  # where ``python -m attnviz.scan`` finds the package
 _CHILDREN: dict[int, subprocess.Popen] = {}  # the processes this server started: polled, so none stays a zombie
 
 
@@ -128,13 +128,6 @@ def _end(entry: dict) -> None:
 def _release(entry: dict) -> None:
     if entry.get("reservation"):
         Path(entry["reservation"]).unlink(missing_ok=True)
-
-
-def _environment() -> dict:
-    """A job's environment: this server's, with the package on the path (``python -m attnviz.scan`` from any
-    folder)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), *filter(None, [os.environ.get(
-        "PYTHONPATH")])])}
 
 
 def _hand_over(reservation: Path, pid: int) -> str:
@@ -296,7 +289,7 @@ class JobQueue:
         try:
             with open(entry["log"], "w") as log:
                 process = subprocess.Popen(entry["command"], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                           env=_environment(),
+                                           env=child_environment(),
                                            start_new_session=True)  # its own group: a page rerun leaves it
         except OSError as problem:  # the folder went, or the command cannot start: the job ends here
             with contextlib.suppress(OSError):

@@ -51,7 +51,7 @@ from attnviz.qk_geometry import (
     translation_is_exact,
     trust,
 )
-from attnviz.scan import store
+from attnviz.scan import database, store
 
 DEFAULT_POINTS = 2_048  # tokens per head a scan keeps (each a query, a key and a value)
 MOST_POINTS = 50_000
@@ -68,7 +68,7 @@ def _insert_rows(connection: duckdb.DuckDBPyConnection, table: str, columns: tup
     """``rows`` (tuples in ``columns``' order) inserted in one statement (about a second per dozen documents of 72
     heads saved against ``executemany``)."""
     if rows:
-        store.insert_frame(connection, table, pd.DataFrame(rows, columns=list(columns)), verb)
+        database.insert_frame(connection, table, pd.DataFrame(rows, columns=list(columns)), verb)
 
 
 def priority(doc: int) -> float:
@@ -281,7 +281,7 @@ def kept_projection(path: str | Path, *args) -> tuple[torch.Tensor, dict[int, fl
         return None
     try:
         with duckdb.connect(str(path)) as connection:
-            store.check_catalog(connection, store.PROJECTIONS_SCHEMA, ("qk_projections",), "a projections file")
+            database.check_catalog(connection, store.PROJECTIONS_SCHEMA, ("qk_projections",), "a projections file")
             return stored_projection(connection, *args)
-    except (duckdb.Error, store.NotAResultsFile):
+    except (duckdb.Error, database.NotAResultsFile):
         return None

@@ -137,15 +137,13 @@ def projections_file(path: str, scan: str) -> str:
 def keep_in_browser(target: Path, *row) -> bool:
     """A projection kept in this browser's projections file, its bytes reserved first (False when there is no
     room now: it is then only shown)."""
-    from attnviz.models import disk
     from attnviz.models.safety import CheckpointRefused
 
     folder = scan_folder()
     coordinates = row[6]
     size = int(coordinates.numel()) * 4 + 2 * 1024**2  # float32 points, and a new file's first blocks
     try:
-        with disk.reserve(target.parent, size, background._counted_beside(), part=target.name, owner=folder.owner,
-                          owner_limit=background.browser_limit_bytes(), what="this projection"):
+        with folder.reserve(size, target.name, "this projection", where=target.parent):
             return qk_sample.save_projection(target, *row)
     except (CheckpointRefused, OSError):
         return False

@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz.models import disk
-from attnviz.scan import background, store
+from attnviz.scan import background, database, store
 from attnviz.scan.corpus import CorpusRefused
 from attnviz.scan.corpus_probe import facts_of, probe
 from attnviz.scan.runner import ScanSettings, scan_key
@@ -92,8 +92,8 @@ def key_for(fingerprint: str, model_folder: str, settings: ScanSettings, dtype: 
 
 def scan_read(path: str | Path, method: str, *args, **kwargs):
     """``ScanReader(path).method(*args)``, cached by the file's modification time. A file being written raises
-    :class:`attnviz.scan.store.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
-    :class:`attnviz.scan.store.NotAResultsFile`."""
+    :class:`attnviz.scan.database.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
+    :class:`attnviz.scan.database.NotAResultsFile`."""
     return _scan_read(str(path), _stamp(Path(path)), method, args, tuple(sorted(kwargs.items())))
 
 
@@ -104,6 +104,45 @@ def _scan_read(path: str, stamp: float, method: str, args: tuple, kwargs: tuple)
             return {**reader.settings, "documents_scanned": reader.documents}
         result = getattr(reader, method)(*args, **dict(kwargs))
     return tuple(np.asarray(part) for part in result) if method == "statistic_map" else result
+
+
+def existing_scan(folder: background.ScanFolder, path: Path) -> dict | str | None:
+    """The settings of the scan file some settings name, in this browser's ``folder``: None when there is none (a
+    file that is not a scan at all, or damaged, is deleted: only this case), "busy" when it cannot be read now (said
+    in the page; the files are left alone)."""
+    from attnviz.ui.messages import problem_text
+
+    try:
+        return scan_read(path, "settings")
+    except database.NotAResultsFile as problem:
+        if problem.missing:
+            folder.delete(path.stem)
+            return None
+        st.error(f"This browser's scan file for these settings cannot be read: {problem}.", icon=":material/error:")
+    except (database.DatabaseBusy, MemoryError, OSError) as problem:
+        st.warning(f"The scan for these settings is busy ({problem_text(problem)}): try again in a moment.",
+                   icon=":material/hourglass_top:")
+    except Exception as problem:  # noqa: BLE001 - anything else: said, and the files are left alone
+        st.error(f"This browser's scan file for these settings cannot be read now: "
+                 f"{database.without_paths(problem_text(problem))}.", icon=":material/error:")
+    return "busy"
+
+
+def ordinal(place: int) -> str:
+    """A place in the queue in words: next, 2nd, 3rd, 11th, 21st…"""
+    if place == 1:
+        return "next"
+    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
+    return f"{place}{suffix}"
+
+
+def waiting_for_turn(folder: background.ScanFolder, job, cancel_key: str) -> None:
+    """A job waiting in the server's queue: its place, how many run, and Cancel (it leaves the queue)."""
+    st.progress(0.0, text=f"Waiting for its turn: {ordinal(job.place)} in the server's queue ({job.running} of "
+                          f"{job.limit} job{'s' if job.limit != 1 else ''} running, all visitors together)")
+    if st.button("Cancel", key=cancel_key, icon=":material/close:", help="leave the queue"):
+        folder.stop(job.key)
+        st.rerun(scope="app")
 
 
 EXPORT_SECONDS = 1800  # a prepared export is offered for this long
@@ -121,9 +160,7 @@ def prepare_export(path: str | Path, table: str) -> tuple[str, int]:
     exports.mkdir(mode=0o700, exist_ok=True)
     withdraw(st.session_state.pop("corpus_export_token", None))
     target = exports / f"{Path(path).stem[:24]}-{table}-{int(time.time() * 1000)}.parquet"
-    with disk.reserve(exports, max(Path(path).stat().st_size, 1024**2), background._counted_beside(),
-                      part=target.name, owner=folder.owner, owner_limit=background.browser_limit_bytes(),
-                      what="this export"):
+    with folder.reserve(max(Path(path).stat().st_size, 1024**2), target.name, "this export", where=exports):
         try:
             with store.ScanReader(path) as reader:
                 reader.export_parquet(table, target)
