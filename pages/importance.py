@@ -17,6 +17,7 @@ from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
 from attnviz.scan import background
+from attnviz.scan import jobs as background_jobs
 from attnviz.scan.corpus import CorpusRefused
 from attnviz.scan.importance_runner import METHODS, SCAN_PREFIX, ImportanceSettings
 from attnviz.scan.importance_store import estimated_run_bytes
@@ -48,6 +49,7 @@ from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
 from attnviz.ui.scans import scan_folder, session_id, waiting_for_turn
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
+from attnviz.units import human_bytes
 from attnviz.viz import importance as figures
 from attnviz.viz.style import format_number
 
@@ -257,8 +259,10 @@ def corpus_run_view(folder: str, name: str, objective: str) -> None:
         st.rerun()
     st.caption(f"{planned:,} of {facts['documents']:,} documents of {facts['name']}, at most {max_tokens} tokens "
                f"each, with {name}: each head removed in turn over every document (and a first pass for the "
-               "corpus means, for mean ablation). It runs in a process of its own: leave the page or reload, it "
-               "goes on; the same corpus, model and limits reopen the same results.")
+               "corpus means, for mean ablation). It runs in a process of its own (the server runs at most "
+               f"{background_jobs.job_limit()} at once, the rest wait their turn) and reserves up to "
+               f"{human_bytes(reserved)} of disk: leave the page or reload, it goes on; the same corpus, model and "
+               "limits reopen the same results.")
     if running is not None:
         if running.key != facts["key"]:
             st.info("The run in progress below was started with other settings (another model, corpus or limits): "
