@@ -75,7 +75,9 @@ def tiny_checkpoint(tmp_path_factory):
 # processes beside each other would make their timeouts a matter of luck); the others run by file, so a module's
 # fixtures are made once.
 SERIAL_GROUP = "servers-browsers-clusters"
-SERIAL_MODULES = {"test_scan_ray.py", "test_concurrent_loads.py"}
+# test_hostile_corpora.py starts capped reader processes of up to 1.5 GiB that run for seconds: beside a browser test
+# on 2 cores, one of them made a 180 s wait for a 4,096-token figure run out (2026-12-05).
+SERIAL_MODULES = {"test_scan_ray.py", "test_concurrent_loads.py", "test_hostile_corpora.py"}
 
 
 def pytest_collection_modifyitems(config, items):
