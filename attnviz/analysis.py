@@ -6,15 +6,16 @@ with no allowed key).
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-PUNCTUATION_CHARACTERS = set(".,;:!?-—–'\"()[]{}…«»“”‘’")
-
 # Thresholds for the automatic labels, shown on the page as they are written here.
 LABEL_RULES = {
+    "induction head": ("induction", 0.4),
+    "duplicate-token head": ("duplicate", 0.4),
     "previous-token head": ("previous", 0.5),
     "next-token head": ("next", 0.5),
     "self head": ("self", 0.5),
@@ -26,8 +27,11 @@ BROAD_ENTROPY = 0.85  # normalised entropy at or above this: "broad head" (atten
 
 
 def is_punctuation(token: str) -> bool:
+    """Whether a token is punctuation only (after the tokenizer's space marks): every character in one of Unicode's
+    punctuation categories (P*: . , ; : ! ? ' " ( ) [ ] { } - — # % & * / @ \\ _ …, and 。、「」 of other scripts);
+    symbols such as + = < > $ ^ | ~ are not punctuation."""
     stripped = token.replace("Ġ", "").replace("▁", "").replace("##", "").strip()
-    return bool(stripped) and all(ch in PUNCTUATION_CHARACTERS for ch in stripped)
+    return bool(stripped) and all(unicodedata.category(ch).startswith("P") for ch in stripped)
 
 
 TOKEN_CATEGORIES = ("special", "punctuation", "number", "word", "word piece")
@@ -77,33 +81,66 @@ class HeadStats:
     first: float
     separator: float
     punctuation: float
+    duplicate: float  # NaN: no query repeats an earlier token
+    induction: float
     label: str
     top_key: int = -1  # the key position with the largest mean weight over the queries
     top_key_share: float = 0.0  # that mean weight
 
 
 STATISTICS = ("entropy", "normalised_entropy", "mean_distance", "self", "previous", "next", "first", "separator",
-              "punctuation")
+              "punctuation", "duplicate", "induction")
+REPEAT_STATISTICS = ("duplicate", "induction")  # the detectors of repeated tokens (:func:`repeat_targets`)
+
+
+def repeat_targets(token_ids: list, special: list[bool]) -> dict[str, torch.Tensor]:
+    """The keys the repeat detectors look at, ``{name: [n, n] bool}`` indexed (query, key), for a text of tokens
+    ``token_ids`` (anything comparable: ids or pieces); special tokens are neither queries nor occurrences.
+
+    * ``duplicate``: the earlier occurrences of the query's token (key j < query i, token j = token i);
+    * ``induction``: the token right after such an occurrence (key j + 1, which is at most i): what an induction
+      head copies from ("A B ... A" -> B).
+
+    These are TransformerLens's duplicate-token and induction detection patterns (``detect_head``), but a head's
+    score here is its weight on them averaged over the queries that have one; TransformerLens divides the same weight
+    by every query of the text, so its scores are smaller by the share of queries with a target."""
+    n = len(token_ids)
+    codes = {token: code for code, token in enumerate(dict.fromkeys(token_ids))}
+    ids = torch.tensor([codes[token] for token in token_ids], dtype=torch.long)  # [n]
+    ordinary = ~torch.tensor(list(special), dtype=torch.bool) if n else torch.zeros(0, dtype=torch.bool)
+    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # [query, key]: key before the query
+    duplicate = (ids.unsqueeze(1) == ids.unsqueeze(0)) & earlier & ordinary.unsqueeze(1) & ordinary.unsqueeze(0)
+    induction = torch.zeros_like(duplicate)
+    induction[:, 1:] = duplicate[:, :-1]  # key j + 1 after an occurrence at j < i: j + 1 <= i
+    return {"duplicate": duplicate, "induction": induction}
 
 
 def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, punctuation: torch.Tensor,
                    dtype: torch.dtype = torch.float64,
-                   extra_keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                   extra_keys: dict[str, torch.Tensor] | None = None,
+                   targets: dict[str, torch.Tensor] | None = None,
+                   allowed: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Each query row's statistics of :data:`STATISTICS`, for the rows ``start .. start + rows`` of
     ``weights [heads, rows, n_k]``: ``{name: [heads, rows]}`` in ``dtype``. ``separators`` and ``punctuation`` are
     ``[n_k]`` bools saying which keys are which; ``extra_keys`` names more such sets, whose shares are added under
-    their names. "self", "previous" and "next" are NaN for a row without such a key (the first query has no
-    previous token)."""
+    their names. ``targets`` (:func:`repeat_targets`, ``[n_q, n_k]`` each) gives the duplicate and induction
+    statistics: a row's weight on its targets, NaN for a row without one (None: NaN everywhere). ``allowed``
+    (``[rows]`` or ``[heads, rows]``): how many keys each row may see, from the model's mask (default: every key).
+    "self", "previous" and "next" are NaN for a row without
+    such a key (the first query has no previous token); the normalised entropy is NaN for a row with one allowed
+    key (it has no choice: under a causal mask, the first query)."""
     weights = weights.to(dtype)  # [heads, rows, n_k]
     heads, rows, n_k = weights.shape
     positions = torch.arange(start, start + rows)
     entropy = row_entropy(weights)  # [heads, rows]
-    keys_seen = (weights > 0).sum(-1)
+    if allowed is None:
+        allowed = torch.full((rows,), n_k)
+    allowed = allowed.expand(heads, rows)
     distance = (positions.unsqueeze(1) - torch.arange(n_k).unsqueeze(0)).abs().to(dtype)  # [rows, n_k]
     values = {
         "entropy": entropy,
-        "normalised_entropy": torch.where(keys_seen > 1, entropy / keys_seen.clamp_min(2).to(dtype).log(),
-                                          torch.zeros_like(entropy)),
+        "normalised_entropy": torch.where(allowed > 1, entropy / allowed.clamp_min(2).to(dtype).log(),
+                                          torch.full_like(entropy, float("nan"))),
         "mean_distance": (weights * distance).sum(-1),
         "first": weights[..., 0],
     }
@@ -112,6 +149,13 @@ def row_statistics(weights: torch.Tensor, start: int, separators: torch.Tensor, 
     values.update({name: shares[..., i] for i, name in enumerate(sets)})
     for name, offset in (("self", 0), ("previous", -1), ("next", 1)):
         values[name] = _diagonal_rows(weights, start + offset)
+    for name in REPEAT_STATISTICS:
+        if targets is None:
+            values[name] = torch.full_like(entropy, float("nan"))
+            continue
+        target = targets[name][start:start + rows]  # [rows, n_k]
+        on_target = torch.einsum("hrk,rk->hr", weights, target.to(dtype))  # [heads, rows]
+        values[name] = torch.where(target.any(-1), on_target, torch.full_like(on_target, float("nan")))
     return values
 
 
@@ -134,48 +178,67 @@ class StatisticsAccumulator:
     ``add(start, weights)`` takes the rows ``start .. start + rows`` of every head, ``[heads, rows, n_k]``.
     """
 
-    def __init__(self, n_heads: int, tokens: list[str], special: list[bool]):
+    def __init__(self, n_heads: int, tokens: list[str], special: list[bool], separators: list[bool] | None = None,
+                 token_ids: list | None = None):
         n_k = len(tokens)
         self.n_heads, self.n_k = n_heads, n_k
-        self.separators = separator_keys(special)
+        self.separators = separator_keys(special, separators)
         self.punctuation = torch.tensor([is_punctuation(t) for t in tokens], dtype=torch.bool)
+        self.targets = repeat_targets(token_ids if token_ids is not None else tokens, special)
         self.sums = {name: torch.zeros(n_heads, dtype=torch.float64) for name in STATISTICS}
-        self.counts = {name: 0 for name in STATISTICS}
+        self.counts = {name: torch.zeros(n_heads, dtype=torch.int64) for name in STATISTICS}
+        self.rows = 0
         self.key_sums = torch.zeros(n_heads, n_k, dtype=torch.float64)  # weight each key received, summed over rows
 
-    def add(self, start: int, weights: torch.Tensor) -> None:
-        for name, value in row_statistics(weights, start, self.separators, self.punctuation).items():
-            present = ~value[0].isnan()  # [rows]: the same rows for every head
-            self.sums[name] += value[:, present].sum(-1)
-            self.counts[name] += int(present.sum())
+    def add(self, start: int, weights: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """``allowed``: ``[rows]``, how many keys each row may see (the layer's mask; default: every key)."""
+        for name, value in row_statistics(weights, start, self.separators, self.punctuation,
+                                          targets=self.targets, allowed=allowed).items():
+            present = ~value.isnan()  # [heads, rows]
+            self.sums[name] += torch.where(present, value, torch.zeros_like(value)).sum(-1)
+            self.counts[name] += present.sum(-1)
+        self.rows += weights.shape[1]
         self.key_sums += weights.double().sum(1)
 
     def result(self, layer: int) -> list[HeadStats]:
-        means = {name: self.sums[name] / max(self.counts[name], 1) for name in STATISTICS}
-        key_means = self.key_sums / max(self.counts["entropy"], 1)  # [heads, n_k]; every row counts for entropy
+        # NaN where no row has the statistic (no repeated token, every row with one key)
+        means = {name: self.sums[name] / self.counts[name].where(self.counts[name] > 0, torch.zeros_like(
+            self.counts[name])).double() for name in STATISTICS}
+        key_means = self.key_sums / max(self.rows, 1)  # [heads, n_k]
         top_share, top_key = key_means.max(-1)
+        chosen = self.counts["normalised_entropy"]  # [heads]: rows with more than one allowed key
         stats = []
         for head in range(self.n_heads):
             values = {name: float(means[name][head]) for name in STATISTICS}
-            stats.append(HeadStats(layer=layer, head=head, label=label_head(values), top_key=int(top_key[head]),
+            label = label_head(values) if chosen[head] >= MIN_LABELLED_QUERIES else UNLABELLED
+            stats.append(HeadStats(layer=layer, head=head, label=label, top_key=int(top_key[head]),
                                    top_key_share=float(top_share[head]), **values))
         return stats
 
 
-def separator_keys(special: list[bool]) -> torch.Tensor:
-    """``[n_k]`` bool: the special tokens other than the first ([SEP], </s>), the "separator" statistic's keys."""
-    return torch.tensor([flag and j != 0 for j, flag in enumerate(special)], dtype=torch.bool)
+MIN_LABELLED_QUERIES = 2  # a head is labelled on a text where at least this many queries had more than one key
+UNLABELLED = "too short to label"
 
 
-def head_statistics(weights: torch.Tensor, tokens: list[str], special: list[bool]) -> list[HeadStats]:
-    """Statistics and a label for every head of square self-attention ``weights [layers, heads, n, n]``."""
+def separator_keys(special: list[bool], separators: list[bool] | None = None) -> torch.Tensor:
+    """``[n_k]`` bool: the "separator" statistic's keys: ``separators`` where the tokenizer says which tokens end a
+    sentence or a text ([SEP], </s>, <|endoftext|>; :meth:`attnviz.models.record.Capture.separators_of`), else every
+    special token but the first. Never the first token (where [CLS] and <s> stand)."""
+    flags = separators if separators is not None else special
+    return torch.tensor([bool(flag) and j != 0 for j, flag in enumerate(flags)], dtype=torch.bool)
+
+
+def head_statistics(weights: torch.Tensor, tokens: list[str], special: list[bool],
+                    separators: list[bool] | None = None, allowed: torch.Tensor | None = None) -> list[HeadStats]:
+    """Statistics and a label for every head of square self-attention ``weights [layers, heads, n, n]``;
+    ``allowed``: ``[layers, n]``, how many keys each query may see (default: every key)."""
     layers, heads, n_q, n_k = weights.shape
     if n_q != n_k or len(tokens) != n_k:
         raise ValueError(f"head_statistics needs square self-attention over the tokens, got {tuple(weights.shape)}")
     result = []
     for layer in range(layers):
-        accumulator = StatisticsAccumulator(heads, tokens, special)
-        accumulator.add(0, weights[layer])
+        accumulator = StatisticsAccumulator(heads, tokens, special, separators)
+        accumulator.add(0, weights[layer], None if allowed is None else allowed[layer])
         result += accumulator.result(layer)
     return result
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis import is_punctuation, label_head
+from attnviz.analysis import MIN_LABELLED_QUERIES, UNLABELLED, is_punctuation, label_head
 from attnviz.scan import qk_sample, store
 from attnviz.scan.corpus import Corpus, Document
 from attnviz.scan.heads import CRITERIA, LABELS, OFFSETS, SCAN_STATISTICS, Partial, document_partial
@@ -98,11 +98,13 @@ def eager_documents(bundle, texts, max_tokens):
     return documents
 
 
-def brute_force(documents, layer, head):
-    """Every row's statistics of one head over all documents, one row at a time."""
+def brute_force(documents, layer, head, causal=False, separator_ids=()):
+    """Every row's statistics of one head over all documents, one row at a time. ``causal``: the model's mask (a
+    query sees the keys up to itself); ``separator_ids``: the tokenizer's [SEP] / </s> ids (none: every special
+    token but the first)."""
     rows = {name: [] for name in SCAN_STATISTICS}
     offsets = {offset: [] for offset in OFFSETS}
-    for _, tokens, special, weights in documents:
+    for ids, tokens, special, weights in documents:
         w = weights[layer, head]
         n = len(tokens)
         for i in range(n):
@@ -110,7 +112,13 @@ def brute_force(documents, layer, head):
             seen = row[row > 0]
             entropy = float(-(seen * np.log(seen)).sum())
             rows["entropy"].append(entropy)
-            rows["normalised_entropy"].append(entropy / math.log(len(seen)) if len(seen) > 1 else 0.0)
+            allowed = i + 1 if causal else n
+            if allowed > 1:
+                rows["normalised_entropy"].append(entropy / math.log(allowed))
+            earlier = [j for j in range(i) if ids[j] == ids[i] and not special[j]] if not special[i] else []
+            if earlier:
+                rows["duplicate"].append(sum(row[j] for j in earlier))
+                rows["induction"].append(sum(row[j] for j in {j + 1 for j in earlier}))
             rows["mean_distance"].append(sum(row[j] * abs(i - j) for j in range(n)))
             rows["self"].append(row[i])
             if i > 0:
@@ -118,7 +126,8 @@ def brute_force(documents, layer, head):
             if i < n - 1:
                 rows["next"].append(row[i + 1])
             rows["first"].append(row[0])
-            rows["separator"].append(sum(row[j] for j in range(1, n) if special[j]))
+            rows["separator"].append(sum(row[j] for j in range(1, n) if special[j] and (
+                not separator_ids or ids[j] in separator_ids)))
             rows["punctuation"].append(sum(row[j] for j in range(n) if is_punctuation(tokens[j])))
             rows["special"].append(sum(row[j] for j in range(n) if special[j]))
             rows["max_weight"].append(row.max())
@@ -144,7 +153,9 @@ def test_statistics_equal_brute_force_from_eager_weights(which, bert, gpt2, tmp_
         for doc, (ids, *_) in enumerate(documents):
             assert top[top.doc == doc].query_id.tolist() == ids
         for layer, head in ((0, 0), (reader.n_layers - 1, reader.n_heads - 1), (1, 2)):
-            rows, offsets = brute_force(documents, layer, head)
+            causal = which == "gpt2"
+            separators = {bundle.tokenizer.sep_token_id, bundle.tokenizer.eos_token_id} - {None}
+            rows, offsets = brute_force(documents, layer, head, causal, separators)
             summary = reader.head_summary(layer, head).set_index("statistic")
             for name in SCAN_STATISTICS:
                 values = np.asarray(rows[name])
@@ -164,8 +175,9 @@ def test_statistics_equal_brute_force_from_eager_weights(which, bert, gpt2, tmp_
             labels = reader.label_shares(layer, head).set_index("label")["documents"]
             expected_labels = {}
             for ids, tokens, special, weights in documents:
-                one_rows, _ = brute_force([(ids, tokens, special, weights)], layer, head)
-                label = label_head({name: float(np.mean(v)) if v else 0.0 for name, v in one_rows.items()})
+                one_rows, _ = brute_force([(ids, tokens, special, weights)], layer, head, causal, separators)
+                label = (label_head({name: float(np.mean(v)) if v else 0.0 for name, v in one_rows.items()})
+                         if len(one_rows["normalised_entropy"]) >= MIN_LABELLED_QUERIES else UNLABELLED)
                 expected_labels[label] = expected_labels.get(label, 0) + 1
             assert {k: int(v) for k, v in labels.items() if v} == expected_labels
             # the best "previous" example is the largest weight on a previous token anywhere in the corpus
@@ -373,8 +385,21 @@ def test_examples_are_kept_per_criterion_best_first(bert_scan):
             assert scores == sorted(scores, reverse=True)
             assert len({e["doc"] for e in found}) == len(found)  # one per document
             for e in found:
-                assert len(e["window_tokens"]) == len(e["window_weights"])
-                assert e["window_start"] <= e["query"] < e["window_start"] + len(e["window_tokens"])
+                positions = list(e["window_positions"])
+                assert len(e["window_tokens"]) == len(e["window_weights"]) == len(positions)
+                assert positions == sorted(set(positions)) and positions[0] == e["window_start"]
+                assert e["query"] in positions and e["key"] in positions  # the key is shown, however far
+
+
+def test_an_example_window_shows_a_far_key_beside_the_query_context():
+    """A key 40 tokens before its query: the window holds the query's context and, apart, the key's."""
+    from attnviz.scan.heads import KEY_CONTEXT, WINDOW_AFTER, WINDOW_BEFORE, window_positions
+
+    near = window_positions(50, 45, 100)
+    assert near == list(range(50 - WINDOW_BEFORE, 50 + WINDOW_AFTER + 1))
+    far = window_positions(50, 5, 100)
+    assert far == [*range(5 - KEY_CONTEXT, 5 + KEY_CONTEXT + 1), *range(50 - WINDOW_BEFORE, 50 + WINDOW_AFTER + 1)]
+    assert window_positions(3, 99, 100)[-1] == 99
 
 
 def test_an_example_names_the_key_its_criterion_points_at(bert, bert_scan):
@@ -389,7 +414,13 @@ def test_an_example_names_the_key_its_criterion_points_at(bert, bert_scan):
                     _, tokens, special, weights = documents[e["doc"]]
                     row, query, key = weights[layer, head, e["query"]], e["query"], e["key"]
                     expected = {"previous": query - 1, "next": query + 1, "self": query, "first": 0}.get(criterion)
-                    if criterion in ("separator", "punctuation"):
+                    ids = documents[e["doc"]][0]
+                    if criterion in ("duplicate", "induction"):  # the strongest of the query's targets
+                        earlier = [j for j in range(query) if ids[j] == ids[query] and not special[j]]
+                        targets = earlier if criterion == "duplicate" else sorted({j + 1 for j in earlier})
+                        expected = max(targets, key=lambda j: row[j])
+                        np.testing.assert_allclose(e["score"], sum(row[j] for j in targets), atol=1e-5)
+                    elif criterion in ("separator", "punctuation"):
                         kind = ([flag and j > 0 for j, flag in enumerate(special)] if criterion == "separator"
                                 else [is_punctuation(t) for t in tokens])
                         expected = max((j for j in range(len(row)) if kind[j]), key=lambda j: row[j])

@@ -26,8 +26,6 @@ kernel's, so a capture holds Q, K and V only.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from attnviz import masks, vision
@@ -98,11 +96,30 @@ def tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens: 
     )
     ids = encoded["input_ids"][0].tolist()
     tokens = tokenizer.convert_ids_to_tokens(ids)
-    special_ids = set(tokenizer.all_special_ids)
+    special_ids = structural_special_ids(tokenizer)
     special = [i in special_ids for i in ids]
-    accepted = set(inspect.signature(bundle.model.forward).parameters)
-    inputs = {k: v for k, v in encoded.items() if k in accepted}
+    inputs = support.model_inputs(bundle.model, encoded)  # a decoder gets no token types (GPT-2 would embed them)
     return inputs, tokens, _segments(encoded, bool(text_pair)), special, total
+
+
+def structural_special_ids(tokenizer) -> set[int]:
+    """The ids of the special tokens that give a text its structure ([CLS], [SEP], <s>, </s>, padding, [MASK]):
+    the tokenizer's special ids but its unknown token, which stands for a piece of the text it could not read (an
+    emoji under BERT's vocabulary), unless that id doubles as one of the others (GPT-2's <|endoftext|>)."""
+    special_ids = set(tokenizer.all_special_ids)
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    others = {getattr(tokenizer, f"{role}_token_id", None) for role in ("bos", "eos", "sep", "cls", "pad", "mask")}
+    if unknown is not None and unknown not in others:
+        special_ids.discard(unknown)
+    return special_ids
+
+
+def separator_ids(tokenizer) -> frozenset[int]:
+    """The ids of the tokens that end a sentence or a text: the tokenizer's separator and end-of-text tokens
+    ([SEP], </s>, <|endoftext|>); empty for a tokenizer that names neither (then every special token but the first
+    counts, :func:`attnviz.analysis.separator_keys`)."""
+    return frozenset(i for i in (getattr(tokenizer, "sep_token_id", None), getattr(tokenizer, "eos_token_id", None))
+                     if isinstance(i, int))
 
 
 def _segments(encoded, pair: bool) -> list[int]:
@@ -208,6 +225,7 @@ def capture(
         display_tokens=readable_tokens(tokens, style),
         decoder_display_tokens=None if decoder_tokens is None else readable_tokens(decoder_tokens, style),
         token_style=style,
+        separator_ids=None if isinstance(bundle.tokenizer, FallbackTokenizer) else separator_ids(bundle.tokenizer),
     )
     result.records, outputs_finite = _run_and_record(bundle, inputs, tokens, decoder_tokens, check_finite)
     show_readable(result)

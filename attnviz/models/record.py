@@ -332,6 +332,9 @@ class Capture:
     display_tokens: list[str] | None = None
     decoder_display_tokens: list[str] | None = None
     token_style: str = PLAIN  # attnviz.tokens_display's name of how the tokenizer writes its pieces
+    # The tokenizer's ids of the tokens that end a sentence or a text ([SEP], </s>; capture.separator_ids); None:
+    # unknown (a stand-in tokenizer, a vision model): every special token but the first counts as one
+    separator_ids: frozenset | None = None
 
     def __post_init__(self):
         if self.display_tokens is None:
@@ -346,6 +349,15 @@ class Capture:
         if tokens is self.tokens:
             return self.special
         return [False] * len(tokens)
+
+    def separators_of(self, tokens: list[str]) -> list[bool] | None:
+        """Which of ``tokens`` (the encoder's or the decoder's list) are separators ([SEP], </s>, by the
+        tokenizer's ids), or None where the tokenizer does not say (:func:`attnviz.analysis.separator_keys` then
+        counts every special token but the first)."""
+        ids = self.ids_of(tokens)
+        if not self.separator_ids or ids is None:
+            return None
+        return [special and i in self.separator_ids for i, special in zip(ids, self.special_of(tokens), strict=True)]
 
     def display_of(self, tokens: list[str]) -> list[str]:
         """How the pages show ``tokens`` (the encoder's or the decoder's list); other lists as they are."""

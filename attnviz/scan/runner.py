@@ -175,11 +175,15 @@ def text_as_read(bundle: ModelBundle, text: str, max_tokens: int) -> str:
 def add_document(partial: Partial, read: tuple, floors: np.ndarray) -> None:
     """A document read by :func:`read_document` added to ``partial`` (a chunk's), or listed with its problem."""
     doc, result, weights, problem = read
+    if problem is None:
+        record = next(result.records[kind] for kind in SCANNED_KINDS if kind in result.records)
     if problem is not None:
         partial.documents.append({"doc": doc, "n_tokens": 0, "truncated": False, "problem": problem})
         return
+    allowed = torch.stack([record.mask_rows(layer).sum(-1) for layer in range(record.n_layers)])  # [layers, n]
     document_partial(doc, weights, result.tokens, result.display_tokens, result.special, result.token_ids,
-                     result.truncated, floors=floors, into=partial)
+                     result.truncated, floors=floors, into=partial, separators=result.separators_of(result.tokens),
+                     allowed=allowed)
 
 
 def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Document]], max_tokens: int,

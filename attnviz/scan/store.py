@@ -38,7 +38,7 @@ from attnviz.scan.heads import (
     Partial,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: duplicate and induction statistics, example windows with their key
 STATUS_RUNNING, STATUS_STOPPED, STATUS_FINISHED = "running", "stopped", "finished"
 TOKEN_MARKS = "Ġ▁␣Ċ "  # leading marks of a word-start piece, stripped for ``tokens.word``
 _SCHEMA = f"""
@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS offset_state (layer SMALLINT, head SMALLINT, "offset"
 CREATE TABLE IF NOT EXISTS histogram_state (layer SMALLINT, head SMALLINT, bin INTEGER, queries BIGINT);
 CREATE TABLE IF NOT EXISTS examples (layer SMALLINT, head SMALLINT, criterion VARCHAR, rank INTEGER, score DOUBLE,
     doc INTEGER, query INTEGER, key INTEGER, weight DOUBLE, window_start INTEGER, window_tokens VARCHAR[],
-    window_weights DOUBLE[]);
+    window_weights DOUBLE[], window_positions INTEGER[]);
 CREATE OR REPLACE VIEW head_stats AS SELECT layer, head, statistic,
     total / nullif(count, 0) AS mean,
     sqrt(greatest(squares / nullif(count, 0) - pow(total / nullif(count, 0), 2), 0)) AS spread,
@@ -158,7 +158,7 @@ class ScanWriter(DatabaseFile):
             partial.histogram[layer, head, bin_] = queries
         for row in self.connection.execute(
                 "SELECT layer, head, criterion, score, doc, query, key, weight, window_start, window_tokens, "
-                "window_weights FROM examples ORDER BY layer, head, criterion, rank").fetchall():
+                "window_weights, window_positions FROM examples ORDER BY layer, head, criterion, rank").fetchall():
             layer, head, criterion, *fields = row
             partial.examples.setdefault((layer, head, criterion), []).append(Example(*fields))
         return partial
@@ -250,11 +250,12 @@ def state_frames(partial: Partial) -> dict[str, pd.DataFrame]:
 def example_frame(partial: Partial, slots) -> pd.DataFrame:
     """The heaps of ``slots`` as rows of the examples table, best first (rank 0)."""
     return pd.DataFrame([
-        (layer, head, criterion, rank, e.score, e.doc, e.query, e.key, e.weight, e.window_start, e.tokens, e.weights)
+        (layer, head, criterion, rank, e.score, e.doc, e.query, e.key, e.weight, e.window_start, e.tokens, e.weights,
+         e.positions)
         for layer, head, criterion in sorted(slots) for rank, e in enumerate(partial.examples.get(
             (layer, head, criterion), []))],
         columns=["layer", "head", "criterion", "rank", "score", "doc", "query", "key", "weight", "window_start",
-                 "window_tokens", "window_weights"])
+                 "window_tokens", "window_weights", "window_positions"])
 
 
 # The parts the chunks wrote, grouped once as a finished scan is copied (the columns in the table's order).

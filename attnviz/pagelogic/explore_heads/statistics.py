@@ -20,7 +20,8 @@ MEMO_KEY = "statistics"  # where the table is kept with its record: the grid and
 STATISTICS_COLUMNS = {
     "entropy": "entropy (nats)", "normalised_entropy": "normalised entropy", "mean_distance": "mean distance",
     "self": "self", "previous": "previous token", "next": "next token", "first": "first token",
-    "separator": "separators", "punctuation": "punctuation", "top_key": "top key", "top_key_share": "top key share",
+    "separator": "separators", "punctuation": "punctuation", "duplicate": "duplicate token",
+    "induction": "induction", "top_key": "top key", "top_key_share": "top key share",
 }
 
 
@@ -34,14 +35,17 @@ def statistics_table(capture: Capture, kind: str, progress=None) -> pd.DataFrame
         return record.memo[MEMO_KEY].copy()  # a copy: the record is shared by every session
     tokens = record.key_tokens
     special = capture.special_of(tokens)
+    separators, ids = capture.separators_of(tokens), capture.ids_of(tokens)
     rows = []
     for layer in range(record.n_layers):
         if progress:
             progress(layer, record.n_layers)
-        accumulator = analysis.StatisticsAccumulator(record.n_heads, tokens, special)
+        accumulator = analysis.StatisticsAccumulator(record.n_heads, tokens, special, separators, ids)
         block = record.block_rows()
         for start in range(0, record.n_q, block):
-            accumulator.add(start, record.layer_weights(layer, start, min(record.n_q, start + block)))
+            end = min(record.n_q, start + block)
+            accumulator.add(start, record.layer_weights(layer, start, end),
+                            allowed=record.mask_rows(layer, start, end).sum(-1))
         rows += accumulator.result(layer)
     frame = pd.DataFrame([dataclasses.asdict(row) for row in rows])
     frame["top_key"] = [style.token_label(j, record.key_display[j]) for j in frame["top_key"]]  # as pages show it
@@ -57,7 +61,17 @@ def has_statistics(record: AttentionRecord) -> bool:
 
 
 MAPPABLE_STATISTICS = ("previous token", "next token", "self", "first token", "separators", "punctuation",
-                       "entropy (nats)", "normalised entropy", "mean distance", "top key share")
+                       "duplicate token", "induction", "entropy (nats)", "normalised entropy", "mean distance",
+                       "top key share")
+
+
+def statistics_that_apply(table: pd.DataFrame, causal: bool) -> tuple[str, ...]:
+    """The statistics of :data:`MAPPABLE_STATISTICS` that mean something for this text and model: no "next token"
+    under a causal mask (weight 0 in every head), no statistic no head has (separators in a text without one,
+    duplicate and induction in a text that repeats no token)."""
+    return tuple(name for name in MAPPABLE_STATISTICS
+                 if not (causal and name == "next token") and name in table and table[name].notna().any()
+                 and not (name == "separators" and not table[name].any()))
 
 
 def statistic_range(statistic: str, n_keys: int) -> tuple[float, float, str]:
@@ -106,7 +120,7 @@ def statistic_figure(table: pd.DataFrame, statistic: str, labels: list[str],
 STATISTICS_SHORT = {  # the table's narrow column headers (the full name is the header's tooltip)
     "entropy (nats)": "entropy", "normalised entropy": "norm. H", "mean distance": "distance", "self": "self",
     "previous token": "prev.", "next token": "next", "first token": "first", "separators": "sep.",
-    "punctuation": "punct.", "top key share": "top share",
+    "punctuation": "punct.", "duplicate token": "dup.", "induction": "induct.", "top key share": "top share",
 }
 
 
@@ -125,4 +139,9 @@ def label_rules_text() -> str:
     """How a head gets its label, in words, with the thresholds of :data:`attnviz.analysis.LABEL_RULES`."""
     rules = [f"**{label}**: share on {stat} ≥ {threshold}" for label, (stat, threshold) in analysis.LABEL_RULES.items()]
     rules.append(f"**broad head**: normalised entropy ≥ {analysis.BROAD_ENTROPY}")
-    return "; ".join(rules) + ". The strongest rule that holds wins; otherwise **mixed**."
+    return ("; ".join(rules) + ". The strongest rule that holds wins; otherwise **mixed**. Induction is the weight "
+            "on the token right after an earlier occurrence of the query's token, duplicate token the weight on those "
+            "earlier occurrences, each averaged over the queries that have one (TransformerLens's detect_head divides "
+            "by every query, so its scores are smaller by the share of queries that repeat a token). A text with "
+            f"fewer than {analysis.MIN_LABELLED_QUERIES} queries that see more than one key is "
+            f"**{analysis.UNLABELLED}**.")
