@@ -30,3 +30,15 @@ def speed_ratio(reference_seconds: float, other_seconds: float) -> str:
         return f"{ratio:.2g}x faster" if ratio < 10 else f"{ratio:.0f}x faster"
     slower = 1 / ratio
     return f"{slower:.2g}x slower" if slower < 10 else f"{slower:.0f}x slower"
+
+
+def counted(n: int, one: str, many: str) -> str:
+    """``n`` things in words with the right number: "1 head", "2 heads", "1,024 queries"."""
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def ordinal(n: int) -> str:
+    """``n`` as an English ordinal: "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "101st", "111th"
+    (11, 12 and 13 take "th" in every hundred; every other number its last digit's suffix)."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"

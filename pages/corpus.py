@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz.models.safety import CheckpointRefused
 from attnviz.scan import background, database, jobs, qk_sample, store
 from attnviz.scan.corpus import FORMATS, CorpusRefused, characters_noted, max_corpus_bytes
-from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS, SCAN_STATISTICS
+from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS
 from attnviz.scan.jobs import JobRefused
 from attnviz.scan.runner import ScanSettings, text_as_read, token_limit
 from attnviz.ui.figures import show_figure
@@ -28,17 +28,23 @@ from attnviz.ui.scans import (
     waiting_for_turn,
 )
 from attnviz.ui.session_models import current_bundle, model_dtype
-from attnviz.units import human_bytes
+from attnviz.units import counted, human_bytes
 from attnviz.viz import corpus as figures
 
+CUSTOM_OFFSETS = "custom offsets"
 STATISTIC_NAMES = {
     "previous": "weight on the previous token", "next": "weight on the next token", "self": "weight on itself",
-    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>)",
-    "special": "weight on special tokens", "punctuation": "weight on punctuation",
+    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>, <|endoftext|>)",
+    "special": "weight on special tokens ([UNK] not counted)", "punctuation": "weight on punctuation",
+    "duplicate": "duplicate token: weight on earlier copies of the query's token",
+    "induction": "induction: weight on the token after an earlier copy of the query's token",
     "max_weight": "largest weight of a query", "normalised_entropy": "normalised entropy (1 = uniform)",
     "entropy": "entropy (nats)", "mean_distance": "mean distance (tokens)",
     **{label: f"documents labelled '{label}'" for label in LABELS},
+    CUSTOM_OFFSETS: "custom pattern: weight at chosen relative positions",
 }
+REPEAT_NOTE = ("Averaged over the queries whose token occurred earlier in the document (TransformerLens's "
+               "detect_head divides by every query, so its scores are smaller by the share of such queries).")
 VIEWS = ("Map", "Head", "Search", "Compare", "Export")
 BUNDLED_CHOICE, UPLOAD_CHOICE = "Bundled: Python's documentation and docstrings", "Upload a file"
 EXAMPLES_SHOWN = 6
@@ -272,19 +278,58 @@ def choose_scan(scans: list[Path], key: str, label: str, exclude: Path | None = 
 
 def map_view(path: Path, said: dict) -> None:
     columns = st.columns([3, 2])
-    statistic = columns[0].selectbox("Statistic", [*SCAN_STATISTICS, *LABELS], index=SCAN_STATISTICS.index("previous"),
-                                     format_func=STATISTIC_NAMES.get, key="corpus_statistic")
+    applying = [*scan_read(path, "statistics_that_apply"), CUSTOM_OFFSETS]
+    default = "induction" if "induction" in applying else "previous"
+    statistic = columns[0].selectbox("Statistic", applying, index=applying.index(default),
+                                     format_func=STATISTIC_NAMES.get, key="corpus_statistic",
+                                     help="Only what some head of this scan has: no next token under a causal mask, "
+                                          "no separators where the documents hold none, no induction where no token "
+                                          "repeats.")
     over = columns[1].radio("Mean and spread over", ("queries", "documents"), horizontal=True, key="corpus_over",
-                            disabled=statistic in LABELS,
+                            disabled=statistic in LABELS or statistic == CUSTOM_OFFSETS,
                             help="queries: every query of every document; documents: each document's mean")
-    mean, spread = scan_read(path, "statistic_map", statistic, over)
-    title = f"{STATISTIC_NAMES[statistic]}, every head, over {said['documents_scanned']:,} documents"
+    if statistic == CUSTOM_OFFSETS:
+        offsets = custom_offsets()
+        if not offsets:
+            return
+        mean, spread = scan_read(path, "offsets_map", offsets), None
+        what = f"weight at key − query = {', '.join(f'{o:+d}' for o in offsets)}"
+        note = (" Averaged over the queries that have a key at one of these offsets (exact, from the offset "
+                "profile); a later key gets weight 0 under a causal mask.")
+    else:
+        mean, spread = scan_read(path, "statistic_map", statistic, over)
+        what = STATISTIC_NAMES[statistic]
+        note = f" {REPEAT_NOTE}" if statistic in ("duplicate", "induction") else ""
+    title = f"{what}, every head, over {said['documents_scanned']:,} documents"
     figure = figures.statistic_map(mean, spread, statistic=statistic, title=title,
                                    highlight=(st.session_state.get("corpus_layer", 0),
                                               st.session_state.get("corpus_head", 0)))
-    best = np.unravel_index(np.nanargmax(mean), mean.shape) if np.isfinite(mean).any() else (0, 0)
-    show_figure(figure, f"Highest: layer {best[0]}, head {best[1]} ({mean[best]:.3g}). The hover gives each head's "
-                        "spread; click a head to open it.", key="corpus_map", on_select=open_clicked_head)
+    if np.isfinite(mean).any():
+        best = np.unravel_index(np.nanargmax(mean), mean.shape)
+        said_best = f"Highest: layer {best[0]}, head {best[1]} ({mean[best]:.3g})."
+    else:
+        said_best = "No head has this statistic in this scan."
+    show_figure(figure, f"{said_best}{note} The hover gives each head's spread; click a head to open it.",
+                key="corpus_map", on_select=open_clicked_head)
+
+
+def custom_offsets() -> list[int]:
+    """The relative positions a custom detector looks at, typed as "-2" or "-3, -2" (±32 at most); [] with a
+    message when the text says none."""
+    typed = st.text_input("Offsets (key − query)", "-2", key="corpus_offsets_typed", max_chars=200,
+                          help="Comma-separated, from −32 to 32: −1 is the previous token, 0 the query itself, −2 two "
+                               "tokens back. A head's score is its weight on those keys.")
+    try:
+        offsets = sorted({int(part) for part in typed.replace(";", ",").split(",") if part.strip()})
+    except ValueError:
+        st.warning("Type whole numbers separated by commas, such as -3, -2.", icon=":material/edit:")
+        return []
+    outside = [o for o in offsets if abs(o) > 32]
+    if outside or not offsets:
+        st.warning("Offsets go from −32 to 32 (the scan keeps the weight at each offset within that range)."
+                   if outside else "Type at least one offset.", icon=":material/edit:")
+        return []
+    return offsets
 
 
 def open_clicked_head() -> None:
@@ -340,29 +385,42 @@ def head_view(path: Path, said: dict) -> None:
 
 
 def examples_section(path: Path, said: dict, layer: int, head: int) -> None:
-    criterion = st.selectbox("Top examples by", list(CRITERIA), format_func=CRITERIA.get, key="corpus_criterion")
-    examples = scan_read(path, "examples", layer, head, criterion)
-    if not examples:
-        st.info("No document gives this head a positive score by this criterion.", icon=":material/info:")
+    criteria = scan_read(path, "criteria_with_examples", layer, head)
+    if not criteria:
+        st.info("No document gives this head a positive score by any criterion.", icon=":material/info:")
         return
+    if st.session_state.get("corpus_criterion") not in criteria:
+        st.session_state.pop("corpus_criterion", None)
+    criterion = st.selectbox("Top examples by", criteria, format_func=CRITERIA.get, key="corpus_criterion",
+                             help="The criteria by which this head has an example in this scan.")
+    examples = scan_read(path, "examples", layer, head, criterion)
     pointed = ("the key the criterion points at" if criterion not in ("focused", "far")
                else "the query's strongest key")
     st.caption(f"Each token shaded by the weight the query (boxed) gives it; {pointed} is underlined. Hover a token "
-               "for its weight. One example per document; Open in Explore heads reads the document as the scan did "
-               f"(its first {said.get('max_tokens')} tokens at most).")
+               "for its weight; a far key is shown apart, after a gap. One example per document, and never a query "
+               "with a single allowed key (it has no choice). Open in Explore heads reads the document as the scan "
+               f"did (its first {said.get('max_tokens')} tokens at most).")
     for rank, example in enumerate(examples[:EXAMPLES_SHOWN]):
         text_column, button_column = st.columns([6, 1])
         query, key = example["query"], example["key"]
-        start = example["window_start"]
         cut_end = (f" · the key is the end token the tokenizer adds to a document cut at {example['n_tokens']} tokens"
                    if example["truncated"] and key == example["n_tokens"] - 1 else "")
         text_column.markdown(
             f"**{rank + 1}.** score {example['score']:.3f} · document {example['doc']} ({example['source']}) · "
             f"query {query} → key {key} (weight {example['weight']:.3f}){cut_end}")
+        positions = example_positions(example)
         text_column.html(figures.example_html(list(example["window_tokens"]), list(example["window_weights"]),
-                                              query - start, key - start if start <= key else None))
+                                              positions, query, key))
         button_column.button("Open in Explore heads", key=f"corpus_open_{rank}", on_click=open_in_explore,
                              args=(path, int(example["doc"]), layer, head, said), icon=":material/search:")
+
+
+def example_positions(example: dict) -> list[int]:
+    """The document positions of an example's window (one run from its start where the scan kept no positions)."""
+    kept = example.get("window_positions")
+    if kept is not None and len(kept):
+        return [int(p) for p in kept]
+    return list(range(example["window_start"], example["window_start"] + len(example["window_tokens"])))
 
 
 def open_in_explore(path: Path, doc: int, layer: int, head: int, said: dict) -> None:
@@ -392,10 +450,24 @@ def search_view(path: Path, said: dict) -> None:
     found, sql = scan_read(path, "search_queries", query_word=query_word or None, key_word=key_word or None,
                            layer=None if layer == "any" else layer, head=None if head == "any" else head,
                            min_weight=min_weight)
-    st.caption(f"{len(found):,} queries{' (the first 200)' if len(found) == 200 else ''}. Words match any case, "
-               "with or without the tokenizer's space mark; a piece inside a word keeps its ## (\"##ing\").")
-    st.dataframe(found, hide_index=True, width="stretch", height=260)
-    with st.expander("The SQL"):
+    found.insert(0, "context", scan_read(path, "query_contexts",
+                                         list(zip(found["doc"], found["query"], found["key"], strict=True))))
+    causal = (" The first query of a decoder (which sees only itself) is left out."
+              if scan_read(path, "is_causal") else "")
+    st.caption(f"{counted(len(found), 'query', 'queries')}{' (the first 200)' if len(found) == 200 else ''}: in the "
+               "context the query is in «», its strongest key in ⟨⟩. Words match any case, with or without the "
+               f"tokenizer's space mark; a piece inside a word keeps its ## (\"##ing\").{causal} Select a row to open "
+               "its document in Explore heads.")
+    picked = st.dataframe(found, hide_index=True, width="stretch", height=260, key="corpus_found",
+                          on_select="rerun", selection_mode="single-row",
+                          column_config={"context": st.column_config.TextColumn("context", width="large")})
+    rows = picked.selection.rows if picked is not None else []
+    if rows and rows[0] < len(found):
+        row = found.iloc[rows[0]]
+        st.button(f"Open document {int(row['doc'])} in Explore heads, layer {int(row['layer'])}, head "
+                  f"{int(row['head'])}", key="corpus_found_open", icon=":material/search:", on_click=open_in_explore,
+                  args=(path, int(row["doc"]), int(row["layer"]), int(row["head"]), said))
+    with st.expander("The SQL (its values written in: paste it into DuckDB on the scan's file)"):
         st.code(sql, language="sql")
     st.markdown("**Heads**: where a key token takes a share of all the weight")
     with st.form("corpus_head_search"):
@@ -406,9 +478,9 @@ def search_view(path: Path, said: dict) -> None:
                                         key="corpus_h_share")
         st.form_submit_button("Find heads", icon=":material/search:")
     heads, sql = scan_read(path, "search_heads", key_token, share)
-    st.caption(f"{len(heads):,} heads.")
+    st.caption(f"{counted(len(heads), 'head', 'heads')}.")
     st.dataframe(heads.round(4), hide_index=True, width="stretch", height=220)
-    with st.expander("The SQL"):
+    with st.expander("The SQL (its values written in)"):
         st.code(sql, language="sql")
 
 
@@ -424,8 +496,11 @@ def compare_view(path: Path, said: dict, scans: list[Path]) -> None:
                    f"{said['model']} {said['n_layers']} x {said['n_heads']}: head by head, they do not line up.",
                    icon=":material/warning:")
         return
-    statistic = st.selectbox("Statistic", [*SCAN_STATISTICS, *LABELS], index=SCAN_STATISTICS.index("previous"),
-                             format_func=STATISTIC_NAMES.get, key="corpus_compare_statistic")
+    theirs_apply = set(scan_read(other, "statistics_that_apply"))
+    both = [name for name in scan_read(path, "statistics_that_apply") if name in theirs_apply]
+    statistic = st.selectbox("Statistic", both, index=both.index("previous") if "previous" in both else 0,
+                             format_func=STATISTIC_NAMES.get, key="corpus_compare_statistic",
+                             help="What some head of each scan has.")
     mine, _ = scan_read(path, "statistic_map", statistic, "queries")
     theirs, _ = scan_read(other, "statistic_map", statistic, "queries")
     difference = mine - theirs

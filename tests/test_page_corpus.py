@@ -43,9 +43,17 @@ def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(bert, clean
     chosen = at.session_state["corpus_chosen"]
     with store.ScanReader(chosen) as reader:
         assert reader.settings["status"] == store.STATUS_FINISHED and reader.documents == 6
-        expected, _ = reader.statistic_map("previous")
-    spec = figure_titled(at, "weight on the previous token, every head, over 6 documents")
+        expected, _ = reader.statistic_map("induction")
+        previous, _ = reader.statistic_map("previous")
+    # a corpus with a repeated token opens on the induction map (the first question people bring)
+    spec = figure_titled(at, "induction: weight on the token after an earlier copy of the query's token, every head, "
+                             "over 6 documents")
     np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), expected, atol=1e-12)
+    at.selectbox(key="corpus_statistic").set_value("previous").run()
+    spec = figure_titled(at, "weight on the previous token, every head, over 6 documents")
+    np.testing.assert_allclose(plotly_array(spec["data"][0]["z"]), previous, atol=1e-12)
+    options = at.selectbox(key="corpus_statistic").options
+    assert "weight on the next token" in options  # BERT reads both ways: "next" applies to it
     # The same corpus, model and limits: the page offers the finished scan instead of a new one
     assert at.button(key="corpus_scan").label == "Open the finished scan"
 

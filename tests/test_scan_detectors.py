@@ -170,3 +170,21 @@ def test_a_document_too_short_to_choose_is_not_labelled():
                                allowed=torch.tensor([[1, 2]]))
     assert partial.counts[0, 0, list(analysis.STATISTICS).index("normalised_entropy")] == 1  # the second query only
     assert partial.labels[0, 0, -1] == 1
+
+
+def test_a_decoder_scan_offers_only_the_statistics_it_has_and_searches_past_the_forced_query(repeated_scan):
+    path, _ = repeated_scan
+    with store.ScanReader(path) as reader:
+        applying = reader.statistics_that_apply()
+        assert reader.is_causal()
+        assert "next" not in applying and "separator" not in applying and "special" not in applying
+        assert {"induction", "duplicate", "previous", "induction head"} <= set(applying)
+        assert "next" not in reader.criteria_with_examples(2, 1)
+        found, sql = reader.search_queries(query_word=None, key_word=None, layer=2, head=1, min_weight=0.0)
+        assert len(found) and (found["query"] > 0).all()
+        assert "?" not in sql and "t.layer = 2" in sql and "t.weight >= 0.0" in sql
+        contexts = reader.query_contexts(list(zip(found["doc"], found["query"], found["key"], strict=True))[:5])
+        assert all("«" in context and "⟨" in context for context in contexts)
+        # a custom detector at offset -1 is the previous-token statistic, exactly
+        previous, _ = reader.statistic_map("previous")
+        np.testing.assert_allclose(reader.offsets_map([-1]), previous, rtol=1e-6)  # float32 sums per document

@@ -87,8 +87,10 @@ def check_catalog(connection: duckdb.DuckDBPyConnection, schema: str, required: 
     problems += [f"view {name}" for name, sql in found["views"].items() if expected["views"].get(name) != sql]
     problems += found["other"]
     if problems:
+        columns_only = all(problem.endswith("'s columns") for problem in problems)
         raise NotAResultsFile(f"it holds what {what} does not ({', '.join(sorted(problems)[:4])}"
-                              f"{', …' if len(problems) > 4 else ''}): it is not read")
+                              f"{', …' if len(problems) > 4 else ''}): it is not read"
+                              f"{' (if an earlier attnviz wrote it, scan again)' if columns_only else ''}")
     missing = [name for name in required if f"main.{name}" not in found["tables"]]
     if missing:  # nothing foreign, and not even its first tables: a file cut short as it was created
         raise NotAResultsFile(f"it is not {what}: it has no {', '.join(missing)} table", missing=True)
@@ -192,3 +194,14 @@ def insert_frame(connection: duckdb.DuckDBPyConnection, table: str, frame: pd.Da
         connection.execute(f"{verb} INTO {table} ({columns}) SELECT {columns} FROM frame")
     finally:
         connection.unregister("frame")
+
+
+def sql_as_run(sql: str, parameters: list) -> str:
+    """``sql`` with each ``?`` replaced by its parameter written as a SQL literal: what a reader can paste into
+    DuckDB to run the same search (for showing only; the search itself binds its parameters)."""
+    pieces = sql.split("?")
+    if len(pieces) != len(parameters) + 1:
+        return sql
+    literals = [str(value) if isinstance(value, (int, float)) and not isinstance(value, bool)
+                else "'" + str(value).replace("'", "''") + "'" for value in parameters]
+    return "".join(piece + literal for piece, literal in zip(pieces, [*literals, ""], strict=True))

@@ -27,6 +27,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from attnviz.scan import database
 from attnviz.scan.database import MEMORY_LIMIT, DatabaseFile, storable
 from attnviz.scan.heads import (
     CRITERIA,
@@ -125,6 +126,25 @@ def word_of(readable: str) -> str:
     """What a search matches a token by: lower case, without a word-start mark. WordPiece's ``##`` (a piece inside
     a word) stays: "in" finds the word, "##in" the piece."""
     return readable.lstrip(TOKEN_MARKS).lower()
+
+
+def joined_text(readable: list[str], marks: dict[int, str] | None = None) -> str:
+    """Tokens as pages show them (:mod:`attnviz.tokens_display`) joined into text: where tokens mark a leading space
+    (␣), run together with the marks made spaces; else (WordPiece) with spaces, a "##" piece glued to the one
+    before. ``marks``: index -> a format such as "«{}»" for that token."""
+    marks = marks or {}
+    spaced = any(token.startswith("␣") for token in readable)
+    text = ""
+    for index, token in enumerate(readable):
+        glued = token.startswith("##")
+        bare = token.removeprefix("##")
+        lead = ""
+        if spaced and bare.startswith("␣"):
+            lead, bare = " ", bare[1:]
+        elif not spaced and text and not glued:
+            lead = " "
+        text += lead + marks.get(index, "{}").format(bare)
+    return text.strip()
 
 
 class ScanWriter(DatabaseFile):
@@ -337,6 +357,39 @@ class ScanReader(DatabaseFile):
             spread[layer, head] = np.nan if s is None else s
         return mean, spread
 
+    def is_causal(self) -> bool:
+        """Whether the scanned model reads under a causal mask: no head of it gave any later key any weight."""
+        later = self.connection.execute('SELECT max(weight) FROM offset_state WHERE "offset" > 0').fetchone()[0]
+        return later is not None and later == 0
+
+    def statistics_that_apply(self) -> list[str]:
+        """The statistics and labels some head of this scan has: not "next" under a causal mask (0 in every head),
+        not separators or special tokens where the documents hold none, not duplicate or induction where no token
+        repeats, no label that no document got."""
+        present = {statistic for statistic, in self.connection.execute(
+            "SELECT statistic FROM head_stats GROUP BY statistic HAVING max(mean) > 0 OR "
+            "statistic IN ('entropy', 'normalised_entropy', 'mean_distance')").fetchall()}
+        labels = {label for label, in self.connection.execute(
+            "SELECT label FROM label_state GROUP BY label HAVING sum(documents) > 0").fetchall()}
+        return [name for name in SCAN_STATISTICS if name in present] + [name for name in LABELS if name in labels]
+
+    def offsets_map(self, offsets: list[int]) -> np.ndarray:
+        """A custom detector by relative position, ``[layers, heads]``: each query's weight on the keys at
+        ``offsets`` (key - query, within ±MAX_OFFSET) averaged over the queries that have at least one such key,
+        exactly, from the offset profile and the documents' lengths. Under a causal mask a later key has weight 0."""
+        chosen = sorted({int(o) for o in offsets if o in OFFSETS})
+        total = np.zeros((self.n_layers, self.n_heads))
+        if not chosen:
+            return np.full_like(total, np.nan)
+        marks = ", ".join("?" * len(chosen))
+        for layer, head, weight in self.connection.execute(
+                f'SELECT layer, head, sum(weight) FROM offset_state WHERE "offset" IN ({marks}) GROUP BY ALL',
+                chosen).fetchall():
+            total[layer, head] = weight
+        rows = sum(count * rows_with_offsets(int(n), chosen) for n, count in self.connection.execute(
+            "SELECT n_tokens, count(*) FROM documents WHERE problem IS NULL GROUP BY n_tokens").fetchall())
+        return total / rows if rows else np.full_like(total, np.nan)
+
     def label_shares(self, layer: int, head: int) -> pd.DataFrame:
         return self.frame("SELECT label, documents, documents / nullif(sum(documents) OVER (), 0) AS share "
                           "FROM label_state WHERE layer = ? AND head = ? ORDER BY documents DESC, label",
@@ -378,6 +431,13 @@ class ScanReader(DatabaseFile):
             f"LIMIT ?) k JOIN tokens t ON t.token_id = k.key_id ORDER BY {outer} DESC, k.key_id",
             [layer, head, layer, head, min_occurrences if by != "weight" else 1, limit])
 
+    def criteria_with_examples(self, layer: int, head: int) -> list[str]:
+        """The criteria of :data:`CRITERIA` by which this head has an example (none by "next" under a causal mask,
+        none by "induction" where no token repeats)."""
+        kept = {criterion for criterion, in self.connection.execute(
+            "SELECT DISTINCT criterion FROM examples WHERE layer = ? AND head = ?", [layer, head]).fetchall()}
+        return [criterion for criterion in CRITERIA if criterion in kept]
+
     def examples(self, layer: int, head: int, criterion: str) -> list[dict]:
         if criterion not in CRITERIA:
             raise ValueError(f"no criterion {criterion!r}")
@@ -393,8 +453,12 @@ class ScanReader(DatabaseFile):
     def search_queries(self, *, query_word: str | None, key_word: str | None, layer: int | None = None,
                        head: int | None = None, min_weight: float = 0.0, limit: int = 200) -> tuple[pd.DataFrame, str]:
         """Queries whose token is ``query_word`` and whose strongest key in head ``layer``.``head`` (any where
-        None) is ``key_word`` with at least ``min_weight``. Returns the rows and the SQL that found them."""
+        None) is ``key_word`` with at least ``min_weight`` (under a causal mask, never the first query, which has no
+        choice). Returns the rows and the SQL that found them, its
+        parameters written in (:func:`attnviz.scan.database.sql_as_run`)."""
         conditions, parameters = ["t.weight >= ?"], [float(min_weight)]
+        if self.is_causal():  # the first query sees only itself: weight 1 on it, no choice
+            conditions.append("t.query > 0")
         for column, value in (("t.layer", layer), ("t.head", head)):
             if value is not None:
                 conditions.append(f"{column} = ?")
@@ -407,7 +471,32 @@ class ScanReader(DatabaseFile):
                "t.weight FROM query_top_keys t JOIN tokens q ON q.token_id = t.query_id "
                "JOIN tokens k ON k.token_id = t.key_id "
                f"WHERE {' AND '.join(conditions)} ORDER BY t.weight DESC, t.doc, t.query LIMIT {int(limit)}")
-        return self.frame(sql, parameters), sql
+        return self.frame(sql, parameters), database.sql_as_run(sql, parameters)
+
+    def query_contexts(self, found: list[tuple[int, int, int]], before: int = 6, after: int = 3) -> list[str]:
+        """Each found (doc, query, key)'s context as text: ``before`` tokens before the query and ``after`` after
+        it, the query in «», its key in ⟨⟩ (shown apart, after "…", where it lies outside)."""
+        docs = sorted({int(doc) for doc, _, _ in found})
+        if not docs:
+            return []
+        tokens: dict[int, dict[int, str]] = {}
+        marks = ", ".join("?" * len(docs))
+        for doc, position, readable in self.connection.execute(
+                "SELECT q.doc, q.query, t.readable FROM query_top_keys q JOIN tokens t ON t.token_id = q.query_id "
+                f"WHERE q.layer = 0 AND q.head = 0 AND q.doc IN ({marks})", docs).fetchall():
+            tokens.setdefault(doc, {})[position] = readable
+        contexts = []
+        for doc, query, key in found:
+            text = tokens.get(int(doc), {})
+            shown = range(max(0, query - before), query + after + 1)
+            marked = {query: "«{}»", key: "⟨{}⟩"} if key != query else {query: "«{}»"}
+            context = joined_text([text[p] for p in shown if p in text],
+                                  {i: marked[p] for i, p in enumerate(p for p in shown if p in text) if p in marked})
+            if key not in shown and key in text:
+                far = joined_text([text[key]], {0: "⟨{}⟩"}) + f" (position {key})"
+                context = f"{far} … {context}" if key < query else f"{context} … {far}"
+            contexts.append(context)
+        return contexts
 
     def search_heads(self, key_word: str, min_share: float) -> tuple[pd.DataFrame, str]:
         """Heads where key tokens written ``key_word`` take more than ``min_share`` of all the weight (over every
@@ -416,7 +505,8 @@ class ScanReader(DatabaseFile):
                "occurrences FROM key_parts k JOIN tokens t ON t.token_id = k.key_id JOIN head_state s ON "
                "s.layer = k.layer AND s.head = k.head AND s.statistic = 'entropy' WHERE t.word = ? "
                "GROUP BY k.layer, k.head HAVING share > ? ORDER BY share DESC")
-        return self.frame(sql, [word_of(key_word.strip()), float(min_share)]), sql
+        parameters = [word_of(key_word.strip()), float(min_share)]
+        return self.frame(sql, parameters), database.sql_as_run(sql, parameters)
 
     def export_parquet(self, table: str, target: str | Path, rows_per_batch: int = 65_536) -> Path:
         """One table (or view) of :data:`EXPORTABLE` written as a Parquet file, a batch of rows at a time (never
@@ -433,6 +523,11 @@ class ScanReader(DatabaseFile):
             for batch in reader:
                 writer.write_batch(batch)
         return target
+
+
+def rows_with_offsets(n: int, offsets: list[int]) -> int:
+    """How many of a document's ``n`` queries have a key at one of ``offsets`` (key - query) at least."""
+    return sum(1 for i in range(n) if any(0 <= i + o < n for o in offsets))
 
 
 EXPORTABLE = ("documents", "tokens", "head_documents", "query_top_keys", "token_pairs", "key_tokens", "head_stats",

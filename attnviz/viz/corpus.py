@@ -32,7 +32,8 @@ def plotly_text(text: str) -> str:
 def statistic_map(mean: np.ndarray, spread: np.ndarray, *, statistic: str, title: str,
                   highlight: tuple[int, int] | None = None) -> go.Figure:
     """Every head's mean of ``statistic`` over the scan, its spread in the hover (and the cell when it fits)."""
-    notes = [[f"spread ± {style.format_number(s)}" if np.isfinite(s) else "" for s in row] for row in spread]
+    notes = (None if spread is None else
+             [[f"spread ± {style.format_number(s)}" if np.isfinite(s) else "" for s in row] for row in spread])
     return statistic_heatmap(mean, title=plotly_text(title), statistic=statistic, labels=notes, highlight=highlight,
                              value_range=statistic_range(statistic, mean))
 
@@ -67,17 +68,25 @@ def largest_weight_histogram(bins: int, queries: list[int], *, title: str) -> go
     return figure
 
 
-def example_html(tokens: list[str], weights: list[float], query_index: int, key_index: int | None) -> str:
-    """An example's context as HTML: each token shaded by the weight the query gives it (the same blue as every
-    weight in attnviz), the query boxed in orange, the criterion's key underlined. Tokens are escaped."""
+def example_html(tokens: list[str], weights: list[float], positions: list[int], query: int, key: int | None) -> str:
+    """An example's context as HTML: each token (at ``positions`` of its document) shaded by the weight the query
+    gives it (the same blue as every weight in attnviz), the query boxed in orange, the criterion's key underlined;
+    where the positions jump (a far key shown apart from the query's context), a gap saying how many tokens are left
+    out. Tokens are escaped."""
     spans = []
-    for index, (token, weight) in enumerate(zip(tokens, weights, strict=True)):
+    previous = None
+    for position, token, weight in zip(positions, tokens, weights, strict=True):
+        if previous is not None and position > previous + 1:
+            skipped = position - previous - 1
+            spans.append(f'<span style="color: #6b7785; padding: 1px 6px; font-style: italic">… {skipped:,} '
+                         f'token{"s" if skipped != 1 else ""} …</span>')
+        previous = position
         alpha = max(0.0, min(1.0, float(weight)))
         colour = "#ffffff" if alpha > 0.55 else "#1f2d3d"
-        border = "2px solid #ff7f0e" if index == query_index else "1px solid transparent"
-        underline = "text-decoration: underline 2px;" if index == key_index and index != query_index else ""
+        border = "2px solid #ff7f0e" if position == query else "1px solid transparent"
+        underline = "text-decoration: underline 2px;" if position == key and position != query else ""
         spans.append(
-            f'<span title="weight {weight:.3f}" style="background: rgba(33, 102, 172, {alpha:.3f}); color: {colour};'
-            f' border: {border}; border-radius: 3px; padding: 1px 3px; margin: 1px; {underline}'
-            f' white-space: pre; display: inline-block; font-family: monospace">{html.escape(token)}</span>')
+            f'<span title="position {position}, weight {weight:.3f}" style="background: rgba(33, 102, 172, '
+            f'{alpha:.3f}); color: {colour}; border: {border}; border-radius: 3px; padding: 1px 3px; margin: 1px; '
+            f'{underline} white-space: pre; display: inline-block; font-family: monospace">{html.escape(token)}</span>')
     return '<div style="line-height: 2.1; font-size: 0.95rem">' + "".join(spans) + "</div>"
