@@ -89,7 +89,9 @@ def eager_documents(bundle, texts, max_tokens):
     for text in texts:
         encoded = tokenizer(text, truncation=True, max_length=max_tokens, return_tensors="pt",
                             return_special_tokens_mask=True)
-        special = encoded.pop("special_tokens_mask")[0].bool().tolist()  # token_type_ids stay, as capture passes them
+        special = encoded.pop("special_tokens_mask")[0].bool().tolist()
+        if bundle.architecture == "decoder":  # a decoder gets no token types (GPT-2 would embed BERT's zeros)
+            encoded.pop("token_type_ids", None)
         with torch.no_grad():
             attentions = model(**encoded, output_attentions=True).attentions
         weights = torch.stack([a[0] for a in attentions]).double().numpy()

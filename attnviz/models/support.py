@@ -208,6 +208,35 @@ def _only_causal(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
+def reads_token_types(model) -> bool:
+    """Whether ``model`` reads ``token_type_ids`` as segments: its forward takes them and it has a token-type table
+    (``type_vocab_size`` > 0: BERT, ALBERT, ELECTRA...) or is not a decoder (XLNet's segments). A decoder without
+    such a table does not: GPT-2, GPT-J, GPT-Neo and CodeGen accept them but look them up in their word
+    embeddings, so a mismatched tokenizer's token types (a BERT tokenizer's zeros) would add the embedding of
+    token 0 to every position and change every weight."""
+    import inspect
+
+    if "token_type_ids" not in inspect.signature(model.forward).parameters:
+        return False
+    config = model.config
+    size = getattr(config, "type_vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return True
+    return architecture_of(config.model_type, is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
+                           is_decoder=bool(getattr(config, "is_decoder", False))) != "decoder"
+
+
+def model_inputs(model, encoded) -> dict:
+    """What ``model`` reads of a tokenizer's output ``encoded``: the names its forward takes, and ``token_type_ids``
+    only where it reads them as segments (:func:`reads_token_types`)."""
+    import inspect
+
+    accepted = set(inspect.signature(model.forward).parameters)
+    if not reads_token_types(model):
+        accepted.discard("token_type_ids")
+    return {name: value for name, value in encoded.items() if name in accepted}
+
+
 def reads_images(model_type: str) -> bool:
     """Whether attnviz reads this type as a vision transformer (an image encoder, or an image-text checkpoint's
     vision tower)."""

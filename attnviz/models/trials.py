@@ -3,11 +3,10 @@ image, through its processor), and the token ids its generation config forces or
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from attnviz import vision
+from attnviz.models import support
 from attnviz.models.checked_files import shown
 from attnviz.models.safety import CheckpointRefused, first_line
 from attnviz.models.text_tokenizers import TEST_SENTENCE, FallbackTokenizer
@@ -27,8 +26,7 @@ def _test_inputs(bundle) -> dict:
         inputs = dict(bundle.tokenizer(TEST_SENTENCE, return_tensors="pt"))
     if bundle.architecture == "encoder-decoder":
         inputs["decoder_input_ids"] = inputs["input_ids"]
-    accepted = set(inspect.signature(model.forward).parameters)
-    return {name: value.to(device) for name, value in inputs.items() if name in accepted}
+    return {name: value.to(device) for name, value in support.model_inputs(model, inputs).items()}
 
 
 def check_it_runs(bundle) -> None:
