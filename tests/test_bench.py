@@ -29,6 +29,40 @@ def test_pages_benchmark_runs_the_real_pages_and_names_the_slow_parts(tmp_path, 
     assert "Slowest warm rerun:" in printed and "Positional encodings" in printed
 
 
+def test_slowest_parts_counts_only_the_repositorys_own_code_not_a_sibling_folder_with_the_same_prefix():
+    """A virtual environment beside the checkout whose folder name starts with the checkout's (``…/attnviz`` and
+    ``…/attnviz-venv``) is not inside it: a string prefix said it was, then ``relative_to`` raised. Functions are
+    compiled under those file names (the files need not exist: cProfile reads the code's file name)."""
+    import cProfile
+
+    from attnviz.bench.pages import ROOT, own_module, slowest_parts
+
+    sibling = ROOT.parent / f"{ROOT.name}-venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
+    inner = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
+    own = ROOT / "attnviz" / "pagelogic" / "made_up.py"
+    page = ROOT / "pages" / "positional.py"
+
+    def function_in(filename, name):
+        namespace = {}
+        exec(compile(f"def {name}():\n    return sum(range(20000))\n", str(filename), "exec"), namespace)
+        return namespace[name]
+
+    calls = [function_in(sibling, "outside"), function_in(inner, "in_a_venv"), function_in(own, "ours"),
+             function_in(ROOT / "tests" / "made_up.py", "a_test"), function_in(page, "main")]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for call in calls:
+        call()
+    profiler.disable()
+    named = [name for name, _ in slowest_parts(profiler, "pages/positional.py", total_s=1.0, top=50)]
+    assert named == ["attnviz.pagelogic.made_up.ours"]  # not the venvs, a test, or the page's entry point
+    assert own_module(str(sibling)) is None and own_module(str(inner)) is None
+    assert own_module(str(ROOT.parent / f"{ROOT.name}-venv" / "attnviz" / "units.py")) is None
+    assert own_module(str(ROOT / "attnviz" / "units.py")) == "attnviz.units"
+    assert own_module(str(ROOT / "app.py")) == "app" and own_module("~") is None
+    assert own_module("<frozen importlib._bootstrap>") is None
+
+
 def test_scan_benchmark_compares_with_the_forward_and_measures_memory(tmp_path, capsys):
     out = tmp_path / "scan.json"
     assert main(["scan", "--documents", "6", "--max-tokens", "24", "--ray-workers", "--memory-docs", "3", "6",

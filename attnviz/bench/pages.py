@@ -126,18 +126,43 @@ def profiled(action) -> cProfile.Profile:
     return profiler
 
 
+OWN_FOLDERS = ("attnviz", "pages")  # the repository's code; not tests/, nor a virtual environment inside it
+
+
+def own_module(filename: str, root: Path = ROOT) -> str | None:
+    """The dotted module of a profiled ``filename`` when it is the repository's own code (``app.py``, a page or the
+    package under ``root``), else None. Decided by path parts, never by a string prefix: a virtual environment in a
+    sibling folder whose name starts with the checkout's (``…/attnviz-venv`` beside ``…/attnviz``) is not inside it,
+    and neither is one inside it (``.venv``)."""
+    if filename.startswith("<") or filename == "~":  # built-ins and frozen modules have no file
+        return None
+    path = Path(filename)
+    if not path.is_absolute():
+        return None
+    if not path.is_relative_to(root):
+        path = Path(os.path.realpath(path))  # reached through a link
+        if not path.is_relative_to(root):
+            return None
+    relative = path.relative_to(root)
+    if not relative.parts or (relative.parts != ("app.py",) and relative.parts[0] not in OWN_FOLDERS):
+        return None
+    return ".".join(relative.with_suffix("").parts)
+
+
+def page_module(script: str) -> str:
+    """``pages/explore_heads.py`` -> ``pages.explore_heads``."""
+    return ".".join(Path(script).with_suffix("").parts)
+
+
 def slowest_parts(profiler: cProfile.Profile, script: str, total_s: float, top: int = 3) -> list[tuple[str, float]]:
     """The repository's own functions that took longest (cumulative), leaving out the page's entry points, each as
     a share of the profiled run (``total_s``): cProfile slows every call, so shares, not its seconds, carry over."""
     stats = pstats.Stats(profiler)
-    page_file = str(ROOT / script)
     parts = []
     for (filename, _line, function), (_cc, _nc, _tt, cumulative, _callers) in stats.stats.items():
-        if not filename.startswith(str(ROOT)) or "/tests/" in filename:
+        module = own_module(filename)
+        if module is None or module == "app" or (module == page_module(script) and function in ("<module>", "main")):
             continue
-        if filename == str(ROOT / "app.py") or (filename == page_file and function in ("<module>", "main")):
-            continue
-        module = Path(filename).relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
         parts.append((f"{module}.{function}", min(cumulative / total_s, 1.0)))
     parts.sort(key=lambda part: -part[1])
     return parts[:top]
