@@ -5,6 +5,7 @@ own tensors."""
 import contextlib
 import copy
 import html
+import logging
 import statistics
 
 import streamlit as st
@@ -355,10 +356,25 @@ def sequence_figure(folder: str, name: str, ids: tuple[int, ...], prompt_length:
     return figure, gen_sequence.sequence_statement(view)
 
 
+class ViewFailed(Exception):
+    """The model generated, and a view drawn from its generation could not be (the page says which, not "could not
+    generate" below figures it has drawn)."""
+
+
 def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> None:
     with working("Generating with the KV cache, then again without it…"):
         cached = run(folder, name, request)
         uncached = run(folder, name, request, use_cache=False)
+    try:
+        generation_views(folder, name, request, tokenizer, cached, uncached)
+    except ValueError:
+        raise  # a refusal in words: the page's warning
+    except Exception as problem:  # noqa: BLE001 - said as what it is: a view, not the generation, failed
+        raise ViewFailed(problem_text(problem)) from problem
+
+
+def generation_views(folder: str, name: str, request: dict, tokenizer, cached: gen.Generation,
+                     uncached: gen.Generation) -> None:
     key = generation_key(folder, name, request)
     step, layer, head = head_controls(folder, name, cached)
     if not cached.encoder_decoder and not presenting():  # on a projector, below the first two charts
@@ -382,10 +398,15 @@ def generation_tab(folder: str, name: str, request: dict, model, tokenizer) -> N
     show_figure(shown(figure), caption, key="gen_timeline")
     figure, caption = sink_figure(key, layer, cached)
     show_figure(shown(figure), caption, key="gen_sink")
+    float64, problem = None, None
     with working("Checking the cache again in float64…"):
-        float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
-                                       sampling_key(sampling_of(request)), request["keep"])
-    cache_section(cached, uncached, step, float64)
+        try:
+            float64 = cached_float64_check(folder, name, request["prompt"], request["new_tokens"],
+                                           sampling_key(sampling_of(request)), request["keep"])
+        except Exception as failure:  # noqa: BLE001 - an op without a float64 kernel: the check is left out, said so
+            problem = problem_text(failure)
+            logging.getLogger("attnviz").warning("The float64 check failed for %s", name, exc_info=failure)
+    cache_section(cached, uncached, step, float64, problem)
 
 
 def sequence_section(folder: str, name: str, cached: gen.Generation, layer: int, head: int, tokenizer) -> None:
@@ -427,7 +448,7 @@ def cross_section(folder: str, name: str, cached: gen.Generation, step: int, lay
 
 
 def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
-                  float64: tuple[bool, float] | None) -> None:
+                  float64: tuple[bool, float] | None, float64_problem: str | None = None) -> None:
     st.subheader("The KV cache, as the model holds it")
     chosen = cached.steps[step]
     st.dataframe(reading.cache_table(chosen), hide_index=True)
@@ -452,7 +473,9 @@ def cache_section(cached: gen.Generation, uncached: gen.Generation, step: int,
                            "against the whole sequence). Below the figures: the same check on a float64 copy.")
     columns[3].metric("Time per token", f"{with_cache * 1e3:.1f} / {without * 1e3:.1f} ms",
                       help="With the cache / without it: the median over the steps after the first.")
-    if float64 is None:
+    if float64_problem is not None:  # the generation above ran; only its float64 copy could not
+        again = f"Not checked again in float64: the float64 copy of the model could not run ({float64_problem})."
+    elif float64 is None:
         again = (f"Not checked again in float64: the model has more than {gen.FLOAT64_CHECK_PARAMETERS / 1e6:.0f}M "
                  "parameters, or weights offloaded to disk.")
     elif float64[0]:
@@ -615,6 +638,9 @@ def main() -> None:
     except ValueError as problem:
         text = str(problem)
         st.warning(text[:1].upper() + text[1:], icon=":material/warning:")
+    except ViewFailed as problem:
+        st.error(f"{name} generated, but a view of its generation could not be drawn: {problem}.",
+                 icon=":material/error:")
     except Exception as problem:  # noqa: BLE001 - whatever a checkpoint's code raises, said in words
         st.error(f"{name} could not generate from this prompt: {problem_text(problem)}.", icon=":material/error:")
 

@@ -52,3 +52,11 @@ def figure_containing(at: AppTest, text: str) -> dict:
             return spec
     titles = [spec["layout"].get("title", {}).get("text") for spec in figures(at)]
     raise AssertionError(f"no figure title contains {text!r}; titles: {titles}")
+
+
+def assert_no_failure(at: AppTest, allowed: tuple[str, ...] = ()) -> None:
+    """Neither an exception nor an ``st.error``: a page that catches what went wrong says so with ``st.error``, which
+    ``at.exception`` does not see. ``allowed``: texts of errors the page shows on purpose (a callout, not a failure)."""
+    assert not at.exception, [e.value for e in at.exception]
+    problems = [e.value for e in at.error if not any(text in e.value for text in allowed)]
+    assert not problems, problems

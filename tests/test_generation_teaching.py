@@ -19,7 +19,7 @@ from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_sequence as gen_sequence
 from attnviz.tokens_display import NEWLINE_MARK, SPACE_MARK, markdown_literal
-from tests.apptest_helpers import figure_titled, open_page, plotly_array
+from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array
 
 PAGE = "pages/generation.py"
 FOX = "The quick brown fox jumps over the lazy dog."
@@ -157,7 +157,7 @@ def test_the_whole_sequence_figure_is_a_cache_free_forward_pass_of_the_chosen_he
     at = open_page(PAGE, timeout=300, gen_request=dict(settings))
     at.number_input(key="gen_layer").set_value(0).run()
     at.number_input(key="gen_head").set_value(1).run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     generation = page_generation(tiny, settings)
     model, _ = tiny
     with torch.no_grad():  # independent of the page: transformers' own eager weights, no cache
@@ -189,7 +189,7 @@ def test_repeat_my_prompt_doubles_the_prompt_and_outlines_the_induction_cells(ti
     at = open_page(PAGE, timeout=300)
     at.text_area(key="gen_prompt").set_value(FOX)
     generate_button(at, "Repeat my prompt").click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     doubled = f"{FOX} {FOX}"
     assert at.session_state["gen_request"]["prompt"] == doubled
     assert at.text_area(key="gen_prompt").value == doubled
@@ -285,7 +285,7 @@ def test_a_long_prompt_is_cut_with_a_notice_and_the_latest_tokens_can_be_kept(ti
     at = open_page(PAGE, timeout=300)
     at.text_area(key="gen_prompt").set_value(text)
     generate_button(at).click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     assert at.session_state["gen_request"]["prompt"] == text  # nothing lost in the box, newlines included
     total, positions = len(tokenizer(text)["input_ids"]), gen.context_length(model.config)
     room = positions - 12
@@ -296,7 +296,7 @@ def test_a_long_prompt_is_cut_with_a_notice_and_the_latest_tokens_can_be_kept(ti
     offer = at.button(key="gen_keep")
     assert offer.label == f"Keep only the latest {room:,} tokens"
     offer.click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     assert at.session_state["gen_request"]["keep"] == "latest"
     note = next(i.value for i in at.info if "The prompt has" in i.value)
     assert f"reads the latest {room:,}" in note and f"the first {total - room:,} are left out" in note
@@ -331,7 +331,7 @@ def test_top_k_one_greys_out_what_it_makes_irrelevant(tiny, _clean):
     at.radio(key="gen_strategy").set_value("sample").run()
     at.number_input(key="gen_top_k").set_value(1)
     generate_button(at).click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     assert at.session_state["gen_request"]["top_k"] == 1
     idle = [at.slider(key="gen_temperature"), at.slider(key="gen_top_p"), at.number_input(key="gen_seed")]
     assert all(c.disabled for c in idle) and all("Top-k 1 keeps only the most likely token" in c.help for c in idle)
@@ -353,7 +353,7 @@ def test_a_refused_run_leaves_no_progress_box(monkeypatch, _clean):
 
     monkeypatch.setattr(gen, "generate", refuse)
     at = open_page(PAGE, timeout=300)
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     assert any("refused for the test" in w.value for w in at.warning)
     assert not [i.value for i in at.info if "Generating" in i.value or "Checking" in i.value]
     monkeypatch.undo()
@@ -370,7 +370,7 @@ def test_open_in_explore_heads_carries_the_text_the_model_the_layer_and_the_head
     button = at.button(key="gen_explore")
     assert button.label == "Open layer 0, head 1 in Explore heads"
     button.click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     assert [t.value for t in at.title] == ["Explore heads"]
     _, tokenizer = tiny
     text = tokenizer.decode(page_generation(tiny, settings).ids, skip_special_tokens=True)
@@ -413,7 +413,7 @@ def test_a_sequence_longer_than_the_pool_limit_is_pooled_on_the_page_and_stays_s
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-gpt2-600": str(folder)}
     prompt = " ".join(["the cat sat on the mat"] * 66)  # 396 words, [CLS] and [SEP]: 398 tokens
     at = open_page(PAGE, timeout=300, models=models, model="tiny-gpt2-600", gen_request=request(prompt))
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     spec = figure_titled(at, "Layer")
     n = 398 + 12
     assert f"{n:,} x {n:,} max-pooled to 256 x 256" in spec["layout"]["title"]["text"]

@@ -11,7 +11,7 @@ from attnviz.pagelogic import generation as gen
 from attnviz.pagelogic import generation_heads as gen_heads
 from attnviz.pagelogic import generation_reading as reading
 from attnviz.pagelogic import generation_systems as gen_systems
-from tests.apptest_helpers import figure_titled, open_page, plotly_array
+from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array
 
 WINDOW = 4
 PROMPT = "the cat sat on the mat and then it slept"  # 12 tokens with [CLS] and [SEP]: three windows long
@@ -176,7 +176,7 @@ def test_the_page_generates_past_gpt_oss_window_and_states_the_row_sum(windowed,
     at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-gpt-oss",
                    gen_request=dict(prompt=PROMPT, new_tokens=NEW, strategy="greedy", temperature=1.0, top_k=0,
                                     top_p=1.0, seed=0))
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     layer = int(at.number_input(key="gen_layer").value)
     head = int(at.number_input(key="gen_head").value)
     bars = figure_titled(at, f"Step {NEW}: attention of layer {layer}, head {head}")
@@ -191,7 +191,7 @@ def test_the_page_generates_past_gpt_oss_window_and_states_the_row_sum(windowed,
 def test_the_page_names_no_circuit_below_the_threshold(windowed, _clean):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-gpt2": str(windowed["gpt2"])}
     at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-gpt2")
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     found = [m.value for m in at.markdown if m.value.startswith(("**previous-token head**", "**induction head**"))]
     assert len(found) == 2 and not any(": layer" in value.split("none found")[0] for value in found)
 
@@ -203,7 +203,7 @@ def test_the_paged_tab_says_when_every_layer_dropped_tokens(windowed, _clean):
     at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-mistral", gen_tab="PagedAttention",
                    gen_request=dict(prompt=PROMPT, new_tokens=NEW, strategy="greedy", temperature=1.0, top_k=0,
                                     top_p=1.0, seed=0))
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at)
     note = next(i.value for i in at.info if "layer 0's cache holds" in i.value)
     assert f"of the {len(PROMPT.split()) + 2 + NEW - 1} tokens written" in note  # [CLS], [SEP]; the last not cached
     assert not [f for f in at.get("plotly_chart")]  # no block table drawn from tokens the cache no longer has

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.apptest_helpers import figures, open_page
+from tests.apptest_helpers import assert_no_failure, figures, open_page
 
 PAGES = [
     "pages/explore_heads.py",
@@ -13,6 +13,7 @@ PAGES = [
     "pages/heads_kv_cache.py",
     "pages/queries_keys.py",
 ]
+MEANT_ERRORS = ("several spellings",)  # the Masks page's callout of a bug (an st.error on purpose, not a failure)
 SENTENCES = {
     "empty": "   ",
     "long": " ".join(["the quick brown fox jumps over the lazy dog."] * 70),  # ~700 tokens: truncated to 512
@@ -30,7 +31,7 @@ def _clean(clean_streamlit_caches):
 @pytest.mark.parametrize("kind", list(SENTENCES))
 def test_page_survives(page, kind):
     at = open_page(page, timeout=240, sentence=SENTENCES[kind])
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at, allowed=MEANT_ERRORS)  # a page that catches a failure says so with st.error
     if kind == "empty" and page not in ("pages/heads_kv_cache.py", "pages/positional.py"):
         # (the first tabs of those two pages do not use the sentence)
         assert any("empty" in w.value.lower() for w in at.warning), page
@@ -56,15 +57,13 @@ ARCHITECTURES = ("gpt2", "llama", "bart", "t5", "bloom", "deberta-v2", "mpt")
 def test_every_page_works_with_every_architecture(tiny_checkpoints, kind, page):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", kind: tiny_checkpoints[kind]}
     at = open_page(page, timeout=240, models=models, model=kind)
-    assert not at.exception, [e.value for e in at.exception]
-    problems = [e.value for e in at.error if "several spellings" not in e.value]  # (the Masks page's bug callout)
-    assert not problems, problems
+    assert_no_failure(at, allowed=MEANT_ERRORS)
 
 
 def _open(tiny_checkpoints, kind: str, page: str, **state):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", kind: tiny_checkpoints[kind]}
     at = open_page(page, timeout=240, models=models, model=kind, **state)
-    assert not at.exception, [e.value for e in at.exception]
+    assert_no_failure(at, allowed=MEANT_ERRORS)
     return at
 
 

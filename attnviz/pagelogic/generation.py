@@ -443,6 +443,21 @@ def largest_logit(generation: Generation) -> float:
                 if torch.isfinite(logits).any()), default=0.0)
 
 
+def float64_copy(model):
+    """A float64 copy of ``model`` that runs: a mixture of experts whose experts run as one grouped matrix product
+    (``torch._grouped_mm``, transformers' default for gpt-oss, Mixtral, Qwen-MoE...) has no float64 kernel
+    ("Expected mat_a to be Float32, BFloat16 or Float16"), so the copy's experts run one by one ("eager"), the
+    same sums in float64. ``model`` itself is left as it was."""
+    import copy
+
+    double = copy.deepcopy(model).double()
+    setter = getattr(double, "set_experts_implementation", None)
+    can_set = getattr(double, "_can_set_experts_implementation", None)
+    if setter is not None and can_set is not None and can_set():
+        setter("eager")
+    return double
+
+
 FLOAT64_CHECK_PARAMETERS = 10_000_000  # models up to this size are also checked in float64 (a copy, seconds)
 
 
@@ -452,12 +467,10 @@ def float64_cache_agreement(model, tokenizer, prompt: str, new_tokens: int, samp
     cache: in float64 the two orders of summation agree far below 1e-5, so what is left of the model's own dtype's
     difference is rounding. None for a model above :data:`FLOAT64_CHECK_PARAMETERS` (or one whose weights are not
     all on hand, e.g. offloaded to disk)."""
-    import copy
-
     parameters = list(model.parameters())
     if sum(p.numel() for p in parameters) > FLOAT64_CHECK_PARAMETERS or any(
             p.device.type == "meta" for p in parameters):
         return None
-    double = copy.deepcopy(model).double()
+    double = float64_copy(model)
     return cache_agreement(generate(double, tokenizer, prompt, new_tokens, sampling, keep=keep),
                            generate(double, tokenizer, prompt, new_tokens, sampling, use_cache=False, keep=keep))
