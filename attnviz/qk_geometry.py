@@ -258,19 +258,34 @@ def principal_components(points: np.ndarray, dims: int) -> np.ndarray:
     return projected
 
 
+def _allowed_counts(document: Document) -> torch.Tensor:
+    """``[n_q_doc]``: how many keys each query of ``document`` may attend to."""
+    return document.allowed.sum(-1)
+
+
 def trust(points: HeadPoints, coordinates: torch.Tensor, ks: tuple[int, ...] = TRUST_KS) -> dict[int, float]:
-    """For each query, whether the key it attends to most is among its ``k`` nearest keys in the picture (of the
-    keys it may attend to in its document): the share of queries where it is, for each ``k``."""
+    """For each ``k``, the share of queries whose strongest key is among their ``k`` nearest keys in the picture (of
+    the keys they may attend to in their document), over the queries that may attend to more than ``k`` keys: a
+    query with ``k`` or fewer has all of them among its ``k`` nearest whatever the picture (a causal decoder's first
+    ``k`` queries), so counting it would say nothing of the projection. NaN for a ``k`` no query has more keys than
+    (:func:`trust_counted` says how many were counted)."""
     n_q = len(points.queries)
     found = {k: 0 for k in ks}
-    counted = 0
+    counted = {k: 0 for k in ks}
     for document in points.documents:
         q = coordinates[document.queries.start:document.queries.stop]  # [n_q_doc, dims]
         k = coordinates[n_q + document.keys.start:n_q + document.keys.stop]  # [n_k_doc, dims]
         distance = torch.cdist(q, k).masked_fill(~document.allowed, float("inf"))  # [n_q_doc, n_k_doc]
         rank = (distance < distance.gather(1, document.top[:, None])).sum(-1)  # keys nearer than the top key
-        has_key = document.allowed.any(-1)
-        counted += int(has_key.sum())
+        allowed = _allowed_counts(document)
         for size in ks:
-            found[size] += int(((rank < size) & has_key).sum())
-    return {size: found[size] / counted if counted else float("nan") for size in ks}
+            more = allowed > size
+            counted[size] += int(more.sum())
+            found[size] += int(((rank < size) & more).sum())
+    return {size: found[size] / counted[size] if counted[size] else float("nan") for size in ks}
+
+
+def trust_counted(points: HeadPoints, ks: tuple[int, ...] = TRUST_KS) -> dict[int, int]:
+    """For each ``k``, how many queries :func:`trust` counts: those that may attend to more than ``k`` keys."""
+    return {size: sum(int((_allowed_counts(document) > size).sum()) for document in points.documents)
+            for size in ks}

@@ -1,6 +1,7 @@
 """Queries and keys in one picture: a head's query and key vectors as points of one space, where a query lies near
 the keys it attends to (AttentionViz, Yeh et al. 2023), on any checkpoint attnviz reads."""
 
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
@@ -33,10 +34,10 @@ MAX_TOKENS = 512  # a sentence or a paragraph: one capture's queries and keys
 start_page("Queries and keys")
 switch_if_asked()
 page_intro(
-    "Attention compares each query with every key. Here a head's queries (red) and keys (blue) are points of one "
-    "picture, moved so that distance means attention: every key shifted by one vector until their centroid meets "
-    "the queries' (a query's softmax does not see a shift common to all its keys), and queries and keys scaled to "
-    "the same mean length (dot products unchanged). A query then lies near the keys it attends to, as far as a "
+    "Attention compares each query with every key. Here a head's queries (circles) and keys (diamonds) are points "
+    "of one picture, moved so that distance means attention: every key shifted by one vector until their centroid "
+    "meets the queries' (a query's softmax does not see a shift common to all its keys), and queries and keys scaled "
+    "to the same mean length (dot products unchanged). A query then lies near the keys it attends to, as far as a "
     "2D or 3D projection can show it; the share beside each picture says how far."
 )
 
@@ -44,35 +45,24 @@ page_intro(
 SOURCES = ("The sidebar's sentence", "Documents of the bundled corpus", "A scan's sample")
 
 
-def trust_metrics(trusted: dict[int, float]) -> None:
+def trust_metrics(trusted: dict[int, float], counted: dict[int, int], n_queries: int) -> None:
     columns = st.columns(len(trusted))
     for column, (k, share) in zip(columns, trusted.items(), strict=True):
+        keys = f"more than {k} keys" if k > 1 else "more than one key"
         column.metric(f"strongest key among the {k} nearest" if k > 1 else "strongest key is the nearest",
-                      f"{share:.0%}", help="Of the queries: whether the key each attends to most is among its k "
-                                           "nearest keys (that it may attend to) in this picture. High: the picture "
-                                           "shows where the head looks; low: the projection lost it.")
+                      "–" if share != share else f"{share:.0%}",  # NaN: no query had more keys than k
+                      help=f"Of the {counted[k]:,} queries that may attend to {keys}: whether the key each "
+                           f"attends to most is among its {k} nearest keys (that it may attend to) in this picture. "
+                           "High: the picture shows where the head looks; low: the projection lost it.")
+    st.caption(qkmap.trust_statement(counted, n_queries))
 
 
-def selected_query(key: str) -> int | None:
-    chosen = st.session_state.get(key)
-    points = (chosen.get("selection", {}).get("points", []) if isinstance(chosen, dict)
-              else chosen.selection.points if chosen is not None else [])
-    for point in points:
-        data = point.get("customdata")
-        if data and len(data) == 3 and int(data[0]) % 3 == 0:  # a query: 3 x its index (viz.qkmap.head_scatter)
-            return int(data[0]) // 3
-    return None
-
-
-def choose_from_grid() -> None:
-    chosen = st.session_state.get("qk_grid")
-    points = (chosen.get("selection", {}).get("points", []) if isinstance(chosen, dict)
-              else chosen.selection.points if chosen is not None else [])
-    for point in points:
-        data = point.get("customdata")
-        if data and len(data) == 2:
-            st.session_state["qk_layer"], st.session_state["qk_head"] = int(data[0]), int(data[1])
-            st.session_state.pop("qk_picture", None)
+def choose_from_grid(n_layers: int, n_heads: int) -> None:
+    """The grid's click (run before the page): the clicked head becomes the one drawn above, with no query chosen."""
+    clicked = qkmap.clicked_head(st.session_state.get("qk_grid"), n_layers, n_heads)
+    if clicked is not None:
+        st.session_state["qk_layer"], st.session_state["qk_head"] = clicked
+        st.session_state.pop("qk_picture", None)
 
 
 source = st.segmented_control("Points from", SOURCES, default=SOURCES[0], key="qk_source", required=True,
@@ -167,15 +157,14 @@ if scan is not None:
     st.caption(f":material/database: {len(points.documents)} documents drawn evenly across the {scan['corpus']} "
                f"corpus and kept by the scan (float16 vectors; each query's strongest keys are the model's own). "
                "Projections are kept in the scan's database once made.")
-query = selected_query("qk_picture")
+query = qkmap.clicked_query(st.session_state.get("qk_picture"), len(points.queries))
 shown_sets = f"{len(points.queries)} queries, {len(points.keys)} keys and values" if values else \
     f"{len(points.queries)} queries and {len(points.keys)} keys"
 title = f"{kind} layer {layer}, head {head}: {shown_sets} ({method})"
 show_figure(figures.head_scatter(points, coordinates, title=title, colour=colour, selected_query=query,
                                  found=found),
-            "Click a query (red) to draw lines to the three keys it attends to most (thicker: more weight). Hover a "
-            "point for its token in context.", key="qk_picture", on_select="rerun")
-if query is not None and query < len(points.queries):
+            figures.head_caption(colour, dims), key="qk_picture", on_select="rerun")
+if query is not None:  # clicked_query keeps to this picture's queries
     index, document = points.document_of_query(query)
     local = query - document.queries.start
     said = ", ".join(f"“{points.key_tokens[document.keys.start + int(k)]}” ({float(w):.2f})"
@@ -191,12 +180,14 @@ if query is not None and query < len(points.queries):
         if text:
             st.button(f"Open document {doc} in Explore heads on this head", key="qk_open", icon=":material/search:",
                       on_click=ask_to_open, args=(text, name, layer, head))
-trust_metrics(trusted)  # how far to trust the picture: under it, so the picture is on the first screen
+# how far to trust the picture: under it, so the picture is on the first screen
+trust_metrics(trusted, qkmap.trust_counted(points), len(points.queries))
 
 whole = st.toggle("Every layer", key="qk_whole_model",
                   help="Small pictures of every head of the model, not only of this layer (PCA: each at once)")
 shown_layers = tuple(range(n_layers)) if whole else (layer,)
 kept = scan_grid(scan["path"], scan["key"]) if scan is not None else None
 show_figure(grid_figure(points_key, kind, shown_layers, n_heads, whole, _captures=captures, _kept=kept),
-            "Each head's picture, titled with the share of its queries whose strongest key is their nearest. Click "
-            "a head to open it above.", key="qk_grid", on_select=choose_from_grid)
+            "Each head's picture, titled with the share of its queries (of those that may attend to more than one "
+            "key) whose strongest key is their nearest. Click a head to open it above.", key="qk_grid",
+            on_select=partial(choose_from_grid, n_layers, n_heads))

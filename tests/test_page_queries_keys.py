@@ -151,3 +151,38 @@ def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_ke
     button.click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["sentence"] == bundled_corpus().documents[doc].text and at.session_state["layer"] == 2
+
+
+def test_a_decoders_trust_leaves_out_its_first_queries_and_says_so_and_a_click_follows_a_query(tmp_path):
+    """A causal decoder's query i may attend to i + 1 keys: at k, its first k queries cannot miss, so the page
+    counts the others and says how many. A click arrives as the browser sends a typed array's row (an object)."""
+    from attnviz.models.loading import load_model_dir
+    from tests.tiny_models import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint("gpt2", tmp_path / "tiny-gpt2")
+    at = open_page(PAGE, timeout=240, sentence=SENTENCE, models={"tiny-gpt2": str(folder)}, model="tiny-gpt2")
+    assert not at.exception, [e.value for e in at.exception]
+    record = capture(load_model_dir(folder), SENTENCE).records["self"]
+    n = record.n_q
+    assert record.is_causal() and n > 10
+    points = qkmap.head_points([record], 0, 0)
+    expected = qkmap.trust(points, qkmap.project(points, "PCA"))
+    metrics = {m.label: m for m in at.metric}
+    for k, label in ((1, "strongest key is the nearest"), (10, "strongest key among the 10 nearest")):
+        assert metrics[label].value == f"{expected[k]:.0%}"
+    assert metrics["strongest key among the 10 nearest"].proto.help.startswith(
+        f"Of the {n - 10:,} queries that may attend to more than 10 keys")
+    said = " ".join(c.value for c in at.caption)
+    assert f"Each share counts only the queries that may attend to more than k keys, of {n}: {n - 1} at k = 1, " \
+           f"{n - 5} at k = 5, {n - 10} at k = 10." in said
+    assert "Click a query (a red circle)" in said
+    at.session_state["qk_picture"] = {"selection": {"points": [{"customdata": {"0": 3 * 4, "1": 4, "2": 0}}]}}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    strongest = points.key_tokens[int(points.documents[0].strongest_keys[4, 0])]
+    assert any(c.value.startswith(f"Query 4, “{points.query_tokens[4]}”, attends most to “{strongest}”")
+               for c in at.caption)
+    assert any(trace["name"] == "strongest 3 keys" for trace in figures(at)[0]["data"])
+    at.segmented_control(key="qk_colour").set_value("position").run()  # nothing red now: the caption says so
+    said = " ".join(c.value for c in at.caption)
+    assert "red" not in said and "Click a query (a circle; keys are diamonds)" in said

@@ -167,3 +167,88 @@ def test_token_categories():
     gpt = ["The", "␣cat", "s", "␣sat", ".", "␣2", "␣un", "like", "ly"]
     assert token_categories(gpt, [False] * 9) == ["word", "word", "word piece", "word", "punctuation", "number",
                                                   "word", "word piece", "word piece"]
+
+
+def _trust_by_brute_force(points: qkmap.HeadPoints, coordinates: torch.Tensor, k: int) -> tuple[float, int]:
+    """The trust share at ``k`` query by query: sort each query's allowed keys by distance in the picture and look
+    for its strongest key among the first ``k``, over the queries with more than ``k`` allowed keys; and how many
+    those are."""
+    n_q, hits, counted = len(points.queries), 0, 0
+    for document in points.documents:
+        for local, query in enumerate(document.queries):
+            allowed = document.allowed[local].nonzero().flatten().tolist()
+            if len(allowed) <= k:
+                continue
+            counted += 1
+            where = coordinates[query].numpy()
+            distance = [np.linalg.norm(coordinates[n_q + document.keys.start + key].numpy() - where) for key in allowed]
+            nearest = [allowed[i] for i in np.argsort(distance, kind="stable")[:k]]
+            hits += int(document.top[local]) in nearest
+    return (hits / counted if counted else math.nan), counted
+
+
+def test_trust_leaves_out_a_causal_decoders_queries_that_cannot_miss(bundles):
+    """A decoder's query i may attend to i + 1 keys: at k, queries 0..k-1 have their strongest key among their k
+    nearest whatever the picture. In a picture that puts every query's strongest key (itself) farthest, no other
+    query finds it: the share is 0 at every k, where counting the first k queries made it k / n."""
+    record = capture(bundles["gpt2"], TEXT).records["self"]
+    n = record.n_q
+    assert record.is_causal() and n > 10
+    points = qkmap.head_points([record], 0, 0)
+    counted = qkmap.trust_counted(points)
+    assert counted == {1: n - 1, 5: n - 5, 10: n - 10}
+    # keys 0..n-1 in a row at x = 0..n-1, every query far to the left: its nearest keys are the first ones
+    keys = torch.stack([torch.arange(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)], 1)
+    queries = torch.tensor([[-100.0, 0.0]], dtype=torch.float64).repeat(n, 1)
+    farthest = qkmap.HeadPoints(points.queries, points.keys, points.query_tokens, points.key_tokens,
+                                points.query_positions, points.key_positions,
+                                [qkmap.Document(range(n), range(n), points.documents[0].allowed,
+                                                torch.arange(n)[:, None], torch.ones(n, 1))])
+    assert qkmap.trust(farthest, torch.cat([queries, keys])) == {1: 0.0, 5: 0.0, 10: 0.0}
+    # the model's own strongest keys on a picture that says nothing (random places): the share of the counted
+    # queries, as brute force finds it
+    coordinates = torch.randn(2 * n, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    shares = qkmap.trust(points, coordinates)
+    for k in qkmap.TRUST_KS:
+        share, number = _trust_by_brute_force(points, coordinates, k)
+        assert number == counted[k] and shares[k] == pytest.approx(share, abs=1e-12), k
+
+
+def test_trust_of_a_k_that_no_query_exceeds_is_nan_and_said_so(bundles):
+    record = capture(bundles["gpt2"], "Hi there").records["self"]  # a few tokens: no query has more than 5 keys
+    n = record.n_q
+    assert 2 <= n <= 5
+    points = qkmap.head_points([record], 0, 0)
+    shares = qkmap.trust(points, qkmap.project(points, "PCA"))
+    assert 0 <= shares[1] <= 1 and math.isnan(shares[5]) and math.isnan(shares[10])
+    assert qkmap.trust_counted(points) == {1: n - 1, 5: 0, 10: 0}
+    said = qkmap.trust_statement(qkmap.trust_counted(points), n)
+    assert f"of {n}: {n - 1} at k = 1, none at k = 5 (no share), none at k = 10 (no share)" in said
+    assert "left out" in said
+
+
+def test_an_encoders_queries_all_count_and_the_page_says_so(bundles):
+    record = capture(bundles["bert"], TEXT).records["self"]
+    points = qkmap.head_points([record], 0, 0)
+    assert qkmap.trust_counted(points) == {k: record.n_q for k in qkmap.TRUST_KS}  # each sees every key
+    assert qkmap.trust_statement(qkmap.trust_counted(points), record.n_q) == \
+        f"Each share is of all {record.n_q} queries: every one may attend to more than 10 keys."
+
+
+def test_the_heads_caption_says_what_the_picture_shows():
+    from attnviz.viz import qkmap as figures
+
+    assert "(a red circle)" in figures.head_caption("query or key", 2)
+    for colour in figures.COLOURINGS[1:]:  # coloured by position, category or document: nothing is red
+        caption = figures.head_caption(colour, 2)
+        assert "red" not in caption and "Click a query (a circle; keys are diamonds)" in caption
+    for colour in figures.COLOURINGS:  # a 3D picture passes on no click: it does not ask for one
+        caption = figures.head_caption(colour, 3)
+        assert not caption.startswith("Click") and "in 2D only" in caption
+        assert ("red" in caption) == (colour == "query or key")
+    # the figure draws what the captions say: queries round, keys diamonds, in 2D and 3D
+    points = _previous_token_points(n=6)
+    for dims in (2, 3):
+        figure = figures.head_scatter(points, qkmap.project(points, "PCA", dims=dims), title="t", colour="position")
+        assert [trace.marker.symbol for trace in figure.data[:2]] == ["circle", "diamond"]
+        assert not isinstance(figure.data[0].marker.color, str)  # a colour per position, not red

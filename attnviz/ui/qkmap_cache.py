@@ -118,8 +118,9 @@ def scan_projection(path: str, scan: str, layer: int, head: int, method: str, di
         kept = qk_sample.stored_projection(reader.connection, layer, head, method, dims, seed, values)
     if kept is None and _kept is not None:
         kept = qk_sample.kept_projection(_kept, layer, head, method, dims, seed, values)
-    if kept is not None:
-        return kept
+    if kept is not None:  # trust measured again (milliseconds, once per projection): a scan made before trust left
+        # out the queries with k keys or fewer kept shares that counted them
+        return kept[0], qkmap.trust(_points, kept[0])
     started = time.perf_counter()
     coordinates = qkmap.project(_points, method, dims, seed=seed, with_values=values)
     trusted = qkmap.trust(_points, coordinates)

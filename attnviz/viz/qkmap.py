@@ -86,16 +86,31 @@ def _colours(points: HeadPoints, kind: str, colour: str, positions, documents, p
 
 
 SYMBOLS = {"query": "circle", "key": "diamond", "value": "triangle-up"}
+SYMBOLS_3D = {"query": "circle", "key": "diamond", "value": "square"}  # Scatter3d draws no triangles
+
+
+def head_caption(colour: str, dims: int) -> str:
+    """The caption of :func:`head_scatter` coloured by ``colour`` in ``dims`` dimensions, saying what the figure
+    shows: queries are red only where points are coloured by kind (round always, keys diamonds); a click chooses a
+    query only in 2D, since Streamlit passes on Plotly's selections, which a 3D picture never makes (it only
+    clicks, and Streamlit drops those: checked in Chromium with Streamlit 1.67)."""
+    look = "a red circle" if colour == COLOURINGS[0] else "a circle; keys are diamonds"
+    if dims == 2:
+        return (f"Click a query ({look}) to draw lines to the three keys it attends to most (thicker: more weight). "
+                "Hover a point for its token in context.")
+    return (f"Queries are circles{', red,' if colour == COLOURINGS[0] else ''} and keys diamonds; hover a point for "
+            "its token in context. A click follows a query in 2D only: switch to 2D to draw its lines to the keys it "
+            "attends to most.")
 
 
 def head_scatter(points: HeadPoints, coordinates, *, title: str, colour: str = "query or key",
                  selected_query: int | None = None, strongest: int = 3, height: int = 560,
                  found: str = "") -> go.Figure:
     """Queries then keys (then values, where ``coordinates`` has rows for them: ``[n_q + n_k (+ n_k), 2 or
-    3]``) as points: queries round, keys diamonds, values triangles; coloured by kind, by position, by token
-    category or by document. With ``selected_query``: lines from it to the ``strongest`` keys it attends to, their
-    weights on the lines' hover. ``found``: the queries and keys whose token contains it (ignoring case and the
-    tokenizer's space marks) are ringed. Coordinates are drawn :func:`quantised`; past MAX_DRAWN points each set
+    3]``) as points: queries round, keys diamonds, values triangles (squares in 3D); coloured by kind, by position,
+    by token category or by document. With ``selected_query``: lines from it to the ``strongest`` keys it attends
+    to, their weights on the lines' hover. ``found``: the queries and keys whose token contains it (ignoring case
+    and the tokenizer's space marks) are ringed. Coordinates are drawn :func:`quantised`; past MAX_DRAWN points each set
     is thinned evenly. Each point's customdata: (3 x its index + 0 for a query, 1 a key, 2 a value; its position;
     its document)."""
     coordinates = quantised(coordinates)
@@ -116,7 +131,7 @@ def head_scatter(points: HeadPoints, coordinates, *, title: str, colour: str = "
         colours = _colours(points, kind, colour, positions, documents, plain, shown)
         if kind == "value" and colour == "query or key":
             colours = dict(color=VALUE_COLOR)
-        marker = dict(symbol=SYMBOLS[kind] if dims == 2 else ("diamond" if kind == "key" else "circle"),
+        marker = dict(symbol=SYMBOLS[kind] if dims == 2 else SYMBOLS_3D[kind],
                       size=7 if dims == 2 else 3, opacity=0.8 if kind != "value" else 0.6, line=dict(width=0),
                       **colours)
         texts, template = _hover(points, kind, context)
@@ -206,17 +221,17 @@ GRID_POINTS = 1_500  # queries (and as many keys) drawn per small picture: enoug
 
 def layer_grid(pictures: list[tuple], trusts: list[float], *, title: str, columns: int = 6,
                labels: list[str] | None = None, cells: list[tuple[int, int]] | None = None) -> go.Figure:
-    """Small 2D pictures of heads (``pictures``: each its number of queries and its coordinates, queries first; queries
-    red, keys blue), each titled with its label (default ``head h``) and the
-    share of its queries whose strongest key is their nearest; each point's customdata is its (layer, head) in
-    ``cells`` (default (0, h)), for a click to choose it. At most GRID_POINTS queries and keys each are drawn per
-    picture, evenly spaced."""
+    """Small 2D pictures of heads (``pictures``: each its number of queries and its coordinates, queries first;
+    queries red, keys blue), each titled with its label (default ``head h``) and the share of its queries whose
+    strongest key is their nearest (:func:`attnviz.qk_geometry.trust` at k = 1: of the queries with more than one
+    key; "–" where none has); each point's customdata is its (layer, head) in ``cells`` (default (0, h)), for a
+    click to choose it. At most GRID_POINTS queries and keys each are drawn per picture, evenly spaced."""
     labels = labels or [f"head {h}" for h in range(len(pictures))]
     cells = cells or [(0, h) for h in range(len(pictures))]
     rows = -(-len(pictures) // columns)
     figure = make_subplots(rows=rows, cols=columns, horizontal_spacing=0.02, vertical_spacing=0.3 / max(rows, 1),
-                           subplot_titles=[f"{label} · {trust:.0%}" for label, trust in zip(labels, trusts,
-                                                                                             strict=True)])
+                           subplot_titles=[f"{label} · {trust:.0%}" if trust == trust else f"{label} · –"
+                                           for label, trust in zip(labels, trusts, strict=True)])
     for index, (n_q, coordinates) in enumerate(pictures):
         coordinates = np.asarray(coordinates, dtype=np.float64)
         for part, colour in ((coordinates[:n_q], QUERY_COLOR), (coordinates[n_q:], KEY_COLOR)):
@@ -224,6 +239,8 @@ def layer_grid(pictures: list[tuple], trusts: list[float], *, title: str, column
             figure.add_trace(go.Scattergl(
                 x=_rounded(part[:, 0]), y=_rounded(part[:, 1]), mode="markers", showlegend=False,
                 marker=dict(color=colour, size=3, opacity=0.7),
+                # a click selects a point: Plotly would then fade the rest of the head just opened
+                selected=dict(marker=dict(opacity=0.7)), unselected=dict(marker=dict(opacity=0.7)),
                 customdata=np.tile(np.asarray(cells[index], np.int16), (len(part), 1)),
                 hovertemplate=f"{labels[index]}<extra></extra>"), row=index // columns + 1, col=index % columns + 1)
     figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
