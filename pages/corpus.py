@@ -1,5 +1,6 @@
 """Heads across a corpus: scan a model over many documents and see what each head does in general."""
 
+import functools
 import time
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz.models.safety import CheckpointRefused
+from attnviz.pagelogic.clicks import clicked_layer_head
 from attnviz.scan import background, database, jobs, qk_sample, store
 from attnviz.scan.corpus import FORMATS, CorpusRefused, characters_noted, max_corpus_bytes
 from attnviz.scan.heads import CRITERIA, HISTOGRAM_BINS, LABELS
@@ -310,7 +312,7 @@ def map_view(path: Path, said: dict) -> None:
     else:
         said_best = "No head has this statistic in this scan."
     show_figure(figure, f"{said_best}{note} The hover gives each head's spread; click a head to open it.",
-                key="corpus_map", on_select=open_clicked_head)
+                key="corpus_map", on_select=functools.partial(open_clicked_head, said["n_layers"], said["n_heads"]))
 
 
 def custom_offsets() -> list[int]:
@@ -332,16 +334,11 @@ def custom_offsets() -> list[int]:
     return offsets
 
 
-def open_clicked_head() -> None:
-    selection = st.session_state.get("corpus_map")
-    points = (selection.get("selection", {}).get("points", []) if isinstance(selection, dict)
-              else selection.selection.points if selection is not None else [])
-    for point in points:
-        data = point.get("customdata")
-        if data and len(data) == 2:
-            st.session_state["corpus_layer"], st.session_state["corpus_head"] = int(data[0]), int(data[1])
-            st.session_state["corpus_view"] = "Head"
-            return
+def open_clicked_head(n_layers: int, n_heads: int) -> None:
+    head = clicked_layer_head(st.session_state.get("corpus_map"), n_layers, n_heads)
+    if head is not None:
+        st.session_state["corpus_layer"], st.session_state["corpus_head"] = head
+        st.session_state["corpus_view"] = "Head"
 
 
 def head_view(path: Path, said: dict) -> None:

@@ -1,6 +1,7 @@
 """Explore heads: what every head of a real pretrained model attends to, for any sentence."""
 
 import dataclasses
+import functools
 import hashlib
 import math
 
@@ -8,8 +9,10 @@ import streamlit as st
 
 from attnviz import analysis, mask_patterns, vision
 from attnviz.models.record import TooLongForDense, dense_token_limit
+from attnviz.pagelogic.clicks import clicked_layer_head, customdata_numbers, selected_points
 from attnviz.pagelogic.explore_heads.bertviz_view import bertviz_html
 from attnviz.pagelogic.explore_heads.compare import compare_figures
+from attnviz.pagelogic.explore_heads.detectors import MATRIX_TOKEN_LIMIT, PATTERN_KINDS, PatternProblem, detector_figure
 from attnviz.pagelogic.explore_heads.export import capture_npz, figure_html, matrix_csv, matrix_json, shown_matrix
 from attnviz.pagelogic.explore_heads.grid import filtered_thumbnails, has_thumbnails, labels_heads
 from attnviz.pagelogic.explore_heads.long_texts import sample_text
@@ -27,12 +30,12 @@ from attnviz.pagelogic.explore_heads.options import (
 )
 from attnviz.pagelogic.explore_heads.qk import query_key, query_key_figures
 from attnviz.pagelogic.explore_heads.statistics import (
-    MAPPABLE_STATISTICS,
     has_statistics,
     label_rules_text,
     statistic_figure,
     statistics_column_config,
     statistics_table,
+    statistics_that_apply,
 )
 from attnviz.pagelogic.explore_heads.views import LINES_TOKEN_LIMIT, view_figure, zoom_figure
 from attnviz.pagelogic.explore_heads.whatif import (
@@ -45,7 +48,7 @@ from attnviz.pagelogic.explore_heads.whatif import (
     what_if_masks,
 )
 from attnviz.ui.captures import cached_image_capture, capture_current
-from attnviz.ui.explore_cache import cached_replay_difference, cached_statistics
+from attnviz.ui.explore_cache import cached_detector, cached_replay_difference, cached_statistics
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import figure_columns, setup_area, start_page, transient_status
 from attnviz.ui.messages import problem_text, queries_unavailable, warn_if_not_finite
@@ -65,14 +68,6 @@ MAX_LONG_TEXT_BYTES = 2_000_000
 TABS = ["View", "Head statistics", "Q·K", "Compare two sentences", "What-if", "bertviz (online)", "Export"]
 
 
-def selected_points(key: str) -> list:
-    """The points a click selected in the chart drawn with ``key`` (Streamlit keeps a dict or an object)."""
-    selection = st.session_state.get(key)
-    if isinstance(selection, dict):
-        return selection.get("selection", {}).get("points", [])
-    return selection.selection.points if selection is not None else []
-
-
 def run_open_tab(tabs: dict, bodies: dict) -> None:
     """Only the open tab computes: run its body inside it."""
     for title, body in bodies.items():
@@ -83,13 +78,13 @@ def run_open_tab(tabs: dict, bodies: dict) -> None:
 
 def on_figure_click() -> None:
     """Callback of the grid and lines views: a click on a thumbnail opens that head; on a query token, follows it."""
-    for point in selected_points("explore_main_figure"):
-        data = point.get("customdata")
-        if data and len(data) == 2:  # a grid thumbnail: (layer, head)
-            open_head(int(data[0]), int(data[1]))
+    for point in selected_points(st.session_state.get("explore_main_figure")):
+        numbers = customdata_numbers(point.get("customdata"))
+        if numbers is not None and len(numbers) == 2:  # a grid thumbnail: (layer, head)
+            open_head(*numbers)
             return
-        if data and len(data) == 1:  # a query token of the lines view: follow it, or stop following it
-            position = int(data[0])
+        if numbers is not None and len(numbers) == 1:  # a query token of the lines view: follow it, or stop
+            position = numbers[0]
             following = st.session_state.get("explore_follow", [])
             st.session_state["explore_follow"] = [] if following == [position] else [position]
             return
@@ -351,13 +346,11 @@ def on_table_select() -> None:
         st.session_state["layer"], st.session_state["head"] = shown[rows[0]]
 
 
-def on_statistic_click() -> None:
+def on_statistic_click(n_layers: int, n_heads: int) -> None:
     """Callback of the layers x heads heatmap: a click on a cell opens that head in the View tab."""
-    for point in selected_points("explore_stats_heatmap"):
-        data = point.get("customdata")
-        if data and len(data) == 2:
-            open_head(int(data[0]), int(data[1]))
-            return
+    head = clicked_layer_head(st.session_state.get("explore_stats_heatmap"), n_layers, n_heads)
+    if head is not None:
+        open_head(*head)
 
 
 def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions) -> None:
@@ -369,15 +362,23 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions)
         st.info(str(problem))
         return
     columns = st.columns([2, 5])
-    statistic = columns[0].selectbox("Statistic to map", MAPPABLE_STATISTICS, key="explore_stats_map",
-                                     help="Every head of every layer, coloured by this column of the table.")
+    applying = statistics_that_apply(table, capture.records[kind].is_causal())
+    if st.session_state.get("explore_stats_map") not in applying:
+        st.session_state.pop("explore_stats_map", None)
+    statistic = columns[0].selectbox("Statistic to map", applying, key="explore_stats_map",
+                                     help="Every head of every layer, coloured by this column of the table (only "
+                                          "what some head has on this text: no next token under a causal mask, no "
+                                          "induction where no token repeats).")
     labels = sorted(table["label"].unique())
     chosen_labels = columns[1].multiselect("Show heads labelled", labels, default=labels, key="explore_stats_labels",
                                            help="Filters the map (others greyed) and the table.")
     figure, caption = statistic_figure(table, statistic, chosen_labels, (options.layer, options.head),
                                        n_keys=len(capture.records[kind].key_tokens))
-    show_figure(figure, caption, key="explore_stats_heatmap", on_select=on_statistic_click)
+    record = capture.records[kind]
+    show_figure(figure, caption, key="explore_stats_heatmap",
+                on_select=functools.partial(on_statistic_click, record.n_layers, record.n_heads))
     st.markdown("Labels: " + label_rules_text())
+    detector_section(capture, capture_key, kind, options)
     shown = table[table["label"].isin(chosen_labels)].reset_index(drop=True)
     st.session_state["explore_stats_shown"] = list(zip(shown["layer"].astype(int), shown["head"].astype(int),
                                                        strict=True))
@@ -392,6 +393,45 @@ def statistics_tab(capture, capture_key: tuple, kind: str, options: ViewOptions)
     figure, caption = view_figure(capture, ViewOptions(kind=kind, layer=options.layer,
                                                                        head=options.head))
     show_figure(figure, caption, key="explore_stats_figure")
+
+
+def detector_section(capture, capture_key: tuple, kind: str, options: ViewOptions) -> None:
+    """A head detector on this text: induction, duplicate token, or a pattern the reader gives (offsets, key
+    tokens, a typed matrix), every head scored as attnviz and as TransformerLens do."""
+    with st.expander("Detect a pattern in every head (induction, duplicate token, or your own)",
+                     expanded=st.session_state.get("explore_detector_open", False)):
+        columns = st.columns([2, 3])
+        pattern = columns[0].selectbox("Pattern", list(PATTERN_KINDS), format_func=lambda k: f"{k}: {PATTERN_KINDS[k]}",
+                                       key="explore_detector")
+        spec = ""
+        if pattern == "offsets":
+            spec = columns[1].text_input("Offsets (key − query)", "-2", key="explore_detector_offsets",
+                                         max_chars=200, help="Comma-separated: −1 the previous token, −2 two back.")
+        elif pattern == "key tokens":
+            spec = columns[1].text_input("Key tokens", "the, [SEP]", key="explore_detector_words", max_chars=500,
+                                         help="Comma-separated words; any case, with or without a space mark.")
+        elif pattern == "matrix":
+            n = len(capture.records[kind].key_tokens)
+            spec = columns[1].text_area(f"Matrix: {n} rows of {n} numbers (0 or 1)", "\n".join(
+                " ".join("1" if j == i - 1 else "0" for j in range(n)) for i in range(min(n, MATRIX_TOKEN_LIMIT))),
+                key="explore_detector_matrix", height=160, help="Row i is query i; a 1 at column j asks for weight "
+                "on key j. Filled with the previous-token pattern to start from.")
+        try:
+            scores = cached_detector(capture_key, kind, pattern, spec, capture)
+        except PatternProblem as problem:
+            st.warning(f"{str(problem).capitalize()}.", icon=":material/edit:")
+            return
+        figure, caption = detector_figure(scores, pattern, (options.layer, options.head))
+        record = capture.records[kind]
+        show_figure(figure, caption, key="explore_detector_map",
+                    on_select=functools.partial(on_detector_click, record.n_layers, record.n_heads))
+
+
+def on_detector_click(n_layers: int, n_heads: int) -> None:
+    st.session_state["explore_detector_open"] = True
+    head = clicked_layer_head(st.session_state.get("explore_detector_map"), n_layers, n_heads)
+    if head is not None:
+        open_head(*head)
 
 
 def query_key_tab(bundle, capture, record, options: ViewOptions) -> None:
@@ -613,7 +653,7 @@ def image_source() -> tuple[str, object, str]:
 def on_patch_click(layout: vision.PatchLayout) -> None:
     """Callback of the image overlay: the clicked patch becomes the query (the point's pixel position: a click
     may land on the image's trace or the heatmap's)."""
-    for point in selected_points("explore_image_overlay"):
+    for point in selected_points(st.session_state.get("explore_image_overlay")):
         if point.get("x") is None or point.get("y") is None:
             continue
         token = vision.token_at_pixel(layout, float(point["x"]), float(point["y"]))

@@ -7,6 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from attnviz.pagelogic import qkmap
+from attnviz.pagelogic.clicks import clicked_layer_head
 from attnviz.scan.corpus import bundled_corpus
 from attnviz.ui.captures import capture_current
 from attnviz.ui.figures import show_figure
@@ -59,7 +60,7 @@ def trust_metrics(trusted: dict[int, float], counted: dict[int, int], n_queries:
 
 def choose_from_grid(n_layers: int, n_heads: int) -> None:
     """The grid's click (run before the page): the clicked head becomes the one drawn above, with no query chosen."""
-    clicked = qkmap.clicked_head(st.session_state.get("qk_grid"), n_layers, n_heads)
+    clicked = clicked_layer_head(st.session_state.get("qk_grid"), n_layers, n_heads)
     if clicked is not None:
         st.session_state["qk_layer"], st.session_state["qk_head"] = clicked
         st.session_state.pop("qk_picture", None)

@@ -11,7 +11,8 @@ import math
 import pytest
 from streamlit.elements.plotly_chart import PlotlyChartSelectionSerde
 
-from attnviz.pagelogic.qkmap import clicked_head, clicked_query, customdata_numbers, selected_points
+from attnviz.pagelogic.clicks import clicked_layer_head, customdata_numbers, selected_points
+from attnviz.pagelogic.qkmap import clicked_query
 
 # a click on a point whose customdata is an int32 [n, 3] typed array (the head's picture): point 1 holds [6, 2, 0]
 TYPED_2D = ('{"selection": {"points": [{"curve_number": 0, "point_number": 1, "point_index": 1, "x": 10, "y": 10, '
@@ -73,12 +74,12 @@ def test_a_query_click_is_read_from_what_the_browser_sends():
 
 
 def test_a_head_click_is_read_from_what_the_browser_sends():
-    assert clicked_head(as_streamlit_gives_it(TYPED_GRID), n_layers=6, n_heads=12) == (2, 5)
-    assert clicked_head({"selection": {"points": [{"customdata": [2, 5]}]}}, 6, 12) == (2, 5)
-    assert clicked_head(as_streamlit_gives_it(TYPED_GRID), n_layers=2, n_heads=12) is None  # no layer 2 here
-    assert clicked_head(as_streamlit_gives_it(TYPED_GRID), n_layers=6, n_heads=5) is None
-    assert clicked_head(as_streamlit_gives_it(TYPED_2D), 6, 12) is None  # three numbers: not a head's
-    assert clicked_head(as_streamlit_gives_it(None), 6, 12) is None
+    assert clicked_layer_head(as_streamlit_gives_it(TYPED_GRID), n_layers=6, n_heads=12) == (2, 5)
+    assert clicked_layer_head({"selection": {"points": [{"customdata": [2, 5]}]}}, 6, 12) == (2, 5)
+    assert clicked_layer_head(as_streamlit_gives_it(TYPED_GRID), n_layers=2, n_heads=12) is None  # no layer 2 here
+    assert clicked_layer_head(as_streamlit_gives_it(TYPED_GRID), n_layers=6, n_heads=5) is None
+    assert clicked_layer_head(as_streamlit_gives_it(TYPED_2D), 6, 12) is None  # three numbers: not a head's
+    assert clicked_layer_head(as_streamlit_gives_it(None), 6, 12) is None
 
 
 def test_selected_points_of_any_state():

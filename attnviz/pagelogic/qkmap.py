@@ -12,14 +12,12 @@ Imports torch and attnviz.models.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-
 import torch
 
 from attnviz.analysis import token_categories
 from attnviz.models import scoring
 from attnviz.models.record import AttentionRecord
+from attnviz.pagelogic.clicks import customdata_numbers, selected_points
 from attnviz.qk_geometry import (
     PROJECTIONS,
     STRONGEST,
@@ -38,7 +36,7 @@ from attnviz.qk_geometry import (
 
 __all__ = ["PROJECTIONS", "TRUST_KS", "Document", "DocumentVectors", "HeadPoints", "normalise", "project", "trust",
            "trust_counted", "translation_is_exact", "raw_head", "head_points", "weights_from_points",
-           "trust_statement", "customdata_numbers", "selected_points", "clicked_query", "clicked_head"]
+           "trust_statement", "clicked_query"]
 
 
 def raw_head(record: AttentionRecord, layer: int, head: int, *, values: bool = False,
@@ -104,58 +102,6 @@ def trust_statement(counted: dict[int, int], n_queries: int) -> str:
             "picture (a causal decoder's first queries), so it is left out.")
 
 
-# -- clicks ------------------------------------------------------------------------------------------------------
-# st.plotly_chart(on_select=...) hands back each clicked point as the browser's Plotly event saw it, through
-# JSON.stringify. The figures send integer customdata as typed arrays (viz.qkmap), which Plotly decodes into a
-# typed array per point, and JSON writes a typed array as an object: [6, 2, 0] arrives as {"0": 6, "1": 2, "2": 0}.
-# A plain list stays a list, one-dimensional customdata arrives as a scalar, a trace without it (the lines, the
-# rings of a search) sends none. Checked in Chromium with Streamlit 1.67 and Plotly 7.
-
-
-def _whole_number(value) -> int | None:
-    """``value`` as an int if it is a whole number (an int, an integral float, or their text), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value == int(value):
-        return int(value)
-    return None
-
-
-def customdata_numbers(customdata) -> tuple[int, ...] | None:
-    """A clicked point's customdata, in any shape the browser sends it, as its whole numbers in order: a list or
-    tuple ``[6, 2, 0]``, a typed array's object ``{"0": 6, "1": 2, "2": 0}`` (its keys in numeric order), or one
-    number ``6`` (one-dimensional customdata) give ``(6, 2, 0)`` / ``(6,)``; None when there is none or it is not
-    whole numbers (a trace without customdata, text, a gap in the object's keys)."""
-    if customdata is None:
-        return None
-    if isinstance(customdata, Mapping):
-        places = {_whole_number(key): value for key, value in customdata.items()}
-        if None in places or sorted(places) != list(range(len(places))):
-            return None
-        customdata = [places[place] for place in range(len(places))]
-    elif not isinstance(customdata, list | tuple):
-        customdata = [customdata]
-    numbers = tuple(_whole_number(value) for value in customdata)
-    return numbers if numbers and None not in numbers else None
-
-
-def selected_points(selection) -> list:
-    """The points of a chart's selection state (``st.session_state[key]``: Streamlit's PlotlyState, a plain dict
-    as a test sets it, or None before any click); [] when it holds none."""
-    if not isinstance(selection, Mapping):
-        return []
-    inner = selection.get("selection")
-    points = inner.get("points") if isinstance(inner, Mapping) else None
-    return [point for point in points if isinstance(point, Mapping)] if isinstance(points, list) else []
-
-
 def clicked_query(selection, n_queries: int) -> int | None:
     """The query clicked in a head's picture (:func:`attnviz.viz.qkmap.head_scatter`: customdata ``(3 x index +
     0 for a query, 1 a key, 2 a value; position; document)``), among ``n_queries``; None when no query is
@@ -165,14 +111,4 @@ def clicked_query(selection, n_queries: int) -> int | None:
         if numbers is not None and len(numbers) == 3 and numbers[0] >= 0 and numbers[0] % 3 == 0 \
                 and numbers[0] // 3 < n_queries:
             return numbers[0] // 3
-    return None
-
-
-def clicked_head(selection, n_layers: int, n_heads: int) -> tuple[int, int] | None:
-    """The (layer, head) of a point clicked in the grid of heads (:func:`attnviz.viz.qkmap.layer_grid`:
-    customdata ``(layer, head)``); None when none is selected or it names no head of the model."""
-    for point in selected_points(selection):
-        numbers = customdata_numbers(point.get("customdata"))
-        if numbers is not None and len(numbers) == 2 and 0 <= numbers[0] < n_layers and 0 <= numbers[1] < n_heads:
-            return numbers
     return None

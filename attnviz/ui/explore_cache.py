@@ -7,12 +7,21 @@ import streamlit as st
 
 from attnviz.models.replay_check import replay_difference
 from attnviz.pagelogic.explore_heads import statistics_table
+from attnviz.pagelogic.explore_heads.detectors import detector_scores, pattern_targets
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def cached_replay_difference(capture_key: tuple, kind: str, _record, _progress=None, _model=None) -> float:
     """Keyed by the capture's key (model, texts, token limit) and the attention kind."""
     return replay_difference(_record, progress=_progress, model=_model)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def cached_detector(capture_key: tuple, kind: str, pattern: str, spec: str, _capture):
+    """Every head's score on a pattern (:func:`attnviz.pagelogic.explore_heads.detectors.detector_scores`), kept by
+    the capture and the pattern as typed."""
+    targets = pattern_targets(pattern, spec, _capture, _capture.records[kind].key_tokens)
+    return detector_scores(_capture, kind, targets)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
