@@ -60,8 +60,52 @@ def test_every_ordinary_token_is_masked_once_over_the_copies(masked):
         assert (ids[rows, :n][chosen] == tokenizer.mask_token_id).all()
         assert torch.equal(labels[rows, :n][chosen], original.repeat(imp.MASK_EVERY, 1)[chosen])
         assert torch.equal(ids[rows, :n][~chosen], original.repeat(imp.MASK_EVERY, 1)[~chosen])
-    assert imp.batch_of(tokenizer, TEXTS * 5, "masked").copies == 6  # as many copies as fit in 64 rows
-    assert imp.batch_of(tokenizer, TEXTS * 32, "masked").copies == 1
+    # as many copies whatever the batch holds: a text's loss never depends on the texts read with it
+    assert imp.batch_of(tokenizer, TEXTS * 5, "masked").copies == imp.MASK_EVERY
+    many = imp.batch_of(tokenizer, TEXTS * 32, "masked")
+    assert many.copies == imp.MASK_EVERY and many.real.shape[0] == 64 * imp.MASK_EVERY
+    assert [piece.stop - piece.start for piece in imp.pieces(many)] == [imp.MAX_ROWS] * imp.MASK_EVERY
+
+
+TEN = [f"Sentence {word} number {i}: the {word} reads every token once, then again." for i, word in
+       enumerate(["cat", "dog", "head", "key", "value", "query", "mat", "door", "layer", "token"])]
+
+
+def test_a_chunked_masked_lm_map_gives_each_text_what_one_batch_gives(masked):
+    """At the setting where it was false: ten texts in one batch (70 rows, run in two pieces) against chunks of two
+    (their copies were 64 // texts: 6 against 7, and the values 30% apart)."""
+    model, tokenizer = masked
+    batch = imp.batch_of(tokenizer, TEN, "masked")
+    together = {"zero": imp.ablation_map(model, batch, "zero"), "gradient": imp.gradient_importance(model, batch)}
+    for method, whole in together.items():
+        parts = []
+        for start in range(0, len(TEN), 2):
+            chunk = imp.batch_of(tokenizer, TEN[start:start + 2], "masked")
+            parts.append((imp.ablation_map(model, chunk, "zero") if method == "zero" else
+                          imp.gradient_importance(model, chunk)).per_text)
+        torch.testing.assert_close(whole.per_text, torch.cat(parts, dim=-1), rtol=1e-9, atol=1e-12)
+    # each text's loss is transformers' own, whatever the batch
+    assert float(together["zero"].clean_per_text[3]) == pytest.approx(_reference_loss(model, tokenizer, TEN[3]),
+                                                                      rel=1e-9)
+
+
+def test_a_chunked_masked_lm_corpus_run_equals_one_chunk_of_every_document(masked, folders, tmp_path):
+    from attnviz.scan import importance_store as istore
+    from attnviz.scan.corpus import Corpus, Document
+    from attnviz.scan.importance_runner import ImportanceSettings, run_importance
+
+    corpus = Corpus("ten", [Document(text, f"line {i}") for i, text in enumerate(TEN)])
+    found = {}
+    for chunk in (2, 10):
+        path = tmp_path / f"chunks-of-{chunk}.duckdb"
+        run_importance(corpus, folders["with"], path, ImportanceSettings(max_docs=10, max_tokens=32, chunk_docs=chunk),
+                       loaded=masked)
+        with istore.ImportanceReader(path) as reader:
+            found[chunk] = reader.connection.execute(
+                "SELECT doc, method, module, head, value FROM head_effects ORDER BY ALL").fetchall()
+    assert len(found[2]) == len(found[10]) == 10 * 3 * 2 * 4  # documents x measures x heads
+    for a, b in zip(found[2], found[10], strict=True):
+        assert a[:4] == b[:4] and a[4] == pytest.approx(b[4], rel=1e-9, abs=1e-12), a[:4]
 
 
 def _reference_loss(model, tokenizer, sentence: str) -> float:
@@ -136,7 +180,8 @@ def test_the_page_measures_an_uploaded_masked_lm_by_its_loss_and_says_when_the_h
     at.button(key="imp_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert figure_titled(at, "Gradient importance")["data"][0]["z"]  # a masked-LM loss has a gradient
-    assert any("read in 7 copies" in c.value and "every token is predicted once" in c.value for c in at.caption)
+    assert any("read in 7 copies" in c.value and "every ordinary token is predicted once" in c.value
+               for c in at.caption)
     at.selectbox(key="imp_model").set_value("claims-head").run()
     assert not at.exception, [e.value for e in at.exception]
     caption = next(c.value for c in at.caption if "Measured by" in c.value)

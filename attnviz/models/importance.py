@@ -8,7 +8,9 @@ it has a language-model head (next-token loss of a decoder; the sequence-to-sequ
 the text as its own target); an encoder without a head has no loss, so its effect is the change of its final
 hidden states (relative distance), and it is said so.
 
-Texts are batched: one forward per head over all of them.
+Texts are batched: one forward per head over all of them, in pieces of at most ``MAX_ROWS`` rows (a masked-LM
+text is read in ``MASK_EVERY`` copies, so 64 texts are 448 rows). Every number a text gets depends on that text
+alone, never on the texts batched with it: a map over chunks of texts gives each text what one batch gives.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ from attnviz.models.interventions import (
 from attnviz.tokens_display import readable_tokens, tokenizer_style
 
 OBJECTIVES = {
-    "next-token": "next-token loss (nats per token)",
-    "seq2seq": "sequence-to-sequence loss, the text as its own target (nats per token)",
-    "masked": "masked-LM loss: one token in 7 masked, predicted by the model's masked-LM head (nats per token)",
-    "hidden": "change of the final hidden states (distance relative to their size); the model has no loss",
+    "next-token": "next-token loss (nats: each text's mean over its predicted tokens, then the mean over the texts)",
+    "seq2seq": "sequence-to-sequence loss, the text as its own target (nats: each text's mean over its tokens, then "
+               "the mean over the texts)",
+    "masked": "masked-LM loss: each ordinary token masked once, in one of 7 copies of its text, and predicted by the "
+              "model's masked-LM head (nats: each text's mean over its tokens, then the mean over the texts)",
+    "hidden": "change of the final hidden states (each token's distance from its unedited state over the mean size of "
+              "its text's unedited states, averaged over the text, then over the texts); the model has no loss",
 }
 ABLATIONS = {"zero": "zero its output", "mean": "replace its output by its mean over the texts"}
 MAX_TEXTS = 64
 MAX_TOKENS = 256  # per text: a map is (layers x heads + 1) forwards of every text
 MASK_EVERY = 7  # the masked-LM objective masks one token in 7 (15%, as BERT was trained) in each copy of a text
+MAX_ROWS = MAX_TEXTS  # rows (texts, or copies of texts) in one forward: a batch of more is run in pieces
 
 
 def objective_of(model: torch.nn.Module) -> str:
@@ -105,12 +111,13 @@ def batch_of(tokenizer, texts: list[str], objective: str, max_tokens: int = MAX_
 
 
 def _masked(tokenizer, batch: Batch) -> Batch:
-    """The batch for the masked-LM objective: each text in ``copies`` copies (as many as fit in ``MAX_TEXTS`` rows,
-    at most ``MASK_EVERY``), copy ``c`` with the ``c``-th of every ``MASK_EVERY`` ordinary tokens (not CLS, SEP or
-    padding) replaced by the mask token, and labels there; with ``MASK_EVERY`` copies every token is predicted
-    once. Deterministic: the same texts give the same masks."""
-    texts, ids = len(batch.texts), batch.inputs["input_ids"]
-    copies = max(1, min(MASK_EVERY, MAX_TEXTS // texts))
+    """The batch for the masked-LM objective: each text in ``MASK_EVERY`` copies, copy ``c`` with the ``c``-th of
+    every ``MASK_EVERY`` ordinary tokens (not CLS, SEP or padding) replaced by the mask token, and labels there:
+    every ordinary token is predicted once. The copies are as many whatever the batch holds (a text's loss never
+    depends on the texts read with it); the forwards take them ``MAX_ROWS`` rows at a time. Deterministic: the
+    same texts give the same masks."""
+    ids = batch.inputs["input_ids"]
+    copies = MASK_EVERY
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
     ordinary = batch.real & ~torch.isin(ids, special)  # [texts, n]
     place = ordinary.long().cumsum(-1) - 1  # each ordinary token's place among its text's ordinary tokens
@@ -129,7 +136,8 @@ def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
     """Per-token losses ``[texts, targets]`` and which of them count ``[texts, targets]`` (bool).
 
     next-token: the loss of token t+1 read at t; seq2seq: the loss of each label; hidden: the distance of each
-    token's final hidden state from ``clean_hidden``'s, over the clean state's mean norm (0 for the clean run)."""
+    token's final hidden state from ``clean_hidden``'s, over the mean norm of the clean states of its own text (its
+    row's real tokens: a text's numbers never depend on the texts batched with it; 0 for the clean run)."""
     if objective == "next-token":
         logits = _wide(outputs.logits[:, :-1])  # [texts, n - 1, vocab]
         targets = batch.inputs["input_ids"][:, 1:]
@@ -143,8 +151,10 @@ def token_losses(model: torch.nn.Module, batch: Batch, outputs, objective: str,
     hidden = _wide(_final_hidden(outputs))  # [texts, n, d_model]
     if clean_hidden is None:
         clean_hidden = hidden
-    size = clean_hidden.norm(dim=-1)[batch.real].mean().clamp(min=1e-12)
-    return (hidden - clean_hidden).norm(dim=-1) / size, batch.real
+    norms = clean_hidden.norm(dim=-1)  # [texts, n]
+    weights = batch.real.to(norms.dtype)
+    size = ((norms * weights).sum(-1) / weights.sum(-1).clamp(min=1)).clamp(min=1e-12)  # [texts]: each text's own
+    return (hidden - clean_hidden).norm(dim=-1) / size[:, None], batch.real
 
 
 def _by_text(rows: torch.Tensor, copies: int) -> torch.Tensor:
@@ -163,6 +173,64 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
 def _final_hidden(outputs) -> torch.Tensor:
     hidden = getattr(outputs, "last_hidden_state", None)
     return outputs[0] if hidden is None else hidden
+
+
+def pieces(batch: Batch) -> list[slice]:
+    """The batch's rows, at most ``MAX_ROWS`` at a time: what one forward reads."""
+    rows = batch.real.shape[0]
+    return [slice(start, min(start + MAX_ROWS, rows)) for start in range(0, rows, MAX_ROWS)]
+
+
+def _part(batch: Batch, rows: slice) -> Batch:
+    """The batch's ``rows`` for one forward: its row tensors cut (texts and tokens kept, for naming)."""
+    total = batch.real.shape[0]
+    inputs = {name: value[rows] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == total
+              else value for name, value in batch.inputs.items()}
+    return Batch(inputs, batch.real[rows], batch.tokens, batch.texts, batch.cut, batch.copies)
+
+
+def counted_targets(batch: Batch, objective: str) -> torch.Tensor:
+    """Which per-token losses count, ``[rows, targets]`` (as :func:`token_losses` returns them), without a forward."""
+    if objective == "next-token":
+        return batch.real[:, 1:]
+    if objective in ("seq2seq", "masked"):
+        return batch.inputs["labels"] >= 0
+    return batch.real
+
+
+def run_losses(model: torch.nn.Module, batch: Batch, objective: str, clean_hidden: torch.Tensor | None = None,
+               plan: Plan | None = None) -> torch.Tensor:
+    """The per-token losses ``[rows, targets]`` of the batch run with ``plan``'s edits (:func:`token_losses`), a
+    piece of at most ``MAX_ROWS`` rows at a time."""
+    found = []
+    with torch.no_grad():
+        for rows in pieces(batch):
+            part = _part(batch, rows)
+            with edited(model, plan or {}):
+                outputs = model(**part.inputs)
+            losses, _ = token_losses(model, part, outputs, objective,
+                                     None if clean_hidden is None else clean_hidden[rows])
+            found.append(losses)
+    return torch.cat(found)
+
+
+def _combined(sums: dict[str, torch.Tensor], tokens: int, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: (total / max(tokens, 1)).to(like[name].dtype) for name, total in sums.items()}
+
+
+def head_means_of(model: torch.nn.Module, batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
+    """Every module's head outputs averaged over every real token of the batch's rows (a masked-LM text's copies
+    included), ``[heads, d_v]`` by module name, a piece at a time, and how many tokens that is."""
+    sums: dict[str, torch.Tensor] = {}
+    tokens, last = 0, {}
+    for rows in pieces(batch):
+        part = _part(batch, rows)
+        means, _ = head_means(model, part.inputs, part.real)
+        count = int(part.real.sum())
+        for name, mean in means.items():
+            sums[name] = sums.get(name, 0) + mean.double() * count
+        tokens, last = tokens + count, means
+    return (last if len(pieces(batch)) == 1 else _combined(sums, tokens, last)), tokens
 
 
 def text_losses(losses: torch.Tensor, counted: torch.Tensor, copies: int = 1) -> torch.Tensor:
@@ -204,17 +272,29 @@ class Study:
 
 
 def clean_run(model, batch: Batch, objective: str):
-    """The unedited forward: every module's head outputs averaged over the texts' real tokens (what mean ablation
-    puts in; over every real query position: a seq2seq decoder reads the text shifted, the same mask), the final
-    hidden states ("hidden" only), the per-token losses and which count."""
-    means, outputs = head_means(model, batch.inputs, batch.real)
-    hidden = _wide(_final_hidden(outputs)) if objective == "hidden" else None
-    losses, counted = token_losses(model, batch, outputs, objective, hidden)
-    return means, hidden, losses, counted
+    """The unedited forwards (a piece of the batch at a time): every module's head outputs averaged over the texts'
+    real tokens (what mean ablation puts in; over every real query position: a seq2seq decoder reads the text
+    shifted, the same mask), the final hidden states ("hidden" only), the per-token losses and which count."""
+    sums: dict[str, torch.Tensor] = {}
+    tokens, found = 0, {"means": [], "hidden": [], "losses": [], "counted": []}
+    for rows in pieces(batch):
+        part = _part(batch, rows)
+        means, outputs = head_means(model, part.inputs, part.real)
+        count = int(part.real.sum())
+        for name, mean in means.items():
+            sums[name] = sums.get(name, 0) + mean.double() * count
+        tokens += count
+        hidden = _wide(_final_hidden(outputs)) if objective == "hidden" else None
+        losses, counted = token_losses(model, part, outputs, objective, hidden)
+        for what, value in (("means", means), ("hidden", hidden), ("losses", losses), ("counted", counted)):
+            found[what].append(value)
+    means = found["means"][0] if len(found["means"]) == 1 else _combined(sums, tokens, found["means"][0])
+    hidden = torch.cat(found["hidden"]) if objective == "hidden" else None
+    return means, hidden, torch.cat(found["losses"]), torch.cat(found["counted"])
 
 
-def empty_map(modules: list[AttentionModule], *rest: int) -> torch.Tensor:
-    return torch.full((len(modules), max(module.heads for module in modules), *rest), float("nan"))
+def empty_map(modules: list[AttentionModule], *rest: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.full((len(modules), max(module.heads for module in modules), *rest), float("nan"), dtype=dtype)
 
 
 def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, objective: str | None = None,
@@ -237,7 +317,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
     means_by_module, clean_hidden, clean_losses, counted = clean_run(model, batch, objective)
     means_by_module = means if means is not None else means_by_module
     clean = text_losses(clean_losses, counted, batch.copies)
-    per_text = empty_map(modules, len(batch.texts))
+    per_text = empty_map(modules, len(batch.texts), dtype=clean.dtype)
     total = sum(module.heads for module in modules)
     with torch.no_grad():
         for row, module in enumerate(modules):
@@ -245,9 +325,7 @@ def ablation_map(model: torch.nn.Module, batch: Batch, how: str = "zero", *, obj
             for head in range(module.heads):
                 if (row, head) not in finished:
                     plan: Plan = zeroed(module.name, head) if means is None else {module.name: {head: means[head]}}
-                    with edited(model, plan):
-                        outputs = model(**batch.inputs)
-                    losses, _ = token_losses(model, batch, outputs, objective, clean_hidden)
+                    losses = run_losses(model, batch, objective, clean_hidden, plan)
                     finished[(row, head)] = text_losses(losses, counted, batch.copies) - clean
                     if progress is not None:
                         progress(len(finished) / total, f"{module.label}, head {head}")
@@ -269,21 +347,34 @@ def gradient_importance(model: torch.nn.Module, batch: Batch, *, objective: str 
                          "states' change has a zero gradient at the clean run)")
     modules = modules or attention_modules(model, batch.inputs)
     texts, rows = len(batch.texts), batch.real.shape[0]
-    # one gate per row; a text's gate is the same gate in each of its copies, so its slope is the sum of theirs
-    gates = {module.name: torch.ones(rows, module.heads, requires_grad=True) for module in modules}
-    with torch.enable_grad(), gated(model, gates):
-        outputs = model(**batch.inputs)
-        losses, counted = token_losses(model, batch, outputs, objective)
-        # each text's gates get its own loss's gradient; autograd.grad leaves the parameters' .grad alone (the
-        # model is shared by every session)
-        each = text_losses(losses, counted, batch.copies)
-        measured = ~each.isnan()  # a text with no target has no loss and no gradient
-        if not measured.any():
-            raise ValueError("no text has a token to predict: type texts of at least two tokens")
-        slopes = torch.autograd.grad(each[measured].sum(), [gates[m.name] for m in modules])
-    per_text = empty_map(modules, texts)
-    for row, (module, slope) in enumerate(zip(modules, slopes, strict=True)):
-        slope = slope.view(batch.copies, texts, module.heads).sum(0)  # [texts, heads]: a text's copies share a gate
+    counted = counted_targets(batch, objective)
+    total = _by_text(counted, batch.copies).sum(-1)  # [texts]: each text's counted tokens, over its copies
+    measured = total > 0  # a text with no target has no loss and no gradient
+    if not measured.any():
+        raise ValueError("no text has a token to predict: type texts of at least two tokens")
+    wide = torch.float64 if any(p.dtype == torch.float64 for p in model.parameters()) else torch.float32
+    slopes = {module.name: torch.zeros(rows, module.heads, dtype=wide) for module in modules}
+    for piece in pieces(batch):
+        part = _part(batch, piece)
+        # one gate per row; a text's gate is the same gate in each of its copies, so its slope is the sum of theirs
+        gates = {module.name: torch.ones(part.real.shape[0], module.heads, dtype=wide, requires_grad=True)
+                 for module in modules}
+        with torch.enable_grad(), gated(model, gates):
+            outputs = model(**part.inputs)
+            losses, kept = token_losses(model, part, outputs, objective)
+            # each row's share of its text's loss (the text's mean over every counted token of its copies): the sum
+            # over rows is the sum of the texts' losses, and each row's gates get their own text's gradient
+            text = torch.arange(piece.start, piece.stop) % texts
+            weight = kept.to(losses.dtype) / total[text].clamp(min=1).to(losses.dtype)[:, None]
+            weight = weight * measured[text].to(losses.dtype)[:, None]
+            summed = (torch.where(kept, losses, torch.zeros_like(losses)) * weight).sum()
+            # autograd.grad leaves the parameters' .grad alone (the model is shared by every session)
+            found = torch.autograd.grad(summed, [gates[m.name] for m in modules])
+        for module, slope in zip(modules, found, strict=True):
+            slopes[module.name][piece] = slope.to(wide)
+    per_text = empty_map(modules, texts, dtype=wide)
+    for row, module in enumerate(modules):
+        slope = slopes[module.name].view(batch.copies, texts, module.heads).sum(0)  # [texts, heads]: copies share
         per_text[row, : module.heads] = slope.abs().T  # [heads, texts]
     per_text[..., ~measured] = float("nan")
     return ImportanceMap("gradient", per_text.nanmean(-1), modules, objective, float("nan"), per_text)

@@ -19,6 +19,7 @@ Imports only torch and attnviz.models.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -277,3 +278,93 @@ def mean_over_tokens(output: torch.Tensor, real: torch.Tensor | None) -> torch.T
         return output.mean(dim=(0, 1))
     weights = real.to(output.dtype)[..., None, None]  # [batch, n_q, 1, 1]
     return (output * weights).sum(dim=(0, 1)) / weights.sum().clamp(min=1)
+
+
+# -- the residual stream ------------------------------------------------------------------------------------------
+# The residual stream between layers: the input of each block (the element of the model's list of layers that holds
+# an attention module), and the output of the last one. Hooks are put on the blocks once per model and act only
+# inside a :func:`on_residual` block of the calling thread, on that model, as the attention edits do.
+
+
+@dataclass
+class _ResidualBlock:
+    model: int  # id() of the model
+    editor: Callable[[int, torch.Tensor], torch.Tensor]
+
+
+_RESIDUAL: contextvars.ContextVar[_ResidualBlock | None] = contextvars.ContextVar("attnviz_residual", default=None)
+
+
+def residual_blocks(model: torch.nn.Module, modules: list[AttentionModule]) -> list[str] | None:
+    """The name of the block around each of ``modules`` (a decoder's self-attention modules, in call order): the
+    element of a ``ModuleList`` whose name starts the attention's. None when a module has none, two share one (a
+    layer called more than once) or a module is not self-attention: the residual stream is then not patched."""
+    lists = {name for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList)}
+    blocks = []
+    for module in modules:
+        if module.kind != "self" or "@" in module.name:
+            return None
+        parts = module.name.split(".")
+        found = next((".".join(parts[:cut]) for cut in range(len(parts) - 1, 0, -1)
+                      if parts[cut - 1].isdigit() and ".".join(parts[: cut - 1]) in lists), None)
+        if found is None or found in blocks:
+            return None
+        blocks.append(found)
+    return blocks
+
+
+def _residual_hooks(model: torch.nn.Module, blocks: list[str]) -> None:
+    with _INSTALLING:
+        if getattr(model, "_attnviz_residual_hooks", None) == blocks:
+            return
+        if getattr(model, "_attnviz_residual_hooks", None) is not None:
+            raise RuntimeError("the model's residual hooks were put on other blocks")
+        for layer, name in enumerate(blocks):
+            block = model.get_submodule(name)
+            block.register_forward_pre_hook(_before_block(model, layer), with_kwargs=True)
+            if layer == len(blocks) - 1:
+                block.register_forward_hook(_after_block(model, layer + 1))
+        model._attnviz_residual_hooks = list(blocks)
+
+
+def _before_block(model: torch.nn.Module, layer: int):
+    owner = id(model)
+
+    def hook(_, args, kwargs):
+        state = _RESIDUAL.get()
+        if state is None or state.model != owner:
+            return None
+        if args:  # the hidden states: the block's first argument, by position or by name
+            return (state.editor(layer, args[0]), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": state.editor(layer, kwargs["hidden_states"])}
+        raise RuntimeError("the block's hidden states were not found among its arguments")
+
+    return hook
+
+
+def _after_block(model: torch.nn.Module, layer: int):
+    owner = id(model)
+
+    def hook(_, __, output):
+        state = _RESIDUAL.get()
+        if state is None or state.model != owner:
+            return None
+        if isinstance(output, tuple):
+            return (state.editor(layer, output[0]), *output[1:])
+        return state.editor(layer, output)
+
+    return hook
+
+
+@contextlib.contextmanager
+def on_residual(model: torch.nn.Module, blocks: list[str], editor: Callable[[int, torch.Tensor], torch.Tensor]):
+    """Forwards of ``model`` in this thread inside the block hand the residual stream ``[batch, n, d_model]`` to
+    ``editor(layer, hidden)`` and go on with what it returns: ``layer`` l < L is the input of block l (``blocks``,
+    :func:`residual_blocks`; 0: the embeddings), l = L the output of the last block (before any final norm)."""
+    _residual_hooks(model, blocks)
+    token = _RESIDUAL.set(_ResidualBlock(id(model), editor))
+    try:
+        yield
+    finally:
+        _RESIDUAL.reset(token)

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from attnviz.models import importance as imp
-from attnviz.models.interventions import AttentionModule, attention_modules, editable_checkpoint, head_means
+from attnviz.models.interventions import AttentionModule, attention_modules, editable_checkpoint
 from attnviz.scan import importance_store as istore
 from attnviz.scan.corpus import (
     CHARS_EVERY,
@@ -151,19 +151,21 @@ def corpus_means(model, tokenizer, objective: str, documents: list[tuple[int, Do
     """Each head's output averaged over every real token of the documents (their copies, under the masked-LM
     objective): ``[heads, d_v]`` by module name. One forward per chunk."""
     sums: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
     count = 0
     for chunk in chunks(_texts(documents), settings.chunk_docs):
         if should_stop is not None and should_stop():
             raise Stopped
         batch = imp.batch_of(tokenizer, [document.text for _, document in chunk], objective, settings.max_tokens)
-        means, _ = head_means(model, batch.inputs, batch.real)
-        tokens = int(batch.real.sum())
+        means, tokens = imp.head_means_of(model, batch)
         for name, mean in means.items():
             sums[name] = sums.get(name, 0) + mean.double() * tokens
+            dtypes[name] = mean.dtype
         count += tokens
         if progress is not None:
             progress(len(chunk))
-    return {name: (total / max(count, 1)).float() for name, total in sums.items()}
+    # in the model's own dtype (float32 for the stored tiny GPT; a float64 model keeps float64 means)
+    return {name: (total / max(count, 1)).to(dtypes[name]) for name, total in sums.items()}
 
 
 def measure_chunk(model, tokenizer, objective: str, modules: list[AttentionModule],

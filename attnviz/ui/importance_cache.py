@@ -100,12 +100,25 @@ def heads_measured(key: tuple) -> int:
     return sum(len(done) for done in finished.values()) if finished else 0
 
 
-def patching(key: tuple, model, tokenizer, clean: list[int], corrupted: list[int], answer: int,
-             progress: Callable | None = None, compute: bool = True) -> patch.Patching | None:
+def patching(key: tuple, model, tokenizer, prompts: patch.Prompts, progress: Callable | None = None,
+             compute: bool = True) -> tuple[patch.Patching, patch.PositionPatching | str] | None:
+    """Patching each head, then the residual stream at each layer and position (or why the model's residual stream
+    cannot be patched, in words), computed once per ``key`` (the model and the prompts, answer and foil)."""
     store = _stores()["patching"]
     found = store.get(key)
     if found is None and compute:
-        found = patch.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer, progress=progress)
+        def part(start: float, size: float):
+            return None if progress is None else lambda share, what: progress(start + size * share, what)
+
+        foil = prompts.foil  # None: the corrupted run's most likely token other than the answer
+        heads = patch.patching_map(model, prompts.clean, prompts.corrupted, prompts.answer, foil,
+                                   tokenizer=tokenizer, progress=part(0.0, 0.5))
+        try:
+            positions = patch.position_patching(model, prompts.clean, prompts.corrupted, prompts.answer, foil,
+                                                tokenizer=tokenizer, progress=part(0.5, 0.5))
+        except ValueError as problem:
+            positions = str(problem)
+        found = (heads, positions)
         store.put(key, found)
     return found
 
@@ -125,8 +138,26 @@ def cached_clean_run(key: tuple, _model, _study: imp.Study) -> tuple:
 
 @st.cache_resource(max_entries=4, show_spinner="Removing each head in turn…")
 def cached_circuit(folder: str, name: str, period: int, seed: int, bos: int | None, _model, _tokens: list[int]):
-    return (ind.induction_circuit(_model, _tokens, period=period, seed=seed, bos=bos),
-            ind.circuit_scores(_model, _tokens, period=period, seed=seed, bos=bos))
+    """The circuit's ablations, every head's scores, and the induction scores with the previous-token head that may
+    feed the induction heads zeroed (None without one)."""
+    result = ind.induction_circuit(_model, _tokens, period=period, seed=seed, bos=bos)
+    scores = ind.circuit_scores(_model, _tokens, period=period, seed=seed, bos=bos)
+    return result, scores, ind.without_feeder(_model, _tokens, result, scores, period=period, seed=seed, bos=bos)
+
+
+# The page's form: what it keeps when a view that does not draw it is shown (Streamlit forgets the value of a widget
+# a run does not draw, so switching views and back would reset it)
+FORM_KEYS = ("imp_source", "imp_texts", "imp_documents", "imp_corpus", "imp_corpus_docs", "imp_corpus_tokens",
+             "imp_corpus_methods", "imp_how", "imp_patch_source", "imp_patch_period", "imp_patch_seed", "imp_clean",
+             "imp_corrupted", "imp_answer", "imp_foil", "imp_patch_bos", "imp_circuit_period", "imp_circuit_seed")
+
+
+def keep_form(keys: tuple[str, ...] = FORM_KEYS) -> None:
+    """Write each of the form's values back into the session state, before any widget is drawn: a value written by
+    the script is kept whether or not its widget is drawn this run."""
+    for key in keys:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
 
 
 @st.cache_resource(show_spinner=False)
