@@ -13,6 +13,7 @@ from attnviz.models.interventions import editable
 from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
 from attnviz.models.safety import CheckpointRefused
 from attnviz.models.with_heads import declares_masked_lm_head
+from attnviz.pagelogic import importance_words as words
 from attnviz.pagelogic import induction_circuit as ind
 from attnviz.pagelogic import patching as patch
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
@@ -36,6 +37,7 @@ from attnviz.ui.importance_cache import (
     editable_model,
     heads_measured,
     importance_jobs,
+    keep_form,
     patching,
     run_documents,
     run_facts,
@@ -46,10 +48,10 @@ from attnviz.ui.importance_cache import (
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import ask_to_open, switch_if_asked
-from attnviz.ui.scans import scan_folder, session_id, waiting_for_turn
+from attnviz.ui.scans import listed_scans, scan_title, session_id, waiting_for_turn
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
-from attnviz.units import human_bytes
+from attnviz.units import human_bytes, ordinal
 from attnviz.viz import importance as figures
 from attnviz.viz.style import format_number
 
@@ -63,6 +65,7 @@ METHOD_TITLES = {"zero": "Zero ablation", "mean": "Mean ablation", "gradient": "
 
 start_page("Does this head matter?")
 switch_if_asked()
+keep_form()  # the views' forms keep their values while another view is shown
 page_intro(
     "Attention weights say where a head looks, not whether the model needs it. Here heads are removed one at a "
     "time (their output zeroed, or replaced by its mean) and the loss measured again; gradient importance "
@@ -104,7 +107,7 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
                                   help="A corpus in the background: thousands of documents, measured in a process "
                                        "of its own into a DuckDB file; leave the page, it goes on.")
     if source == TEXT_SOURCES[2]:
-        corpus_run_view(folder, name, objective)
+        corpus_run_view(folder, name, tokenizer, objective)
         return
     if source == TEXT_SOURCES[0]:
         box = st.text_area(
@@ -174,20 +177,21 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
     if cut:
         st.caption(f":material/content_cut: {cut} text(s) longer than {imp.MAX_TOKENS} tokens were read up to "
                    f"{imp.MAX_TOKENS}.")
+    st.caption(f":material/start: {words.reading_words(tokenizer, objective)}")
     if objective == "masked":
         st.caption(f":material/content_copy: Each text is read in {result.batch.copies} copies, a different one "
-                   f"in {imp.MASK_EVERY} of its tokens masked in each"
-                   + (": every token is predicted once." if result.batch.copies == imp.MASK_EVERY else
-                      f" ({result.batch.copies} of {imp.MASK_EVERY} tokens predicted: fewer texts give more)."))
+                   f"in {imp.MASK_EVERY} of its ordinary tokens masked in each: every ordinary token is predicted "
+                   "once, whatever the texts measured with it.")
     if objective == "hidden":
         st.info("This model has no head that gives a loss (an encoder without its language-model head): each "
-                "ablation is measured by how far the final hidden states move, relative to their size. Gradient "
-                "importance needs a loss and is left out.", icon=":material/info:")
+                "ablation is measured by how far each token's final hidden state moves, over the mean size of its "
+                "own text's unedited final states. Gradient importance needs a loss and is left out.",
+                icon=":material/info:")
     show_maps(result.maps, labels, objective, "imp_map")
     if len(result.maps) > 1:
         agreement_tables(result.maps)
     heads_beside_labels(folder, name, result)
-    token_effect_view(key, model, result, MEASURES[objective])
+    token_effect_view(key, model, result)
 
 
 def show_maps(maps: dict[str, imp.ImportanceMap], labels: list[str], objective: str, key: str,
@@ -206,15 +210,14 @@ def show_maps(maps: dict[str, imp.ImportanceMap], labels: list[str], objective: 
             show_figure(figure, caption, key=f"{key}_{method}")
 
 
-def corpus_run_view(folder: str, name: str, objective: str) -> None:
+def corpus_run_view(folder: str, name: str, tokenizer, objective: str) -> None:
     """A map over a whole corpus, measured in the background into DuckDB (attnviz.scan.importance)."""
     jobs = importance_jobs()
-    scans = [*scan_folder().scans(), *background.server_scans()]
-    choices = [BUNDLED_CORPUS, *map(str, scans)]
+    choices = [BUNDLED_CORPUS, *map(str, listed_scans())]  # scans only: never a corpus importance run
     columns = st.columns([4, 2, 2])
     chosen = columns[0].selectbox(
         "Corpus", choices, key="imp_corpus",
-        format_func=lambda c: c if c == BUNDLED_CORPUS else f"The documents of a scan: {Path(c).stem[:8]}…",
+        format_func=lambda c: c if c == BUNDLED_CORPUS else f"The documents of a scan: {scan_title(c)}",
         help="The bundled corpus, or the documents a scan of the Heads across a corpus page read (scan an uploaded "
              "corpus there first to measure it here).")
     most = background.max_page_documents()
@@ -275,6 +278,7 @@ def corpus_run_view(folder: str, name: str, objective: str) -> None:
     if results is None:
         return
     corpus_results(path, results, objective)
+    st.caption(f":material/start: {words.reading_words(tokenizer, objective)}")
 
 
 @st.fragment(run_every=1.0)
@@ -436,8 +440,10 @@ def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
         rows = [{"first": METHOD_TITLES[a], "second": METHOD_TITLES[b], "Spearman's rho": round(rho, 3)}
                 for a, b, rho in imp.agreement(maps)]
         st.dataframe(rows, hide_index=True, width="stretch")
-        st.caption("Rank correlation over every head of the size of its effect, either way (removing a head can also "
-                   "lower the loss): 1, the same order of importance; 0, unrelated.")
+        either = next(iter(maps.values())).objective != "hidden"  # a distance is never negative
+        st.caption("Rank correlation over every head of the size of its effect"
+                   + (", either way (removing a head can also lower the loss)" if either else "")
+                   + ": 1, the same order of importance; 0, unrelated.")
     with right:
         names = list(maps)
         second = "gradient" if "gradient" in maps else names[-1]
@@ -446,11 +452,13 @@ def agreement_tables(maps: dict[str, imp.ImportanceMap]) -> None:
         names = {"zero": "rank by zero ablation", second: f"rank by {METHOD_TITLES[second].lower()}"}
         st.dataframe([{names.get(column, column): value for column, value in row.items()} for row in rows],
                      hide_index=True, width="stretch")
-        st.caption("Ranks among every head (1: the largest effect by that measure, either way).")
+        st.caption("Ranks among every head (1: the largest effect by that measure"
+                   + (", either way)." if either else ")."))
 
 
-def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> None:
-    st.subheader("Which tokens does a head help predict?")
+def token_effect_view(key: tuple, model, result: imp.Study) -> None:
+    said = words.token_view(result.objective)
+    st.subheader(said.heading)
     columns = st.columns([3, 2, 2, 4])
     labels = [module.label for module in result.modules]
     row = columns[0].selectbox("Layer", range(len(labels)), format_func=labels.__getitem__, key="imp_layer")
@@ -463,17 +471,20 @@ def token_effect_view(key: tuple, model, result: imp.Study, measure: str) -> Non
                                     format_func=lambda i: result.batch.texts[i][:60])
     targets, change = cached_token_effect(key, row, head, how, text, model, result)
     if not targets:
-        st.info("This text has no token to predict (one token: nothing follows it). Choose another text.",
-                icon=":material/short_text:")
+        st.info(said.empty, icon=":material/short_text:")
         return
     label = f"{labels[row]}, head {head}"
     tokens = result.batch.tokens[text]
     st.html(figures.token_effect_html(targets, change.tolist(),
-                                      first=tokens[0] if len(targets) < len(tokens) else None))
+                                      first=tokens[0] if result.objective == "next-token" else None))
     show_figure(figures.token_effect_chart(
-        targets, change.tolist(), title=f"What {label} does for each token ({how} ablation)", measure=measure),
-        "Each bar: how the loss of predicting that token moves without the head (red: the head helped).",
-        key="imp_tokens")
+        targets, change.tolist(), title=f"What {label} does for each token ({how} ablation)", measure=said.measure,
+        axis=said.axis), said.caption, key="imp_tokens")
+    st.markdown(words.token_summary(change, result.maps[how], row, head, text,
+                                    "" if result.objective == "hidden" else "nats"))
+
+
+PRESET = "Preset: induction, the token to copy changed"
 
 
 def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
@@ -481,72 +492,91 @@ def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> N
         st.info("Activation patching here measures a decoder's next token: choose a decoder (the bundled tiny GPT "
                 "has a preset).", icon=":material/info:")
         return
-    source = st.segmented_control("Inputs", ("Preset: a repeat, second copy corrupted", "My own prompts"),
-                                  default="Preset: a repeat, second copy corrupted", key="imp_patch_source",
+    source = st.segmented_control("Inputs", (PRESET, "My own prompts"), default=PRESET, key="imp_patch_source",
                                   required=True)
-    if source.startswith("Preset"):
+    bos = tokenizer.bos_token_id
+    if source == PRESET:
         columns = st.columns(2)
         period = columns[0].slider("Tokens in the first copy", 8, 60, 30, key="imp_patch_period")
         seed = columns[1].number_input("Seed", 0, 10_000, 5, key="imp_patch_seed")
-        clean, corrupted, answer = patch.repeated_sequence(circuits.ordinary_token_ids(tokenizer), period, seed=seed)
-        st.caption(f"Clean: {period} random tokens, then the first {period // 2} again; the model should continue "
-                   f"with the {period // 2 + 1}th. Corrupted: the second copy replaced by other random tokens.")
-        style = tokenizer_style(tokenizer)
-        shown = [" ".join(readable_tokens(tokenizer.convert_ids_to_tokens(ids[-12:]), style))
-                 for ids in (clean, corrupted)]
-        answer_shown = readable_tokens(tokenizer.convert_ids_to_tokens([answer]), style)[0]
-        st.code(f"clean      … {shown[0]}   → {answer_shown}\ncorrupted  … {shown[1]}", language=None)
+        prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), period, seed=seed, bos=bos)
+        stop = period // 2
+        st.caption(f"Clean: {'the BOS token, then ' if prompts.bos else ''}{period} random tokens, then the first "
+                   f"{stop} again; a model that copies continues with the {ordinal(stop + 1)} token of the first "
+                   "copy (the answer). Corrupted: the same, with that token of the first copy changed (the foil): a "
+                   "model that copies continues with the foil instead. Only that position differs.")
     else:
-        columns = st.columns(3)
+        columns = st.columns([4, 4, 2, 2])
         # names that are one token each in the bundled tiny GPT and in GPT-2 ("Mary" is two in the tiny GPT)
         clean_text = columns[0].text_input("Clean prompt", "When the boy and the girl went to the store, the girl "
                                            "gave a drink to the", key="imp_clean")
         corrupted_text = columns[1].text_input("Corrupted prompt (the same number of tokens)", "When the boy and the "
                                                "girl went to the store, the boy gave a drink to the",
                                                key="imp_corrupted")
-        answer_text = columns[2].text_input("Answer (its first token)", " boy", key="imp_answer")
-        clean, corrupted = tokenizer(clean_text)["input_ids"], tokenizer(corrupted_text)["input_ids"]
-        answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
-        if not clean or not answer_ids:
-            st.warning("Type a clean prompt and an answer.", icon=":material/edit:")
+        answer_text = columns[2].text_input("Answer (its first token)", " boy", key="imp_answer",
+                                            help="what the clean prompt should lead to")
+        foil_text = columns[3].text_input("Foil (its first token)", " girl", key="imp_foil",
+                                          help="what the corrupted prompt leads to instead (the counterfactual "
+                                               "answer); empty: the corrupted run's most likely other token")
+        with_bos = bos is not None and st.checkbox(
+            f"Put the BOS token `{tokenizer.bos_token}` first", True, key="imp_patch_bos",
+            help="A decoder trained with a BOS token before every text reads a prompt without one as it never saw "
+                 "in training")
+        prompts = patch.own_prompts(tokenizer, clean_text, corrupted_text, answer_text, foil_text, with_bos)
+        if isinstance(prompts, str):
+            st.warning(prompts, icon=":material/edit:")
             return
-        if len(clean) != len(corrupted):
-            st.warning(f"The prompts must have the same number of tokens: the clean one has {len(clean)}, the "
-                       f"corrupted one {len(corrupted)}.", icon=":material/straighten:")
-            return
-        answer = answer_ids[0]
-    key = (folder, name, tuple(clean), tuple(corrupted), int(answer))
-    if st.button("Patch every head", type="primary", key="imp_patch_run", icon=":material/play_arrow:"):
+    st.code(patch.prompt_lines(tokenizer, prompts), language=None)
+    key = (folder, name, tuple(prompts.clean), tuple(prompts.corrupted), prompts.answer, prompts.foil)
+    if st.button("Patch every head and position", type="primary", key="imp_patch_run", icon=":material/play_arrow:"):
         bar, progress = progress_bar("Patching:")
-        patching(key, model, tokenizer, clean, corrupted, answer, progress)
+        patching(key, model, tokenizer, prompts, progress)
         bar.empty()
         st.session_state["imp_patched"] = key
     if st.session_state.get("imp_patched") != key:
-        st.info("Press **Patch every head**: each head's output on the clean input is put into the corrupted run.",
-                icon=":material/info:")
+        st.info("Press **Patch every head and position**: each head's output, then the residual stream at each "
+                "layer and position, on the clean prompt is put into the corrupted run.", icon=":material/info:")
         return
-    result = patching(key, model, tokenizer, clean, corrupted, answer, compute=False)
-    if result is None:
+    found = patching(key, model, tokenizer, prompts, compute=False)
+    if found is None:
         st.session_state.pop("imp_patched", None)
         st.rerun()
+    patched_views(found, prompts, tokenizer)
+
+
+def patched_views(found: tuple, prompts: patch.Prompts, tokenizer) -> None:
+    result, positions = found
     columns = st.columns(3)
     columns[0].metric("Logit difference, clean", format_number(result.clean),
-                      help="logit(answer) - logit(foil) at the last token")
+                      help="logit(answer) - logit(foil) at the last position")
     columns[1].metric("Logit difference, corrupted", format_number(result.corrupted))
     columns[2].metric("Answer / foil", f"{result.answer!r} / {result.foil!r}",
-                      help="The foil: the corrupted run's most likely token other than the answer")
-    problem = patch.gap_problem(result)
-    if problem is not None:
-        level, words = problem
-        (st.error if level == "error" else st.warning)(words, icon=":material/warning:")
-        if level == "error":
-            return
+                      help="The foil: " + ("as given" if prompts.foil is not None else
+                                           "the corrupted run's most likely token other than the answer"))
+    st.caption(f":material/start: Both prompts {patch.start_words(tokenizer, prompts.clean, several=True)}; each logit "
+               "difference is read at the last position.")
+    problems = patch.problems(result.clean, result.corrupted, result.answer, result.foil)
+    for level, said in problems:
+        (st.error if level == "error" else st.warning)(said, icon=":material/warning:")
+    if any(level == "error" for level, _ in problems):
+        return
     figure = figures.importance_heatmap(
         result.heads, [module.label for module in result.modules], title="Share of the answer restored by patching",
         measure="restored share", extra_column=result.layers.tolist(), extra_label="all heads",
         value_range=(-1.0, 1.0))
-    show_figure(figure, "1: patching the head (or, in the last column, every head of the layer) restores the clean "
-                        "answer's logit difference; 0: nothing.", key="imp_patching")
+    show_figure(figure, "1: patching the head's output at every position (or, in the last column, every head of "
+                        "the layer) restores the clean prompt's logit difference; 0: nothing.", key="imp_patching")
+    if isinstance(positions, str):
+        st.info(f"Patching by position: {positions}.", icon=":material/info:")
+        return
+    style = tokenizer_style(tokenizer)
+    show_figure(figures.position_patching_heatmap(
+        positions.shares, positions.rows, readable_tokens(tokenizer.convert_ids_to_tokens(prompts.clean), style),
+        readable_tokens(tokenizer.convert_ids_to_tokens(prompts.corrupted), style),
+        title="Share of the answer restored by patching the residual stream at one layer and position"),
+        "Each cell: the clean run's residual stream at that position, entering that layer (or leaving the last), "
+        "put into the corrupted run; 1: the clean logit difference comes back, 0: nothing. ▶ marks where the "
+        "prompts differ.", key="imp_positions")
 
 
 def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
@@ -558,7 +588,7 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
     period = columns[0].slider("Random tokens, typed twice", 10, 100, 50, 10, key="imp_circuit_period")
     seed = columns[1].number_input("Seed", 0, 10_000, 11, key="imp_circuit_seed")
     pool = circuits.ordinary_token_ids(tokenizer)
-    result, scores = cached_circuit(folder, name, period, seed, tokenizer.bos_token_id, model, pool)
+    result, scores, composed = cached_circuit(folder, name, period, seed, tokenizer.bos_token_id, model, pool)
     labels = [f"L{module.index} H{head}" for module in result.modules for head in range(module.heads)]
     first = [float(v) for row in result.first for v in row if v == v]
     second = [float(v) for row in result.second for v in row if v == v]
@@ -568,11 +598,17 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
                                       title="The loss on each copy with one head removed"),
                 "A head whose removal lifts only the red bar is needed for copying; dashed: no head removed.",
                 key="imp_circuit")
-    st.markdown(ind.story(result, scores, period))  # what the figure shows, in words, under it
-    st.dataframe([{"head": label, "previous-token score": round(p, 3), "induction score": round(i, 3),
-                   "second copy, ablated / clean": round(s / result.clean_second, 2)}
-                  for label, p, i, s in zip(labels, previous, induction, second, strict=True)],
-                 hide_index=True, width="stretch")
+    bos = None if tokenizer.bos_token_id is None else tokenizer.bos_token
+    st.markdown(ind.story(result, scores, period, composed=composed, bos=bos))  # the figure in words, under it
+    rows = [{"head": label, "previous-token score": round(p, 3), "induction score": round(i, 3),
+             "first copy, ablated / clean": round(f / result.clean_first, 3),
+             "second copy, ablated / clean": round(s / result.clean_second, 2)}
+            for label, p, i, f, s in zip(labels, previous, induction, first, second, strict=True)]
+    if composed is not None:  # where each head looks with the previous-token head that may feed them zeroed
+        column = f"induction score, {labels[ind.feeder(result, scores)]} zeroed"
+        for row, value in zip(rows, composed.flatten().tolist(), strict=True):
+            row[column] = round(value, 3)
+    st.dataframe(rows, hide_index=True, width="stretch")
     st.caption("Pattern beside cause: where each head looks (its attention scores, Olsson et al. 2022) and what "
                "its removal costs. A head can attend like an induction head and matter less than another.")
 

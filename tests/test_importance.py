@@ -12,7 +12,6 @@ from attnviz.models import interventions as iv
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic import induction_circuit as ind
-from attnviz.pagelogic import patching as patch
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 SENTENCES = ["The cat sat on the mat because it was warm.", "Attention heads read keys.",
@@ -208,17 +207,29 @@ def _circuit(first: list[list[float]], second: list[list[float]], clean_first: f
 
 
 def test_the_circuit_story_claims_only_what_the_numbers_show():
-    copies = _circuit([[6.0, 6.0], [6.0, 6.1]], [[3.0, 0.6], [0.5, 2.0]], 6.0, 0.5)
     scores = {"previous": torch.tensor([[0.1, 0.9], [0.0, 0.0]]), "induction": torch.tensor([[0.0, 0.0],
                                                                                              [0.1, 0.8]])}
-    told = ind.story(copies, scores, 50)
+    falls = torch.tensor([[0.0, 0.0], [0.05, 0.1]])  # L1 H1's induction score with L0 H1 zeroed
+    copies = _circuit([[6.0, 6.0], [6.0, 6.1]], [[3.0, 0.6], [0.5, 2.0]], 6.0, 0.5)
+    told = ind.story(copies, scores, 50, composed=falls, bos="<|endoftext|>")
     assert "it copies" in told and "**L1 H1**" in told and "**4.0x**" in told and "**1.2x**" in told
+    assert "after the BOS token `<|endoftext|>`" in told and "nats per token" in told
     assert "do not need it" in told and "compose" not in told  # L0 H1 removed costs 1.2x: no composition shown
     composed = _circuit([[6.0, 6.0], [6.0, 6.1]], [[3.0, 4.0], [0.5, 2.0]], 6.0, 0.5)
-    assert "the heads compose" in ind.story(composed, scores, 50)
+    told = ind.story(composed, scores, 50, composed=falls)
+    assert "the heads compose" in told and "**L1 H1** 0.80 → 0.10" in told and "with no BOS token" in told
+    # six of twelve heads of the tiny GPT raise the second copy's loss 1.5x: that alone is not composition
+    assert "compose" not in ind.story(composed, scores, 50)  # where the induction heads look without it: unmeasured
+    assert "not measured" in ind.story(composed, scores, 50)
+    stays = torch.tensor([[0.0, 0.0], [0.05, 0.75]])
+    told = ind.story(composed, scores, 50, composed=stays)
+    assert "compose" not in told and "still attend" in told
+    other_work = _circuit([[6.0, 7.2], [6.0, 6.1]], [[3.0, 4.0], [0.5, 2.0]], 6.0, 0.5)  # the first copy +20%
+    told = ind.story(other_work, scores, 50, composed=falls)
+    assert "compose" not in told and "does other work too" in told
     # the previous-token head must sit in an earlier layer than the induction head it feeds
     later = {"previous": torch.tensor([[0.1, 0.1], [0.95, 0.0]]), "induction": scores["induction"]}
-    told = ind.story(composed, later, 50)
+    told = ind.story(composed, later, 50, composed=falls)
     assert "No head in an earlier layer attends to the previous token" in told and "compose" not in told
     no_copy = _circuit([[6.0, 6.0], [6.0, 6.0]], [[6.0, 6.0], [6.0, 6.0]], 6.0, 5.5)
     told = ind.story(no_copy, scores, 50)
@@ -229,45 +240,56 @@ def test_the_circuit_story_claims_only_what_the_numbers_show():
     assert "the model copies without it" in ind.story(unneeded, scores, 50)
 
 
-def test_patching_the_induction_preset_recovers_the_answer_through_the_circuit(tiny_gpt):
+def _induction_scores_by_hand(eager, ids: torch.Tensor, period: int, start: int, zero: tuple[int, int]):
+    """Every head's mean weight from each second-copy query to the token after its first
+    occurrence, on transformers' eager GPT-2 with one head's columns of its output projection's input zeroed by a
+    pre-hook: ``[layers, heads]``."""
+    layer, head = zero
+    attention = eager.transformer.h[layer].attn
+    width = eager.config.n_embd // eager.config.n_head
+
+    def hook(_, args):
+        merged = args[0].clone()
+        merged[..., head * width:(head + 1) * width] = 0
+        return (merged, *args[1:])
+
+    handle = attention.c_proj.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            weights = torch.stack(eager(input_ids=ids, output_attentions=True).attentions, 1)  # [b, L, H, n, n]
+    finally:
+        handle.remove()
+    queries = torch.arange(start + period, start + 2 * period)
+    keys = queries - period + 1  # the token after the query's earlier occurrence
+    return weights[..., queries, keys].mean(dim=(0, -1))
+
+
+def test_the_tiny_gpts_heads_compose_by_the_test_that_shows_it(tiny_gpt):
+    """At the page's own setting (50 tokens twice, 8 sequences, seed 11, after the BOS): zeroing the previous-token
+    head L0 H1 leaves the first copy alone, makes the second copy far harder, and takes the induction heads'
+    attention away (checked on transformers' eager GPT-2 with the head zeroed by hand); another early head that
+    costs the second copy as much (L0 H2, 3.3x) leaves their attention where it was."""
     model, tokenizer = tiny_gpt
     pool = circuits.ordinary_token_ids(tokenizer)
-    clean, corrupted, answer = patch.repeated_sequence(pool, 30, seed=5)
-    assert len(clean) == len(corrupted) and clean[:30] == corrupted[:30] and clean[30:] != corrupted[30:]
-    result = patch.patching_map(model, clean, corrupted, answer, tokenizer=tokenizer)
-    assert result.clean > result.corrupted + 2  # the clean run predicts the answer, the corrupted does not
-    # the second layer, where the induction heads are, restores most of the gap, and the single head that
-    # restores most is one of its induction heads (they share the work, so each restores a part)
-    scores = ind.circuit_scores(model, pool, period=30, seed=5)
-    induction_layer = int(scores["induction"].max(-1).values.argmax())  # the layer of the strongest induction head
-    assert induction_layer >= 1
-    assert result.layers[induction_layer] > 0.5
-    assert result.layers[induction_layer] == result.layers.max()
-    best = int(result.heads.nan_to_num(-1).argmax())
-    assert best // TINY_GPT_HEADS == induction_layer
-    assert scores["induction"].flatten()[best] > 0.5  # an induction head
-    # patching the corrupted run with its own outputs changes nothing: the logits, not only the (empty) gap
-    own, _ = iv.head_outputs(model, {"input_ids": torch.tensor([corrupted])})
-    with torch.no_grad():
-        before = model(input_ids=torch.tensor([corrupted])).logits
-        for module in result.modules:
-            with iv.edited(model, {module.name: {h: own[module.name][:, :, h] for h in range(module.heads)}}):
-                assert torch.equal(model(input_ids=torch.tensor([corrupted])).logits, before)
-    with pytest.raises(ValueError, match="same length"):
-        patch.patching_map(model, clean, corrupted[:-1], answer)
-
-
-def test_a_small_or_empty_patching_gap_is_said_before_its_shares():
-    modules = [iv.AttentionModule("a", 2, "self", 0)]
-
-    def result(clean: float, corrupted: float) -> patch.Patching:
-        return patch.Patching(torch.zeros(1, 2), torch.zeros(1), modules, clean, corrupted, "a", "b")
-
-    assert patch.gap_problem(result(5.0, -1.0)) is None
-    level, words = patch.gap_problem(result(0.5, 0.1))
-    assert level == "warning" and "only 0.40 logits" in words
-    assert patch.gap_problem(result(-0.3, 0.2))[0] == "warning"  # a gap the other way is as small
-    assert patch.gap_problem(result(2.0, 2.0))[0] == "error"
+    bos = tokenizer.bos_token_id
+    result = ind.induction_circuit(model, pool, period=50, texts=8, seed=11, bos=bos)
+    scores = ind.circuit_scores(model, pool, period=50, seed=11, bos=bos)
+    assert ind.feeder(result, scores) == 1  # L0 H1
+    composed = ind.without_feeder(model, pool, result, scores, period=50, seed=11, bos=bos)
+    eager, _ = load_causal_lm(BUNDLED_GPT_DIR)
+    ids = ind.repeats(pool, 50, 8, 11, bos)
+    by_hand = _induction_scores_by_hand(eager, ids, 50, 1, (0, 1))
+    torch.testing.assert_close(composed, by_hand, atol=1e-5, rtol=1e-4)
+    told = ind.story(result, scores, 50, composed=composed, bos=tokenizer.bos_token)
+    assert "the heads compose" in told
+    assert abs(float(result.first[0, 1]) / result.clean_first - 1) < ind.ALONE
+    for layer, head in ((2, 1), (2, 2), (1, 3)):  # every head that attends like an induction head is named
+        assert f"**L{layer} H{head}** {float(scores['induction'][layer, head]):.2f} → " in told
+        assert composed[layer, head] <= ind.READS * scores["induction"][layer, head]
+    # the other early head whose removal costs the second copy 1.5x or more does not take their attention away
+    assert float(result.second[0, 2]) >= ind.MATTERS * result.clean_second
+    other = _induction_scores_by_hand(eager, ids, 50, 1, (0, 2))
+    assert (other[2, 1:3] > ind.READS * scores["induction"][2, 1:3]).all()
 
 
 def test_the_head_table_ranks_every_head_by_each_measure():

@@ -8,8 +8,15 @@ import pytest
 from attnviz import circuits
 from attnviz.models import importance as imp
 from attnviz.models import interventions as iv
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
+from attnviz.models.loading import (
+    BUNDLED_GPT_DIR,
+    BUNDLED_GPT_NAME,
+    DEFAULT_MODEL_NAME,
+    default_model_dir,
+    load_model_dir,
+)
 from attnviz.pagelogic import induction_circuit as ind
+from attnviz.viz.style import format_number
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
@@ -36,6 +43,10 @@ def test_the_page_opens_on_the_tiny_gpts_circuit_with_its_numbers(_clean):
                                      bos=tokenizer.bos_token_id)
     ratio = float(expected.second.max()) / expected.clean_second
     assert f"**{ratio:.1f}x**" in statement  # the previous-token head's ablation, measured again here
+    # composition is claimed from the test that shows it, naming the induction heads that need the previous-token
+    # head; the sequences' BOS is said
+    assert "the heads compose" in statement and "**L2 H1** 0.88 → 0.06" in statement
+    assert "after the BOS token `<|endoftext|>`" in statement
     spec = figure_titled(at, "The loss on each copy")
     assert [trace["name"].split(" (")[0] for trace in spec["data"]] == [
         "first copy", "second copy", f"first copy, no head removed: {expected.clean_first:.3g}",
@@ -98,6 +109,10 @@ def test_an_encoder_is_measured_by_its_hidden_states_and_says_so(_clean):
     at = open_page(PAGE, timeout=300, imp_view="Importance map")
     at.selectbox(key="imp_model").set_value(DEFAULT_MODEL_NAME).run()
     assert any("change of the final hidden states" in c.value for c in at.caption)
+    # two texts of different sizes: where the map's cell and the mean of a text's token bars disagreed (0.064 and
+    # 0.034) when the map divided by the batch's mean norm and the bars by the text's own
+    texts = ["The cat sat on the mat.", "Attention heads read keys and values, then mix them, every one of them."]
+    at.text_area(key="imp_texts").set_value("\n".join(texts)).run()
     at.button(key="imp_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("no head that gives a loss" in i.value for i in at.info)
@@ -108,23 +123,48 @@ def test_an_encoder_is_measured_by_its_hidden_states_and_says_so(_clean):
     assert any("How far the final states move" in c.value for c in at.caption)
     titles = [spec for spec in at.get("plotly_chart") if "Gradient" in spec.proto.spec]
     assert not titles
+    # the per-token view speaks of hidden states, not of a loss, and its bars add up to what the map keeps
+    at.selectbox(key="imp_text").set_value(1).run()
+    bar_caption = next(c.value for c in at.caption if c.value.startswith("Each bar"))
+    assert "final hidden state moves without the head" in bar_caption and "loss of predicting" not in bar_caption
+    assert any(h.value == "How far does a head move each token's final state?" for h in at.subheader)
+    bars = plotly_array(figure_titled(at, "What layer 0, head 0 does")["data"][0]["y"])
+    zero = _heatmap(at, "Zero ablation")
+    summary = next(m.value for m in at.markdown if m.value.startswith("The mean of these"))
+    assert f"**{format_number(float(bars.mean()))}**" in summary and f"**{format_number(zero[0, 0])}**" in summary
+    bundle = load_model_dir(default_model_dir())
+    batch = imp.batch_of(bundle.tokenizer, texts, "hidden")
+    expected = imp.ablation_map(bundle.model, batch, "zero")
+    assert float(bars.mean()) == pytest.approx(float(expected.per_text[0, 0, 1]), rel=1e-4)
+    assert zero[0, 0] == pytest.approx(float(expected.per_text[0, 0].mean()), rel=1e-4)
 
 
-def test_patching_the_preset_shows_the_restored_share_of_each_head(_clean):
+def test_patching_the_preset_shows_the_restored_share_of_each_head_and_position(_clean):
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
     code = at.code[0].value
     assert code.startswith("clean") and "corrupted" in code
     at.number_input(key="imp_patch_seed").set_value(6).run()
     assert at.code[0].value != code  # another draw of random tokens
+    at.slider(key="imp_patch_period").set_value(40).run()
+    assert any("the 21st token of the first copy" in c.value for c in at.caption)  # it said "21th"
     at.button(key="imp_patch_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    spec = figure_titled(at, "Share of the answer restored")
+    assert not at.warning and not at.error  # the default example is one the default model does
+    assert any(c.value.endswith("each logit difference is read at the last position.") and "BOS token" in c.value
+               for c in at.caption)
+    spec = figure_titled(at, "Share of the answer restored by patching")
     cells = plotly_array(spec["data"][0]["z"])
     assert cells.shape == (TINY_GPT_LAYERS, TINY_GPT_HEADS + 2)  # the heads, a gap, every head of the layer
-    # a layer after the previous-token head's, where the induction heads are, restores most of the answer (which
-    # layer is the strongest induction head's: tests/test_importance.py)
-    best = int(cells[:, -1].argmax())
-    assert best >= 1 and cells[best, -1] > 0.5
+    # the induction heads' layer restores most of the answer (tests/test_patching.py: at every preset)
+    assert int(cells[:, -1].argmax()) == TINY_GPT_LAYERS - 1 and cells[-1, -1] > 0.75
+    from attnviz.pagelogic import patching as patch
+
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 40, seed=6, bos=tokenizer.bos_token_id)
+    positions = plotly_array(figure_titled(at, "Share of the answer restored by patching the residual stream")
+                             ["data"][0]["z"])
+    expected = patch.position_patching(model, prompts.clean, prompts.corrupted, prompts.answer, prompts.foil)
+    assert np.allclose(positions, expected.shares.numpy(), atol=1e-6)
 
 
 def test_own_prompts_of_different_lengths_are_refused_in_words(_clean):
@@ -226,13 +266,22 @@ def test_hostile_texts_get_a_message_or_a_map(box, said, _clean):
         assert any(f"read up to {imp.MAX_TOKENS}" in c.value for c in at.caption)
 
 
-def test_the_own_prompts_example_runs_with_the_pages_model(_clean):
+def test_the_own_prompts_example_runs_with_the_pages_model_and_says_it_does_not_do_it(_clean):
     """The typed-prompts example has the same number of tokens in both prompts with the page's default model (the
-    tiny GPT read "Mary" as two tokens, and the example was refused)."""
+    tiny GPT read "Mary" as two tokens, and the example was refused). The tiny GPT does not do it: its clean logit
+    difference is negative, and the page says so above the shares (it showed heads "restoring 1.00" with a foil
+    of "\n" and no warning)."""
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
     at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
     assert not at.exception, [e.value for e in at.exception]
     assert not any("same number of tokens" in e.value for e in [*at.error, *at.warning])
+    assert at.text_input(key="imp_foil").value == " girl"  # the counterfactual answer
+    at.button(key="imp_patch_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert next(m.value for m in at.metric if m.label == "Answer / foil") == "'␣boy' / '␣girl'"  # not "\n"
+    clean = float(next(m.value for m in at.metric if m.label == "Logit difference, clean"))
+    assert clean < 0  # negative: the model prefers the foil even on the clean prompt
+    assert any("does not prefer the answer `␣boy` to the foil `␣girl`" in w.value for w in at.warning)
 
 
 def test_a_one_token_text_is_counted_apart_and_its_tokens_view_says_why_it_is_empty(_clean):

@@ -1,6 +1,7 @@
 """The induction circuit, demonstrated by ablation (the first view of the "Does this head matter?" page): random
 tokens typed twice, each head of a decoder removed in turn, the loss on each copy measured; beside it, where each
-head looks on the same sequences (previous-token and induction scores)."""
+head looks on the same sequences (previous-token and induction scores), and where the induction heads look when
+the previous-token head that may feed them is removed (the test of composition)."""
 
 from __future__ import annotations
 
@@ -70,14 +71,16 @@ def induction_circuit(model: torch.nn.Module, tokens: list[int], *, period: int 
 
 
 def circuit_scores(model: torch.nn.Module, tokens: list[int], *, period: int = 50, texts: int = 8,
-                   seed: int = 0, bos: int | None = None) -> dict[str, torch.Tensor]:
+                   seed: int = 0, bos: int | None = None, plan: Plan | None = None) -> dict[str, torch.Tensor]:
     """Where each head looks on the same sequences as :func:`induction_circuit`: its previous-token and induction
-    scores (Olsson et al., :mod:`attnviz.circuits`), ``[layers, heads]`` each, averaged over the texts."""
+    scores (Olsson et al., :mod:`attnviz.circuits`), ``[layers, heads]`` each, averaged over the texts; with
+    ``plan``'s heads edited (e.g. one zeroed) while they are measured."""
     ids = repeats(tokens, period, texts, seed, bos)
     start = ids.shape[1] - 2 * period
     previous, induction = [], []
     for row in ids:
-        calls, _ = recorded_calls(model, {"input_ids": row[None]})
+        with edited(model, plan or {}):
+            calls, _ = recorded_calls(model, {"input_ids": row[None]})
         names = [str(token) for token in row.tolist()]
         weights = record_from_calls("self", calls, names, names).every_layer_weights()  # [layers, heads, n, n]
         previous.append(circuits.previous_token_score(weights[..., start:, start:]))
@@ -86,18 +89,57 @@ def circuit_scores(model: torch.nn.Module, tokens: list[int], *, period: int = 5
 
 
 # What the story calls a head that attends like one (a score, the mean attention weight on the expected token), a
-# copy "easy" (its loss under this share of the first copy's) and a removal that "matters" (the second copy's loss
-# at least this many times the clean one)
+# copy "easy" (its loss under this share of the first copy's), a removal that "matters" (the second copy's loss
+# at least this many times the clean one), a first copy left "alone" (its loss moved by less than this share) and
+# an induction head that "reads" a previous-token head (its score, with that head removed, at most this share of
+# its own)
 ATTENDS = 0.3
 COPIES = 0.5
 MATTERS = 1.5
+ALONE = 0.1
+READS = 0.5
 
 
-def story(result: Circuit, scores: dict[str, torch.Tensor], period: int) -> str:
+def feeder(result: Circuit, scores: dict[str, torch.Tensor]) -> int | None:
+    """The head (flat index) that may feed the strongest induction head: the strongest previous-token head in an
+    earlier layer, if it attends like one (score at least ``ATTENDS``); else None."""
+    layers = [module.index for module in result.modules for _ in range(module.heads)]
+    induction = scores["induction"].flatten().tolist()
+    previous = scores["previous"].flatten().tolist()
+    strongest = max(range(len(induction)), key=induction.__getitem__)
+    earlier = [head for head in range(len(previous)) if layers[head] < layers[strongest]]
+    found = max(earlier, key=previous.__getitem__, default=None)
+    return None if found is None or previous[found] < ATTENDS else found
+
+
+def without_feeder(model: torch.nn.Module, tokens: list[int], result: Circuit, scores: dict[str, torch.Tensor], *,
+                   period: int = 50, texts: int = 8, seed: int = 0, bos: int | None = None) -> torch.Tensor | None:
+    """Every head's induction score on the same sequences with the :func:`feeder` zeroed (None without one): an
+    induction head that finds the token to copy through what the previous-token head wrote loses its score."""
+    found = feeder(result, scores)
+    if found is None:
+        return None
+    row, head = _place(result, found)
+    return circuit_scores(model, tokens, period=period, texts=texts, seed=seed, bos=bos,
+                          plan=zeroed(result.modules[row].name, head))["induction"]
+
+
+def _place(result: Circuit, index: int) -> tuple[int, int]:
+    for row, module in enumerate(result.modules):
+        if index < module.heads:
+            return row, index
+        index -= module.heads
+    raise IndexError(index)
+
+
+def story(result: Circuit, scores: dict[str, torch.Tensor], period: int, *, texts: int = 8,
+          composed: torch.Tensor | None = None, bos: str | None = None) -> str:
     """What the measurements show, in words (markdown), each claim made only where the numbers make it: that the
     model copies, which head is its strongest induction head and what removing it costs, and whether a
-    previous-token head in an earlier layer feeds it (removing that one damages induction too: the heads
-    compose)."""
+    previous-token head in an earlier layer feeds it. The heads are said to compose only when removing that head
+    makes the second copy harder, leaves the first copy alone, and takes the induction heads' attention away
+    (``composed``: the induction scores with it zeroed, :func:`without_feeder`); each induction head it feeds is
+    named. ``bos``: the BOS token the sequences start with (None: none)."""
     layers = [module.index for module in result.modules for _ in range(module.heads)]
     labels = [f"L{module.index} H{head}" for module in result.modules for head in range(module.heads)]
     first = [float(v) for row in result.first for v in row if v == v]
@@ -105,8 +147,10 @@ def story(result: Circuit, scores: dict[str, torch.Tensor], period: int) -> str:
     induction = scores["induction"].flatten().tolist()
     previous = scores["previous"].flatten().tolist()
     clean_first, clean_second = result.clean_first, result.clean_second
-    said = (f"On {period} random tokens typed twice, the model's loss on the second copy is "
-            f"**{clean_second:.3g}** nats against **{clean_first:.3g}** on the first")
+    start = f"after the BOS token `{bos}`" if bos else "with no BOS token before them"
+    said = (f"On {period} random tokens typed twice ({texts} sequences, {start}), the model's loss on the second "
+            f"copy is **{clean_second:.3g}** nats per token against **{clean_first:.3g}** on the first (each the "
+            "mean over every predicted token of that copy in every sequence)")
     if clean_second >= COPIES * clean_first:
         return (said + ": it does not copy (an induction circuit makes the second copy far easier), so there is no "
                 "circuit here for removing a head to break. The bundled tiny GPT has one.")
@@ -118,20 +162,45 @@ def story(result: Circuit, scores: dict[str, torch.Tensor], period: int) -> str:
     cost = second[strongest] / clean_second
     said += (f" Zeroing **{labels[strongest]}** (the strongest induction head by attention, "
              f"{induction[strongest]:.2f}) makes the second copy **{cost:.1f}x** harder while the first copy moves "
-             f"**{(first[strongest] / clean_first - 1):+.1%}**")
+             f"**{(first[strongest] / clean_first - 1):+.2%}**")
     said += "." if cost >= MATTERS else ": the model copies without it (other heads do the work)."
-    earlier = [head for head in range(len(previous)) if layers[head] < layers[strongest]]
-    feeder = max(earlier, key=previous.__getitem__, default=None)
-    if feeder is None or previous[feeder] < ATTENDS:
+    found = feeder(result, scores)
+    if found is None:
         said += (" No head in an earlier layer attends to the previous token, so this induction head does not read "
                  "one: there is no composition to show.")
     else:
-        feeder_cost = second[feeder] / clean_second
-        said += (f" Zeroing the previous-token head **{labels[feeder]}** ({previous[feeder]:.2f} on the previous "
-                 f"token, an earlier layer) makes the second copy **{feeder_cost:.1f}x** harder")
-        said += (": the induction heads read what it wrote (the heads compose)." if feeder_cost >= MATTERS else
-                 ": the induction heads do not need it here.")
+        said += _composition(found, strongest, labels, layers, first, second, clean_first, clean_second,
+                             induction, previous[found], composed)
     return said + _costliest(labels, induction, second, clean_second, strongest)
+
+
+def _composition(found: int, strongest: int, labels: list[str], layers: list[int], first: list[float],
+                 second: list[float], clean_first: float, clean_second: float, induction: list[float],
+                 previous: float, composed: torch.Tensor | None) -> str:
+    """What removing the previous-token head ``found`` shows, in words: the heads compose only when the second copy
+    gets harder, the first copy stays as it was, and the induction heads lose their attention without it."""
+    cost, moved = second[found] / clean_second, first[found] / clean_first - 1
+    said = (f" Zeroing the previous-token head **{labels[found]}** ({previous:.2f} on the previous token, an "
+            f"earlier layer) makes the second copy **{cost:.1f}x** harder while the first copy moves "
+            f"**{moved:+.2%}**")
+    if cost < MATTERS:
+        return said + ": the induction heads do not need it here."
+    if abs(moved) >= ALONE:
+        return said + (": it does other work too (the first copy has nothing to copy), so this does not show that "
+                       "the induction heads read it.")
+    if composed is None:
+        return said + "; whether the induction heads read it is not measured here."
+    after = composed.flatten().tolist()
+    inducting = [head for head in range(len(induction)) if layers[head] > layers[found] and induction[head] >= ATTENDS]
+    reading = [head for head in inducting if after[head] <= READS * induction[head]]
+    changes = ", ".join(f"**{labels[head]}** {induction[head]:.2f} → {after[head]:.2f}" for head in inducting)
+    if strongest not in reading:
+        return said + (f". Without it the induction heads still attend to the token to copy ({changes}): its "
+                       "effect does not come through their attention.")
+    bold = [f"**{labels[head]}**" for head in reading]
+    names = bold[0] if len(bold) == 1 else f"{', '.join(bold[:-1])} and {bold[-1]}"
+    return said + (f". Without it the induction heads' attention to the token to copy falls ({changes}): {names} "
+                   "need what it wrote to find the token to copy (the heads compose).")
 
 
 def _costliest(labels: list[str], induction: list[float], second: list[float], clean: float,
