@@ -24,6 +24,7 @@ from attnviz.ui.scans import (
     existing_scan,
     key_for,
     prepare_export,
+    results_kind,
     scan_folder,
     scan_read,
     session_id,
@@ -258,7 +259,9 @@ def scan_label(path: Path) -> str:
 def readable_scans() -> list[Path]:
     job = folder.job()
     running = None if job is None else folder.database(job.key)
-    return [path for path in [*folder.scans(), *background.server_scans()] if path != running]
+    # a corpus importance run kept beside the scans is not one; a foreign or damaged file is listed, to say so
+    return [path for path in [*folder.scans(), *background.server_scans()]
+            if path != running and results_kind(path) != "importance"]
 
 
 def choose_scan(scans: list[Path], key: str, label: str, exclude: Path | None = None) -> Path | None:

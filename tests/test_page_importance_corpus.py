@@ -65,21 +65,49 @@ def test_a_corpus_run_started_on_the_page_shows_what_its_database_holds(clean_st
 
 
 def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeypatch, clean_streamlit_caches):
+    from attnviz.models import interventions as iv
+    from attnviz.models.loading import BUNDLED_GPT_DIR
     from attnviz.scan.background import SCAN_ROOT_VARIABLE
     from attnviz.scan.corpus import Corpus, Document
+    from attnviz.scan.importance_runner import ImportanceSettings, run_importance
     from attnviz.scan.runner import ScanSettings, run_scan
+    from attnviz.scan.store import ScanReader
 
     texts = ["The cat sat on the mat.", "Heads read keys.", "A third document here.", "And a fourth one."]
-    run_scan(Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)]), bert,
-             tmp_path / "four.duckdb", ScanSettings(max_docs=4, max_tokens=12))
+    corpus = Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)])
+    run_scan(corpus, bert, tmp_path / "four.duckdb", ScanSettings(max_docs=4, max_tokens=12))
+    # a corpus importance run beside it (the scan root takes any .duckdb made on the command line), and a file that
+    # is no database: neither is a scan, and neither is offered as one (opening the run failed with a
+    # CatalogException)
+    run_importance(corpus, BUNDLED_GPT_DIR, tmp_path / "run.duckdb", ImportanceSettings(max_docs=2, max_tokens=8,
+                                                                                       methods=("zero",)),
+                   loaded=iv.editable_lm(BUNDLED_GPT_DIR))
+    (tmp_path / "junk.duckdb").write_bytes(b"not a database")
     monkeypatch.setenv(SCAN_ROOT_VARIABLE, str(tmp_path))
     at = open_page(PAGE, timeout=300, imp_view="Importance map", imp_source="A corpus, in the background")
     choices = at.selectbox(key="imp_corpus").options
     assert len(choices) == 2 and "The documents of a scan" in choices[1]
+    # named as the corpus page names a scan: its corpus, model, documents and date, not a hash
+    with ScanReader(tmp_path / "four.duckdb") as reader:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(reader.settings["started"]))
+    assert choices[1] == f"The documents of a scan: tests · {bert.name} · 4 documents · {started}"
     at.selectbox(key="imp_corpus").set_value(str(tmp_path / "four.duckdb")).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any(c.value.startswith("4 of 4 documents of the documents of scan") for c in at.caption)
     assert at.button(key="imp_corpus_run").label == "Measure every head over 4 documents"
+    # the form is kept while another view is shown
+    at.number_input(key="imp_corpus_docs").set_value(3).run()
+    at.segmented_control(key="imp_view").set_value("Induction circuit").run()
+    at.segmented_control(key="imp_view").set_value("Importance map").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.segmented_control(key="imp_source").value == "A corpus, in the background"
+    assert at.selectbox(key="imp_corpus").value == str(tmp_path / "four.duckdb")
+    assert at.number_input(key="imp_corpus_docs").value == 3
+    assert at.button(key="imp_corpus_run").label == "Measure every head over 3 documents"
+    # Heads across a corpus offers the scan, and the damaged file (to say it is not a scan), never the importance run
+    corpus_page = open_page("pages/corpus.py", timeout=300)
+    offered = corpus_page.selectbox(key="corpus_scan_choice").options
+    assert sorted(offered) == sorted([f"{bert.name} · tests · 4 documents · ≤ 12 tokens", "junk.duckdb (not a scan)"])
 
 
 @pytest.mark.slow

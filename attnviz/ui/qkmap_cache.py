@@ -11,9 +11,9 @@ from pathlib import Path
 import streamlit as st
 
 from attnviz.pagelogic import qkmap
-from attnviz.scan import background, qk_sample, store
+from attnviz.scan import qk_sample, store
 from attnviz.ui.figures import framed
-from attnviz.ui.scans import scan_folder, scan_read
+from attnviz.ui.scans import listed_scans, scan_folder, scan_read
 from attnviz.viz import qkmap as figures
 
 
@@ -81,7 +81,7 @@ def sampled_scans(model_folder: str) -> list[tuple[Path, dict]]:
     """The finished scans of this browser (and the server's) made with this model that kept queries and keys:
     (path, settings with the sample's facts), newest first."""
     found = []
-    for path in [*scan_folder().scans(), *background.server_scans()]:
+    for path in listed_scans():
         try:
             said = scan_read(path, "settings")
             if said.get("status") != store.STATUS_FINISHED or said.get("model_folder") != model_folder or \

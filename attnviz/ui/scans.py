@@ -18,6 +18,7 @@ from attnviz.scan.corpus_probe import facts_of, probe
 from attnviz.scan.runner import ScanSettings, scan_key
 from attnviz.ui.session_models import browser_store
 from attnviz.ui.session_uploads import session_uploads
+from attnviz.units import ordinal
 
 
 def scan_folder() -> background.ScanFolder:
@@ -106,6 +107,55 @@ def _scan_read(path: str, stamp: float, method: str, args: tuple, kwargs: tuple)
     return tuple(np.asarray(part) for part in result) if method == "statistic_map" else result
 
 
+def results_kind(path: str | Path) -> str:
+    """What a ``.duckdb`` file of a scan folder holds: "scan" (a scan's database), "importance" (a corpus importance
+    run's), "busy" (being written now: not known yet) or "other" (neither, or damaged); cached by the file's
+    modification time."""
+    return _results_kind(str(path), _stamp(Path(path)))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _results_kind(path: str, stamp: float) -> str:
+    from attnviz.scan.importance_store import ImportanceReader
+
+    for kind, reader in (("scan", store.ScanReader), ("importance", ImportanceReader)):
+        try:
+            with reader(path):
+                return kind
+        except database.NotAResultsFile:
+            continue
+        except (database.DatabaseBusy, MemoryError, OSError):
+            return "busy"
+        except Exception:  # noqa: BLE001 - any other reading problem: not listed as either
+            return "other"
+    return "other"
+
+
+def listed_scans(folder: background.ScanFolder | None = None) -> list[Path]:
+    """The scans to offer: this browser's (``folder``, default :func:`scan_folder`) and the server's
+    (``ATTNVIZ_SCAN_ROOT``), newest first, leaving out every file that is not a scan (a corpus importance run put
+    beside the scans, a damaged file); a file being written is listed (it says so when opened)."""
+    folder = folder if folder is not None else scan_folder()
+    return [path for path in [*folder.scans(), *background.server_scans()]
+            if results_kind(path) in ("scan", "busy")]
+
+
+def scan_title(path: str | Path) -> str:
+    """A scan as the pages name it: its corpus, model, how many documents it read and when it started."""
+    try:
+        said = scan_read(path, "settings")
+    except database.NotAResultsFile:
+        return f"{Path(path).name} (not a scan)"
+    except Exception:  # noqa: BLE001 - a file being written
+        return f"{Path(path).name} (cannot be read now)"
+    started = said.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(started))) if started else "date unknown"
+    status = said.get("status")
+    state = "" if status == store.STATUS_FINISHED else f" · {status}"
+    return (f"{said.get('corpus')} · {said.get('model')} · {int(said.get('documents_scanned', 0)):,} documents · "
+            f"{when}{state}")
+
+
 def existing_scan(folder: background.ScanFolder, path: Path) -> dict | str | None:
     """The settings of the scan file some settings name, in this browser's ``folder``: None when there is none (a
     file that is not a scan at all, or damaged, is deleted: only this case), "busy" when it cannot be read now (said
@@ -128,17 +178,10 @@ def existing_scan(folder: background.ScanFolder, path: Path) -> dict | str | Non
     return "busy"
 
 
-def ordinal(place: int) -> str:
-    """A place in the queue in words: next, 2nd, 3rd, 11th, 21st…"""
-    if place == 1:
-        return "next"
-    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
-    return f"{place}{suffix}"
-
-
 def waiting_for_turn(folder: background.ScanFolder, job, cancel_key: str) -> None:
     """A job waiting in the server's queue: its place, how many run, and Cancel (it leaves the queue)."""
-    st.progress(0.0, text=f"Waiting for its turn: {ordinal(job.place)} in the server's queue ({job.running} of "
+    place = "next" if job.place == 1 else ordinal(job.place)
+    st.progress(0.0, text=f"Waiting for its turn: {place} in the server's queue ({job.running} of "
                           f"{job.limit} job{'s' if job.limit != 1 else ''} running, all visitors together)")
     if st.button("Cancel", key=cancel_key, icon=":material/close:", help="leave the queue"):
         folder.stop(job.key)

@@ -68,3 +68,49 @@ def test_an_export_streams_from_its_link(browser, scans_root, screenshot_dir):
         missing = page.request.get(url + "/attnviz-download/not-a-token")
         assert missing.status == 404 and "prepare it again" in missing.text()
         page.close()
+
+
+@pytest.fixture(scope="module")
+def induction_root(tmp_path_factory):
+    """A command-line scan of the bundled tiny GPT over passages written twice (its induction heads copy)."""
+    from attnviz.scan.__main__ import main
+    from tests.test_scan_detectors import repeated_passages
+
+    root = tmp_path_factory.mktemp("induction")
+    corpus = root / "repeated.txt"
+    corpus.write_text("\n".join(repeated_passages(8)) + "\n", encoding="utf-8")
+    assert main([str(corpus), "--model", "tiny GPT (bundled, trained by attnviz)", "--out",
+                 str(root / "repeated.duckdb"), "--max-tokens", "96", "--qk-points", "0", "--quiet"]) == 0
+    return root
+
+
+def test_a_scan_names_induction_heads_and_a_click_shows_the_copy_with_its_far_key(browser, induction_root,
+                                                                                  screenshot_dir):
+    """The map opens on induction; a click on layer 2, head 1 opens it, labelled an induction head; its induction
+    example shows the key in the first copy apart from the query's context, after a gap."""
+    with streamlit_server({"ATTNVIZ_SCAN_ROOT": str(induction_root)}) as url:
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(url + "/corpus")
+        wait_until_idle(page)
+        title = "induction: weight on the token after an earlier copy of the query's token, every head"
+        page.get_by_text(title).first.wait_for(timeout=60_000)
+        plot = page.locator(".js-plotly-plot").filter(has_text=title).first
+        page.screenshot(path=str(screenshot_dir / "corpus_induction_map.png"), full_page=True)
+        area = plot.locator(".nsewdrag").first.bounding_box()
+        layer, head, layers, heads = 2, 1, 3, 4
+        page.mouse.click(area["x"] + area["width"] * (head + 0.5) / heads,
+                         area["y"] + area["height"] * (layer + 0.5) / layers)
+        wait_until_idle(page)
+        page.get_by_text("Layer 2, head 1: mean weight by relative position").first.wait_for(timeout=60_000)
+        assert page.locator('[data-testid="stMetricValue"]').first.inner_text() == "induction head"
+        criterion = page.locator('[data-testid="stSelectbox"]').filter(has_text="Top examples by").first
+        criterion.scroll_into_view_if_needed()
+        criterion.locator("input").click()
+        page.keyboard.type("token after an earlier")
+        page.keyboard.press("Enter")
+        wait_until_idle(page)
+        page.screenshot(path=str(screenshot_dir / "corpus_induction_head.png"), full_page=True)
+        page.get_by_text("tokens …").first.wait_for(timeout=30_000)  # the gap between the key and the query's context
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(screenshot_dir / "corpus_induction_example.png"), full_page=True)
+        page.close()
