@@ -11,7 +11,7 @@ from attnviz import analysis
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
 from attnviz.scan import store
 from attnviz.scan.corpus import Corpus, Document, bundled_corpus
-from attnviz.scan.heads import CRITERIA, document_partial
+from attnviz.scan.heads import CRITERIA, LABELS, SCAN_STATISTICS, document_partial
 from attnviz.scan.runner import ScanSettings, run_scan
 
 MAX_TOKENS = 96
@@ -188,3 +188,27 @@ def test_a_decoder_scan_offers_only_the_statistics_it_has_and_searches_past_the_
         # a custom detector at offset -1 is the previous-token statistic, exactly
         previous, _ = reader.statistic_map("previous")
         np.testing.assert_allclose(reader.offsets_map([-1]), previous, rtol=1e-6)  # float32 sums per document
+
+
+@pytest.mark.parametrize("model", ["encoder", "decoder"])
+def test_every_statistic_offered_is_one_some_head_has_and_every_one_hidden_is_one_none_has(model, bert, tiny_gpt,
+                                                                                         repeated_scan, tmp_path):
+    """A walk of every statistic and label, on BERT (both ways) and the tiny GPT (causal): the map offers it exactly
+    when some head has a value above 0 (or it is an entropy or distance, which every head has)."""
+    if model == "decoder":
+        path = repeated_scan[0]
+    else:
+        path = tmp_path / "bert.duckdb"
+        corpus = Corpus("tests", [Document(text, str(i)) for i, text in enumerate(repeated_passages(4))])
+        run_scan(corpus, bert, path, ScanSettings(max_docs=4, max_tokens=48))
+    with store.ScanReader(path) as reader:
+        applying = reader.statistics_that_apply()
+        for name in SCAN_STATISTICS:
+            mean, _ = reader.statistic_map(name)
+            has = bool(np.nanmax(mean) > 0) if np.isfinite(mean).any() else False
+            assert (name in applying) == (has or name in ("entropy", "normalised_entropy", "mean_distance")), name
+        for label in LABELS:
+            share, _ = reader.statistic_map(label)
+            assert (label in applying) == bool(np.nan_to_num(share).max() > 0), label
+        assert ("next" in applying) == (model == "encoder")  # a causal head never reads the next token
+        assert ("separator" in applying) == (model == "encoder")  # [SEP] in BERT's texts, none in the tiny GPT's
