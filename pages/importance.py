@@ -600,15 +600,20 @@ def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> No
                 key="imp_circuit")
     bos = None if tokenizer.bos_token_id is None else tokenizer.bos_token
     st.markdown(ind.story(result, scores, period, composed=composed, bos=bos))  # the figure in words, under it
-    rows = [{"head": label, "previous-token score": round(p, 3), "induction score": round(i, 3),
-             "first copy, ablated / clean": round(f / result.clean_first, 3),
-             "second copy, ablated / clean": round(s / result.clean_second, 2)}
+    rows = [{"head": label, "previous": round(p, 3), "induction": round(i, 3),
+             "copy 1 ×": round(f / result.clean_first, 3), "copy 2 ×": round(s / result.clean_second, 2)}
             for label, p, i, f, s in zip(labels, previous, induction, first, second, strict=True)]
+    helps = {"previous": "previous-token score", "induction": "induction score",
+             "copy 1 ×": "loss on the first copy with the head removed, divided by the clean loss",
+             "copy 2 ×": "loss on the second copy with the head removed, divided by the clean loss"}
     if composed is not None:  # where each head looks with the previous-token head that may feed them zeroed
-        column = f"induction score, {labels[ind.feeder(result, scores)]} zeroed"
+        feeder = labels[ind.feeder(result, scores)]
+        column = f"induction, {feeder} off"
+        helps[column] = f"induction score with {feeder} (the previous-token head that may feed it) zeroed"
         for row, value in zip(rows, composed.flatten().tolist(), strict=True):
             row[column] = round(value, 3)
-    st.dataframe(rows, hide_index=True, width="stretch")
+    st.dataframe(rows, hide_index=True, width="stretch",
+                 column_config={name: st.column_config.NumberColumn(name, help=text) for name, text in helps.items()})
     st.caption("Pattern beside cause: where each head looks (its attention scores, Olsson et al. 2022) and what "
                "its removal costs. A head can attend like an induction head and matter less than another.")
 
