@@ -26,6 +26,7 @@ from attnviz.ui.scans import (
     prepare_export,
     results_kind,
     scan_folder,
+    scan_named,
     scan_read,
     session_id,
     waiting_for_turn,
@@ -244,16 +245,10 @@ def failed_scan_note() -> None:
 
 
 def scan_label(path: Path) -> str:
-    try:
-        said = scan_read(path, "settings")
-    except database.NotAResultsFile:
-        return f"{path.name} (not a scan)"
-    except Exception:  # noqa: BLE001 - a file being written
-        return f"{path.name} (cannot be read now)"
-    status = said.get("status")
-    state = "" if status == store.STATUS_FINISHED else f" · {status}"
-    return (f"{said.get('model')} · {said.get('corpus')} · {said.get('documents_scanned', 0):,} documents · "
-            f"≤ {said.get('max_tokens')} tokens{state}")
+    """A scan in the page's list: model, corpus, documents and the token limit (two scans of one model differ there)."""
+    return scan_named(path, lambda said: f"{said.get('model')} · {said.get('corpus')} · "
+                                         f"{said.get('documents_scanned', 0):,} documents · ≤ {said.get('max_tokens')} "
+                                         "tokens")
 
 
 def readable_scans() -> list[Path]:

@@ -218,6 +218,12 @@ def _combined(sums: dict[str, torch.Tensor], tokens: int, like: dict[str, torch.
     return {name: (total / max(tokens, 1)).to(like[name].dtype) for name, total in sums.items()}
 
 
+def _add_weighted(sums: dict[str, torch.Tensor], means: dict[str, torch.Tensor], count: int) -> None:
+    """A piece's means, each weighted by its ``count`` tokens, added into ``sums`` (float64)."""
+    for name, mean in means.items():
+        sums[name] = sums.get(name, 0) + mean.double() * count
+
+
 def head_means_of(model: torch.nn.Module, batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
     """Every module's head outputs averaged over every real token of the batch's rows (a masked-LM text's copies
     included), ``[heads, d_v]`` by module name, a piece at a time, and how many tokens that is."""
@@ -227,8 +233,7 @@ def head_means_of(model: torch.nn.Module, batch: Batch) -> tuple[dict[str, torch
         part = _part(batch, rows)
         means, _ = head_means(model, part.inputs, part.real)
         count = int(part.real.sum())
-        for name, mean in means.items():
-            sums[name] = sums.get(name, 0) + mean.double() * count
+        _add_weighted(sums, means, count)
         tokens, last = tokens + count, means
     return (last if len(pieces(batch)) == 1 else _combined(sums, tokens, last)), tokens
 
@@ -281,8 +286,7 @@ def clean_run(model, batch: Batch, objective: str):
         part = _part(batch, rows)
         means, outputs = head_means(model, part.inputs, part.real)
         count = int(part.real.sum())
-        for name, mean in means.items():
-            sums[name] = sums.get(name, 0) + mean.double() * count
+        _add_weighted(sums, means, count)
         tokens += count
         hidden = _wide(_final_hidden(outputs)) if objective == "hidden" else None
         losses, counted = token_losses(model, part, outputs, objective, hidden)

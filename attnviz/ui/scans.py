@@ -140,20 +140,29 @@ def listed_scans(folder: background.ScanFolder | None = None) -> list[Path]:
             if results_kind(path) in ("scan", "busy")]
 
 
-def scan_title(path: str | Path) -> str:
-    """A scan as the pages name it: its corpus, model, how many documents it read and when it started."""
+def scan_named(path: str | Path, describe) -> str:
+    """A scan file as a page lists it: ``describe(settings)`` (its settings with ``documents_scanned``), or its file
+    name with why it cannot be: not a scan, or being written now."""
     try:
         said = scan_read(path, "settings")
     except database.NotAResultsFile:
         return f"{Path(path).name} (not a scan)"
     except Exception:  # noqa: BLE001 - a file being written
         return f"{Path(path).name} (cannot be read now)"
-    started = said.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(started))) if started else "date unknown"
     status = said.get("status")
-    state = "" if status == store.STATUS_FINISHED else f" · {status}"
-    return (f"{said.get('corpus')} · {said.get('model')} · {int(said.get('documents_scanned', 0)):,} documents · "
-            f"{when}{state}")
+    return describe(said) + ("" if status == store.STATUS_FINISHED else f" · {status}")
+
+
+def scan_title(path: str | Path) -> str:
+    """A scan as the pages name it: its corpus, model, how many documents it read and when it started."""
+
+    def describe(said: dict) -> str:
+        started = said.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(started))) if started else "date unknown"
+        return (f"{said.get('corpus')} · {said.get('model')} · {int(said.get('documents_scanned', 0)):,} documents · "
+                f"{when}")
+
+    return scan_named(path, describe)
 
 
 def existing_scan(folder: background.ScanFolder, path: Path) -> dict | str | None:
