@@ -9,7 +9,7 @@ of `main`.
 import time
 from pathlib import Path
 
-from attnviz.runtime import configure_environment, optional_features
+from attnviz.system.runtime import configure_environment, optional_features
 from attnviz.ui.lifespan import SESSION_RAN, server_lifespan
 
 run_started = time.perf_counter()
@@ -17,18 +17,18 @@ run_started = time.perf_counter()
 import streamlit as st  # noqa: E402
 
 PAGES = (  # (script, title, icon); the first is the default page
-    ("pages/explore_heads.py", "Explore heads", ":material/search:"),
-    ("pages/step_by_step.py", "Attention step by step", ":material/calculate:"),
-    ("pages/masks.py", "Masks", ":material/grid_on:"),
-    ("pages/positional.py", "Positional encodings", ":material/pin_drop:"),
-    ("pages/scaling.py", "Scaling and softmax", ":material/functions:"),
-    ("pages/heads_kv_cache.py", "Heads and KV cache", ":material/memory:"),
-    ("pages/flash.py", "Flash vs naive", ":material/bolt:"),
-    ("pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
-    ("pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
-    ("pages/importance.py", "Does this head matter?", ":material/science:"),
-    ("pages/queries_keys.py", "Queries and keys", ":material/scatter_plot:"),
-    ("pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
+    ("app_pages/explore_heads.py", "Explore heads", ":material/search:"),
+    ("app_pages/step_by_step.py", "Attention step by step", ":material/calculate:"),
+    ("app_pages/masks.py", "Masks", ":material/grid_on:"),
+    ("app_pages/positional.py", "Positional encodings", ":material/pin_drop:"),
+    ("app_pages/scaling.py", "Scaling and softmax", ":material/functions:"),
+    ("app_pages/heads_kv_cache.py", "Heads and KV cache", ":material/memory:"),
+    ("app_pages/flash.py", "Flash vs naive", ":material/bolt:"),
+    ("app_pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
+    ("app_pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
+    ("app_pages/importance.py", "Does this head matter?", ":material/science:"),
+    ("app_pages/queries_keys.py", "Queries and keys", ":material/scatter_plot:"),
+    ("app_pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
 )
 
 

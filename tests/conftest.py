@@ -5,7 +5,7 @@ import tempfile
 
 import pytest
 
-from attnviz.runtime import configure_environment
+from attnviz.system.runtime import configure_environment
 
 # Under pytest-xdist (pytest.ini runs two workers) each worker computes on one thread: two workers of two torch
 # threads each on two cores wait on each other's spinning threads. Set before torch loads.
@@ -16,11 +16,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 configure_environment()  # offline; no GPU here or in CI, so Triton kernels run in the interpreter
 # An exception no page caught fails the test, instead of becoming a message (attnviz.ui.show_unexpected_error).
 os.environ["ATTNVIZ_STRICT_ERRORS"] = "1"
-# Models "this browser" keeps (attnviz.models.keep) go to a folder of the test run's own, never the system's.
+# Models "this browser" keeps (attnviz.checkpoints.keep) go to a folder of the test run's own, never the system's.
 KEPT = tempfile.mkdtemp(prefix="attnviz-test-kept-")
 os.environ["ATTNVIZ_KEEP_DIR"] = KEPT
 atexit.register(shutil.rmtree, KEPT, ignore_errors=True)
-# The server's queue of background jobs (attnviz.scan.jobs) too: each test process has its own.
+# The server's queue of background jobs (attnviz.corpus.jobs) too: each test process has its own.
 JOBS = tempfile.mkdtemp(prefix="attnviz-test-jobs-")
 os.environ["ATTNVIZ_JOBS_DIR"] = JOBS
 atexit.register(shutil.rmtree, JOBS, ignore_errors=True)

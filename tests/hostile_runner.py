@@ -74,7 +74,7 @@ def _watch_opens(secret: str) -> None:
 
 
 def _prepare(case: dict):
-    from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
+    from attnviz.checkpoints.uploads import prepare_folder_path, prepare_single_files, prepare_zip
 
     if case["kind"] == "zip":
         path = Path(case["path"])
@@ -102,10 +102,10 @@ def _leaked(bundle, facts: dict) -> list[str]:
 def run_case(case: dict, facts: dict) -> dict:
     import torch
 
+    from attnviz.checkpoints.safety import CheckpointRefused
     from attnviz.models import loading, with_heads
     from attnviz.models.capture import capture
     from attnviz.models.replay_check import replay_difference
-    from attnviz.models.safety import CheckpointRefused
 
     if case["model_root"]:
         os.environ["ATTNVIZ_MODEL_ROOT"] = case["model_root"]
@@ -146,7 +146,7 @@ def run_case(case: dict, facts: dict) -> dict:
             result["fallback_tokenizer"] = bundle.uses_fallback_tokenizer
             result["leaked"] = _leaked(bundle, facts)
             if case["image"]:
-                from attnviz import vision
+                from attnviz.core import vision
                 from attnviz.models.capture import capture_image
 
                 captured = capture_image(bundle, vision.test_image())
@@ -192,7 +192,7 @@ def main() -> None:
     _cap_memory()
     plan = json.loads(Path(plan_path).read_text())
     facts = plan["facts"]
-    from attnviz.runtime import configure_environment
+    from attnviz.system.runtime import configure_environment
 
     configure_environment()
     import attnviz.models.loading  # noqa: F401 - imported before the recorders, as the server imports it

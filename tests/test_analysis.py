@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
 
 TOKENS = ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
 SPECIAL = [True, False, False, False, False, True]

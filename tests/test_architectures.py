@@ -1,11 +1,11 @@
-"""Every model type attnviz lists as supported (attnviz.models.support, the one list the Checkpoints page and the
+"""Every model type attnviz lists as supported (attnviz.models.architectures, the one list the Checkpoints page and the
 README show): a tiny random checkpoint made here, loaded like an upload, its attention compared with
 transformers' own eager weights (an independent copy of the model, output_attentions=True)."""
 
 import pytest
 import torch
 
-from attnviz.models import support
+from attnviz.models import architectures
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.models.record import NotReplayable
@@ -21,13 +21,13 @@ def checkpoint(tiny_checkpoint):
     return tiny_checkpoint
 
 
-@pytest.mark.parametrize("kind", list(support.TESTED_MODEL_TYPES))
+@pytest.mark.parametrize("kind", list(architectures.TESTED_MODEL_TYPES))
 def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoint, kind):
     folder = checkpoint(kind)
     bundle = load_model_dir(folder)
     assert bundle.model_type == kind
-    assert bundle.capture_path == support.path_of(kind)
-    assert bundle.architecture == support.TESTED_MODEL_TYPES[kind].split(",")[0]
+    assert bundle.capture_path == architectures.path_of(kind)
+    assert bundle.architecture == architectures.TESTED_MODEL_TYPES[kind].split(",")[0]
     result = capture(bundle, TEXT, PAIR)
     assert sorted(result.kinds) == EXPECTED_KINDS[bundle.architecture]
     reference = eager_attentions(folder, bundle, TEXT, PAIR)
@@ -46,8 +46,8 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
             check_query_key_view(record, reference[record.kind], f"{kind} {record.kind}")
             check_scaling_panels(record, reference[record.kind], f"{kind} {record.kind}")
     assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
-    record = support.ARCHITECTURES[kind]
-    table = support.learned_position_table(bundle.model)  # where the record says the table is, or none
+    record = architectures.ARCHITECTURES[kind]
+    table = architectures.learned_position_table(bundle.model)  # where the record says the table is, or none
     assert (table is not None) == (record.position_table is not None), kind
     assert table is None or table[0].endswith(record.position_table)
 
@@ -68,13 +68,13 @@ def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:
     allows (a sliding window may hide key 0): q·k is the dot product of the recorded vectors; without soft-capping
     or a position bias the score is q·k times the scaling; the weights are transformers' eager row; and the two
     scores differ by the log of the two eager weights' ratio (a softmax's only degree of freedom, sinks or not)."""
-    from attnviz.pagelogic import explore_heads as explore
+    from attnviz.pagelogic.explore_heads.qk import query_key, query_key_figures
 
     layer, head = record.n_layers - 1, record.n_heads - 1
     query = record.n_q - 1
     allowed = record.mask_rows(layer, query, query + 1)[0].nonzero().flatten().tolist()
     start, own = allowed[0], allowed[-1]
-    first, mine = (explore.query_key(record, layer, head, query, key) for key in (start, own))
+    first, mine = (query_key(record, layer, head, query, key) for key in (start, own))
     q = record.queries[layer, head, query].float()
     key = record.keys[layer, record.kv_head(head), start].float()
     assert first.dot == pytest.approx(float(q @ key), rel=1e-5, abs=1e-6)
@@ -85,7 +85,7 @@ def check_query_key_view(record, eager: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(first.weights, row, atol=1e-5, rtol=0, msg=what)
     expected = torch.log(row[own].double() / row[start].double())
     assert mine.score - first.score == pytest.approx(float(expected), abs=1e-3), what
-    _, _, caption = explore.query_key_figures(mine, record, layer, head, query, own)
+    _, _, caption = query_key_figures(mine, record, layer, head, query, own)
     has_sinks = bool(record.sinks and record.sinks[layer] is not None)
     assert f"{mine.dot:.4g}" in caption and ("sink" in caption) == has_sinks
 
@@ -94,18 +94,20 @@ def test_the_readme_and_checkpoints_page_show_the_tested_list():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert support.supported_markdown() in readme
-    assert len(support.TESTED_MODEL_TYPES) >= 33
-    assert {support.path_of(kind) for kind in support.TESTED_MODEL_TYPES} == {"interface", "hooks", "weights"}
+    assert architectures.supported_markdown() in readme
+    assert len(architectures.TESTED_MODEL_TYPES) >= 33
+    paths = {architectures.path_of(kind) for kind in architectures.TESTED_MODEL_TYPES}
+    assert paths == {"interface", "hooks", "weights"}
 
 
 def test_the_records_are_the_one_list_of_what_attnviz_knows_per_type():
     from pathlib import Path
 
-    records = support.RECORDS
-    assert len({record.model_type for record in records}) == len(records) == len(support.ARCHITECTURES)
+    records = architectures.RECORDS
+    assert len({record.model_type for record in records}) == len(records) == len(architectures.ARCHITECTURES)
     listed = [record for record in records if record.listed]
-    assert list(support.TESTED_MODEL_TYPES) + list(support.TESTED_VISION_TYPES) == [r.model_type for r in listed]
+    tested = list(architectures.TESTED_MODEL_TYPES) + list(architectures.TESTED_VISION_TYPES)
+    assert tested == [r.model_type for r in listed]
     for record in records:
         positions_in_a_table = record.positions in ("learned", "sinusoidal", "learned + relative")
         assert record.position_table is None or positions_in_a_table, record.model_type
@@ -123,17 +125,18 @@ def test_the_records_are_the_one_list_of_what_attnviz_knows_per_type():
 def test_a_changed_record_changes_how_a_type_is_loaded_and_captured(checkpoint, monkeypatch):
     from dataclasses import replace
 
-    mpnet = support.ARCHITECTURES["mpnet"]
+    mpnet = architectures.ARCHITECTURES["mpnet"]
     assert load_model_dir(checkpoint("mpnet")).capture_path == "hooks"
-    monkeypatch.setitem(support.ARCHITECTURES, "mpnet", replace(
+    monkeypatch.setitem(architectures.ARCHITECTURES, "mpnet", replace(
         mpnet, adapter=None, weights_only_reason="a test took its adapter away", position_table=None))
     bundle = load_model_dir(checkpoint("mpnet"))
     assert bundle.capture_path == "weights" and "a test took its adapter away" in bundle.capture_note
     assert not capture(bundle, TEXT).records["self"].replayable
-    assert support.learned_position_table(bundle.model) is None
+    assert architectures.learned_position_table(bundle.model) is None
 
-    bert = support.ARCHITECTURES["bert"]
-    monkeypatch.setitem(support.ARCHITECTURES, "bert", replace(bert, role="decoder", positions_after_padding=True))
+    bert = architectures.ARCHITECTURES["bert"]
+    monkeypatch.setitem(architectures.ARCHITECTURES, "bert",
+                        replace(bert, role="decoder", positions_after_padding=True))
     bundle = load_model_dir(checkpoint("bert"))
     assert bundle.architecture == "decoder" and bundle.max_positions == 64 - 1  # after the padding row (id 0)
 
@@ -141,22 +144,23 @@ def test_a_changed_record_changes_how_a_type_is_loaded_and_captured(checkpoint, 
 def test_a_record_names_its_cross_attention_and_image_prefix(monkeypatch):
     from dataclasses import replace
 
-    assert support.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "cross"
-    assert support.attention_kind("decoder.block.0.layer.1.EncDecAttention", "t5", True) == "cross"
-    assert support.attention_kind("encoder.layers.0.self_attn", "bart", True) == "encoder"
-    assert support.attention_kind("decoder.layers.0.self_attn", "bart", False) == "self"
-    monkeypatch.setitem(support.ARCHITECTURES, "bart", replace(support.ARCHITECTURES["bart"],
+    assert architectures.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "cross"
+    assert architectures.attention_kind("decoder.block.0.layer.1.EncDecAttention", "t5", True) == "cross"
+    assert architectures.attention_kind("encoder.layers.0.self_attn", "bart", True) == "encoder"
+    assert architectures.attention_kind("decoder.layers.0.self_attn", "bart", False) == "self"
+    monkeypatch.setitem(architectures.ARCHITECTURES, "bart", replace(architectures.ARCHITECTURES["bart"],
                                                                cross_attention=("source_attn",)))
-    assert support.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "decoder"
-    assert support.attention_kind("decoder.layers.1.source_attn", "bart", True) == "cross"
-    assert support.attention_kind("decoder.layers.1.encoder_attn", "no-record", True) == "cross"  # the convention
-    assert support.image_prefix("deit") == ("[CLS]", "[DIST]") and support.image_prefix("no-record") == ("[CLS]",)
+    assert architectures.attention_kind("decoder.layers.1.encoder_attn", "bart", True) == "decoder"
+    assert architectures.attention_kind("decoder.layers.1.source_attn", "bart", True) == "cross"
+    assert architectures.attention_kind("decoder.layers.1.encoder_attn", "no-record", True) == "cross"  # the convention
+    assert architectures.image_prefix("deit") == ("[CLS]", "[DIST]")
+    assert architectures.image_prefix("no-record") == ("[CLS]",)
 
 
 def test_bloom_alibi_is_recorded_as_a_score_bias_and_replay_needs_it(checkpoint):
     from dataclasses import replace
 
-    from attnviz import positional
+    from attnviz.core import positional
     from attnviz.pagelogic.positional import model_alibi
 
     record = capture(load_model_dir(checkpoint("bloom")), TEXT).records["self"]
@@ -185,7 +189,7 @@ def test_a_relative_bias_is_not_taken_for_alibi(checkpoint):
 
 
 def test_gpt_neo_local_layers_keep_their_window(checkpoint):
-    from attnviz import masks
+    from attnviz.core import masks
 
     record = capture(load_model_dir(checkpoint("gpt_neo")), TEXT).records["self"]
     n = record.n_q
@@ -234,7 +238,7 @@ def test_eager_paths_cap_the_input_where_every_layers_weights_fit(checkpoint, mo
 def test_a_model_whose_weights_cannot_be_drawn_is_refused_when_added(tmp_path, kind, reason):
     from transformers import AutoConfig, AutoModel
 
-    from attnviz.models.safety import CheckpointRefused
+    from attnviz.checkpoints.safety import CheckpointRefused
 
     sizes = {"longformer": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                                 attention_window=4, max_position_embeddings=66, vocab_size=100),
@@ -299,8 +303,15 @@ def test_sessions_capturing_one_hooked_model_at_once_never_see_each_others_calls
 
 
 def test_the_word_order_experiment_says_why_it_cannot_run_on_a_hooked_model(checkpoint):
-    from attnviz.models.word_order import word_order_experiment
+    from attnviz.interventions.word_order import word_order_experiment
 
     bundle = load_model_dir(checkpoint("mpnet"))  # an encoder with a learned position table, read by hooks
     with pytest.raises(ValueError, match="mpnet does not use"):
         word_order_experiment(bundle, "the cat sat on the mat")
+
+
+def test_the_checkpoint_checks_know_which_types_share_their_layers():
+    """The intake checks (below the models layer) keep their own list of layer-sharing types: the records agree."""
+    from attnviz.checkpoints.config_numbers import LAYER_SHARING_TYPES
+
+    assert {record.model_type for record in architectures.RECORDS if record.shared_layers} == LAYER_SHARING_TYPES

@@ -1,4 +1,4 @@
-"""attnviz.attention against PyTorch's own attention (F.scaled_dot_product_attention, nn.MultiheadAttention,
+"""attnviz.core.attention against PyTorch's own attention (F.scaled_dot_product_attention, nn.MultiheadAttention,
 nn.TransformerEncoderLayer)."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnviz import masks
-from attnviz.attention import (
+from attnviz.core import masks
+from attnviz.core.attention import (
     CrossAttention,
     DecoderSelfAttention,
     MultiHeadAttention,

@@ -40,7 +40,7 @@ def test_slowest_parts_counts_only_the_repositorys_own_code_not_a_sibling_folder
     sibling = ROOT.parent / f"{ROOT.name}-venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
     inner = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
     own = ROOT / "attnviz" / "pagelogic" / "made_up.py"
-    page = ROOT / "pages" / "positional.py"
+    page = ROOT / "app_pages" / "positional.py"
 
     def function_in(filename, name):
         namespace = {}
@@ -54,11 +54,11 @@ def test_slowest_parts_counts_only_the_repositorys_own_code_not_a_sibling_folder
     for call in calls:
         call()
     profiler.disable()
-    named = [name for name, _ in slowest_parts(profiler, "pages/positional.py", total_s=1.0, top=50)]
+    named = [name for name, _ in slowest_parts(profiler, "app_pages/positional.py", total_s=1.0, top=50)]
     assert named == ["attnviz.pagelogic.made_up.ours"]  # not the venvs, a test, or the page's entry point
     assert own_module(str(sibling)) is None and own_module(str(inner)) is None
     assert own_module(str(ROOT.parent / f"{ROOT.name}-venv" / "attnviz" / "units.py")) is None
-    assert own_module(str(ROOT / "attnviz" / "units.py")) == "attnviz.units"
+    assert own_module(str(ROOT / "attnviz" / "units.py")) == "attnviz.core.units"
     assert own_module(str(ROOT / "app.py")) == "app" and own_module("~") is None
     assert own_module("<frozen importlib._bootstrap>") is None
 

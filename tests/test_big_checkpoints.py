@@ -4,11 +4,11 @@ accelerate when the weights outgrow the memory budget, and one configured upload
 import pytest
 import torch
 
-from attnviz.models import safety
+from attnviz.checkpoints import safety
+from attnviz.checkpoints.uploads import prepare_single_files, prepare_zip
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir, placement
 from attnviz.models.replay_check import replay_difference
-from attnviz.models.uploads import prepare_single_files, prepare_zip
 from tests.test_models import eager_attentions
 from tests.tiny_models import TOKENIZER_FILES, make_tiny_checkpoint, zip_folder
 

@@ -117,7 +117,7 @@ def test_capture_changes_nothing_global():
 
 
 def test_word_order_experiment_leaves_the_shared_model_untouched():
-    from attnviz.models.word_order import word_order_experiment
+    from attnviz.interventions.word_order import word_order_experiment
     from tests.tiny_models import bundled_bert
 
     bundle = bundled_bert()

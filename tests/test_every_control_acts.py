@@ -17,26 +17,26 @@ WALKED = ("selectbox", "radio", "segmented_control", "select_slider", "slider", 
 
 # page script, session state to open it with (a tab), and the controls known to need a state they are not in
 PAGES = {
-    "step by step": ("pages/step_by_step.py", {}),
-    "scaling": ("pages/scaling.py", {"scale_samples": 500}),  # fewer samples: each move recomputes them
-    "masks": ("pages/masks.py", {}),
-    "positional, sinusoidal": ("pages/positional.py", {"pos_tab": "Sinusoidal"}),
-    "positional, learned": ("pages/positional.py", {"pos_tab": "Learned"}),
-    "positional, RoPE": ("pages/positional.py", {"pos_tab": "RoPE"}),
-    "positional, ALiBi": ("pages/positional.py", {"pos_tab": "ALiBi"}),
-    "explore, view": ("pages/explore_heads.py", {}),
-    "explore, statistics": ("pages/explore_heads.py", {"explore_tab": "Head statistics"}),
-    "explore, Q·K": ("pages/explore_heads.py", {"explore_tab": "Q·K"}),
-    "explore, what-if": ("pages/explore_heads.py", {"explore_tab": "What-if"}),
-    "heads and KV cache": ("pages/heads_kv_cache.py", {}),
-    "flash": ("pages/flash.py", {"flash_n": 256}),
-    "generation": ("pages/generation.py", {}),
-    "corpus": ("pages/corpus.py", {}),
-    "importance, circuit": ("pages/importance.py", {}),
-    "importance, map": ("pages/importance.py", {"imp_view": "Importance map"}),
-    "importance, patching": ("pages/importance.py", {"imp_view": "Activation patching"}),
-    "queries and keys": ("pages/queries_keys.py", {"qk_documents": 2, "qk_tokens": 32}),  # small: t-SNE stays quick
-    "checkpoints": ("pages/checkpoints.py", {}),
+    "step by step": ("app_pages/step_by_step.py", {}),
+    "scaling": ("app_pages/scaling.py", {"scale_samples": 500}),  # fewer samples: each move recomputes them
+    "masks": ("app_pages/masks.py", {}),
+    "positional, sinusoidal": ("app_pages/positional.py", {"pos_tab": "Sinusoidal"}),
+    "positional, learned": ("app_pages/positional.py", {"pos_tab": "Learned"}),
+    "positional, RoPE": ("app_pages/positional.py", {"pos_tab": "RoPE"}),
+    "positional, ALiBi": ("app_pages/positional.py", {"pos_tab": "ALiBi"}),
+    "explore, view": ("app_pages/explore_heads.py", {}),
+    "explore, statistics": ("app_pages/explore_heads.py", {"explore_tab": "Head statistics"}),
+    "explore, Q·K": ("app_pages/explore_heads.py", {"explore_tab": "Q·K"}),
+    "explore, what-if": ("app_pages/explore_heads.py", {"explore_tab": "What-if"}),
+    "heads and KV cache": ("app_pages/heads_kv_cache.py", {}),
+    "flash": ("app_pages/flash.py", {"flash_n": 256}),
+    "generation": ("app_pages/generation.py", {}),
+    "corpus": ("app_pages/corpus.py", {}),
+    "importance, circuit": ("app_pages/importance.py", {}),
+    "importance, map": ("app_pages/importance.py", {"imp_view": "Importance map"}),
+    "importance, patching": ("app_pages/importance.py", {"imp_view": "Activation patching"}),
+    "queries and keys": ("app_pages/queries_keys.py", {"qk_documents": 2, "qk_tokens": 32}),  # small: t-SNE stays quick
+    "checkpoints": ("app_pages/checkpoints.py", {}),
 }
 
 

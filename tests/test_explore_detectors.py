@@ -10,7 +10,7 @@ from attnviz.models.capture import capture
 from attnviz.pagelogic.explore_heads.detectors import PatternProblem, detector_scores, pattern_targets
 from tests.apptest_helpers import figures, open_page, plotly_array
 
-EXPLORE = "pages/explore_heads.py"
+EXPLORE = "app_pages/explore_heads.py"
 REPEATED = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."
 
 

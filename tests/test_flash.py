@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from attnviz import mask_patterns, masks
-from attnviz.attention import repeat_kv, scaled_dot_product_attention
-from attnviz.flash import BackendUnavailable, attention, tiled_attention
-from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED
-from attnviz.masks import MaskSpec
+from attnviz.core import mask_patterns, masks
+from attnviz.core.attention import repeat_kv, scaled_dot_product_attention
+from attnviz.core.masks import MaskSpec
+from attnviz.flash.dispatch import BackendUnavailable, attention
+from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, tiled_attention
 
 
 def inputs(n_q, n_k, d, heads=4, kv_heads=4, batch=1, dtype=torch.float32, seed=0):

@@ -7,20 +7,15 @@ import json
 import pytest
 import torch
 
-from attnviz import circuits
+from attnviz.core import circuits
+from attnviz.core.units import human_bytes
 from attnviz.models.capture import capture
-from attnviz.models.loading import (
-    BUNDLED_GPT_DIR,
-    BUNDLED_GPT_NAME,
-    bundled_models,
-    load_model_dir,
-)
+from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, bundled_models, load_model_dir
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import generation as gen
-from attnviz.pagelogic import generation_heads as gen_heads
-from attnviz.pagelogic import generation_reading as reading
-from attnviz.pagelogic import generation_systems as gen_systems
-from attnviz.units import human_bytes
+from attnviz.pagelogic.generation import decode as gen
+from attnviz.pagelogic.generation import heads as gen_heads
+from attnviz.pagelogic.generation import reading as reading
+from attnviz.pagelogic.generation import systems as gen_systems
 
 PROMPT = "The for statement is used to iterate over the elements of a sequence"
 
@@ -82,7 +77,7 @@ def test_it_learned_a_previous_token_head_and_an_induction_head(tiny):
     second_half = range(31, 61)
     assert sum(float(weights[i, i - 29]) for i in second_half) / 30 >= 0.4
     # The held-out text (the card's loss, the previous-token score) is the documentation's end, not trained on.
-    from attnviz.tiny_gpt_text import documentation_text
+    from attnviz.tiny_gpt.text import documentation_text
 
     held_out, text = gen_heads.held_out_text(), documentation_text()
     assert len(held_out) > 10_000 and text.endswith(held_out) and held_out[:300] not in text[: -len(held_out)]

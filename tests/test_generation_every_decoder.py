@@ -6,9 +6,9 @@ windows and cache are compared with transformers' own ``generate`` and a cache-f
 import pytest
 import torch
 
-from attnviz.models.support import ARCHITECTURES, TESTED_MODEL_TYPES
-from attnviz.pagelogic import generation as gen
-from attnviz.pagelogic import generation_reading as reading
+from attnviz.models.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
+from attnviz.pagelogic.generation import decode as gen
+from attnviz.pagelogic.generation import reading as reading
 
 DECODERS = [kind for kind in TESTED_MODEL_TYPES if ARCHITECTURES[kind].role == "decoder"]
 WINDOW = 4

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.core.tokens_display import NEWLINE_MARK, SPACE_MARK, markdown_literal
 from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import generation as gen
-from attnviz.pagelogic import generation_sequence as gen_sequence
-from attnviz.tokens_display import NEWLINE_MARK, SPACE_MARK, markdown_literal
+from attnviz.pagelogic.generation import decode as gen
+from attnviz.pagelogic.generation import sequence as gen_sequence
 from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array
 
-PAGE = "pages/generation.py"
+PAGE = "app_pages/generation.py"
 FOX = "The quick brown fox jumps over the lazy dog."
 
 

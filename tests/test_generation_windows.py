@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import circuits
-from attnviz.pagelogic import generation as gen
-from attnviz.pagelogic import generation_heads as gen_heads
-from attnviz.pagelogic import generation_reading as reading
-from attnviz.pagelogic import generation_systems as gen_systems
+from attnviz.core import circuits
+from attnviz.pagelogic.generation import decode as gen
+from attnviz.pagelogic.generation import heads as gen_heads
+from attnviz.pagelogic.generation import reading as reading
+from attnviz.pagelogic.generation import systems as gen_systems
 from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array
 
 WINDOW = 4
@@ -173,7 +173,7 @@ def _clean(clean_streamlit_caches):
 def test_the_page_generates_past_gpt_oss_window_and_states_the_row_sum(windowed, _clean):
     folder = windowed["gpt_oss"]
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-gpt-oss": str(folder)}
-    at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-gpt-oss",
+    at = open_page("app_pages/generation.py", timeout=300, models=models, model="tiny-gpt-oss",
                    gen_request=dict(prompt=PROMPT, new_tokens=NEW, strategy="greedy", temperature=1.0, top_k=0,
                                     top_p=1.0, seed=0))
     assert_no_failure(at)
@@ -190,7 +190,7 @@ def test_the_page_generates_past_gpt_oss_window_and_states_the_row_sum(windowed,
 
 def test_the_page_names_no_circuit_below_the_threshold(windowed, _clean):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-gpt2": str(windowed["gpt2"])}
-    at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-gpt2")
+    at = open_page("app_pages/generation.py", timeout=300, models=models, model="tiny-gpt2")
     assert_no_failure(at)
     found = [m.value for m in at.markdown if m.value.startswith(("**previous-token head**", "**induction head**"))]
     assert len(found) == 2 and not any(": layer" in value.split("none found")[0] for value in found)
@@ -200,7 +200,8 @@ def test_the_paged_tab_says_when_every_layer_dropped_tokens(windowed, _clean):
     """Every layer of the tiny Mistral slides a window of 4: no layer's cache holds the whole sequence, so the
     PagedAttention tab says so instead of paging tokens the cache no longer has."""
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "tiny-mistral": str(windowed["mistral"])}
-    at = open_page("pages/generation.py", timeout=300, models=models, model="tiny-mistral", gen_tab="PagedAttention",
+    at = open_page("app_pages/generation.py", timeout=300, models=models, model="tiny-mistral",
+                   gen_tab="PagedAttention",
                    gen_request=dict(prompt=PROMPT, new_tokens=NEW, strategy="greedy", temperature=1.0, top_k=0,
                                     top_p=1.0, seed=0))
     assert_no_failure(at)

@@ -1,5 +1,5 @@
 """Crafted corpus files, each read the way the page reads it: in a child process with a memory and CPU cap
-(:func:`attnviz.scan.corpus_probe.probe`), in bounded time. Each is refused in words or read within its bounds
+(:func:`attnviz.corpus.document_probe.probe`), in bounded time. Each is refused in words or read within its bounds
 (what is past a bound counted, never kept); the child's peak memory is checked against a stated bound."""
 
 import json
@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from attnviz.scan import corpus
-from attnviz.scan.corpus import MAX_RECORDS, CorpusRefused
-from attnviz.scan.corpus_files import MAX_LINE_BYTES, read_corpus
-from attnviz.scan.corpus_probe import probe
+from attnviz.corpus import documents as corpus
+from attnviz.corpus.document_files import MAX_LINE_BYTES, read_corpus
+from attnviz.corpus.document_probe import probe
+from attnviz.corpus.documents import MAX_RECORDS, CorpusRefused
 
 PEAK_BOUND = 700 * 1024**2  # what reading any of these may take in the child (Python and pyarrow: ~330 MB)
 SECONDS = 60.0
@@ -160,7 +160,7 @@ def test_the_page_reads_a_bomb_in_the_child_and_says_what_it_left_out(tmp_path, 
     path = tmp_path / "bomb.parquet"
     values = pa.array(["x" * corpus.MAX_DOCUMENT_CHARS] * 40_000).dictionary_encode()
     pq.write_table(pa.table({"text": values}), path, compression="zstd", row_group_size=40_000)
-    at = open_page("pages/corpus.py")
+    at = open_page("app_pages/corpus.py")
     at.radio(key="corpus_source").set_value("Upload a file").run()
     at.get("file_uploader")[0].set_value(("bomb.parquet", path.read_bytes(), "application/octet-stream"))
     at.run()
@@ -173,9 +173,9 @@ def test_the_page_reads_a_bomb_in_the_child_and_says_what_it_left_out(tmp_path, 
 def test_a_document_the_tokenizer_refuses_is_left_out_of_the_scan_not_fatal(bert, tmp_path):
     """Whatever reaches a scan (here a lone surrogate put in by hand, past the readers), a document the tokenizer
     refuses is listed with its problem and left out; the others are scanned, and a resume does not trip on it."""
-    from attnviz.scan import store
-    from attnviz.scan.corpus import Corpus, Document
-    from attnviz.scan.runner import REFUSED_BY_TOKENIZER, ScanSettings, run_scan
+    from attnviz.corpus.documents import Corpus, Document
+    from attnviz.corpus.scan import store
+    from attnviz.corpus.scan.runner import REFUSED_BY_TOKENIZER, ScanSettings, run_scan
 
     documents = [Document("The cat sat on the mat.", "1"), Document("\ud800 broken", "2"),
                  Document("It was tired.", "3")]

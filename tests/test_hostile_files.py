@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnviz.models import preflight
+from attnviz.checkpoints import preflight
+from attnviz.checkpoints.safety import CheckpointRefused
+from attnviz.checkpoints.uploads import prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.models.replay_check import replay_difference
-from attnviz.models.safety import CheckpointRefused
-from attnviz.models.uploads import prepare_folder_path, prepare_single_files, prepare_zip
 from tests.tiny_models import bundled_bert, make_tiny_checkpoint
 
 
@@ -182,7 +182,7 @@ def test_a_refused_upload_leaves_nothing_on_disk_and_the_page_says_so(tiny, tmp_
     uploads = tmp_path / "page-uploads"
     uploads.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(uploads))
-    at = open_page("pages/checkpoints.py")
+    at = open_page("app_pages/checkpoints.py")
     at.file_uploader(key="ckpt_zip").set_value(("evil.zip", _with_weights(tiny, HEADERS["overlapping offsets"]),
                                                 "application/zip")).run()
     at.button(key="ckpt_zip_load").click().run()

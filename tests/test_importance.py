@@ -6,12 +6,12 @@ import torch
 import transformers as T
 from scipy.stats import spearmanr
 
-from attnviz import circuits
-from attnviz.models import importance as imp
-from attnviz.models import interventions as iv
+from attnviz.core import circuits
+from attnviz.interventions import edits as iv
+from attnviz.interventions import importance as imp
+from attnviz.interventions import induction_circuit as ind
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import induction_circuit as ind
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 SENTENCES = ["The cat sat on the mat because it was warm.", "Attention heads read keys.",

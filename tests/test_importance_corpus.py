@@ -12,18 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.models import importance as imp
-from attnviz.models import interventions as iv
+from attnviz.corpus import background
+from attnviz.corpus.documents import Corpus, CorpusRefused, Document
+from attnviz.corpus.importance import store as istore
+from attnviz.corpus.importance.runner import ImportanceSettings, read_corpus_spec, run_importance
+from attnviz.corpus.scan.runner import ScanRefused
+from attnviz.interventions import edits as iv
+from attnviz.interventions import importance as imp
 from attnviz.models.loading import BUNDLED_GPT_DIR
-from attnviz.scan import background
-from attnviz.scan import importance_store as istore
-from attnviz.scan.corpus import Corpus, CorpusRefused, Document
-from attnviz.scan.importance_runner import (
-    ImportanceSettings,
-    read_corpus_spec,
-    run_importance,
-)
-from attnviz.scan.runner import ScanRefused
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 TEXTS = ["The cat sat on the mat, and the dog slept by the door.",
@@ -139,14 +135,14 @@ def test_runs_refuse_what_they_cannot_do(tiny_gpt, tmp_path):
 
 
 def test_the_documents_of_a_scan_are_a_corpus(bert, tmp_path):
-    from attnviz.scan.runner import ScanSettings, run_scan
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
 
     run_scan(corpus(), bert, tmp_path / "scan.duckdb", ScanSettings(max_docs=4, max_tokens=12))
     read = read_corpus_spec(f"scan:{tmp_path / 'scan.duckdb'}")
     assert [document.text for document in read.documents] == TEXTS[:4]
     assert read.name.startswith("the documents of scan")
     # what the page reads to name a run: the same fingerprint and size, from the texts' hashes alone
-    from attnviz.scan.importance_runner import scan_corpus_facts
+    from attnviz.corpus.importance.runner import scan_corpus_facts
 
     facts = scan_corpus_facts(tmp_path / "scan.duckdb")
     assert (facts.fingerprint, facts.count, facts.name) == (read.fingerprint, 4, read.name) and not facts.documents
@@ -174,7 +170,7 @@ def test_the_background_process_writes_what_the_run_here_writes(tiny_gpt, tmp_pa
 
 
 def test_the_command_line_says_what_is_wrong(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "attnviz.scan.importance", str(tmp_path / "missing.txt"),
+    result = subprocess.run([sys.executable, "-m", "attnviz.corpus.importance", str(tmp_path / "missing.txt"),
                              "--model", str(BUNDLED_GPT_DIR), "--out", str(tmp_path / "x.duckdb"), "--quiet",
                              "--progress-file", str(tmp_path / "p.json")], capture_output=True, text=True,
                             timeout=120)
@@ -185,7 +181,7 @@ def test_the_command_line_says_what_is_wrong(tmp_path):
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
-    from attnviz.scan.importance_ray import ray_available, run_importance_on_ray
+    from attnviz.corpus.importance.on_ray import ray_available, run_importance_on_ray
 
     if not ray_available():
         pytest.skip("Ray is an optional extra")
@@ -208,7 +204,7 @@ def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
 
 def test_corpus_means_weigh_every_token_alike(tiny_gpt):
     """The means pass, chunk by chunk, equals the mean over every real token of one batch of all the texts."""
-    from attnviz.scan.importance_runner import corpus_means
+    from attnviz.corpus.importance.runner import corpus_means
 
     model, tokenizer = tiny_gpt
     documents = list(enumerate(corpus().documents))
@@ -223,8 +219,8 @@ def test_corpus_means_weigh_every_token_alike(tiny_gpt):
 def test_a_scans_top_label_per_head_is_its_most_frequent(bert, tmp_path):
     import pandas as pd
 
-    from attnviz.scan.runner import ScanSettings, run_scan
-    from attnviz.scan.store import ScanReader
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
+    from attnviz.corpus.scan.store import ScanReader
 
     texts = Corpus("tests", [document for document in corpus().documents if document.text.strip()])
     run_scan(texts, bert, tmp_path / "scan.duckdb", ScanSettings(max_docs=8, max_tokens=12))

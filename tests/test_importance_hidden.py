@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers as T
 
-from attnviz.models import importance as imp
+from attnviz.interventions import importance as imp
 from attnviz.models.loading import default_model_dir, load_model_dir
 
 TEXTS = ["The cat sat on the mat.",

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from attnviz.bench.tiny import make_tiny_checkpoint
-from attnviz.models import importance as imp
-from attnviz.models import interventions as iv
-from attnviz.models.safety import CheckpointRefused
+from attnviz.checkpoints.safety import CheckpointRefused
+from attnviz.interventions import edits as iv
+from attnviz.interventions import importance as imp
 from attnviz.models.with_heads import declares_masked_lm_head, load_masked_lm
 from tests.apptest_helpers import figure_titled, open_page
 
@@ -90,9 +90,9 @@ def test_a_chunked_masked_lm_map_gives_each_text_what_one_batch_gives(masked):
 
 
 def test_a_chunked_masked_lm_corpus_run_equals_one_chunk_of_every_document(masked, folders, tmp_path):
-    from attnviz.scan import importance_store as istore
-    from attnviz.scan.corpus import Corpus, Document
-    from attnviz.scan.importance_runner import ImportanceSettings, run_importance
+    from attnviz.corpus.documents import Corpus, Document
+    from attnviz.corpus.importance import store as istore
+    from attnviz.corpus.importance.runner import ImportanceSettings, run_importance
 
     corpus = Corpus("ten", [Document(text, f"line {i}") for i, text in enumerate(TEN)])
     found = {}
@@ -174,7 +174,7 @@ def test_the_page_measures_an_uploaded_masked_lm_by_its_loss_and_says_when_the_h
 
     models = {DEFAULT_MODEL_NAME: "unused", BUNDLED_GPT_NAME: str(BUNDLED_GPT_DIR),
               "tiny-mlm": str(folders["with"]), "claims-head": str(folders["claims"])}
-    at = open_page("pages/importance.py", timeout=240, models=models, model="tiny-mlm", imp_view="Importance map")
+    at = open_page("app_pages/importance.py", timeout=240, models=models, model="tiny-mlm", imp_view="Importance map")
     assert at.selectbox(key="imp_model").value == "tiny-mlm"  # an encoder with a loss is chosen as it is
     assert any(imp.OBJECTIVES["masked"] in c.value for c in at.caption)
     at.button(key="imp_run").click().run()

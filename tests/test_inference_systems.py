@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnviz.core.paged_kv import PagedKVCache
 from attnviz.flash.ring import ring_attention, ring_memory, split_sizes
 from attnviz.flash.tiled import COMPUTED, SKIPPED
-from attnviz.paged_kv import PagedKVCache
 
 
 def reference(q, k, v, causal):
@@ -84,8 +84,8 @@ def test_paged_cache_gathers_exactly_what_a_contiguous_cache_holds_and_attention
         gathered_keys, gathered_values = cache.gather(sample)
         assert torch.equal(gathered_keys, keys) and torch.equal(gathered_values, values)
         queries = torch.randn(2, 3, 8, generator=generator)
-        from attnviz import masks
-        from attnviz.attention import scaled_dot_product_attention
+        from attnviz.core import masks
+        from attnviz.core.attention import scaled_dot_product_attention
 
         expected, _ = scaled_dot_product_attention(queries[None], keys[None], values[None],
                                                    mask=masks.causal(3, keys.shape[1]))

@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers as T
 
-from attnviz.models import importance as imp
-from attnviz.models import interventions as iv
+from attnviz.interventions import edits as iv
+from attnviz.interventions import importance as imp
 
 
 def _tiny(name: str) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""The server's queue of background jobs (attnviz.scan.jobs): a server-wide limit, places in the queue, one job per
+"""The server's queue of background jobs (attnviz.corpus.jobs): a server-wide limit, places in the queue, one job per
 browser and per session, an atomic start, jobs ended with their owner's folder, disk reserved while they run; and a
 crowd of cookie-less sessions asking for scans on the page at once."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.models import disk
-from attnviz.scan import jobs
-from attnviz.scan.jobs import JobQueue, JobRefused
+from attnviz.checkpoints import disk
+from attnviz.corpus import jobs
+from attnviz.corpus.jobs import JobQueue, JobRefused
 
 
 def sleeper(marker: Path, seconds: float = 0.5) -> list[str]:
@@ -156,7 +156,7 @@ def test_a_waiting_job_can_leave_the_queue(tmp_path, monkeypatch):
 def test_a_crowd_of_cookieless_sessions_asking_for_scans(bert, monkeypatch, tmp_path, clean_streamlit_caches):
     """Three sessions without cookies (each a new browser to the server) press Scan at once with ATTNVIZ_JOBS=1:
     one scan runs, the others wait with their place shown, and every scan finishes."""
-    from attnviz.scan import store
+    from attnviz.corpus.scan import store
     from tests.apptest_helpers import open_page
 
     monkeypatch.setenv("ATTNVIZ_JOBS", "1")
@@ -165,7 +165,7 @@ def test_a_crowd_of_cookieless_sessions_asking_for_scans(bert, monkeypatch, tmp_
     monkeypatch.setenv("ATTNVIZ_JOBS_DIR", str(tmp_path / "queue"))
     sessions = []
     for documents in (2, 3, 4):  # different limits: three different scans
-        at = open_page("pages/corpus.py")
+        at = open_page("app_pages/corpus.py")
         at.number_input(key="corpus_docs").set_value(documents)
         at.number_input(key="corpus_tokens").set_value(16)
         at.number_input(key="corpus_qk_points").set_value(0)
@@ -221,8 +221,8 @@ def test_a_refused_start_never_starts_a_job_twice(tmp_path, monkeypatch):
 
 def test_the_refusal_of_a_folder_job_leaves_its_files_and_a_corpus_named_like_a_scan_is_not_its_output(
         tmp_path, monkeypatch):
-    from attnviz.scan.background import ScanFolder
-    from attnviz.scan.runner import ScanSettings
+    from attnviz.corpus.background import ScanFolder
+    from attnviz.corpus.scan.runner import ScanSettings
 
     monkeypatch.setenv("ATTNVIZ_JOBS", "1")
     queue = JobQueue(tmp_path / "queue")

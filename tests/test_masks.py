@@ -1,4 +1,4 @@
-"""attnviz.masks: patterns against brute-force definitions and PyTorch's own causal variants, and the converters
+"""attnviz.core.masks: patterns against brute-force definitions and PyTorch's own causal variants, and the converters
 against the attention functions that use each convention."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
-from attnviz import masks
+from attnviz.core import masks
 
 
 def brute_force_window(n_q, n_k, left, right):

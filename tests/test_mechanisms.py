@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz import kvcache, mask_patterns, masks, positional, scaling
+from attnviz.core import kvcache, mask_patterns, masks, positional, scaling
+from attnviz.core.units import human_bytes
 from attnviz.pagelogic import masks as masks_page
 from attnviz.pagelogic.positional import alibi_on_real_head
 from attnviz.pagelogic.scaling import real_head_scalings
-from attnviz.units import human_bytes
 
 # --- positional -------------------------------------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ def test_alibi_bias():
 
 
 def test_learned_position_table_of_the_bundled_bert():
-    from attnviz.models.support import learned_position_table
+    from attnviz.models.architectures import learned_position_table
     from tests.tiny_models import bundled_bert
 
     name, table = learned_position_table(bundled_bert().model)
@@ -94,7 +94,7 @@ def test_learned_position_table_of_the_bundled_bert():
 
 
 def test_word_order_without_positions_is_a_permutation():
-    from attnviz.models.word_order import word_order_experiment
+    from attnviz.interventions.word_order import word_order_experiment
     from tests.tiny_models import bundled_bert
 
     bundle = bundled_bert()
@@ -365,7 +365,7 @@ def test_a_length_beyond_the_context_is_flagged():
 
 
 def test_attention_parameters_match_our_module():
-    from attnviz.attention import MultiHeadAttention
+    from attnviz.core.attention import MultiHeadAttention
 
     config = kvcache.AttentionConfig("toy", 2, 64, 8, 2, 8, 128)
     module = MultiHeadAttention(64, 8, n_kv_heads=2)

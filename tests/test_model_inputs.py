@@ -5,9 +5,9 @@ GPT-J and GPT-Neo look them up in their word embeddings; a model with a token-ty
 import pytest
 import torch
 
+from attnviz.models.architectures import model_inputs, reads_token_types
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
-from attnviz.models.support import model_inputs, reads_token_types
 
 TEXT, PAIR = "The cat sat on the mat.", "It was tired."
 

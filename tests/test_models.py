@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.models.capture import capture
 from attnviz.models.loading import FallbackTokenizer, load_model_dir
 from attnviz.models.replay_check import replay_difference
-from attnviz.models.safety import CheckpointRefused
 
 
 @pytest.fixture(scope="module")
@@ -176,10 +176,10 @@ def test_weights_of_another_architecture_are_refused(tiny_dir, tmp_path):
 
 
 def test_the_modifier_tests_cover_listed_types():
-    """attnviz.models.support is the one list (tests/test_architectures.py loads every type in it); the
+    """attnviz.models.architectures is the one list (tests/test_architectures.py loads every type in it); the
     modifier tests' own configs are of listed types."""
-    from attnviz.models import support
+    from attnviz.models import architectures
     from tests.test_capture_modifiers import _config
 
     for kind in ("mistral", "gemma2", "gpt_oss"):
-        assert _config(kind).model_type == kind and kind in support.TESTED_MODEL_TYPES
+        assert _config(kind).model_type == kind and kind in architectures.TESTED_MODEL_TYPES

@@ -9,13 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from attnviz.scan import store
-from attnviz.scan.corpus import Corpus, Document
-from attnviz.scan.runner import ScanSettings, run_scan
+from attnviz.corpus.documents import Corpus, Document
+from attnviz.corpus.scan import store
+from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 from tests.test_scan import TEXTS
 
-PAGE = "pages/corpus.py"
+PAGE = "app_pages/corpus.py"
 
 
 def wait_for_results(at, seconds: float = 180):
@@ -66,7 +66,7 @@ def test_a_scan_started_on_the_page_runs_in_the_background_and_opens(bert, clean
     with store.ScanReader(chosen) as reader:
         example = reader.examples(2, 0, "strongest")[0]
         document = reader.document(example["doc"])
-    from attnviz.scan.runner import text_as_read
+    from attnviz.corpus.scan.runner import text_as_read
 
     read = text_as_read(bert, document["text"], 24) if document["truncated"] else document["text"]
     assert at.session_state["sentence"] == read  # the document as the scan read it
@@ -160,8 +160,8 @@ def test_a_head_of_a_server_scan_ranks_keys_and_opens_the_document_as_read(serve
                                                                           clean_streamlit_caches):
     """Key tokens by weight per occurrence; an example opens in Explore heads cut to the scan's 12 tokens (the
     weights Explore then shows are the scan's); the scan chosen last is the one shown."""
+    from attnviz.corpus.scan.runner import text_as_read
     from attnviz.models.capture import capture
-    from attnviz.scan.runner import text_as_read
 
     monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(server_scans))
     at = open_page(PAGE)
@@ -210,8 +210,8 @@ def test_a_scan_running_with_other_settings_is_named_as_such(monkeypatch, clean_
     read the running scan's progress as the form's)."""
     import os
 
-    from attnviz.scan.background import ScanFolder
-    from attnviz.scan.jobs import Job
+    from attnviz.corpus.background import ScanFolder
+    from attnviz.corpus.jobs import Job
 
     monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-scan", os.getpid(), time.time()))
     at = open_page(PAGE)

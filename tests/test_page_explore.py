@@ -7,8 +7,8 @@ from attnviz.models.capture import capture
 from tests.apptest_helpers import figures, open_page, plotly_array
 from tests.tiny_models import bundled_bert, make_tiny_checkpoint, zip_folder
 
-EXPLORE = "pages/explore_heads.py"
-CHECKPOINTS = "pages/checkpoints.py"
+EXPLORE = "app_pages/explore_heads.py"
+CHECKPOINTS = "app_pages/checkpoints.py"
 
 
 @pytest.fixture(autouse=True)

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import measure
-from attnviz.bench import flash_cpu, flash_gpu
+from attnviz.bench import flash_gpu
+from attnviz.core.units import human_bytes, speed_ratio
+from attnviz.flash import cpu_sweep
 from attnviz.flash.cases import AttentionCase, measure_peak_memory
-from attnviz.gpus import gpu_bf16_peak
 from attnviz.pagelogic import flash as flash_page
-from attnviz.units import human_bytes, speed_ratio
+from attnviz.system import measure
+from attnviz.system.gpus import gpu_bf16_peak
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 
 
@@ -20,7 +21,7 @@ def results_table(at):
 
 
 def test_page_runs_backends_and_agrees_with_naive():
-    at = open_page("pages/flash.py", flash_n=256)
+    at = open_page("app_pages/flash.py", flash_n=256)
     assert not at.exception, [e.value for e in at.exception]
     table = results_table(at)
     ran = table[table["ran as"] != "—"]
@@ -31,7 +32,7 @@ def test_page_runs_backends_and_agrees_with_naive():
 
 
 def test_interpreter_is_offered_for_small_n_only():
-    at = open_page("pages/flash.py", flash_n=128)
+    at = open_page("app_pages/flash.py", flash_n=128)
     at.toggle(key="flash_interpreter").set_value(True).run()
     triton = results_table(at).set_index("backend").loc["Triton"]
     assert triton["ran as"] == "triton (interpreter)" and triton["median time"] == "correctness only"
@@ -41,7 +42,7 @@ def test_interpreter_is_offered_for_small_n_only():
 
 
 def test_tiling_figure_follows_the_mask():
-    at = open_page("pages/flash.py", flash_n=256)
+    at = open_page("app_pages/flash.py", flash_n=256)
     at.selectbox(key="flash_mask").set_value("causal").run()
     tiles = plotly_array(figure_titled(at, "4 x 4 tiles")["data"][0]["z"])
     assert np.array_equal(tiles, np.array([[2, 0, 0, 0], [1, 2, 0, 0], [1, 1, 2, 0], [1, 1, 1, 2]]))
@@ -53,7 +54,7 @@ def test_tiling_figure_follows_the_mask():
 
 
 def test_bigbird_and_window_masks_on_the_page():
-    at = open_page("pages/flash.py", flash_n=256)
+    at = open_page("app_pages/flash.py", flash_n=256)
     at.selectbox(key="flash_mask").set_value("bigbird").run()
     assert not at.exception
     table = results_table(at)
@@ -63,15 +64,15 @@ def test_bigbird_and_window_masks_on_the_page():
 
 
 def test_saved_benchmark_is_drawn():
-    at = open_page("pages/flash.py", flash_n=128)
+    at = open_page("app_pages/flash.py", flash_n=128)
     assert any(s["layout"]["title"]["text"] == "Time vs N" for s in figures(at))
 
 
 def test_flop_counts():
-    assert flash_cpu.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
-    assert flash_cpu.attention_flops(2, 3, 100, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 100 * 8
-    assert flash_cpu.attention_flops(1, 1, 10, 2, backward=True) == 3.5 * 4 * 100 * 2
-    assert flash_cpu.attention_flops(1, 1, 10, 2, density=0.25) == 0.25 * 4 * 100 * 2
+    assert cpu_sweep.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
+    assert cpu_sweep.attention_flops(2, 3, 100, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 100 * 8
+    assert cpu_sweep.attention_flops(1, 1, 10, 2, backward=True) == 3.5 * 4 * 100 * 2
+    assert cpu_sweep.attention_flops(1, 1, 10, 2, density=0.25) == 0.25 * 4 * 100 * 2
     cases = flash_gpu.gpu_cases()
     assert len(cases) == 2 * 5 * 4 and {c["mask"] for c in cases} == {"full", "causal", "window", "bigbird"}
 
@@ -92,7 +93,7 @@ def test_what_the_page_says_naive_holds_is_what_it_measures(mask):
     stated = flash_page.naive_peak_bytes(case.n, case.heads, case.dtype, masked=mask != "full")
     measured = measure_peak_memory(case, "naive", timeout=120)
     assert 0.9 * stated <= measured <= 1.1 * stated, (measured / 2**20, stated / 2**20)
-    at = open_page("pages/flash.py", flash_n=512, flash_heads=4, flash_mask=mask, flash_backends=["naive"])
+    at = open_page("app_pages/flash.py", flash_n=512, flash_heads=4, flash_mask=mask, flash_backends=["naive"])
     metric = next(m for m in at.metric if m.label.startswith("Naive's N x N buffers at N = 512"))
     assert metric.value == human_bytes(stated)
 
@@ -103,7 +104,7 @@ def test_a_gpu_report_is_measured_against_the_peak_of_the_gpu_it_names(gpu, peak
     rows = [{"n": n, "d": 128, "mask": "causal", "forward_tflops": {"FlashAttention": 100.0 + n / 1024}}
             for n in (1024, 4096)]  # the best: 104 TFLOPS
     report = {"benchmark": "flash-gpu", "gpu": gpu, "peak_tflops": 989.0, "results": rows}
-    at = open_page("pages/flash.py", flash_n=128)
+    at = open_page("app_pages/flash.py", flash_n=128)
     at.radio(key="flash_scaling_source").set_value("upload a benchmark JSON").run()
     at.file_uploader(key="flash_upload").set_value(("report.json", json.dumps(report).encode(), "application/json")
                                                     ).run()
@@ -124,7 +125,7 @@ def test_speed_ratios_read_as_people_say_them():
 
 
 def test_the_results_table_says_slower_when_a_backend_is_slower():
-    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/math", "tiled"])
+    at = open_page("app_pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/math", "tiled"])
     table = results_table(at).set_index("backend")
     naive_ms = float(table.loc["naive", "median time"].split()[0])
     for name in ("SDPA math", "tiled (PyTorch)"):
@@ -144,7 +145,7 @@ def test_cpu_benchmark_smoke(tmp_path):
     assert main(["flash", "--lengths", "256", "--heads", "2", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     last = report["results"][-1]
-    assert set(last["time_s"]) == set(flash_cpu.CPU_CONTENDERS)
+    assert set(last["time_s"]) == set(cpu_sweep.CPU_CONTENDERS)
     assert last["peak_bytes"]["naive"] > last["peak_bytes"]["sdpa/flash"]  # measured in fresh processes
     assert max(last["max_abs_diff_vs_naive"].values()) < 1e-4
     assert last["first_call_s"]["flex"] > last["time_s"]["flex"]  # compiling, reported apart from run time
@@ -152,7 +153,7 @@ def test_cpu_benchmark_smoke(tmp_path):
 
 
 def test_flex_attention_on_the_page_reports_its_compile_time_apart():
-    at = open_page("pages/flash.py", flash_n=128, flash_backends=["naive", "flex"])
+    at = open_page("app_pages/flash.py", flash_n=128, flash_backends=["naive", "flex"])
     assert not at.exception, [e.value for e in at.exception]
     flex = results_table(at).set_index("backend").loc["FlexAttention"]
     assert flex["ran as"] == "flex" and float(flex["max |out − naive fp64|"]) < 1e-4
@@ -191,7 +192,7 @@ def test_cases_are_seeded_and_round_trip_through_json():
 
 
 def test_page_measures_memory_on_request():
-    at = open_page("pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/flash"])
+    at = open_page("app_pages/flash.py", flash_n=512, flash_backends=["naive", "sdpa/flash"])
     at.button(key="flash_measure_memory").click().run()
     assert not at.exception, [e.value for e in at.exception]
     table = results_table(at).set_index("backend")
@@ -222,7 +223,7 @@ def test_gpu_benchmark_code_runs_on_cpu_in_the_interpreter():
 
 
 def test_other_widgets_do_not_re_measure_and_measure_again_does():
-    at = open_page("pages/flash.py", flash_n=512)
+    at = open_page("app_pages/flash.py", flash_n=512)
     first = results_table(at)["median time"].tolist()
     at.select_slider(key="flash_block_q").set_value(32).run()  # the tiling's own slider
     assert results_table(at)["median time"].tolist() == first  # the same measurement, not a new one
@@ -233,8 +234,8 @@ def test_other_widgets_do_not_re_measure_and_measure_again_does():
 
 
 def test_sessions_share_one_measurement_of_the_same_settings():
-    first = open_page("pages/flash.py", flash_n=384)
-    second = open_page("pages/flash.py", flash_n=384)  # another session, the same settings
+    first = open_page("app_pages/flash.py", flash_n=384)
+    second = open_page("app_pages/flash.py", flash_n=384)  # another session, the same settings
     assert not second.exception, [e.value for e in second.exception]
     assert results_table(second)["median time"].tolist() == results_table(first)["median time"].tolist()
     caption = next(c.value for c in second.caption if c.value.startswith("Measured on this server at"))
@@ -245,7 +246,7 @@ def test_sessions_share_one_measurement_of_the_same_settings():
 
 
 def test_the_page_opens_on_a_causal_mask_and_the_steppers_first_step():
-    at = open_page("pages/flash.py", flash_n=256)
+    at = open_page("app_pages/flash.py", flash_n=256)
     assert at.selectbox(key="flash_mask").value == "causal"
     assert any("skipped" in c.value and not c.value.startswith("0%") for c in at.caption)
     stepper = at.slider(key="flash_step")

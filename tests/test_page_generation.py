@@ -6,7 +6,7 @@ from attnviz.models.loading import BUNDLED_GPT_NAME
 from tests.apptest_helpers import assert_no_failure, figure_titled, figures, open_page
 from tests.tiny_models import TINY_GPT_LAYERS
 
-PAGE = "pages/generation.py"
+PAGE = "app_pages/generation.py"
 
 
 @pytest.fixture(autouse=True)
@@ -146,7 +146,7 @@ def test_a_mixture_of_experts_generates_end_to_end_with_its_cache_table_and_floa
 def test_a_float64_check_that_cannot_run_leaves_the_cache_table_and_says_why(monkeypatch):
     """Any op without a float64 kernel (not only the experts' grouped product): the generation and its cache are
     shown, the float64 line says it was not checked and why, and the page does not say it could not generate."""
-    from attnviz.pagelogic import generation as gen
+    from attnviz.pagelogic.generation import decode as gen
 
     def no_float64(*args, **kwargs):
         raise RuntimeError("no float64 kernel for this op")
@@ -161,7 +161,7 @@ def test_a_float64_check_that_cannot_run_leaves_the_cache_table_and_says_why(mon
 
 
 def test_a_view_that_fails_after_the_figures_is_not_called_a_failed_generation(monkeypatch):
-    from attnviz.pagelogic import generation_reading as reading
+    from attnviz.pagelogic.generation import reading as reading
 
     def broken(*args, **kwargs):
         raise RuntimeError("the sink view broke")

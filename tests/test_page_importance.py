@@ -5,9 +5,10 @@ import re
 import numpy as np
 import pytest
 
-from attnviz import circuits
-from attnviz.models import importance as imp
-from attnviz.models import interventions as iv
+from attnviz.core import circuits
+from attnviz.interventions import edits as iv
+from attnviz.interventions import importance as imp
+from attnviz.interventions import induction_circuit as ind
 from attnviz.models.loading import (
     BUNDLED_GPT_DIR,
     BUNDLED_GPT_NAME,
@@ -15,12 +16,11 @@ from attnviz.models.loading import (
     default_model_dir,
     load_model_dir,
 )
-from attnviz.pagelogic import induction_circuit as ind
 from attnviz.viz.style import format_number
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
-PAGE = "pages/importance.py"
+PAGE = "app_pages/importance.py"
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_patching_the_preset_shows_the_restored_share_of_each_head_and_position(
     assert cells.shape == (TINY_GPT_LAYERS, TINY_GPT_HEADS + 2)  # the heads, a gap, every head of the layer
     # the induction heads' layer restores most of the answer (tests/test_patching.py: at every preset)
     assert int(cells[:, -1].argmax()) == TINY_GPT_LAYERS - 1 and cells[-1, -1] > 0.75
-    from attnviz.pagelogic import patching as patch
+    from attnviz.interventions import patching as patch
 
     model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
     prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 40, seed=6, bos=tokenizer.bos_token_id)
@@ -222,7 +222,7 @@ def test_a_map_over_documents_of_the_bundled_corpus(_clean):
 
 
 def test_a_stopped_map_is_said_and_goes_on_when_asked(_clean):
-    from attnviz.ui import importance_cache
+    from attnviz.ui.caches import importance as importance_cache
 
     text = "The cat sat on the mat."
     key = (str(BUNDLED_GPT_DIR), BUNDLED_GPT_NAME, (text,))

@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
+from attnviz.corpus.importance import store as istore
 from attnviz.models.loading import BUNDLED_GPT_NAME
-from attnviz.scan import importance_store as istore
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
-PAGE = "pages/importance.py"
+PAGE = "app_pages/importance.py"
 
 
 def wait_for_the_run(at, seconds: float = 240):
@@ -65,13 +65,13 @@ def test_a_corpus_run_started_on_the_page_shows_what_its_database_holds(clean_st
 
 
 def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeypatch, clean_streamlit_caches):
-    from attnviz.models import interventions as iv
+    from attnviz.corpus.background import SCAN_ROOT_VARIABLE
+    from attnviz.corpus.documents import Corpus, Document
+    from attnviz.corpus.importance.runner import ImportanceSettings, run_importance
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
+    from attnviz.corpus.scan.store import ScanReader
+    from attnviz.interventions import edits as iv
     from attnviz.models.loading import BUNDLED_GPT_DIR
-    from attnviz.scan.background import SCAN_ROOT_VARIABLE
-    from attnviz.scan.corpus import Corpus, Document
-    from attnviz.scan.importance_runner import ImportanceSettings, run_importance
-    from attnviz.scan.runner import ScanSettings, run_scan
-    from attnviz.scan.store import ScanReader
 
     texts = ["The cat sat on the mat.", "Heads read keys.", "A third document here.", "And a fourth one."]
     corpus = Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)])
@@ -105,7 +105,7 @@ def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeyp
     assert at.number_input(key="imp_corpus_docs").value == 3
     assert at.button(key="imp_corpus_run").label == "Measure every head over 3 documents"
     # Heads across a corpus offers the scan, and the damaged file (to say it is not a scan), never the importance run
-    corpus_page = open_page("pages/corpus.py", timeout=300)
+    corpus_page = open_page("app_pages/corpus.py", timeout=300)
     offered = corpus_page.selectbox(key="corpus_scan_choice").options
     assert sorted(offered) == sorted([f"{bert.name} · tests · 4 documents · ≤ 12 tokens", "junk.duckdb (not a scan)"])
 
@@ -114,11 +114,11 @@ def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeyp
 def test_a_scans_labels_stand_beside_the_importance_of_the_same_heads(tmp_path, monkeypatch, clean_streamlit_caches):
     """Measured over a scan's documents with the scan's own model, every head's row shows its most frequent label
     over the scan."""
+    from attnviz.corpus.background import SCAN_ROOT_VARIABLE
+    from attnviz.corpus.documents import Corpus, Document
+    from attnviz.corpus.scan import store
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
     from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
-    from attnviz.scan import store
-    from attnviz.scan.background import SCAN_ROOT_VARIABLE
-    from attnviz.scan.corpus import Corpus, Document
-    from attnviz.scan.runner import ScanSettings, run_scan
 
     texts = ["The cat sat on the mat.", "Heads read keys and values.", "A third document, a little longer.",
              "And a fourth one here."]
@@ -146,8 +146,8 @@ def test_a_run_in_progress_with_other_settings_is_named_as_such(monkeypatch, cle
     import os
     import time
 
-    from attnviz.scan.background import ScanFolder
-    from attnviz.scan.jobs import Job
+    from attnviz.corpus.background import ScanFolder
+    from attnviz.corpus.jobs import Job
 
     monkeypatch.setattr(ScanFolder, "job", lambda self: Job("another-run", os.getpid(), time.time()))
     at = open_page(PAGE, timeout=300, imp_view="Importance map")

@@ -1,17 +1,18 @@
 """The "Queries and keys" page as a user sees it: the picture of a head, the share that says how far to trust it
-(as attnviz.pagelogic.qkmap measures it on the same capture), every head of the layer, and the choices that change
+(as attnviz.pagelogic.queries_keys measures it on the same capture), every head of the layer, and the choices that
+change
 them."""
 
 import numpy as np
 import pytest
 
 from attnviz.models.capture import capture
-from attnviz.pagelogic import qkmap
-from attnviz.viz.qkmap import quantised
+from attnviz.pagelogic import queries_keys
+from attnviz.viz.queries_keys import quantised
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 from tests.tiny_models import bundled_bert
 
-PAGE = "pages/queries_keys.py"
+PAGE = "app_pages/queries_keys.py"
 SENTENCE = "The cat sat on the mat because it was tired."
 
 
@@ -26,9 +27,9 @@ def test_a_heads_picture_and_its_trust_are_those_of_its_queries_and_keys():
     at.selectbox(key="qk_head").set_value(5).run()
     assert not at.exception, [e.value for e in at.exception]
     record = capture(bundled_bert(), SENTENCE).records["self"]
-    points = qkmap.head_points([record], 2, 5)
-    coordinates = qkmap.project(points, "PCA")
-    expected = qkmap.trust(points, coordinates)
+    points = queries_keys.head_points([record], 2, 5)
+    coordinates = queries_keys.project(points, "PCA")
+    expected = queries_keys.trust(points, coordinates)
     shown = {m.label: m.value for m in at.metric}
     assert shown["strongest key is the nearest"] == f"{expected[1]:.0%}"
     assert shown["strongest key among the 10 nearest"] == f"{expected[10]:.0%}"
@@ -73,7 +74,7 @@ def test_a_token_search_rings_its_points_and_documents_share_one_picture():
     at.slider(key="qk_documents").set_value(3).run()
     at.select_slider(key="qk_tokens").set_value(32).run()
     assert not at.exception, [e.value for e in at.exception]
-    from attnviz.scan.corpus import bundled_corpus
+    from attnviz.corpus.documents import bundled_corpus
 
     n = sum(capture(bundled_bert(), document.text, max_tokens=32).records["self"].n_q
             for document in bundled_corpus().documents[:3])
@@ -84,9 +85,9 @@ def test_a_token_search_rings_its_points_and_documents_share_one_picture():
 
 
 def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_kept(tmp_path, monkeypatch):
-    from attnviz.scan import qk_sample, store
-    from attnviz.scan.corpus import bundled_corpus
-    from attnviz.scan.runner import ScanSettings, run_scan
+    from attnviz.corpus.documents import bundled_corpus
+    from attnviz.corpus.scan import qk_sample, store
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
 
     at = open_page(PAGE, timeout=180, sentence=SENTENCE)
     at.segmented_control(key="qk_source").set_value("A scan's sample").run()
@@ -118,8 +119,8 @@ def test_a_scans_sample_comes_from_its_database_and_a_projection_made_here_is_ke
     with store.ScanReader(path) as reader:
         assert qk_sample.stored_projection(reader.connection, 2, 0, "t-SNE", 2, 0, False) is None
         key = reader.settings["key"]
-    from attnviz.models.keep import BrowserStore
-    from attnviz.scan.background import ScanFolder
+    from attnviz.checkpoints.keep import BrowserStore
+    from attnviz.corpus.background import ScanFolder
 
     mine = ScanFolder(BrowserStore(at.session_state["browser_key"]).folder / "scans").projections(path, key)
     kept, kept_trust = qk_sample.kept_projection(mine, 2, 0, "t-SNE", 2, 0, False)
@@ -165,8 +166,8 @@ def test_a_decoders_trust_leaves_out_its_first_queries_and_says_so_and_a_click_f
     record = capture(load_model_dir(folder), SENTENCE).records["self"]
     n = record.n_q
     assert record.is_causal() and n > 10
-    points = qkmap.head_points([record], 0, 0)
-    expected = qkmap.trust(points, qkmap.project(points, "PCA"))
+    points = queries_keys.head_points([record], 0, 0)
+    expected = queries_keys.trust(points, queries_keys.project(points, "PCA"))
     metrics = {m.label: m for m in at.metric}
     for k, label in ((1, "strongest key is the nearest"), (10, "strongest key among the 10 nearest")):
         assert metrics[label].value == f"{expected[k]:.0%}"

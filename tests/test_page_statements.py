@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import kvcache, mask_patterns, masks, positional
+from attnviz.core import kvcache, mask_patterns, masks, positional
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
-from attnviz.pagelogic import explore_heads, heads_kv_cache
+from attnviz.pagelogic import heads_kv_cache
 from attnviz.pagelogic import masks as masks_page
+from attnviz.pagelogic.explore_heads.whatif import what_if, what_if_caption, what_if_effect
 from attnviz.pagelogic.positional import alibi_on_real_head
 from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
 from attnviz.viz.heads import head_sharing
@@ -43,16 +44,16 @@ def test_what_if_says_when_a_rule_moves_weight_onto_keys_the_model_blocked(tiny)
     record = capture(tiny["gpt2"], TEXT).records["self"]
     n = record.weights.shape[-1]
     full = masks.full(n)
-    before, after = explore_heads.what_if(record, 0, full, unscaled=False)
-    effect = explore_heads.what_if_effect(record, 0, before, after, full)
+    before, after = what_if(record, 0, full, unscaled=False)
+    effect = what_if_effect(record, 0, before, after, full)
     future_share = float((after * ~masks.causal(n)).sum(-1).mean())
     assert effect.gained_on_blocked == pytest.approx(future_share) and future_share > 0.1
-    caption = explore_heads.what_if_caption(effect, unscaled=False)
+    caption = what_if_caption(effect, unscaled=False)
     assert "not something the model ever did" in caption and "renormalised" not in caption
     causal = masks.causal(n)
-    before, after = explore_heads.what_if(record, 0, causal, unscaled=False)
-    same = explore_heads.what_if_effect(record, 0, before, after, causal)
-    assert same.gained_on_blocked == 0 and explore_heads.what_if_caption(same, False).startswith("The same rule")
+    before, after = what_if(record, 0, causal, unscaled=False)
+    same = what_if_effect(record, 0, before, after, causal)
+    assert same.gained_on_blocked == 0 and what_if_caption(same, False).startswith("The same rule")
 
 
 def test_t5_heads_are_redrawn_with_their_position_bias_and_without_a_scale(tiny):
@@ -67,10 +68,10 @@ def test_t5_heads_are_redrawn_with_their_position_bias_and_without_a_scale(tiny)
         before, _ = alibi_on_real_head(record, 1, 2, torch.zeros(n, n, dtype=torch.float64))
         torch.testing.assert_close(before.float(), record.weights[1, 2], atol=1e-5, rtol=0)
         assert isinstance(record.bias_rows(1)[2], torch.Tensor)
-    before, after = explore_heads.what_if(result.records["encoder"], 0, None, unscaled=True)
-    effect = explore_heads.what_if_effect(result.records["encoder"], 0, before, after, None)
+    before, after = what_if(result.records["encoder"], 0, None, unscaled=True)
+    effect = what_if_effect(result.records["encoder"], 0, before, after, None)
     assert effect.scale_is_one and effect.largest_change < 1e-6
-    assert "changes nothing" in explore_heads.what_if_caption(effect, unscaled=True)
+    assert "changes nothing" in what_if_caption(effect, unscaled=True)
 
 
 def test_causality_is_read_from_the_attention_shown(tiny):
@@ -81,7 +82,7 @@ def test_causality_is_read_from_the_attention_shown(tiny):
 
 
 def test_the_alibi_tab_uses_a_bidirectional_bias_on_an_encoder_of_an_encoder_decoder(tiny):
-    at = open_page("pages/positional.py", timeout=240, models={"bart": str(tiny["folders"]["bart"])}, model="bart",
+    at = open_page("app_pages/positional.py", timeout=240, models={"bart": str(tiny["folders"]["bart"])}, model="bart",
                    pos_tab="ALiBi")
     assert not at.exception, [e.value for e in at.exception]
     bias = figure_titled(at, "Bias −m·distance")
@@ -105,7 +106,7 @@ def test_kv_cache_of_a_checkpoint_uses_its_own_head_dim_and_the_decoder(tiny):
 
 
 def test_kv_page_says_an_encoder_keeps_no_cache():
-    at = open_page("pages/heads_kv_cache.py")
+    at = open_page("app_pages/heads_kv_cache.py")
     at.selectbox(key="kv_preset").set_value("Current checkpoint: all-MiniLM-L6-v2 (bundled BERT)").run()
     assert any("keeps no KV cache" in i.value for i in at.info)
 
@@ -136,7 +137,7 @@ def test_lsh_cost_counts_the_rounds():
 
 
 def test_scaling_captions_follow_their_numbers_where_the_softmax_is_not_saturated():
-    at = open_page("pages/scaling.py")
+    at = open_page("app_pages/scaling.py")
     at.select_slider(key="scale_keys").set_value(128).run()
     at.select_slider(key="scale_d").set_value(4).run()
     captions = [c.value for c in at.caption]
@@ -147,7 +148,7 @@ def test_scaling_captions_follow_their_numbers_where_the_softmax_is_not_saturate
 
 
 def test_sinusoidal_tab_with_few_positions_and_a_large_shift():
-    at = open_page("pages/positional.py")
+    at = open_page("app_pages/positional.py")
     at.slider(key="pos_sin_n").set_value(16).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.slider(key="pos_sin_k").max <= 15
@@ -155,7 +156,7 @@ def test_sinusoidal_tab_with_few_positions_and_a_large_shift():
 
 
 def test_step_by_step_says_when_a_row_has_no_allowed_key():
-    at = open_page("pages/step_by_step.py")
+    at = open_page("app_pages/step_by_step.py")
     at.radio(key="sbs_source").set_value("Type numbers by hand").run()
     at.text_area(key="sbs_text_Q_4_0").input("1 0\n0 1\n1 1\n0 0").run()
     at.text_area(key="sbs_text_K_4_0").input("1 0\n0 1").run()
@@ -188,7 +189,7 @@ def test_a_page_reading_the_first_tokens_counts_the_text_and_what_explore_reads(
     for text in (" ".join(["The quick brown fox jumps over the lazy dog."] * 110)[:4990],  # about 1,100 tokens
                  " ".join(["The cat sat on the mat."] * 30)):  # between 96 and 512
         count = len(tokenizer(text)["input_ids"])  # the whole text, [CLS] and [SEP] included
-        at = open_page("pages/masks.py", sentence=text)
+        at = open_page("app_pages/masks.py", sentence=text)
         notice = next(i.value for i in at.info if "reads the first" in i.value)
         assert f"first 96 of the text's {count:,} tokens" in notice, (count, notice)
         if count > explore_reads:
@@ -201,7 +202,7 @@ def test_masks_page_says_which_rows_no_key_survives_in():
     from attnviz.models.loading import BUNDLED_GPT_NAME
 
     # BigBird with no global, window or random block: no key is left for any query.
-    at = open_page("pages/masks.py", masks_pattern="bigbird", masks_global_blocks=0, masks_window_blocks=0,
+    at = open_page("app_pages/masks.py", masks_pattern="bigbird", masks_global_blocks=0, masks_window_blocks=0,
                    masks_random_blocks=0)
     n = len(at.selectbox(key="masks_query").options)
     built = mask_patterns.build("bigbird", n, **{k: at.session_state[f"masks_{k}"] for k in
@@ -212,7 +213,7 @@ def test_masks_page_says_which_rows_no_key_survives_in():
     assert "every row stays empty" in caption and "fill each row again." not in caption
 
     # LSH on the tiny GPT: hashed with its own layer-0 keys of head 0, under its causal mask.
-    at = open_page("pages/masks.py", model=BUNDLED_GPT_NAME, masks_pattern="lsh")
+    at = open_page("app_pages/masks.py", model=BUNDLED_GPT_NAME, masks_pattern="lsh")
     bundle = load_model_dir(at.session_state["models"][BUNDLED_GPT_NAME])
     record = capture(bundle, at.session_state["sentence"], max_tokens=96).records["self"]
     keys = record.keys[0, 0].float()
@@ -229,10 +230,10 @@ def test_masks_page_says_which_rows_no_key_survives_in():
 
 
 def test_scaling_says_saturated_only_where_one_key_takes_most_of_the_weight():
-    from attnviz import scaling
+    from attnviz.core import scaling
 
     for d_k in (2, 512):
-        at = open_page("pages/scaling.py")
+        at = open_page("app_pages/scaling.py")
         at.select_slider(key="scale_keys").set_value(8).run()
         at.select_slider(key="scale_d").set_value(d_k).run()
         weights = torch.softmax(scaling.random_scores(d_k, 8, scaling.QUERIES_PER_POINT, 0), dim=-1)
@@ -259,7 +260,7 @@ def test_checkpoints_page_states_the_dense_views_limit_of_the_current_model(tmp_
     config = GPT2Config(vocab_size=VOCAB, n_positions=1024, n_embd=24, n_layer=12, n_head=12)  # GPT-2 small's shape
     folder = make_tiny_checkpoint("gpt2", tmp_path / "wide-gpt2", config=config)
     models = {name: str(path) for name, path in bundled_models().items()} | {"wide-gpt2": str(folder)}
-    at = open_page("pages/checkpoints.py", models=models, model="wide-gpt2")
+    at = open_page("app_pages/checkpoints.py", models=models, model="wide-gpt2")
     limit = min(DENSE_LIMIT, math.isqrt(DENSE_CELLS // (config.n_layer * config.n_head)))  # 745
     caption = next(c.value for c in at.caption if "rollout, compare, what-if" in c.value)
     assert f"up to {limit:,} tokens with wide-gpt2" in caption and limit < DENSE_LIMIT
@@ -299,7 +300,7 @@ def _drawn_groups(figure) -> dict[int, list[int]]:
 def test_gqa_and_mqa_diagrams_differ_when_only_some_query_heads_are_drawn():
     """Llama 2 70B: 64 query heads, 8 K/V heads. With 8 query heads drawn, GQA must show several K/V heads each
     shared by several query heads, MQA one K/V head for all, MHA one K/V head per query head."""
-    from attnviz.attention import kv_head_of_query_head
+    from attnviz.core.attention import kv_head_of_query_head
 
     drawn = {}
     for name, kv_heads in (("MHA", 64), ("GQA", 8), ("MQA", 1)):
@@ -317,8 +318,8 @@ def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
     """The caption lists each decoder token's strongest key as computed here from the bundled tiny GPT's own
     embeddings (one head, identity projections: softmax of √d · cosine); its whole-word embeddings started from
     BERT's, so kitten finds cat."""
+    from attnviz.core.tokens_display import BYTE_LEVEL, readable_token
     from attnviz.models.loading import BUNDLED_GPT_DIR
-    from attnviz.tokens_display import BYTE_LEVEL, readable_token
 
     bundle = load_model_dir(BUNDLED_GPT_DIR)
     source, target = TEXT, "A kitten rested on the rug."
@@ -351,13 +352,13 @@ def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
 def test_kv_page_sums_a_checkpoints_sliding_and_full_layers(tmp_path):
     """A tiny Gemma 2 with a window of 4: layer 0 slides, layer 1 attends to everything (its config's layer
     types); the page's total is the sum over the layers, and it says which layers slide."""
-    from attnviz.units import DTYPE_BYTES, human_bytes
+    from attnviz.core.units import DTYPE_BYTES, human_bytes
     from tests.tiny_models import tiny_config
 
     config = tiny_config("gemma2")
     config.sliding_window = 4
     folder = make_tiny_checkpoint("gemma2", tmp_path / "tiny-gemma2", config=config)
-    at = open_page("pages/heads_kv_cache.py", models={"tiny-gemma2": str(folder)}, model="tiny-gemma2")
+    at = open_page("app_pages/heads_kv_cache.py", models={"tiny-gemma2": str(folder)}, model="tiny-gemma2")
     at.selectbox(key="kv_preset").set_value("Current checkpoint: tiny-gemma2").run()
     assert not at.exception, [e.value for e in at.exception]
     seq_len, dtype = int(at.select_slider(key="kv_seq").value), at.selectbox(key="kv_dtype").value

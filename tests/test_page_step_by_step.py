@@ -5,7 +5,7 @@ import pytest
 
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 
-PAGE = "pages/step_by_step.py"
+PAGE = "app_pages/step_by_step.py"
 
 
 def weights_of(at):
@@ -71,7 +71,7 @@ def test_score_function_and_d_k_change_the_numbers():
 
 
 def test_additive_caption_states_its_real_bound_and_no_saturation_claim():
-    from attnviz import stepwise
+    from attnviz.core import stepwise
 
     at = open_page(PAGE)
     at.selectbox(key="sbs_score_function").set_value("additive").run()

@@ -16,7 +16,7 @@ def titles(at):
 
 
 def test_masks_page_patterns_and_metrics():
-    at = open_page("pages/masks.py")
+    at = open_page("app_pages/masks.py")
     assert not at.exception
     n = 13  # the default sentence's tokens with [CLS] and [SEP]
     at.selectbox(key="masks_pattern").set_value("causal").run()
@@ -35,7 +35,7 @@ def test_masks_page_patterns_and_metrics():
 
 
 def test_masks_page_captions_match_the_numbers_it_shows():
-    at = open_page("pages/masks.py")
+    at = open_page("app_pages/masks.py")
     at.selectbox(key="masks_pattern").set_value("dilated").run()
     at.slider(key="masks_window").set_value(3).run()
     keys = at.metric[3].value  # "lo–hi" keys per query
@@ -52,7 +52,7 @@ def test_masks_page_captions_match_the_numbers_it_shows():
 
 
 def test_masks_page_receptive_field_and_real_head():
-    at = open_page("pages/masks.py")
+    at = open_page("app_pages/masks.py")
     at.selectbox(key="masks_pattern").set_value("sliding_causal").run()
     at.slider(key="masks_window").set_value(2).run()
     at.slider(key="masks_layers").set_value(3).run()
@@ -65,7 +65,7 @@ def test_masks_page_receptive_field_and_real_head():
 
 
 def test_masks_page_convention_bug_and_memory():
-    at = open_page("pages/masks.py")
+    at = open_page("app_pages/masks.py")
     spec = figure_titled(at, "What PyTorch's SDPA does")
     subtitles = [a["text"].replace("<br>", " ") for a in spec["layout"]["annotations"]]  # lines fitted to the panel
     assert "✔ none on the future" in subtitles[0] and "✘" in subtitles[2] and "✘" in subtitles[3]
@@ -77,7 +77,7 @@ def test_masks_page_convention_bug_and_memory():
 
 
 def test_positional_page_tabs_react():
-    at = open_page("pages/positional.py")
+    at = open_page("app_pages/positional.py")
     table = figure_titled(at, "Sinusoidal table")
     assert plotly_array(table["data"][0]["z"]).shape == (100, 128)
     at.select_slider(key="pos_sin_d").set_value(32).run()
@@ -105,7 +105,7 @@ def test_positional_page_tabs_react():
 
 
 def test_scaling_page_reacts():
-    at = open_page("pages/scaling.py")
+    at = open_page("app_pages/scaling.py")
     assert not at.exception
     histogram = figure_titled(at, "Distribution of scores at d_k = 64")
     assert len(histogram["data"]) == 2
@@ -128,7 +128,7 @@ def scaling_captions(at):
 
 
 def test_scaling_page_statements_hold_at_other_settings():
-    at = open_page("pages/scaling.py")
+    at = open_page("app_pages/scaling.py")
     at.select_slider(key="scale_d").set_value(8).run()
     at.select_slider(key="scale_samples").set_value(500).run()
     captions = " ".join(scaling_captions(at))
@@ -148,14 +148,14 @@ def test_scaling_page_statements_hold_at_other_settings():
 
 
 def test_scaling_page_sorted_weights_share_one_axis():
-    at = open_page("pages/scaling.py")
+    at = open_page("app_pages/scaling.py")
     ranges = [spec["layout"]["yaxis"]["range"] for spec in figures(at)
               if spec["layout"]["title"]["text"].startswith("One query's weights")]
     assert len(ranges) == 2 and ranges[0] == ranges[1]
 
 
 def test_heads_and_kv_cache_page_reacts():
-    at = open_page("pages/heads_kv_cache.py")
+    at = open_page("app_pages/heads_kv_cache.py")
     table = at.table[0].value
     assert table["KV cache, all layers"].tolist() == ["10 GiB", "1.25 GiB", "160 MiB"]  # Llama 2 70B, 4096 tok, fp16
     at.selectbox(key="kv_dtype").set_value("fp32").run()
@@ -171,7 +171,7 @@ def test_heads_and_kv_cache_page_reacts():
 
 
 def test_kv_cache_page_says_when_a_window_or_the_context_limits_the_cache():
-    at = open_page("pages/heads_kv_cache.py")
+    at = open_page("app_pages/heads_kv_cache.py")
     at.selectbox(key="kv_preset").set_value("Mistral 7B (v0.1)").run()
     at.select_slider(key="kv_seq").set_value(32768).run()
     assert any("only the last 4,096" in i.value for i in at.info)

@@ -6,12 +6,12 @@ does not prefer the answer even clean, logit difference -7.5, and its foil was "
 import pytest
 import torch
 
-from attnviz import circuits
-from attnviz.models import interventions as iv
+from attnviz.core import circuits
+from attnviz.interventions import edits as iv
+from attnviz.interventions import induction_circuit as ind
+from attnviz.interventions import patching as patch
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import induction_circuit as ind
-from attnviz.pagelogic import patching as patch
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 

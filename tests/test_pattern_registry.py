@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import mask_patterns, masks
-from attnviz.attention import scaled_dot_product_attention
+from attnviz.core import mask_patterns, masks
+from attnviz.core.attention import scaled_dot_product_attention
+from attnviz.core.mask_patterns import FLASH, GALLERY, STEP, WHAT_IF, MaskPattern, PatternMask, Widget
 from attnviz.flash.cases import AttentionCase
 from attnviz.flash.dispatch import run_contender
-from attnviz.mask_patterns import FLASH, GALLERY, STEP, WHAT_IF, MaskPattern, PatternMask, Widget
 from attnviz.pagelogic import flash as flash_page
 from attnviz.pagelogic import masks as masks_page
 from attnviz.pagelogic.explore_heads import whatif
@@ -62,7 +62,7 @@ def test_a_registered_pattern_is_listed_in_each_of_its_places(chunks_pattern):
 
 
 def test_a_registered_pattern_is_on_the_masks_page(chunks_pattern):
-    at = open_page("pages/masks.py")
+    at = open_page("app_pages/masks.py")
     assert LABEL in at.selectbox(key="masks_pattern").options
     at.selectbox(key="masks_pattern").set_value(CHUNKS).run()
     at.slider(key="masks_chunk").set_value(3).run()  # its widget, from the registry
@@ -75,7 +75,7 @@ def test_a_registered_pattern_is_on_the_masks_page(chunks_pattern):
 
 
 def test_a_registered_pattern_is_in_the_what_if_tab(chunks_pattern):
-    at = open_page("pages/explore_heads.py", explore_tab="What-if")
+    at = open_page("app_pages/explore_heads.py", explore_tab="What-if")
     at.selectbox(key="whatif_mask").set_value(CHUNKS).run()
     at.number_input(key="whatif_chunk").set_value(4).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -86,7 +86,7 @@ def test_a_registered_pattern_is_in_the_what_if_tab(chunks_pattern):
 
 
 def test_a_registered_pattern_is_on_the_step_by_step_page(chunks_pattern):
-    at = open_page("pages/step_by_step.py")
+    at = open_page("app_pages/step_by_step.py")
     at.selectbox(key="sbs_mask").set_value(CHUNKS).run()
     at.slider(key="sbs_chunk").set_value(2).run()  # its widget, from the registry
     assert not at.exception, [e.value for e in at.exception]
@@ -109,7 +109,7 @@ def test_a_registered_patterns_rule_is_its_dense_mask_through_the_dispatch(chunk
 
 
 def test_a_registered_pattern_is_on_the_flash_page(chunks_pattern):
-    at = open_page("pages/flash.py", flash_n=128, flash_backends=["naive", "tiled"])
+    at = open_page("app_pages/flash.py", flash_n=128, flash_backends=["naive", "tiled"])
     at.selectbox(key="flash_mask").set_value(CHUNKS).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.select_slider(key="flash_chunk").value == 32  # the widget the registry gives the Flash page

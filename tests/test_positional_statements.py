@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from attnviz import positional
 from attnviz.bench.tiny import VISION_KINDS
-from attnviz.models import support
+from attnviz.core import positional
+from attnviz.interventions.word_order import word_order_experiment
+from attnviz.models import architectures
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
-from attnviz.models.word_order import word_order_experiment
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
 
 TEXT = "the cat sat on the mat because the cat was tired"
-TEXT_KINDS = list(support.TESTED_MODEL_TYPES)
+TEXT_KINDS = list(architectures.TESTED_MODEL_TYPES)
 ALL_KINDS = TEXT_KINDS + list(VISION_KINDS)
 
 
@@ -108,7 +108,7 @@ def learned_tab(folders):
 
     st.cache_resource.clear()
     st.cache_data.clear()
-    at = open_page("pages/positional.py", timeout=240, models={"bundled BERT": "unused", **folders},
+    at = open_page("app_pages/positional.py", timeout=240, models={"bundled BERT": "unused", **folders},
                    model="bert", pos_tab="Learned")
     yield at
     st.cache_resource.clear()
@@ -142,7 +142,7 @@ def test_the_learned_tab_states_each_text_models_table_as_the_checkpoint_uses_it
         return
     n_positions = facts["rows"] - facts["first_row"]  # rows before the first token's row never serve a position
     # attnviz's reading of the table (its records) is the model's, and so is the token limit loading sets
-    found = support.position_table(bundle.model)
+    found = architectures.position_table(bundle.model)
     assert (found.name, found.first_row, found.n_positions) == (facts["table"], facts["first_row"], n_positions)
     assert found.trained == (not facts["fixed"]) and bundle.max_positions == n_positions
     padding = getattr(bundle.model.get_submodule(found.name.rsplit(".", 1)[0]), "padding_idx", None)
@@ -206,7 +206,7 @@ def test_a_distilbert_asked_for_sinusoids_is_said_to_be_fixed(tiny_checkpoint):
     bundle = load_model_dir(tiny_checkpoint("distilbert", label="distilbert-sinusoidal", config=config))
     facts = text_facts(bundle)
     assert facts["fixed"] and facts["first_row"] == 0
-    found = support.position_table(bundle.model)
+    found = architectures.position_table(bundle.model)
     assert not found.trained and positional.sinusoidal_layout(found.rows) == "interleaved"
     from attnviz.pagelogic.positional import table_caption, table_heatmap_caption
 
@@ -215,7 +215,7 @@ def test_a_distilbert_asked_for_sinusoids_is_said_to_be_fixed(tiny_checkpoint):
 
 
 def test_the_extrapolation_chart_names_a_fixed_table_as_fixed(folders):
-    at = open_page("pages/positional.py", timeout=240, models={"marian": folders["marian"]}, model="marian",
+    at = open_page("app_pages/positional.py", timeout=240, models={"marian": folders["marian"]}, model="marian",
                    pos_tab="ALiBi")
     assert not at.exception, [e.value for e in at.exception]
     names = [trace["name"] for trace in figure_titled(at, "Position signals beyond")["data"] if "name" in trace]
@@ -226,7 +226,7 @@ def test_the_extrapolation_chart_names_a_fixed_table_as_fixed(folders):
 
 
 def test_the_word_order_tab_on_a_vision_model_says_it_needs_text(folders):
-    at = open_page("pages/positional.py", timeout=240, models={"vit": folders["vit"]}, model="vit",
+    at = open_page("app_pages/positional.py", timeout=240, models={"vit": folders["vit"]}, model="vit",
                    pos_tab="Word order")
     assert not at.exception, [e.value for e in at.exception]
     said = " ".join(i.value for i in at.info)
@@ -264,7 +264,7 @@ def test_permuting_tokens_permutes_weights_only_without_a_causal_mask():
     for causal, permutes in ((False, True), (True, False)):
         shuffled = weights(q[order], k[order], causal)
         assert torch.allclose(shuffled, weights(q, k, causal)[order][:, order]) == permutes
-    at = open_page("pages/positional.py", pos_tab="RoPE")
+    at = open_page("app_pages/positional.py", pos_tab="RoPE")
     intro = next(c.value for c in at.caption if c.value.startswith("Attention itself has no idea of order"))
     assert "without a mask, permute the tokens and the weights permute" in intro and "causal mask" in intro
     said = " ".join(c.value for c in at.caption)

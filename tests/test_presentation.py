@@ -6,10 +6,10 @@ from streamlit.testing.v1 import AppTest
 from attnviz.ui import frame
 from tests.apptest_helpers import ROOT
 
-SCRIPTS = {"Attention step by step": "pages/step_by_step.py", "Scaling and softmax": "pages/scaling.py",
-           "Masks": "pages/masks.py", "Positional encodings": "pages/positional.py",
-           "Explore heads": "pages/explore_heads.py", "Heads and KV cache": "pages/heads_kv_cache.py",
-           "Flash vs naive": "pages/flash.py", "Generation and KV cache": "pages/generation.py"}
+SCRIPTS = {"Attention step by step": "app_pages/step_by_step.py", "Scaling and softmax": "app_pages/scaling.py",
+           "Masks": "app_pages/masks.py", "Positional encodings": "app_pages/positional.py",
+           "Explore heads": "app_pages/explore_heads.py", "Heads and KV cache": "app_pages/heads_kv_cache.py",
+           "Flash vs naive": "app_pages/flash.py", "Generation and KV cache": "app_pages/generation.py"}
 
 
 def test_the_story_runs_from_the_mechanism_to_the_systems():

@@ -1,7 +1,8 @@
 """Clicks on the "Queries and keys" page's figures, read from every shape a selection comes back in.
 
 st.plotly_chart(on_select=...) hands back what the browser's Plotly event held, through JSON.stringify: integer
-customdata sent as a typed array (as attnviz.viz.qkmap sends it) is a typed array per point there, and JSON writes a
+customdata sent as a typed array (as attnviz.viz.queries_keys sends it) is a typed array per point there, and JSON
+writes a
 typed array as an object. The JSON strings below are what Chromium sent for a click (Streamlit 1.67, Plotly 7),
 read by Streamlit's own deserializer, as the page reads them. The browser test
 (tests/e2e/test_queries_keys_in_browser.py) clicks the real figures."""
@@ -12,7 +13,7 @@ import pytest
 from streamlit.elements.plotly_chart import PlotlyChartSelectionSerde
 
 from attnviz.pagelogic.clicks import clicked_layer_head, customdata_numbers, selected_points
-from attnviz.pagelogic.qkmap import clicked_query
+from attnviz.pagelogic.queries_keys import clicked_query
 
 # a click on a point whose customdata is an int32 [n, 3] typed array (the head's picture): point 1 holds [6, 2, 0]
 TYPED_2D = ('{"selection": {"points": [{"curve_number": 0, "point_number": 1, "point_index": 1, "x": 10, "y": 10, '

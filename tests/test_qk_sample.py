@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import qk_geometry
+from attnviz.core import qk_geometry
+from attnviz.corpus.scan import qk_sample, store
+from attnviz.corpus.scan.runner import ScanRefused, ScanSettings, run_scan
 from attnviz.models import scoring
 from attnviz.models.capture import capture
-from attnviz.scan import qk_sample, store
-from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan
 from tests.test_scan import MAX_TOKENS, TEXTS, assert_same_tables, small_corpus, tables
 
 

@@ -2,7 +2,7 @@
 
 import builtins
 
-from attnviz import runtime
+from attnviz.system import runtime
 
 
 def test_triton_present_here():

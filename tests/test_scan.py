@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis import MIN_LABELLED_QUERIES, UNLABELLED, is_punctuation, label_head
-from attnviz.scan import qk_sample, store
-from attnviz.scan.corpus import Corpus, Document
-from attnviz.scan.heads import CRITERIA, LABELS, OFFSETS, SCAN_STATISTICS, Partial, document_partial
-from attnviz.scan.runner import ScanRefused, ScanSettings, run_scan, scan_key
+from attnviz.core.analysis import MIN_LABELLED_QUERIES, UNLABELLED, is_punctuation, label_head
+from attnviz.corpus.documents import Corpus, Document
+from attnviz.corpus.scan import qk_sample, store
+from attnviz.corpus.scan.heads import CRITERIA, LABELS, OFFSETS, SCAN_STATISTICS, Partial, document_partial
+from attnviz.corpus.scan.runner import ScanRefused, ScanSettings, run_scan, scan_key
 
 TEXTS = [
     "The cat sat on the mat, and the dog slept by the door.",
@@ -279,8 +279,8 @@ def test_a_resumed_scan_equals_an_uninterrupted_one(gpt2, tmp_path):
 def test_a_document_whose_weights_are_not_finite_is_reported_and_left_out(bert, tmp_path, monkeypatch):
     """A model that overflows on one document (NaN weights) must not spoil the sums of every head: that document
     is listed with its problem, and the tables equal a scan of the corpus without it."""
+    from attnviz.corpus.scan import runner
     from attnviz.models.record import AttentionRecord
-    from attnviz.scan import runner
 
     replay = AttentionRecord.every_layer_weights
 
@@ -395,7 +395,7 @@ def test_examples_are_kept_per_criterion_best_first(bert_scan):
 
 def test_an_example_window_shows_a_far_key_beside_the_query_context():
     """A key 40 tokens before its query: the window holds the query's context and, apart, the key's."""
-    from attnviz.scan.heads import KEY_CONTEXT, WINDOW_AFTER, WINDOW_BEFORE, window_positions
+    from attnviz.corpus.scan.heads import KEY_CONTEXT, WINDOW_AFTER, WINDOW_BEFORE, window_positions
 
     near = window_positions(50, 45, 100)
     assert near == list(range(50 - WINDOW_BEFORE, 50 + WINDOW_AFTER + 1))
@@ -463,8 +463,8 @@ def test_words_keep_wordpieces_apart():
 def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
     import json
 
+    from attnviz.corpus.scan.__main__ import main
     from attnviz.models.loading import DEFAULT_MODEL_NAME
-    from attnviz.scan.__main__ import main
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS), encoding="utf-8")
@@ -528,7 +528,7 @@ def test_a_scan_stopped_in_its_sample_is_grouped_when_it_finishes(bert, tmp_path
 def test_a_scan_being_rewritten_is_not_listed(tmp_path):
     """rewrite_compactly writes ``.<key>.compact.duckdb`` beside the scan before renaming it over: a page that lists
     the folder meanwhile must not try to open it."""
-    from attnviz.scan.background import ScanFolder
+    from attnviz.corpus.background import ScanFolder
 
     folder = ScanFolder(tmp_path / "scans")
     (folder.folder / "abc.duckdb").write_bytes(b"")
@@ -557,7 +557,7 @@ def test_a_finished_scan_keeps_each_token_pair_once_sorted_by_head(bert, tmp_pat
 
 
 def test_an_uploaded_corpus_keeps_a_readable_name_inside_its_folder(tmp_path):
-    from attnviz.scan.background import ScanFolder
+    from attnviz.corpus.background import ScanFolder
 
     folder = ScanFolder(tmp_path / "scans")
     kept = folder.keep_corpus(b"a,b\n", "../../my notes (v2).csv")
@@ -569,7 +569,7 @@ def test_an_uploaded_corpus_keeps_a_readable_name_inside_its_folder(tmp_path):
 def test_a_scan_in_another_dtype_is_another_scan(bert):
     """A half-precision checkpoint scanned in fp32 never resumes (or reopens) a scan made as stored: the key holds
     the dtype as loaded. float32, the common case, keeps the keys scans had before."""
-    from attnviz.scan.importance_runner import ImportanceSettings, importance_key
+    from attnviz.corpus.importance.runner import ImportanceSettings, importance_key
 
     settings = ScanSettings(max_docs=2, max_tokens=24)
     assert scan_key(small_corpus(), bert.folder, settings) == scan_key(small_corpus(), bert.folder, settings,

@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from attnviz.scan.corpus import MAX_DOCUMENT_CHARS, CorpusRefused, bundled_corpus
-from attnviz.scan.corpus_files import columns_of, read_corpus
+from attnviz.corpus.document_files import columns_of, read_corpus
+from attnviz.corpus.documents import MAX_DOCUMENT_CHARS, CorpusRefused, bundled_corpus
 
 
 def test_txt_by_line_and_by_paragraph(tmp_path):

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
+from attnviz.corpus.documents import Corpus, Document, bundled_corpus
+from attnviz.corpus.scan import store
+from attnviz.corpus.scan.heads import CRITERIA, LABELS, SCAN_STATISTICS, document_partial
+from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
-from attnviz.scan import store
-from attnviz.scan.corpus import Corpus, Document, bundled_corpus
-from attnviz.scan.heads import CRITERIA, LABELS, SCAN_STATISTICS, document_partial
-from attnviz.scan.runner import ScanSettings, run_scan
 
 MAX_TOKENS = 96
 

@@ -10,10 +10,11 @@ import sys
 import duckdb
 import pytest
 
-from attnviz.scan import database, store
-from attnviz.scan.corpus import Corpus, CorpusRefused, Document
-from attnviz.scan.importance_runner import read_corpus_spec
-from attnviz.scan.runner import ScanSettings, run_scan
+from attnviz.corpus import database
+from attnviz.corpus.documents import Corpus, CorpusRefused, Document
+from attnviz.corpus.importance.runner import read_corpus_spec
+from attnviz.corpus.scan import store
+from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from tests.test_scan import TEXTS
 
 SECRET = "the server's private notes: do not show"
@@ -90,7 +91,8 @@ def test_a_file_that_is_not_a_database_or_lacks_a_scans_tables_is_missing_its_sc
 
 
 def test_an_importance_run_file_is_checked_against_its_own_schema(tmp_path):
-    from attnviz.scan import importance_store
+    from attnviz.corpus.importance import store as importance_store
+
 
     path = tmp_path / "run.duckdb"
     with importance_store.ImportanceWriter(path) as writer:
@@ -114,23 +116,23 @@ def test_a_hostile_scan_in_the_scan_root_is_shown_as_not_a_scan_and_nothing_of_t
              f"CREATE VIEW documents AS SELECT 0 AS doc, filename AS source, content AS text, 1 AS n_chars, "
              f"1 AS n_tokens, false AS truncated, NULL AS problem FROM read_text('{secret}')")
     monkeypatch.setenv("ATTNVIZ_SCAN_ROOT", str(root))
-    at = open_page("pages/corpus.py")
+    at = open_page("app_pages/corpus.py")
     assert at.selectbox(key="corpus_scan_choice").options == ["tampered.duckdb (not a scan)"]
     shown = " ".join(e.value for e in at.error)
     assert "tampered.duckdb cannot be read as a scan" in shown and "holds what a scan's database does not" in shown
     everything = " ".join(str(element.value) for kind in ("markdown", "caption", "error", "info", "warning")
                           for element in at.get(kind))
     assert SECRET not in everything and str(tmp_path) not in shown
-    at = open_page("pages/importance.py")  # its corpus choices list the scan; measuring over it is refused
+    at = open_page("app_pages/importance.py")  # its corpus choices list the scan; measuring over it is refused
     assert not at.exception
 
 
 def _this_browsers_scan(at, documents: int, tokens: int):
     """Where the corpus page of this AppTest keeps the scan of the bundled corpus with these limits."""
-    from attnviz.models.keep import BrowserStore
+    from attnviz.checkpoints.keep import BrowserStore
+    from attnviz.corpus.document_probe import facts_of
+    from attnviz.corpus.scan.runner import scan_key
     from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models
-    from attnviz.scan.corpus_probe import facts_of
-    from attnviz.scan.runner import scan_key
 
     settings = ScanSettings(max_docs=documents, max_tokens=tokens, qk_points=0)
     key = scan_key(facts_of(None)["fingerprint"], bundled_models()[DEFAULT_MODEL_NAME], settings, "float32")
@@ -143,7 +145,7 @@ def test_a_scan_locked_by_a_writer_is_busy_never_deleted_and_only_a_non_scan_is_
     from tests.apptest_helpers import open_page
 
     def visit(**state):
-        at = open_page("pages/corpus.py", **state)
+        at = open_page("app_pages/corpus.py", **state)
         at.number_input(key="corpus_docs").set_value(2)
         at.number_input(key="corpus_tokens").set_value(16)
         at.number_input(key="corpus_qk_points").set_value(0)
@@ -213,7 +215,7 @@ def test_a_damaged_scan_is_missing_its_scan_and_its_message_shows_no_path(genuin
 
 
 def test_a_projection_file_is_named_by_a_hash_never_by_what_a_scan_says(tmp_path):
-    from attnviz.scan.background import ScanFolder
+    from attnviz.corpus.background import ScanFolder
 
     folder = ScanFolder(tmp_path / "scans")
     for key in ("/tmp/pwned", "../../../../etc/x", "k" * 24):

@@ -3,9 +3,9 @@ in-process scan, and a Ray scan stopped midway resumes in-process to the same re
 
 import pytest
 
-from attnviz.scan import store
-from attnviz.scan.on_ray import ray_available, run_scan_on_ray
-from attnviz.scan.runner import ScanSettings, run_scan
+from attnviz.corpus.scan import store
+from attnviz.corpus.scan.on_ray import ray_available, run_scan_on_ray
+from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from tests.test_scan import TEXTS, assert_same_tables, small_corpus, tables
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ray_available(), reason="Ray is an optional extra")]

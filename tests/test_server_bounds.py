@@ -7,8 +7,8 @@ import pytest
 
 from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir
 from attnviz.ui import loaded_models
+from attnviz.ui.caches.shared_measurements import SharedMeasurements
 from attnviz.ui.frame import logged_run
-from attnviz.ui.shared_measurements import SharedMeasurements
 from tests.tiny_models import make_tiny_checkpoint
 
 

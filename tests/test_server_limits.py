@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.models import disk
-from attnviz.models.safety import CheckpointRefused
+from attnviz.checkpoints import disk
+from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.ui.links import unusable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_every_uploader_refuses_past_its_own_limit_before_the_upload():
     """Each uploader states its limit to the browser (``max_upload_size``), so an honest client never sends more;
     only the checkpoint uploaders take the server's whole ``server.maxUploadSize`` (their real need)."""
     found = {}
-    for path in sorted((ROOT / "pages").glob("*.py")):
+    for path in sorted((ROOT / "app_pages").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "file_uploader":
                 keywords = {k.arg: k.value for k in node.keywords}
@@ -118,8 +118,8 @@ def own_disk(tmp_path, monkeypatch):
 def test_kept_corpora_reserve_their_bytes_within_what_one_browser_may_keep(own_disk, monkeypatch):
     """The reported case: 15 MB for every upload together. One browser's corpora stop at its share (a quarter),
     refused with the numbers, and another browser's 4.6 MB checkpoint still fits."""
-    from attnviz.models.keep import keep_root
-    from attnviz.scan.background import ScanFolder, browser_limit_bytes
+    from attnviz.checkpoints.keep import keep_root
+    from attnviz.corpus.background import ScanFolder, browser_limit_bytes
 
     monkeypatch.setenv("ATTNVIZ_UPLOADS_GB", str(15 / 1024))
     assert browser_limit_bytes() == 15 * 1024**2 // 4
@@ -136,8 +136,8 @@ def test_kept_corpora_reserve_their_bytes_within_what_one_browser_may_keep(own_d
 
 
 def test_a_corpus_past_the_servers_space_is_refused_and_old_corpora_make_room(own_disk, monkeypatch):
-    from attnviz.models.keep import keep_root
-    from attnviz.scan.background import MAX_CORPORA, ScanFolder
+    from attnviz.checkpoints.keep import keep_root
+    from attnviz.corpus.background import MAX_CORPORA, ScanFolder
 
     monkeypatch.setenv("ATTNVIZ_BROWSER_GB", "1")
     folder = ScanFolder(keep_root() / ("b" * 40) / "scans")
@@ -152,10 +152,10 @@ def test_a_corpus_past_the_servers_space_is_refused_and_old_corpora_make_room(ow
 
 
 def test_a_scan_reserves_its_estimate_before_it_is_queued_and_releases_it_when_it_ends(own_disk, monkeypatch):
-    from attnviz.models.keep import keep_root
-    from attnviz.scan.background import ScanFolder
-    from attnviz.scan.jobs import JobQueue
-    from attnviz.scan.runner import ScanSettings
+    from attnviz.checkpoints.keep import keep_root
+    from attnviz.corpus.background import ScanFolder
+    from attnviz.corpus.jobs import JobQueue
+    from attnviz.corpus.scan.runner import ScanSettings
 
     monkeypatch.setenv("ATTNVIZ_BROWSER_GB", str(50 / 1024))
     queue = JobQueue(own_disk / "queue")

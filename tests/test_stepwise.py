@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz import masks, stepwise
-from attnviz.attention import scaled_dot_product_attention
+from attnviz.core import masks, stepwise
+from attnviz.core.attention import scaled_dot_product_attention
 
 
 @pytest.fixture

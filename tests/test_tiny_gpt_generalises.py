@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from attnviz import circuits
+from attnviz.core import circuits
 from attnviz.models.loading import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
-from attnviz.pagelogic import generation as gen
-from attnviz.pagelogic import generation_heads as gen_heads
-from attnviz.tiny_gpt_text import REPEAT_SENTENCES, documentation_text
+from attnviz.pagelogic.generation import decode as gen
+from attnviz.pagelogic.generation import heads as gen_heads
+from attnviz.tiny_gpt.text import REPEAT_SENTENCES, documentation_text
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_everyday_english_words_are_single_tokens(tiny):
 
 def test_the_apps_own_sentences_read_word_by_word(tiny):
     """The sidebar's default sentence and the cross-attention example: one token per word on the bundled GPT."""
-    from attnviz.tiny_gpt_text import APP_SENTENCES, DEFAULT_SENTENCE, app_words
+    from attnviz.tiny_gpt.text import APP_SENTENCES, DEFAULT_SENTENCE, app_words
     from attnviz.ui.sidebar import DEFAULT_SENTENCE as SIDEBAR_SENTENCE
 
     _, tokenizer = tiny

@@ -1,5 +1,5 @@
 """One way to show a token on every page (#25): tokenizers' raw pieces as readable text with visible marks
-(attnviz.tokens_display), for every tokenizer family the tests use, and the pages that show them: Explore heads'
+(attnviz.core.tokens_display), for every tokenizer family the tests use, and the pages that show them: Explore heads'
 axes, hovers, lines, Q·K, statistics, compare and what-if, the mechanism pages; exports keep the raw pieces."""
 
 import json
@@ -8,10 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from attnviz.models.capture import capture
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, FallbackTokenizer, load_model_dir
-from attnviz.pagelogic import explore_heads as explore
-from attnviz.tokens_display import (
+from attnviz.core.tokens_display import (
     BYTE_LEVEL,
     PLAIN,
     SENTENCEPIECE,
@@ -21,6 +18,17 @@ from attnviz.tokens_display import (
     readable_tokens,
     tokenizer_style,
 )
+from attnviz.models.capture import capture
+from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, FallbackTokenizer, load_model_dir
+from attnviz.pagelogic.explore_heads import matrices
+from attnviz.pagelogic.explore_heads.bertviz_view import bertviz_html
+from attnviz.pagelogic.explore_heads.compare import compare_figures
+from attnviz.pagelogic.explore_heads.export import capture_npz, matrix_csv, matrix_json, shown_matrix
+from attnviz.pagelogic.explore_heads.options import VIEWS, ViewOptions
+from attnviz.pagelogic.explore_heads.qk import query_key, query_key_figures
+from attnviz.pagelogic.explore_heads.statistics import statistics_table
+from attnviz.pagelogic.explore_heads.views import view_figure
+from attnviz.pagelogic.explore_heads.whatif import what_if
 from tests.apptest_helpers import figures, open_page
 from tests.tiny_models import SENTENCEPIECE_CLASSES, bundled_bert, make_tiny_checkpoint, write_sentencepiece_tokenizer
 
@@ -183,7 +191,7 @@ def test_a_sentencepiece_capture_shows_marks_not_pieces(sentencepiece_models):
     assert result.tokens[0] == "<s>" and result.special[0]
     assert "<0x0A>" in result.tokens and "↵" in result.display_tokens
     assert not any("▁" in token for token in result.display_tokens)
-    figure, _ = explore.view_figure(result, explore.ViewOptions(view="head"))
+    figure, _ = view_figure(result, ViewOptions(view="head"))
     ticks = figure.layout.xaxis.ticktext
     assert ticks[0] == "0 · &lt;s&gt;"  # Plotly would read "<s>" as strike-through markup: written as text
     assert not any("▁" in tick for tick in ticks)
@@ -227,9 +235,9 @@ def assert_readable(strings: list[str]) -> None:
     assert not raw, raw[:5]
 
 
-@pytest.mark.parametrize("view", list(explore.VIEWS))
+@pytest.mark.parametrize("view", list(VIEWS))
 def test_every_view_shows_readable_tokens(gpt_capture, view):
-    figure, _ = explore.view_figure(gpt_capture, explore.ViewOptions(view=view, layer=1, head=1))
+    figure, _ = view_figure(gpt_capture, ViewOptions(view=view, layer=1, head=1))
     strings = strings_of(figure)
     assert_readable(strings)
     if view in ("head", "lines", "average", "rollout"):
@@ -237,7 +245,7 @@ def test_every_view_shows_readable_tokens(gpt_capture, view):
 
 
 def test_head_view_axes_and_hover_read_the_tokens(gpt_capture):
-    figure, _ = explore.view_figure(gpt_capture, explore.ViewOptions(view="head"))
+    figure, _ = view_figure(gpt_capture, ViewOptions(view="head"))
     position = gpt_capture.tokens.index("Ċ")
     label = f"{position} · ↵"
     assert label in figure.layout.yaxis.ticktext
@@ -263,7 +271,7 @@ def test_no_token_of_the_bundled_gpt_hides_a_space(gpt):
 
 
 def test_lines_view_hover_adds_the_raw_piece_and_id(gpt_capture):
-    figure, _ = explore.view_figure(gpt_capture, explore.ViewOptions(view="lines"))
+    figure, _ = view_figure(gpt_capture, ViewOptions(view="lines"))
     queries = next(trace for trace in figure.data if trace.name == "queries")
     position = gpt_capture.tokens.index("Ċ")
     assert queries.text[position] == f"{position} · ↵"
@@ -273,29 +281,29 @@ def test_lines_view_hover_adds_the_raw_piece_and_id(gpt_capture):
 def test_query_key_view_reads_the_tokens_and_hovers_the_raw_piece(gpt_capture):
     record = gpt_capture.records["self"]
     position = gpt_capture.tokens.index("Ċ")
-    anatomy = explore.query_key(record, 1, 1, position, 1)
-    vectors, row, caption = explore.query_key_figures(anatomy, record, 1, 1, position, 1, gpt_capture.token_ids)
+    anatomy = query_key(record, 1, 1, position, 1)
+    vectors, row, caption = query_key_figures(anatomy, record, 1, 1, position, 1, gpt_capture.token_ids)
     assert_readable(strings_of(vectors) + strings_of(row) + [caption])
     assert f"q · {position} · ↵" in vectors.layout.yaxis.ticktext
     assert f"piece 'Ġcat', id {gpt_capture.token_ids[1]}" in row.data[0].customdata[1]
 
 
 def test_statistics_compare_and_what_if_read_the_tokens(gpt, gpt_capture):
-    table = explore.statistics_table(gpt_capture, "self")
+    table = statistics_table(gpt_capture, "self")
     assert_readable(list(table["top key"]))
     other = capture(gpt, TEXT.replace("cat", "dog"))
-    figures_, _ = explore.compare_figures(gpt_capture, other, "self", 0, 0)
+    figures_, _ = compare_figures(gpt_capture, other, "self", 0, 0)
     for figure in figures_:
         assert_readable(strings_of(figure))
     record = gpt_capture.records["self"]
-    before, after = explore.what_if(record, 0, None, unscaled=True)
-    shown = explore.matrices.head_heatmap(gpt_capture, record, after[0], "after")
+    before, after = what_if(record, 0, None, unscaled=True)
+    shown = matrices.head_heatmap(gpt_capture, record, after[0], "after")
     assert_readable(strings_of(shown))
 
 
 def test_bertviz_gets_readable_tokens(gpt_capture):
     pytest.importorskip("bertviz")
-    html = explore.bertviz_html(gpt_capture, "self", "head view")
+    html = bertviz_html(gpt_capture, "self", "head view")
     assert "\\u0120" not in html and "Ġ" not in html  # "Ġ" (JSON-escaped or not) never reaches it
     assert "\\u2423" in html or "␣" in html
 
@@ -303,34 +311,34 @@ def test_bertviz_gets_readable_tokens(gpt_capture):
 def test_exports_keep_the_raw_pieces_and_ids(gpt_capture):
     import io
 
-    options = explore.ViewOptions(layer=1, head=1)
-    shown = explore.shown_matrix(gpt_capture, options)
+    options = ViewOptions(layer=1, head=1)
+    shown = shown_matrix(gpt_capture, options)
     assert "1 · ␣cat" in shown.col_labels  # the screen's labels...
-    csv = explore.matrix_csv(shown, gpt_capture, "self")
+    csv = matrix_csv(shown, gpt_capture, "self")
     header = csv.splitlines()[0].split(",")
     assert header[1:3] == ["0 · The", "1 · Ġcat"]  # ...the CSV keeps the tokenizer's pieces
-    payload = json.loads(explore.matrix_json(gpt_capture, options, shown))
+    payload = json.loads(matrix_json(gpt_capture, options, shown))
     assert payload["query_tokens"] == gpt_capture.tokens and payload["key_ids"] == gpt_capture.token_ids
     assert payload["key_labels"] == shown.col_labels and payload["query_positions"][1] == [1, 1]
-    data = np.load(io.BytesIO(explore.capture_npz(gpt_capture)))
+    data = np.load(io.BytesIO(capture_npz(gpt_capture)))
     assert list(data["tokens"]) == gpt_capture.tokens and list(data["token_ids"]) == gpt_capture.token_ids
     assert list(data["display_tokens"]) == gpt_capture.display_tokens
 
 
 def test_pooled_exports_name_each_cells_positions_and_first_piece(gpt_capture, monkeypatch):
-    monkeypatch.setattr(explore.matrices, "POOL_LIMIT", 16)  # the tiny GPT reads 256 tokens: pool 43 to 16
+    monkeypatch.setattr(matrices, "POOL_LIMIT", 16)  # the tiny GPT reads 256 tokens: pool 43 to 16
     long = gpt_capture
-    shown = explore.shown_matrix(long, explore.ViewOptions())
+    shown = shown_matrix(long, ViewOptions())
     assert shown.pooled_from and len(shown.row_spans) == len(shown.row_labels)
     first, last = shown.col_spans[1]
     assert shown.col_labels[1].startswith(f"{first}–{last} · ") and "Ġ" not in "".join(shown.col_labels)
-    header = explore.matrix_csv(shown, long, "self").splitlines()[0].split(",")
+    header = matrix_csv(shown, long, "self").splitlines()[0].split(",")
     assert header[2] == f"{first}–{last} · {long.tokens[first]}"
 
 
 def test_bert_labels_are_unchanged(pair):
     """WordPiece reads as written: the default model's labels and exports are what they were."""
-    figure, _ = explore.view_figure(pair, explore.ViewOptions(view="head"))
+    figure, _ = view_figure(pair, ViewOptions(view="head"))
     labels = ["0 · [CLS]", "1 · the", "2 · cat"]
     assert all(f">{label}<" in text for label, text in zip(labels, figure.layout.xaxis.ticktext, strict=False))
     ids = pair.token_ids[:3]  # the hover adds only the id: the piece reads as it is shown
@@ -348,7 +356,7 @@ def test_heads_and_kv_cache_cross_attention_reads_the_tokens(gpt):
 
 
 def test_word_order_tokens_are_readable():
-    from attnviz.models.word_order import word_order_experiment
+    from attnviz.interventions.word_order import word_order_experiment
 
     result = word_order_experiment(bundled_bert(), "The cat sat on the mat.", seed=1)
     assert result["display_tokens"] == readable_tokens(result["tokens"], WORDPIECE)
@@ -367,7 +375,7 @@ SENTENCE = "The cat sat on the mat.\nIt was tired."
 
 
 def test_explore_heads_on_the_tiny_gpt_shows_readable_tokens(_clean):
-    at = open_page("pages/explore_heads.py", timeout=300, model=BUNDLED_GPT_NAME, sentence=SENTENCE)
+    at = open_page("app_pages/explore_heads.py", timeout=300, model=BUNDLED_GPT_NAME, sentence=SENTENCE)
     assert not at.exception
     main = figures(at)[0]
     ticks = main["layout"]["xaxis"]["ticktext"]
@@ -392,7 +400,7 @@ def test_explore_heads_on_the_tiny_gpt_shows_readable_tokens(_clean):
     assert_readable(list(table["top key"]))
 
 
-@pytest.mark.parametrize("page", ["pages/masks.py", "pages/scaling.py", "pages/heads_kv_cache.py"])
+@pytest.mark.parametrize("page", ["app_pages/masks.py", "app_pages/scaling.py", "app_pages/heads_kv_cache.py"])
 def test_mechanism_pages_on_the_tiny_gpt_show_readable_tokens(_clean, page):
     at = open_page(page, timeout=300, model=BUNDLED_GPT_NAME, sentence=SENTENCE)
     assert not at.exception

@@ -1,4 +1,4 @@
-"""``python -m attnviz.train_tiny``, the script that made the bundled tiny GPT: its batches train every position of
+"""``python -m attnviz.tiny_gpt.train``, the script that made the bundled tiny GPT: its batches train every position of
 the context, and a few steps of it write a folder that loads like the shipped one, with the shipped tokenizer
 (the seeded set-up reproduces it). Training itself is never rerun in full here (minutes of CPU)."""
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnviz import train_tiny
 from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.tiny_gpt import train as train_tiny
 
 
 def shipped_recipe() -> train_tiny.Recipe:
@@ -25,7 +25,7 @@ def test_the_default_recipe_is_the_shipped_one():
 
 def test_the_shipped_card_is_what_the_script_writes_from_its_report():
     """The model card is written from the recipe and training.json alone: the shipped one, word for word."""
-    from attnviz.tiny_gpt_card import model_card
+    from attnviz.tiny_gpt.card import model_card
 
     recipe = shipped_recipe()
     report = json.loads((BUNDLED_GPT_DIR / "training.json").read_text())
@@ -140,7 +140,7 @@ def test_whole_words_start_as_berts_and_rare_ones_keep_that_direction():
     (kitten near cat, far from a word of another kind), the rest as GPT-2's; for the words the text barely uses,
     those first dimensions are set back to their direction after a step, at the length the rows that train have
     there, while the rest trains."""
-    from attnviz.tiny_gpt_text import app_words
+    from attnviz.tiny_gpt.text import app_words
 
     text = "The function returns a list of values. " * 50
     tokenizer = train_tiny.train_tokenizer(text, 400, whole_words=tuple(app_words()))

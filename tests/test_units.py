@@ -1,11 +1,11 @@
-"""attnviz.units: how numbers are written for people."""
+"""attnviz.core.units: how numbers are written for people."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from attnviz.units import ordinal
+from attnviz.core.units import ordinal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,10 +21,10 @@ def test_ordinals_as_english_writes_them(n, written):
 
 def test_no_page_writes_an_ordinal_suffix_by_hand():
     """A suffix glued to a computed number in an f-string ("{k + 1}th") says "21th", "22th", "23th": every place
-    that writes an ordinal goes through :func:`attnviz.units.ordinal`."""
+    that writes an ordinal goes through :func:`attnviz.core.units.ordinal`."""
     glued = re.compile(r"\}(st|nd|rd|th)\b")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for folder in ("attnviz", "pages") for path in sorted((ROOT / folder).rglob("*.py"))
+             for folder in ("attnviz", "app_pages") for path in sorted((ROOT / folder).rglob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if glued.search(line)]
     found += [f"app.py:{number}" for number, line in enumerate((ROOT / "app.py").read_text().splitlines(), 1)
               if glued.search(line)]
@@ -32,9 +32,9 @@ def test_no_page_writes_an_ordinal_suffix_by_hand():
 
 
 def test_one_function_writes_ordinals():
-    """Ordinal suffixes are chosen in one place (:func:`attnviz.units.ordinal`), not again per module."""
+    """Ordinal suffixes are chosen in one place (:func:`attnviz.core.units.ordinal`), not again per module."""
     table = re.compile(r"""\{\s*1\s*:\s*["']st["']""")
-    files = [path for folder in ("attnviz", "pages") for path in sorted((ROOT / folder).rglob("*.py"))]
+    files = [path for folder in ("attnviz", "app_pages") for path in sorted((ROOT / folder).rglob("*.py"))]
     found = [str(path.relative_to(ROOT)) for path in files
              if table.search(path.read_text()) and path != ROOT / "attnviz" / "units.py"]
     assert not found, found

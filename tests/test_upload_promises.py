@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnviz.models import disk, keep, preflight
+from attnviz.checkpoints import disk, keep, preflight
+from attnviz.checkpoints.safety import CheckpointRefused
+from attnviz.checkpoints.uploads import prepare_folder_path, prepare_zip
 from attnviz.models.capture import capture
 from attnviz.models.loading import LOADING, load_model_dir
 from attnviz.models.replay_check import replay_difference
-from attnviz.models.safety import CheckpointRefused
-from attnviz.models.uploads import prepare_folder_path, prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 
@@ -242,19 +242,19 @@ def test_the_pages_say_not_finite(tiny, tmp_path, clean_streamlit_caches):
     replay check says "not finite", never "exactly"; a mechanism page warns too."""
     from tests.apptest_helpers import open_page
 
-    at = open_page("pages/checkpoints.py", browser_key=keep.new_key())
+    at = open_page("app_pages/checkpoints.py", browser_key=keep.new_key())
     at.file_uploader(key="ckpt_zip").set_value(("overflow.zip", _overflowing_zip(tiny, tmp_path),
                                                 "application/zip")).run()
     at.button(key="ckpt_zip_load").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Not finite" in w.value for w in at.warning), [w.value for w in at.warning]
     models = dict(at.session_state["models"])
-    at = open_page("pages/explore_heads.py", models=models, model="overflow")  # the sidebar's choice
+    at = open_page("app_pages/explore_heads.py", models=models, model="overflow")  # the sidebar's choice
     assert not at.exception, [e.value for e in at.exception]
     assert any("Not finite" in w.value for w in at.warning), [w.value for w in at.warning]
     replay = [m.value for m in at.markdown if "Replay check" in m.value]
     assert replay and "not finite" in replay[0] and "exactly" not in replay[0], replay
-    at.switch_page("pages/scaling.py").run()
+    at.switch_page("app_pages/scaling.py").run()
     assert not at.exception and any("Not finite" in w.value for w in at.warning)
 
 

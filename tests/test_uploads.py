@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.models import safety
+from attnviz.checkpoints import safety
+from attnviz.checkpoints.safety import CheckpointRefused
+from attnviz.checkpoints.uploads import extract_zip, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.models.loading import load_model_dir
-from attnviz.models.safety import CheckpointRefused
-from attnviz.models.uploads import extract_zip, prepare_folder_path, prepare_single_files, prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
 
 
@@ -136,7 +136,7 @@ def test_garbage_bytes(tmp_path, tiny_gpt2):
 
 
 def test_oversize_upload_is_refused(monkeypatch):
-    monkeypatch.setattr("attnviz.models.uploads.MAX_UPLOAD_BYTES", 1000)
+    monkeypatch.setattr("attnviz.checkpoints.uploads.MAX_UPLOAD_BYTES", 1000)
     with pytest.raises(CheckpointRefused, match="limit"):
         prepare_zip(b"x" * 2000, "big.zip")
     with pytest.raises(CheckpointRefused, match="empty"):
@@ -199,7 +199,7 @@ def test_parameters_are_counted_from_headers(tiny_gpt2):
 
 
 def test_a_folder_given_by_a_relative_path_loads(tiny_gpt2, monkeypatch):
-    """As `python -m attnviz.scan corpus.txt --model ./my-model` passes it: the checked files' links in the view
+    """As `python -m attnviz.corpus.scan corpus.txt --model ./my-model` passes it: the checked files' links in the view
     transformers reads must not depend on the working folder (they once pointed nowhere, and the load failed with
     "Should have a `model_type` key")."""
     from attnviz.models.with_heads import load_causal_lm
@@ -216,7 +216,7 @@ def test_a_folder_given_by_a_relative_path_loads(tiny_gpt2, monkeypatch):
 def test_a_sub_config_may_leave_its_model_type_empty_but_the_model_may_not():
     """transformers writes ``"model_type": ""`` in sub-configs that are not models (MPT's ``attn_config``): such
     checkpoints load (MPT is on the tested list); an empty or missing type at the top is refused in words."""
-    from attnviz.models.config_numbers import check_config_numbers
+    from attnviz.checkpoints.config_numbers import check_config_numbers
 
     check_config_numbers({"model_type": "mpt", "attn_config": {"model_type": "", "alibi": True}}, 10, 1_000)
     with pytest.raises(CheckpointRefused, match="model_type is empty"):

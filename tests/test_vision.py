@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from attnviz import vision
 from attnviz.bench.tiny import VISION_KINDS
+from attnviz.core import vision
 from attnviz.models.capture import capture_image
 from attnviz.models.loading import default_model_dir, folder_reads_images, load_model_dir
 from attnviz.models.replay_check import replay_difference
@@ -61,10 +61,10 @@ def test_every_vision_type_matches_transformers_eager_weights(vision_checkpoint,
 def test_a_vision_record_names_the_prefix_tokens(vision_checkpoint, photo, monkeypatch):
     from dataclasses import replace
 
-    from attnviz.models import support
+    from attnviz.models import architectures
 
-    deit = support.ARCHITECTURES["deit"]
-    monkeypatch.setitem(support.ARCHITECTURES, "deit", replace(deit, image_prefix=("[FIRST]", "[SECOND]")))
+    deit = architectures.ARCHITECTURES["deit"]
+    monkeypatch.setitem(architectures.ARCHITECTURES, "deit", replace(deit, image_prefix=("[FIRST]", "[SECOND]")))
     bundle = load_model_dir(vision_checkpoint("deit"))
     assert capture_image(bundle, photo).tokens[:3] == ["[FIRST]", "[SECOND]", "(0,0)"]
 
@@ -189,7 +189,7 @@ def vision_models(vision_checkpoint, clean_streamlit_caches):
 
 
 def test_explore_heads_shows_a_vision_model_on_an_image(vision_models):
-    at = open_page("pages/explore_heads.py", models=vision_models, model="tiny-deit")
+    at = open_page("app_pages/explore_heads.py", models=vision_models, model="tiny-deit")
     assert not at.exception, [e.value for e in at.exception]
     assert at.selectbox(key="explore_image_sample").value == "China (scikit-learn sample)"
     # the page's text box and sentence B are gone; the sidebar drops its sentence box for a model that reads
@@ -221,18 +221,18 @@ def test_explore_heads_shows_a_vision_model_on_an_image(vision_models):
 
 
 def test_the_head_views_label_patches_and_text_pages_say_they_need_text(vision_models):
-    at = open_page("pages/explore_heads.py", models=vision_models, model="tiny-deit", explore_image_tab="View")
+    at = open_page("app_pages/explore_heads.py", models=vision_models, model="tiny-deit", explore_image_tab="View")
     assert not at.exception, [e.value for e in at.exception]
     spec = figures(at)[0]
     assert "(0,0)" in str(spec["layout"]["xaxis"].get("ticktext", [])) + str(spec["data"][0].get("x", ""))
-    at = open_page("pages/masks.py", models=vision_models, model="tiny-deit")
+    at = open_page("app_pages/masks.py", models=vision_models, model="tiny-deit")
     assert not at.exception, [e.value for e in at.exception]
     assert any("vision transformer" in i.value for i in at.info)
 
 
-@pytest.mark.parametrize("page", ["pages/step_by_step.py", "pages/masks.py", "pages/positional.py",
-                                  "pages/scaling.py", "pages/heads_kv_cache.py", "pages/flash.py",
-                                  "pages/generation.py", "pages/checkpoints.py"])
+@pytest.mark.parametrize("page", ["app_pages/step_by_step.py", "app_pages/masks.py", "app_pages/positional.py",
+                                  "app_pages/scaling.py", "app_pages/heads_kv_cache.py", "app_pages/flash.py",
+                                  "app_pages/generation.py", "app_pages/checkpoints.py"])
 def test_every_other_page_survives_a_vision_model(vision_models, page):
     at = open_page(page, models=vision_models, model="tiny-deit", pos_tab="ALiBi")
     assert not at.exception, [e.value for e in at.exception]
@@ -262,7 +262,7 @@ def test_a_full_clip_checkpoint_is_read_through_its_vision_tower(tmp_path, photo
 def test_a_speech_model_is_refused_naming_its_type_and_why(tmp_path):
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-    from attnviz.models.safety import CheckpointRefused
+    from attnviz.checkpoints.safety import CheckpointRefused
 
     config = Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                             conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnviz.ui import captures, explore_cache, lifespan, loaded_models
+from attnviz.ui import captures, lifespan, loaded_models
+from attnviz.ui.caches import explore_heads as explore_cache
 from tests.apptest_helpers import ROOT, open_page
 
 warm_up_module = importlib.import_module("attnviz.ui.warm_up")  # the module, not its function
@@ -176,23 +177,23 @@ def test_the_first_visit_finds_everything_made(monkeypatch, tmp_path):
     monkeypatch.setattr(loaded_models, "load_model_dir", counted("load", loaded_models.load_model_dir))
     monkeypatch.setattr(captures, "capture", counted("capture", captures.capture))
     monkeypatch.setattr(explore_cache, "replay_difference", counted("replay", explore_cache.replay_difference))
-    at = open_page("pages/explore_heads.py")
+    at = open_page("app_pages/explore_heads.py")
     assert any("Replay check" in m.value for m in at.markdown)  # the page did show what the warm-up computed
     assert at.get("plotly_chart")
     assert calls == []
 
     # The check is real: with a sentence the warm-up did not see, the page does capture.
-    at = open_page("pages/explore_heads.py", sentence="A different sentence entirely.")
+    at = open_page("app_pages/explore_heads.py", sentence="A different sentence entirely.")
     assert "capture" in calls and "load" not in calls
 
     # The Scaling page's experiments, sampled at their defaults, are not sampled again; other settings are.
-    from attnviz import scaling
+    from attnviz.core import scaling
 
     experiments = ("dot_product_variance", "dot_samples", "softmax_statistics", "stability_table")
     for name in experiments:
         monkeypatch.setattr(scaling, name, counted(name, getattr(scaling, name)))
     calls.clear()
-    at = open_page("pages/scaling.py")
+    at = open_page("app_pages/scaling.py")
     assert at.get("plotly_chart") and not at.exception
     assert not [name for name in calls if name in experiments], calls
     at.select_slider(key="scale_keys").set_value(64).run()
@@ -203,8 +204,8 @@ def test_the_second_part_fills_what_the_generation_page_reads_first(monkeypatch,
     """After the warm-up's second part a fresh Generation page computes nothing itself: loading the tiny GPT,
     measuring its heads and generating from the default prompt would fail here, and the page still shows its
     generation and the heads it learned (the entries the warm-up made, the very ones the page reads)."""
-    from attnviz.pagelogic import generation as gen
-    from attnviz.pagelogic import generation_heads
+    from attnviz.pagelogic.generation import decode as gen
+    from attnviz.pagelogic.generation import heads as generation_heads
 
     warm_up_module.warm_up_later()
 
@@ -214,7 +215,7 @@ def test_the_second_part_fills_what_the_generation_page_reads_first(monkeypatch,
     monkeypatch.setattr(gen, "generate", not_again)
     monkeypatch.setattr(generation_heads, "find_circuits", not_again)
     monkeypatch.setattr(loaded_models, "load_causal_lm", not_again)
-    at = open_page("pages/generation.py")
+    at = open_page("app_pages/generation.py")
     assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
     assert any("induction head" in m.value for m in at.markdown)
 
@@ -225,7 +226,7 @@ def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, cl
     import time as clock
 
     from attnviz.pagelogic import flash as flash_page
-    from attnviz.ui.shared_measurements import shared_measurements
+    from attnviz.ui.caches.shared_measurements import shared_measurements
 
     warm_up_module.warm_flash_page()
     ((key, (rows, measured_at)),) = shared_measurements().results.items()
@@ -236,7 +237,7 @@ def test_the_second_part_times_the_flash_page_s_opening_settings(monkeypatch, cl
     real, real_tiling = flash_page.run_contenders, flash_page.tiling
     monkeypatch.setattr(flash_page, "run_contenders", lambda *a, **k: timed.append(a[0].n) or real(*a, **k))
     monkeypatch.setattr(flash_page, "tiling", lambda *a: traced.append(a[1:]) or real_tiling(*a))
-    at = open_page("pages/flash.py")
+    at = open_page("app_pages/flash.py")
     assert not at.exception, [e.value for e in at.exception]
     assert timed == [] and traced == []  # the tiling's trace too was made by the warm-up
     at.slider(key="flash_trace_block").set_value(3).run()

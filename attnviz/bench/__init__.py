@@ -1,7 +1,13 @@
-"""``python -m attnviz.bench NAME``: one module per benchmark (``explore``, ``flash_cpu``, ``flash_gpu``), each
-printing medians of repeats measured in one run, with ratios, and writing JSON under ``bench-results/``.
+"""``python -m attnviz.bench NAME``: one module per benchmark, each printing medians of repeats measured in one
+run, with ratios, and writing JSON under ``bench-results/``.
 
-The timing helper and the memory probe they share are in :mod:`attnviz.measure`. The flash benchmarks import
-only torch, triton, numpy and the standard library (plus attnviz's flash and core), so they run on a bare GPU
+- ``explore``, ``pages``, ``startup``, ``load``, ``long``: the app as its users meet it
+- ``flash_gpu`` (and ``attnviz.flash.cpu_sweep`` on the CPU): the flash contenders
+- ``scan``, ``ablation``, ``qkmap``: what a scan, an importance map and a picture of queries and keys cost
+- ``browser``: a real ``streamlit run`` and Chromium; ``tiny``: tiny checkpoints made locally
+- ``__main__``: the command line
+
+The timing helper and the memory probe they share are in :mod:`attnviz.system.measure`. The flash benchmarks import
+only torch, triton, numpy and the standard library (plus attnviz's flash, core and system), so they run on a bare GPU
 machine.
 """

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnviz.runtime import configure_environment
+from attnviz.system.runtime import configure_environment
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,12 +113,12 @@ def _flash(args) -> tuple[dict, list[str], Path]:
 
         report = flash_gpu.bench_gpu(quick=args.quick)
         return report, flash_gpu.print_gpu(report), args.out or Path("bench-results/flash-gpu.json")
-    from attnviz.bench import flash_cpu
+    from attnviz.flash import cpu_sweep
 
     lengths = [512, 1024] if args.quick else args.lengths
-    report = flash_cpu.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal, repeats=args.repeats,
+    report = cpu_sweep.bench_cpu(lengths, heads=args.heads, d=args.d, causal=args.causal, repeats=args.repeats,
                                  memory=not args.no_memory)
-    return report, flash_cpu.print_cpu(report), args.out or Path("bench-results/flash-cpu.json")
+    return report, cpu_sweep.print_cpu(report), args.out or Path("bench-results/flash-cpu.json")
 
 
 def _scan(args) -> tuple[dict, list[str], Path]:
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_environment()
     args = build_parser().parse_args(argv)
 
-    from attnviz.measure import environment
+    from attnviz.system.measure import environment
 
     report, lines, out = BENCHMARKS[args.command](args)
     report["environment"] = environment()

@@ -24,7 +24,7 @@ def _texts(count: int) -> list[str]:
     docstrings), in order."""
     import re
 
-    from attnviz.scan.corpus import bundled_corpus
+    from attnviz.corpus.documents import bundled_corpus
 
     texts = []
     for document in bundled_corpus().documents:
@@ -37,7 +37,7 @@ def _texts(count: int) -> list[str]:
 
 
 def _model(folder: str | None, layers: int, heads: int, width: int):
-    from attnviz.models.interventions import ATTENTION_NAME, editable_lm
+    from attnviz.interventions.edits import ATTENTION_NAME, editable_lm
     from attnviz.models.loading import default_model_dir
 
     if folder:
@@ -68,7 +68,7 @@ def _progress(how: str):
 
 def bench_ablation(texts: int = 50, max_tokens: int = 32, repeats: int = 5, folder: str | None = None,
                    layers: int = 12, heads: int = 12, width: int = 768) -> dict:
-    from attnviz.models import importance as imp
+    from attnviz.interventions import importance as imp
 
     (model, tokenizer), described = _model(folder, layers, heads, width)
     objective = imp.objective_of(model)

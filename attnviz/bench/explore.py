@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from attnviz.measure import environment, median_seconds
+from attnviz.system.measure import environment, median_seconds
 
 TOKEN_COUNTS = (32, 512)
 NEW_SENTENCE_TARGET_S = 0.5  # a widget change must rerun its page well under half a second
@@ -22,7 +22,9 @@ def bench_explore(repeats: int) -> dict:
     from attnviz.models.capture import capture
     from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir, load_model_dir
     from attnviz.models.replay_check import replay_difference
-    from attnviz.pagelogic import explore_heads as explore
+    from attnviz.pagelogic.explore_heads.options import VIEWS, ViewOptions
+    from attnviz.pagelogic.explore_heads.statistics import statistics_table
+    from attnviz.pagelogic.explore_heads.views import view_figure
 
     start = time.perf_counter()
     bundle = load_model_dir(default_model_dir(), name=DEFAULT_MODEL_NAME)
@@ -37,8 +39,8 @@ def bench_explore(repeats: int) -> dict:
         def page_views(result=result):
             # What a rerun of the page does with a cached capture: build the figure and serialise it for the browser.
             sizes = {}
-            for view in explore.VIEWS:
-                figure, _ = explore.view_figure(result, explore.ViewOptions(view=view, layer=2, head=5))
+            for view in VIEWS:
+                figure, _ = view_figure(result, ViewOptions(view=view, layer=2, head=5))
                 sizes[view] = len(figure.to_json())
             return sizes
 
@@ -46,12 +48,12 @@ def bench_explore(repeats: int) -> dict:
             # A new sentence: run the model, replay-check every head, build and serialise the head view.
             fresh = capture(bundle, text)
             replay_difference(fresh.records["self"])
-            figure, _ = explore.view_figure(fresh, explore.ViewOptions(view="head"))
+            figure, _ = view_figure(fresh, ViewOptions(view="head"))
             figure.to_json()
 
         def statistics(result=result):  # computed afresh each time (the page keeps it with the capture)
             result.records["self"].memo.pop("statistics", None)
-            return explore.statistics_table(result, "self")
+            return statistics_table(result, "self")
 
         sizes = page_views()
         rows.append(

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from attnviz import mask_patterns, masks
-from attnviz.bench.flash_cpu import attention_flops
-from attnviz.gpus import gpu_bf16_peak
+from attnviz.core import mask_patterns, masks
+from attnviz.flash.cpu_sweep import attention_flops
+from attnviz.system.gpus import gpu_bf16_peak
 
 CASE_MASKS = ("full", "causal", "window", "bigbird")
 SDPA_KERNELS = ("sdpa/flash", "sdpa/cudnn", "sdpa/efficient")

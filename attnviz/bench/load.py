@@ -408,7 +408,7 @@ def problems_of(report: dict) -> list[str]:
 
 
 def print_load(report: dict) -> list[str]:
-    from attnviz.units import human_bytes
+    from attnviz.core.units import human_bytes
 
     n = report["sessions"]
     lines = [f"{n} browser sessions at once on one server ({report['rounds']} rounds; every other session uploads "

@@ -11,7 +11,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from attnviz.measure import environment, run_in_fresh_process
+from attnviz.system.measure import environment, run_in_fresh_process
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 # What the recorded figures are checked against (docs/benchmarks.md).
@@ -40,19 +40,21 @@ def make_checkpoint(folder: Path, *, layers: int = 8, d_model: int = 512, heads:
 
 
 def _child(spec_json: str) -> None:
-    """One measurement in a fresh process (see :func:`attnviz.measure.print_peak_of`)."""
+    """One measurement in a fresh process (see :func:`attnviz.system.measure.print_peak_of`)."""
     import torch
 
-    from attnviz.measure import print_peak_of
-    from attnviz.runtime import configure_environment
+    from attnviz.system.measure import print_peak_of
+    from attnviz.system.runtime import configure_environment
 
     configure_environment()
     spec = json.loads(spec_json)
     from attnviz.models.capture import capture
     from attnviz.models.loading import load_model_dir
-    from attnviz.pagelogic import explore_heads as explore
+    from attnviz.pagelogic.explore_heads.long_texts import sample_text
+    from attnviz.pagelogic.explore_heads.options import ViewOptions
+    from attnviz.pagelogic.explore_heads.views import view_figure
 
-    text, n = explore.sample_text(), spec["n"]
+    text, n = sample_text(), spec["n"]
     repeats = spec.get("repeats", 1)
     if spec["what"] == "sdpa":
         from transformers import AutoModel, AutoTokenizer
@@ -76,7 +78,7 @@ def _child(spec_json: str) -> None:
         print_peak_of(lambda: capture(bundle, text, max_tokens=n), kept, repeats=repeats)
         return
     result = capture(bundle, text, max_tokens=n)
-    print_peak_of(lambda: explore.view_figure(result, explore.ViewOptions(view="head"))[0].to_json(),
+    print_peak_of(lambda: view_figure(result, ViewOptions(view="head"))[0].to_json(),
                   lambda figure_json: {"figure_bytes": len(figure_json)}, repeats=repeats)
 
 

@@ -42,20 +42,20 @@ class PageVisit:
 
 
 PAGES = (
-    PageVisit("Explore heads", "pages/explore_heads.py", "head", (5, 6)),
-    PageVisit("Attention step by step", "pages/step_by_step.py", "sbs_seed", (1, 2)),
-    PageVisit("Masks", "pages/masks.py", "masks_head", (1, 2)),
-    PageVisit("Positional encodings", "pages/positional.py", "pos_sin_k", (7, 8)),
-    PageVisit("Scaling and softmax", "pages/scaling.py", "scale_temperature", (1.5, 2.5)),
-    PageVisit("Heads and KV cache", "pages/heads_kv_cache.py", "kv_seq", (8192, 16384)),
-    PageVisit("Flash vs naive", "pages/flash.py", "flash_step", (1, 2)),
-    PageVisit("Generation and KV cache", "pages/generation.py", "gen_step", (3, 4)),
-    PageVisit("Heads across a corpus", "pages/corpus.py", "corpus_docs", (300, 400)),
-    PageVisit("Corpus: a scan's map", "pages/corpus.py", "corpus_statistic", ("entropy", "first"), scan=True),
-    PageVisit("Corpus: a head", "pages/corpus.py", "corpus_layer", (1, 2), (("corpus_view", "Head"),), scan=True),
-    PageVisit("Does this head matter?", "pages/importance.py", "imp_circuit_seed", (12, 13)),
-    PageVisit("Queries and keys", "pages/queries_keys.py", "qk_head", (3, 4)),
-    PageVisit("Checkpoints", "pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
+    PageVisit("Explore heads", "app_pages/explore_heads.py", "head", (5, 6)),
+    PageVisit("Attention step by step", "app_pages/step_by_step.py", "sbs_seed", (1, 2)),
+    PageVisit("Masks", "app_pages/masks.py", "masks_head", (1, 2)),
+    PageVisit("Positional encodings", "app_pages/positional.py", "pos_sin_k", (7, 8)),
+    PageVisit("Scaling and softmax", "app_pages/scaling.py", "scale_temperature", (1.5, 2.5)),
+    PageVisit("Heads and KV cache", "app_pages/heads_kv_cache.py", "kv_seq", (8192, 16384)),
+    PageVisit("Flash vs naive", "app_pages/flash.py", "flash_step", (1, 2)),
+    PageVisit("Generation and KV cache", "app_pages/generation.py", "gen_step", (3, 4)),
+    PageVisit("Heads across a corpus", "app_pages/corpus.py", "corpus_docs", (300, 400)),
+    PageVisit("Corpus: a scan's map", "app_pages/corpus.py", "corpus_statistic", ("entropy", "first"), scan=True),
+    PageVisit("Corpus: a head", "app_pages/corpus.py", "corpus_layer", (1, 2), (("corpus_view", "Head"),), scan=True),
+    PageVisit("Does this head matter?", "app_pages/importance.py", "imp_circuit_seed", (12, 13)),
+    PageVisit("Queries and keys", "app_pages/queries_keys.py", "qk_head", (3, 4)),
+    PageVisit("Checkpoints", "app_pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )
 
 
@@ -66,9 +66,9 @@ SCAN_DOCUMENTS = 200
 def scans_root() -> Path:
     """A folder holding one scan of the bundled corpus's first SCAN_DOCUMENTS documents with the default model, made
     once per run (removed when the process ends): what the corpus page's visits read."""
+    from attnviz.corpus.documents import Corpus, bundled_corpus
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
     from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
-    from attnviz.scan.corpus import Corpus, bundled_corpus
-    from attnviz.scan.runner import ScanSettings, run_scan
 
     root = Path(tempfile.mkdtemp(prefix="attnviz-bench-pages-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
@@ -81,7 +81,7 @@ def scans_root() -> Path:
 
 def scans_shown(visit: PageVisit):
     """While a visit that reads a scan runs, the page finds :func:`scans_root` as the server's scans folder."""
-    from attnviz.scan.background import SCAN_ROOT_VARIABLE
+    from attnviz.corpus.background import SCAN_ROOT_VARIABLE
 
     if not visit.scan:
         return contextlib.nullcontext()
@@ -126,7 +126,7 @@ def profiled(action) -> cProfile.Profile:
     return profiler
 
 
-OWN_FOLDERS = ("attnviz", "pages")  # the repository's code; not tests/, nor a virtual environment inside it
+OWN_FOLDERS = ("attnviz", "app_pages")  # the repository's code; not tests/, nor a virtual environment inside it
 
 
 def own_module(filename: str, root: Path = ROOT) -> str | None:
@@ -150,7 +150,7 @@ def own_module(filename: str, root: Path = ROOT) -> str | None:
 
 
 def page_module(script: str) -> str:
-    """``pages/explore_heads.py`` -> ``pages.explore_heads``."""
+    """``app_pages/explore_heads.py`` -> ``pages.explore_heads``."""
     return ".".join(Path(script).with_suffix("").parts)
 
 

@@ -23,9 +23,9 @@ def _captures(tokens_per_document: int, points: int, layers: int, heads: int, wi
     import transformers
 
     from attnviz.bench.tiny import VOCAB, make_tiny_checkpoint
+    from attnviz.corpus.documents import bundled_corpus
     from attnviz.models.capture import capture
     from attnviz.models.loading import load_model_dir
-    from attnviz.scan.corpus import bundled_corpus
 
     config = transformers.GPT2Config(n_layer=layers, n_head=heads, n_embd=width, vocab_size=VOCAB, n_positions=1024,
                                      bos_token_id=0, eos_token_id=0)
@@ -43,7 +43,7 @@ def _captures(tokens_per_document: int, points: int, layers: int, heads: int, wi
 
 def bench_qkmap(points: int = 10_000, tokens_per_document: int = 128, embed_points: int = 2_000,
                 layers: int = 12, heads: int = 12, width: int = 768) -> dict:
-    from attnviz.pagelogic import qkmap
+    from attnviz.pagelogic import queries_keys
 
     started = time.perf_counter()
     records, total = _captures(tokens_per_document, points, layers, heads, width)
@@ -52,34 +52,34 @@ def bench_qkmap(points: int = 10_000, tokens_per_document: int = 128, embed_poin
     for layer in range(layers):
         for head in range(heads):
             started = time.perf_counter()
-            head_points = qkmap.head_points(records, layer, head)
+            head_points = queries_keys.head_points(records, layer, head)
             steps["normalise"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            coordinates = qkmap.project(head_points, "PCA")
+            coordinates = queries_keys.project(head_points, "PCA")
             steps["PCA"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            qkmap.trust(head_points, coordinates)
+            queries_keys.trust(head_points, coordinates)
             steps["trust"].append(time.perf_counter() - started)
     few = []
     for record in records:  # the first documents, up to embed_points points, for the slower projections
         few.append(record)
         if sum(r.n_q + r.n_k for r in few) >= embed_points:
             break
-    sample = qkmap.head_points(few, layers // 2, 0)
+    sample = queries_keys.head_points(few, layers // 2, 0)
     embeddings = {}
     for method in ("t-SNE", "UMAP", "UMAP again"):
         started = time.perf_counter()
         try:
-            qkmap.project(sample, method.removesuffix(" again"))
+            queries_keys.project(sample, method.removesuffix(" again"))
         except ValueError as missing:
             embeddings[method] = str(missing)
             continue
         embeddings[method] = time.perf_counter() - started
-    from attnviz.viz.qkmap import head_scatter
+    from attnviz.viz.queries_keys import head_scatter
 
-    largest = qkmap.head_points(records, 0, 0, values=True)
+    largest = queries_keys.head_points(records, 0, 0, values=True)
     started = time.perf_counter()
-    figure = head_scatter(largest, qkmap.project(largest, "PCA", with_values=True), title="one head",
+    figure = head_scatter(largest, queries_keys.project(largest, "PCA", with_values=True), title="one head",
                           colour="token category").to_json()
     figure_seconds = time.perf_counter() - started
     return {"model": f"GPT-2-shaped, {layers} x {heads}, width {width}, random weights", "documents": len(records),

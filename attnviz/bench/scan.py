@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from attnviz.scan import store
+from attnviz.corpus.scan import store
 
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
-from attnviz.scan.__main__ import main
+from attnviz.corpus.scan.__main__ import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "seconds": time.perf_counter() - started,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -67,7 +67,7 @@ def _scan_seconds(run, path: Path) -> float:
 def _memory(sizes: list[int], max_tokens: int, folder: Path, model: str) -> list[dict]:
     """Peak memory of command-line scans of ``sizes`` documents: the bundled corpus's documents, cycled (each copy
     marked, so that no two texts are the same) to the largest size, in a .jsonl file."""
-    from attnviz.scan.corpus import bundled_corpus
+    from attnviz.corpus.documents import bundled_corpus
 
     documents = bundled_corpus().documents
     corpus = folder / "memory-corpus.jsonl"
@@ -96,9 +96,9 @@ def _memory(sizes: list[int], max_tokens: int, folder: Path, model: str) -> list
 def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple[int, ...] = (1, 2),
                memory_sizes: tuple[int, ...] = (1_000, 10_000), model: str | None = None) -> dict:
     """``model``: a checkpoint folder or a bundled model's name (default: the bundled BERT)."""
+    from attnviz.corpus.documents import Corpus, bundled_corpus
+    from attnviz.corpus.scan.runner import ScanSettings, run_scan
     from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
-    from attnviz.scan.corpus import Corpus, bundled_corpus
-    from attnviz.scan.runner import ScanSettings, run_scan
 
     model = model or DEFAULT_MODEL_NAME
     bundled = bundled_models()
@@ -139,8 +139,8 @@ def _sample_seconds(bundle, corpus, path: Path, max_tokens: int) -> dict:
     """The end of a scan with the default sample: its documents read again and kept, and PCA of every head."""
     import duckdb
 
-    from attnviz.scan import qk_sample
-    from attnviz.scan.runner import scanned_kind
+    from attnviz.corpus.scan import qk_sample
+    from attnviz.corpus.scan.runner import scanned_kind
 
     kind = scanned_kind(bundle)[0]
     texts = {doc: document.text for doc, document in enumerate(corpus.documents)}
@@ -154,7 +154,7 @@ def _sample_seconds(bundle, corpus, path: Path, max_tokens: int) -> dict:
 
 
 def _ray_rows(corpus, bundle, settings, workers: tuple[int, ...], folder: Path) -> list[dict]:
-    from attnviz.scan.on_ray import ray_available, run_scan_on_ray
+    from attnviz.corpus.scan.on_ray import ray_available, run_scan_on_ray
 
     if not ray_available():
         return []

@@ -46,7 +46,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 steps = {}
 start = time.perf_counter()
-from attnviz.runtime import configure_environment
+from attnviz.system.runtime import configure_environment
 configure_environment()
 import streamlit
 steps["import streamlit"] = time.perf_counter() - start

@@ -1,12 +1,11 @@
 """Flash attention: the tiled online-softmax algorithm in PyTorch, a Triton kernel, and one entry point that calls
 every contender the same way. Imports only torch, triton, numpy and the standard library (it runs on the GPU
-machine as is)."""
+machine as is).
 
-from attnviz.flash.dispatch import (  # noqa: F401
-    BACKENDS,
-    CONTENDERS,
-    BackendUnavailable,
-    attention,
-    run_contender,
-)
-from attnviz.flash.tiled import tiled_attention  # noqa: F401
+- ``dispatch``: ``attention(q, k, v, backend=...)`` and the named ``CONTENDERS``; ``cases``: seeded inputs and
+  their peak memory
+- ``tiled``: FlashAttention-2's forward in PyTorch; ``triton_kernel``: forward and backward in Triton
+- ``flex``: FlexAttention with our masks; ``ring``: Ring attention, simulated exactly
+- ``cpu_sweep``: every CPU contender over lengths, time and peak memory (the Flash page and ``python -m attnviz.bench
+  flash``)
+"""

@@ -8,16 +8,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from attnviz import mask_patterns, measure
+from attnviz.core import mask_patterns
+from attnviz.core.masks import MaskSpec
+from attnviz.core.units import TORCH_DTYPES
 from attnviz.flash.dispatch import CONTENDERS, run_contender
-from attnviz.masks import MaskSpec
-from attnviz.units import TORCH_DTYPES
+from attnviz.system import measure
 
 
 @dataclass(frozen=True)
 class AttentionCase:
     """``batch`` x ``heads`` query heads (``kv_heads`` K/V heads) of dimension ``d`` over ``n`` tokens, under
-    the mask pattern ``mask`` of :mod:`attnviz.mask_patterns` with ``mask_params`` (name, value) pairs."""
+    the mask pattern ``mask`` of :mod:`attnviz.core.mask_patterns` with ``mask_params`` (name, value) pairs."""
 
     n: int
     d: int = 64

@@ -1,6 +1,6 @@
 """``attention(q, k, v, backend=...)``: every contender behind one call, with the same masks.
 
-Backends: ``naive`` (materialises the N x N matrix: attnviz.attention), ``tiled`` (the online softmax in PyTorch),
+Backends: ``naive`` (materialises the N x N matrix: attnviz.core.attention), ``tiled`` (the online softmax in PyTorch),
 ``sdpa`` (PyTorch's ``scaled_dot_product_attention`` with a named kernel: flash, efficient, cudnn or math, and
 the one that ran reported), ``triton`` (our kernel; CUDA, or the CPU interpreter for small inputs), ``flex``
 (PyTorch's compiled FlexAttention with a BlockMask made from the same rule).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnviz.masks import MaskSpec
+from attnviz.core.masks import MaskSpec
 
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
 
@@ -51,7 +51,7 @@ class Result:
 
 
 def _naive(q, k, v, spec: MaskSpec, scale, **options) -> Result:
-    from attnviz.attention import repeat_kv, scaled_dot_product_attention
+    from attnviz.core.attention import repeat_kv, scaled_dot_product_attention
 
     group = q.shape[1] // k.shape[1]
     mask = None if spec.is_full else spec.dense().to(q.device)
@@ -137,7 +137,7 @@ def attention(
     block_k: int = 128,
 ) -> Result:
     """Attention by the named backend. ``q [b, h, n_q, d]``, ``k, v [b, h_kv, n_k, d]``; ``mask`` a rule
-    (:class:`attnviz.masks.MaskSpec`, e.g. from ``attnviz.mask_patterns.rule``), None for full attention.
+    (:class:`attnviz.core.masks.MaskSpec`, e.g. from ``attnviz.core.mask_patterns.rule``), None for full attention.
     ``block_q``/``block_k`` are the tiled backend's tile sizes."""
     spec = MaskSpec(q.shape[2], k.shape[2]) if mask is None else mask
     if (spec.n_q, spec.n_k) != (q.shape[2], k.shape[2]):

@@ -2,7 +2,7 @@
 
 FlexAttention compiles one fused attention kernel from a ``mask_mod`` (may query q attend key k?) and skips
 whole blocks that its :class:`BlockMask` marks empty, like our tiled path and Triton kernel. Our
-:class:`~attnviz.masks.MaskSpec` becomes a ``mask_mod``: causal and sliding windows as arithmetic on the
+:class:`~attnviz.core.masks.MaskSpec` becomes a ``mask_mod``: causal and sliding windows as arithmetic on the
 positions (no N x N tensor), a block layout (BigBird) as a lookup in its ``[query blocks, key blocks]`` table.
 
 Compiling takes seconds the first time for each shape and mask (reported apart from run time by
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from attnviz.masks import MaskSpec
+from attnviz.core.masks import MaskSpec
 
 
 def mask_mod_of(spec: MaskSpec, device):

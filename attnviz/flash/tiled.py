@@ -2,7 +2,7 @@
 online softmax (running max and running sum), never holding the N x N matrix.
 
 Read it next to Dao (2023), Algorithm 1. Shapes: ``q [batch, heads, n_q, d]``, ``k, v [batch, kv_heads, n_k, d]``.
-The mask is a rule (:class:`attnviz.masks.MaskSpec`), so tiles it rules out are skipped without being looked at.
+The mask is a rule (:class:`attnviz.core.masks.MaskSpec`), so tiles it rules out are skipped without being looked at.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.masks import MaskSpec
+from attnviz.core.masks import MaskSpec
 
 COMPUTED, MASKED, SKIPPED = "computed", "masked", "skipped"
 

@@ -5,7 +5,7 @@ Written for Triton 3.6 and 3.9 alike: plain pointer arithmetic, no block pointer
 size (no autotune, which the interpreter cannot run). On a machine without CUDA the kernels run in Triton's
 interpreter on CPU tensors: correct, and far too slow to time (keep N <= 256 there).
 
-Masks follow ``attnviz.masks.MaskSpec``: queries aligned to the end of the keys, causal = key <= position,
+Masks follow ``attnviz.core.masks.MaskSpec``: queries aligned to the end of the keys, causal = key <= position,
 window ``(left, right)`` = ``position - left <= key <= position + right``.
 """
 
@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from attnviz.masks import MaskSpec
-from attnviz.runtime import configure_triton
+from attnviz.core.masks import MaskSpec
+from attnviz.system.runtime import configure_triton
 
 configure_triton()  # no GPU: the kernels must run in the interpreter, which Triton decides when first imported
 

@@ -3,7 +3,7 @@
 The hooks path (:mod:`attnviz.models.eager`) reads the outputs of an attention module's projections (Q, K, V) and
 the arguments it was called with. How to turn those into the replay's terms differs by model: whether Q, K and V
 come from one fused projection, how the scores are scaled, and which mask and position bias apply. Each adapter
-answers those three questions for one attention class; :mod:`attnviz.models.support` names the adapter of each
+answers those three questions for one attention class; :mod:`attnviz.models.architectures` names the adapter of each
 model type that takes this path.
 """
 

@@ -104,7 +104,7 @@ def recording(model: torch.nn.Module):
         _RECORDER.reset(token)
 
 
-# The edit block active in this thread (see :func:`editing` and attnviz.models.interventions).
+# The edit block active in this thread (see :func:`editing` and attnviz.interventions.edits).
 _EDITOR: contextvars.ContextVar["EditBlock | None"] = contextvars.ContextVar("attnviz_editor", default=None)
 
 

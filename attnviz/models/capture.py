@@ -6,7 +6,7 @@ The model runs on its fast path (see :mod:`attnviz.models.attention_hook`). What
 
 * **scaling**: the ``scaling`` the module passed (1/sqrt(d) when it passed none; 1 for T5, whose weights fold it);
 * **mask**: transformers' SDPA mask for the call (padding, causal, sliding window), stored as a rule
-  (:class:`~attnviz.masks.MaskSpec`: causal or full, with a window) when it is one, else as a dense boolean
+  (:class:`~attnviz.core.masks.MaskSpec`: causal or full, with a window) when it is one, else as a dense boolean
   ``[n_q, n_k]`` shared by the layers that use it. A None mask (transformers' shortcut for plain causal or full) is
   rebuilt from the module's ``is_causal``;
 * **position bias** (T5's relative attention bias): the ``position_bias`` tensor, added to the scaled scores
@@ -18,7 +18,7 @@ The model runs on its fast path (see :mod:`attnviz.models.attention_hook`). What
 Models that compute attention in their own code take :mod:`attnviz.models.eager`'s paths: hooks (replayed the
 same way, checked against the model's eager weights) or transformers' eager weights alone (``replayable`` False).
 Which attention (encoder, decoder, cross) a call belongs to, and an image model's prefix tokens, come from the
-type's record (:mod:`attnviz.models.support`).
+type's record (:mod:`attnviz.models.architectures`).
 
 The replay check (:mod:`attnviz.models.replay_check`) compares the replayed weights' outputs with the model's own
 kernel's, so a capture holds Q, K and V only.
@@ -28,18 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from attnviz import masks, vision
-from attnviz.models import eager, support
+from attnviz.core import masks, vision
+from attnviz.core.tokens_display import readable_tokens, tokenizer_style
+from attnviz.models import architectures, eager
 from attnviz.models.attention_hook import AttentionCall, recording
 from attnviz.models.loading import FallbackTokenizer, ModelBundle
-from attnviz.models.record import (
-    AttentionRecord,
-    Capture,
-    LayerMask,
-    LayerStack,
-    dense_token_limit,
-)
-from attnviz.tokens_display import readable_tokens, tokenizer_style
+from attnviz.models.record import AttentionRecord, Capture, LayerMask, LayerStack, dense_token_limit
 
 CHARS_PER_TOKEN = 6  # characters of a long text read at first per token wanted (English: about 4; see tokenize)
 COUNTED_CHARS = 20_000  # a text up to this long is tokenized whole, so its count of tokens is exact (the sidebar's
@@ -98,7 +92,7 @@ def tokenize(bundle: ModelBundle, text: str, text_pair: str | None, max_tokens: 
     tokens = tokenizer.convert_ids_to_tokens(ids)
     special_ids = structural_special_ids(tokenizer)
     special = [i in special_ids for i in ids]
-    inputs = support.model_inputs(bundle.model, encoded)  # a decoder gets no token types (GPT-2 would embed them)
+    inputs = architectures.model_inputs(bundle.model, encoded)  # a decoder gets no token types (GPT-2 would embed them)
     return inputs, tokens, _segments(encoded, bool(text_pair)), special, total
 
 
@@ -117,7 +111,7 @@ def structural_special_ids(tokenizer) -> set[int]:
 def separator_ids(tokenizer) -> frozenset[int]:
     """The ids of the tokens that end a sentence or a text: the tokenizer's separator and end-of-text tokens
     ([SEP], </s>, <|endoftext|>); empty for a tokenizer that names neither (then every special token but the first
-    counts, :func:`attnviz.analysis.separator_keys`)."""
+    counts, :func:`attnviz.core.analysis.separator_keys`)."""
     return frozenset(i for i in (getattr(tokenizer, "sep_token_id", None), getattr(tokenizer, "eos_token_id", None))
                      if isinstance(i, int))
 
@@ -265,14 +259,15 @@ def _run_and_record(bundle: ModelBundle, inputs: dict, tokens: list[str], decode
     if bundle.capture_path == "interface":
         calls, outputs_finite = recorded_calls(bundle.model, inputs, check_finite)
     else:
-        eager_weights, calls, outputs_finite = eager.run(bundle.model, support.adapter_of(bundle.model_type), inputs,
+        eager_weights, calls, outputs_finite = eager.run(
+            bundle.model, architectures.adapter_of(bundle.model_type), inputs,
                                                          encoder_decoder)
         if not calls:  # the weights path
             return _weights_records(eager_weights, tokens, decoder_tokens), outputs_finite
         calls = [_to_cpu(call) for call in calls]
     by_kind: dict[str, list[AttentionCall]] = {}
     for call in calls:
-        kind = support.attention_kind(call.module_name, bundle.model_type, encoder_decoder)
+        kind = architectures.attention_kind(call.module_name, bundle.model_type, encoder_decoder)
         by_kind.setdefault(kind, []).append(call)
     records = {kind: record_from_calls(kind, kind_calls, *_tokens_of(kind, tokens, decoder_tokens))
                for kind, kind_calls in by_kind.items()}
@@ -359,7 +354,7 @@ def capture_image(bundle: ModelBundle, image, name: str = "image") -> Capture:
                                                                                       dtype=dtype)})
     n = calls[0].query.shape[-2]
     layout = vision.layout_of(bundle.model.config, n, pixels.shape[-2], pixels.shape[-1],
-                              support.image_prefix(bundle.model_type))
+                              architectures.image_prefix(bundle.model_type))
     labels = layout.labels()
     result = Capture(model_name=bundle.name, text=name, text_pair=None, tokens=labels, segments=[0] * n,
                      special=[i < len(layout.prefix) for i in range(n)], n_tokens_before_truncation=n,

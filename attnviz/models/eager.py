@@ -7,7 +7,7 @@ attnviz still shows them, on one of two paths, and the pages say which:
 * **hooks** (GPT-Neo, MPNet, BLOOM): the model runs on transformers' eager attention; forward hooks read Q, K and
   V where the model makes them (its projections) and the score terms it passes its attention module (MPNet's
   relative position bias, BLOOM's ALiBi), so replay, the Q.K view and the what-if work as for any other model.
-  The type's record (:mod:`attnviz.models.support`) names its adapter (:mod:`attnviz.models.adapters`).
+  The type's record (:mod:`attnviz.models.architectures`) names its adapter (:mod:`attnviz.models.adapters`).
   The replay check compares attnviz's weights with the eager weights the model returned (``output_attentions``).
 * **weights** (DeBERTa-v2, MPT, and any other type attnviz does not know): transformers' eager weights
   (``output_attentions=True``, what bertviz shows) and nothing else; the pages that need Q and K say why they

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.models.support import ARCHITECTURES
+from attnviz.models.architectures import ARCHITECTURES
 
 SLIDING_LAYER_TYPES = ("sliding_attention", "hybrid_sliding")  # transformers' names of a sliding-window layer
 NEO_LOCAL = "local"  # GPT-Neo's name of its sliding layers (its others are "global")

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import torch
 
-from attnviz.models import eager, preflight, support
+from attnviz.checkpoints import preflight
+from attnviz.checkpoints.image_processors import load_image_processor
+from attnviz.checkpoints.safety import CheckpointRefused, first_line
+from attnviz.checkpoints.uploads import link_rule_for
+from attnviz.models import architectures, eager
 from attnviz.models.attention_hook import ATTENTION_NAME
-from attnviz.models.image_processors import load_image_processor
-from attnviz.models.safety import CheckpointRefused, first_line
 from attnviz.models.text_tokenizers import (  # noqa: F401 - FallbackTokenizer: used from here by pages and tests
     TOKENIZER_FILES,
     FallbackTokenizer,
@@ -29,13 +31,12 @@ from attnviz.models.text_tokenizers import (  # noqa: F401 - FallbackTokenizer: 
     tokenizer_of,
 )
 from attnviz.models.trials import check_it_runs
-from attnviz.models.uploads import link_rule_for
 
 # transformers' from_pretrained is not thread-safe: it builds the model under process-wide switches (empty
 # weights on the meta device, then ties and fills them), so two loads at once, in two sessions or in a session
 # and the server's warm-up, can hand one of them a model with a weight left on the meta device (seen: the tiny
 # GPT's tied lm_head, which then gave logits of 1e38). Every build of a model holds this lock; everything that
-# can refuse a checkpoint cheaply (attnviz.models.preflight) runs before it is taken.
+# can refuse a checkpoint cheaply (attnviz.checkpoints.preflight) runs before it is taken.
 LOADING = threading.RLock()
 
 
@@ -54,7 +55,7 @@ def loading_lock(progress=None):
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
 BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
-BUNDLED_GPT_DIR = Path(__file__).resolve().parent / "bundled" / "tiny-gpt"  # made by python -m attnviz.train_tiny
+BUNDLED_GPT_DIR = Path(__file__).resolve().parent / "bundled" / "tiny-gpt"  # made by python -m attnviz.tiny_gpt.train
 MAX_MISSING_WEIGHT_SHARE = 0.2  # more weight tensors missing than this: the weights are not for this architecture
 MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
 
@@ -95,7 +96,7 @@ class ModelBundle:
     # How attention is observed: "interface" (recorded from transformers' attention interface, replayed), "hooks"
     # (the model's own attention code, read by hooks and replayed) or "weights" (transformers' eager weights only)
     capture_path: str = "interface"
-    modality: str = "text"  # or "image": a vision transformer (attnviz.vision), which reads images, not text
+    modality: str = "text"  # or "image": a vision transformer (attnviz.core.vision), which reads images, not text
     image_processor: object = None  # vision models: the checkpoint's own processor, or a marked stand-in
 
     @property
@@ -106,7 +107,7 @@ class ModelBundle:
     @property
     def capture_note(self) -> str | None:
         """What the page says about a model that does not use transformers' attention interface."""
-        return support.capture_note(self.model_type, self.capture_path)
+        return architectures.capture_note(self.model_type, self.capture_path)
 
     @property
     def uses_fallback_tokenizer(self) -> bool:
@@ -122,8 +123,8 @@ class ModelBundle:
 
 
 def _architecture_of(config) -> str:
-    """"encoder", "decoder" or "encoder-decoder" (:func:`attnviz.models.support.architecture_of`)."""
-    return support.architecture_of(config.model_type,
+    """"encoder", "decoder" or "encoder-decoder" (:func:`attnviz.models.architectures.architecture_of`)."""
+    return architectures.architecture_of(config.model_type,
                                    is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
                                    is_decoder=bool(getattr(config, "is_decoder", False)))
 
@@ -148,12 +149,12 @@ def architecture_of_folder(folder: str | Path) -> str | None:
 def folder_reads_images(folder: str | Path) -> bool:
     """Whether the model in ``folder`` reads images (a vision transformer), from its config.json alone."""
     config = _config_of_folder(folder)
-    return config is not None and support.reads_images(str(config.get("model_type", "")))
+    return config is not None and architectures.reads_images(str(config.get("model_type", "")))
 
 
 def architecture_of_config(config: dict) -> str:
     """"encoder", "decoder" or "encoder-decoder" from a config.json's content."""
-    return support.architecture_of(str(config.get("model_type", "")),
+    return architectures.architecture_of(str(config.get("model_type", "")),
                                    is_encoder_decoder=bool(config.get("is_encoder_decoder")),
                                    is_decoder=bool(config.get("is_decoder")))
 
@@ -163,7 +164,7 @@ MEMORY_SHARE = 0.6  # weights larger than this share of the free memory are offl
 
 
 def weights_bytes(folder: Path) -> int:
-    """The bytes of the weights transformers will read in ``folder`` (checked: :mod:`attnviz.models.preflight`)."""
+    """The bytes of the weights transformers will read in ``folder`` (checked: :mod:`attnviz.checkpoints.preflight`)."""
     folder = Path(folder)
     return sum(f.size for f in preflight.resolve_weights(folder, link_rule_for(folder))[0])
 
@@ -216,7 +217,7 @@ def layer_call_cost(skeleton, config) -> int:
     shared-layer model (ALBERT) its shared groups again for every further call (``num_hidden_layers`` calls
     through ``num_hidden_groups`` groups)."""
     described = sum(p.numel() for p in skeleton.parameters())
-    if not support.shares_layers(getattr(config, "model_type", "")):
+    if not architectures.shares_layers(getattr(config, "model_type", "")):
         return described
     shared = sum(p.numel() for name, p in skeleton.named_parameters() if "layer_groups" in name)
     calls = max(1, int(getattr(config, "num_hidden_layers", 1)))
@@ -242,7 +243,7 @@ def _check_layer_calls(skeleton, config, described: int, in_files: int) -> None:
 def _check_size_before_loading(config, in_files: int, progress=None, builder=None) -> str:
     """Refuse a config that would allocate far more than its weights hold (or than this app can show) before
     transformers builds it: a tiny upload must not make the server allocate a huge random model. The config's
-    numbers were bounded already (:func:`attnviz.models.preflight.check_config_numbers`), so this build of its
+    numbers were bounded already (:func:`attnviz.checkpoints.preflight.check_config_numbers`), so this build of its
     skeleton on the meta device takes well under a second."""
     from transformers import AutoModel
 
@@ -268,13 +269,13 @@ def _check_size_before_loading(config, in_files: int, progress=None, builder=Non
         raise CheckpointRefused(f"config.json asks for {buffers / 1e6:.0f}M numbers of tables computed when the model "
                                 f"is built, more than its {described / 1e6:.0f}M parameters")
     _check_inputs(skeleton, config.model_type)
-    return support.capture_path_of(skeleton, config.model_type)
+    return architectures.capture_path_of(skeleton, config.model_type)
 
 
 def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
     """Refuse, naming the type and the reason, a model that reads neither token ids nor (for the vision types)
     images: speech and other inputs this app has no page for."""
-    if support.reads_images(model_type):
+    if architectures.reads_images(model_type):
         return
     accepted = set(inspect.signature(model.forward).parameters)
     if "input_ids" not in accepted:
@@ -283,7 +284,8 @@ def _check_inputs(model: torch.nn.Module, model_type: str) -> None:
         what = {"input_features": "audio features", "input_values": "raw audio", "pixel_values": "images"}.get(
             reads, reads)
         raise CheckpointRefused(f"{model_type} models read {what}, not text; attnviz reads text models and the "
-                                f"vision transformers it lists ({', '.join(sorted(support.TESTED_VISION_TYPES))})")
+                                "vision transformers it lists "
+                                f"({', '.join(sorted(architectures.TESTED_VISION_TYPES))})")
 
 
 def _read_checked_config(checked: preflight.CheckedFolder, view: Path, progress=None, builder=None):
@@ -306,7 +308,7 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
     from safetensors only, refused if its weights do not fit."""
     from transformers import AutoModel
 
-    tower = support.vision_tower(config.model_type)
+    tower = architectures.vision_tower(config.model_type)
     loader = getattr(importlib.import_module("transformers"), tower) if tower else AutoModel
     try:
         with loading_lock(progress):
@@ -336,7 +338,7 @@ def _load_weights(folder: Path, config, dtype: str = "stored", where: dict | Non
         )
     if info.get("mismatched_keys"):
         raise CheckpointRefused("some weights have shapes that do not fit config.json (wrong architecture?)")
-    if support.capture_path_of(model, config.model_type) != path:
+    if architectures.capture_path_of(model, config.model_type) != path:
         raise CheckpointRefused(f"the {config.model_type} model built differently from its skeleton")
     if path != "interface":
         try:
@@ -356,8 +358,8 @@ def load_model_dir(folder: str | Path, name: str | None = None, *, dtype: str = 
     reason to show, whatever goes wrong. ``timings``: a dict that receives each step's seconds (for ``python -m
     attnviz.bench startup``); ``progress(text)``: called at each step (and while waiting for another load).
 
-    Every file transformers reads is checked first (:func:`attnviz.models.preflight.inspect`), and transformers
-    reads them through a view that holds nothing else (:func:`attnviz.models.preflight.make_view`)."""
+    Every file transformers reads is checked first (:func:`attnviz.checkpoints.preflight.inspect`), and transformers
+    reads them through a view that holds nothing else (:func:`attnviz.checkpoints.preflight.make_view`)."""
     try:
         return _load_model_dir(Path(folder), name, dtype, max_memory, offload_folder,
                                {} if timings is None else timings, progress or (lambda text: None))
@@ -374,7 +376,7 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
     config = model.config  # a CLIP or SigLIP checkpoint: its vision tower's config from here on
     with _timed(timings, "  tokenizer"):
         progress("Reading the tokenizer…")
-        modality = "image" if support.reads_images(config.model_type) else "text"
+        modality = "image" if architectures.reads_images(config.model_type) else "text"
         if modality == "image":
             tokenizer, (image_processor, tokenizer_note) = None, load_image_processor(view, config)
         else:
@@ -471,9 +473,9 @@ def _max_positions(config) -> int:
     if hasattr(config, "image_size") and hasattr(config, "patch_size"):
         size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
         patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
-        return (size // patch) ** 2 + len(support.image_prefix(config.model_type))  # [CLS] (DeiT: and [DIST])
-    rows = support.declared_positions(config) or 512
-    if support.positions_after_padding(config.model_type):
+        return (size // patch) ** 2 + len(architectures.image_prefix(config.model_type))  # [CLS] (DeiT: and [DIST])
+    rows = architectures.declared_positions(config) or 512
+    if architectures.positions_after_padding(config.model_type):
         rows -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     return rows
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz import masks
+from attnviz.core import masks
+from attnviz.core.tokens_display import PLAIN
 from attnviz.models import scoring
-from attnviz.tokens_display import PLAIN
 
 DENSE_LIMIT = 1024  # tokens: up to this (and DENSE_CELLS), all weights may be materialised at once
 DENSE_CELLS = 80_000_000  # layers x heads x n_q x n_k: 320 MB of fp32 (6 x 12 heads x 1,054 tokens)
@@ -119,7 +119,7 @@ class AttentionRecord:
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # derived views, computed once
     # The weights path (no Q/K/V): transformers' eager weights per layer, [layers, heads, n_q, n_k]
     eager: LayerStack | None = None
-    # The tokens as the pages show them (attnviz.tokens_display: "␣the" for "Ġthe"), computed once per capture;
+    # The tokens as the pages show them (attnviz.core.tokens_display: "␣the" for "Ġthe"), computed once per capture;
     # default: the raw tokens themselves. query_tokens / key_tokens stay the tokenizer's own (exports, filters).
     query_display: list[str] | None = None
     key_display: list[str] | None = None
@@ -321,17 +321,17 @@ class Capture:
     n_tokens_before_truncation: int = 0  # negative when only a lower bound is known (a very long text)
     decoder_tokens: list[str] | None = None
     decoder_special: list[bool] | None = None
-    layout: object = None  # a vision model's attnviz.vision.PatchLayout: which token is which patch
+    layout: object = None  # a vision model's attnviz.core.vision.PatchLayout: which token is which patch
     image: object = None  # ... and the image as it saw it, [H, W, 3] uint8
     nonfinite: list[str] = field(default_factory=list)  # what held NaN or infinity: "the queries of layers 0-1", ...
     # The tokenizer's ids of ``tokens`` and ``decoder_tokens`` (None for a vision model's patches): for exports
     token_ids: list[int] | None = None
     decoder_token_ids: list[int] | None = None
-    # How the pages show the tokens (attnviz.tokens_display, with the tokenizer's style, computed once at capture):
+    # How the pages show the tokens (attnviz.core.tokens_display, with the tokenizer's style, computed once at capture):
     # "␣the" for byte-level "Ġthe" or SentencePiece "▁the"; default: the tokens as they are (patch labels)
     display_tokens: list[str] | None = None
     decoder_display_tokens: list[str] | None = None
-    token_style: str = PLAIN  # attnviz.tokens_display's name of how the tokenizer writes its pieces
+    token_style: str = PLAIN  # attnviz.core.tokens_display's name of how the tokenizer writes its pieces
     # The tokenizer's ids of the tokens that end a sentence or a text ([SEP], </s>; capture.separator_ids); None:
     # unknown (a stand-in tokenizer, a vision model): every special token but the first counts as one
     separator_ids: frozenset | None = None
@@ -352,7 +352,7 @@ class Capture:
 
     def separators_of(self, tokens: list[str]) -> list[bool] | None:
         """Which of ``tokens`` (the encoder's or the decoder's list) are separators ([SEP], </s>, by the
-        tokenizer's ids), or None where the tokenizer does not say (:func:`attnviz.analysis.separator_keys` then
+        tokenizer's ids), or None where the tokenizer does not say (:func:`attnviz.core.analysis.separator_keys` then
         counts every special token but the first)."""
         ids = self.ids_of(tokens)
         if not self.separator_ids or ids is None:

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from attnviz.attention import repeat_kv
+from attnviz.core.attention import repeat_kv
 from attnviz.models.record import AttentionRecord
 
 HALF_PRECISION = (torch.float16, torch.bfloat16)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.attention import masked_softmax
+from attnviz.core.attention import masked_softmax
 
 
 def logits(q: torch.Tensor, k: torch.Tensor, scale: float, *, softcap: float | None = None,

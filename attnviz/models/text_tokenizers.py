@@ -6,8 +6,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from attnviz.models import preflight
-from attnviz.models.safety import first_line
+from attnviz.checkpoints import preflight
+from attnviz.checkpoints.safety import first_line
 
 # Files that carry a vocabulary; without one, transformers 5 builds an empty tokenizer instead of failing.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from attnviz import vision
-from attnviz.models import support
-from attnviz.models.checked_files import shown
-from attnviz.models.safety import CheckpointRefused, first_line
+from attnviz.checkpoints.checked_files import shown
+from attnviz.checkpoints.safety import CheckpointRefused, first_line
+from attnviz.core import vision
+from attnviz.models import architectures
 from attnviz.models.text_tokenizers import TEST_SENTENCE, FallbackTokenizer
 
 
@@ -26,7 +26,7 @@ def _test_inputs(bundle) -> dict:
         inputs = dict(bundle.tokenizer(TEST_SENTENCE, return_tensors="pt"))
     if bundle.architecture == "encoder-decoder":
         inputs["decoder_input_ids"] = inputs["input_ids"]
-    return {name: value.to(device) for name, value in support.model_inputs(model, inputs).items()}
+    return {name: value.to(device) for name, value in architectures.model_inputs(model, inputs).items()}
 
 
 def check_it_runs(bundle) -> None:

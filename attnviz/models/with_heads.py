@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnviz.models import loading, preflight
-from attnviz.models.safety import CheckpointRefused, first_line
+from attnviz.checkpoints import preflight
+from attnviz.checkpoints.safety import CheckpointRefused, first_line
+from attnviz.checkpoints.uploads import link_rule_for
+from attnviz.models import loading
 from attnviz.models.text_tokenizers import TOKENIZER_FILES, tokenizer_of
 from attnviz.models.trials import generation_ids_problem
-from attnviz.models.uploads import link_rule_for
 
 
 def load_causal_lm(folder: str | Path):

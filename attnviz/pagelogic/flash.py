@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz import mask_patterns
-from attnviz.flash import CONTENDERS, BackendUnavailable, run_contender
+from attnviz.core import mask_patterns
+from attnviz.core.units import DTYPE_BYTES, human_bytes
 from attnviz.flash.cases import AttentionCase
+from attnviz.flash.dispatch import CONTENDERS, BackendUnavailable, run_contender
 from attnviz.flash.tiled import COMPUTED, MASKED, SKIPPED, TiledTrace, tiled_attention
-from attnviz.gpus import gpu_bf16_peak
-from attnviz.units import DTYPE_BYTES, human_bytes
+from attnviz.system.gpus import gpu_bf16_peak
 
 INTERPRETER_LIMIT = 256  # tokens: above this the Triton interpreter takes minutes
 STATUS_CODES = {SKIPPED: 0, COMPUTED: 1, MASKED: 2}
@@ -152,7 +152,7 @@ def run_contenders(case: AttentionCase, names: list[str], *, repeats: int = 3, a
     return rows
 
 
-# attnviz's naive attention (attnviz.attention.scaled_dot_product_attention, the "naive" contender) holds this many
+# attnviz's naive attention (attnviz.core.attention.scaled_dot_product_attention, the "naive" contender) holds this many
 # N x N buffers in the inputs' dtype at its peak: the scores and the probabilities; a mask that hides keys adds the
 # scores with them at -inf, and its own N x N bool (1 byte a cell). (A row with no allowed key costs two more:
 # masked_softmax zeroes it.) A textbook naive attention needs at least 2 (scores and probabilities).

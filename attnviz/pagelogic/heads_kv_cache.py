@@ -9,12 +9,12 @@ from collections import Counter
 import pandas as pd
 import torch
 
-from attnviz import kvcache
-from attnviz.attention import CrossAttention
+from attnviz.core import kvcache
+from attnviz.core.attention import CrossAttention
+from attnviz.core.tokens_display import readable_tokens, tokenizer_style
+from attnviz.core.units import DTYPE_BYTES, human_bytes
 from attnviz.models import layer_facts
 from attnviz.models.loading import FallbackTokenizer
-from attnviz.tokens_display import readable_tokens, tokenizer_style
-from attnviz.units import DTYPE_BYTES, human_bytes
 
 
 def token_embeddings(bundle, text: str, limit: int = 32) -> tuple[list[str], torch.Tensor]:
@@ -34,7 +34,7 @@ def token_embeddings(bundle, text: str, limit: int = 32) -> tuple[list[str], tor
 
 def cross_attention_example(bundle, source: str, target: str, n_heads: int = 1, projections: str = "identity",
                             seed: int = 0) -> dict:
-    """Run :class:`attnviz.attention.CrossAttention` with the target text's embeddings as queries and the
+    """Run :class:`attnviz.core.attention.CrossAttention` with the target text's embeddings as queries and the
     source text's as keys and values.
 
     ``projections="identity"``: W_Q = W_K = W_V = W_O = I, so a head attends by embedding similarity on its slice

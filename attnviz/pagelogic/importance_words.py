@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.models.importance import ImportanceMap
-from attnviz.pagelogic.patching import start_words
+from attnviz.interventions.importance import ImportanceMap
+from attnviz.interventions.patching import start_words
 from attnviz.viz.style import format_number
 
 
@@ -61,7 +61,8 @@ def token_summary(change: torch.Tensor, one_map: ImportanceMap, row: int, head: 
 
 
 def reading_words(tokenizer, objective: str) -> str:
-    """How the texts were read (as :func:`attnviz.models.importance.batch_of` reads them: the tokenizer's own ids),
+    """How the texts were read (as :func:`attnviz.interventions.importance.batch_of` reads them: the tokenizer's own
+    ids),
     in words: whether they start with a BOS (or another special) token, and what that means for the first token's
     loss."""
     ids = tokenizer("a")["input_ids"]

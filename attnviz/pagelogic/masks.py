@@ -1,4 +1,4 @@
-"""The Masks page: a gallery of sparse-attention patterns (from :mod:`attnviz.mask_patterns`) with their costs,
+"""The Masks page: a gallery of sparse-attention patterns (from :mod:`attnviz.core.mask_patterns`) with their costs,
 receptive fields and memory, a pattern applied to a real head, and the mask-convention bug demonstrated with
 PyTorch's own SDPA."""
 
@@ -10,10 +10,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from attnviz import mask_patterns, masks
+from attnviz.core import mask_patterns, masks
+from attnviz.core.units import DTYPE_BYTES, human_bytes
 from attnviz.models.record import AttentionRecord
 from attnviz.pagelogic.explore_heads.whatif import what_if
-from attnviz.units import DTYPE_BYTES, human_bytes
 
 
 def gallery_patterns() -> tuple[str, ...]:

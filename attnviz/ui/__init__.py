@@ -1,5 +1,5 @@
-"""The app layer: everything the pages share, one module per concern. Only this package, ``streamlit_compat`` and
-the pages import Streamlit.
+"""The app layer: everything the pages share, one module per concern. Only this package, ``attnviz.bench`` and the
+pages import Streamlit.
 
 - ``frame``: a page's start, presentation mode, the story's Previous/Next links, progress boxes, the run log
 - ``sidebar``: the sentence every page reads, and the sidebar's choices kept across page changes
@@ -9,8 +9,9 @@ the pages import Streamlit.
 - ``session_uploads``: upload folders that die with their session, and the clean-up thread
 - ``loaded_models``: models loaded once per process (bounded cache)
 - ``captures``: a text's capture by the sidebar model, cached by its key (``capture_current``)
-- ``explore_cache``, ``scaling_cache``, ``shared_measurements``: the Explore heads, Scaling and Flash pages' caches
-- ``pattern_widgets``: the one widget builder for a mask pattern's parameters (from the registry)
+- ``caches``: the pages' own caches; ``scans``: this browser's scans and what the pages read from them
+- ``open_in_explore``: "Open in Explore heads" from any page; ``links``: what a link's parameters may hold
+- ``downloads``: large files streamed from disk; ``pattern_widgets``: a mask pattern's widgets, from the registry
 - ``page_scripts``: the browser-side scripts (``assets/*.js``)
 - ``lifespan`` and ``warm_up``: the server's start, and what it computes before the first visit
 """

@@ -8,14 +8,12 @@ import time
 
 import streamlit as st
 
-from attnviz.run_log import append_run_log
-from attnviz.streamlit_compat import leave_legacy_pages_mode
+from attnviz.system.run_log import append_run_log
 from attnviz.viz.matrix import HALF_WIDTH
 
 
 def start_page(title: str) -> None:
-    """The first call of every page: its title, after making sure app.py's navigation runs around it."""
-    leave_legacy_pages_mode()
+    """The first call of every page: its title."""
     st.title(title)
 
 
@@ -184,7 +182,8 @@ def story_links(pages_by_title: dict, title: str, *, top: bool = False) -> None:
 
 @contextlib.contextmanager
 def logged_run(page: str, started: float):
-    """With ``ATTNVIZ_RUN_LOG=<file>``, append one JSON line per script run (:func:`attnviz.run_log.append_run_log`):
+    """With ``ATTNVIZ_RUN_LOG=<file>``, append one JSON line per script run
+    (:func:`attnviz.system.run_log.append_run_log`):
     the page, how long the whole run took on the server (app.py included, from ``started``, a
     ``time.perf_counter()``), and how it ended. Nothing about the user (no text, no session id) is written."""
     ending = "finished"

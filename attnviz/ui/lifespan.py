@@ -3,7 +3,7 @@
 
 This module imports only the standard library and attnviz's environment code: app.py imports it before anything
 else (before transformers or triton), and the warm-up's own imports happen in its thread, after
-:func:`attnviz.runtime.configure_environment`.
+:func:`attnviz.system.runtime.configure_environment`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import os
 import threading
 import time
 
-from attnviz.run_log import append_run_log
-from attnviz.runtime import configure_environment
-from attnviz.streamlit_compat import SCRIPT_CONTEXT_LOGGER, open_browser_unless_headless
+from attnviz.system.run_log import append_run_log
+from attnviz.system.runtime import configure_environment
 
+# Streamlit warns, on this logger of its own, about every cached call made outside a session's run (the warm-up's
+# are meant to be; the name was checked on Streamlit 1.67.0)
+SCRIPT_CONTEXT_LOGGER = "streamlit.runtime.scriptrunner_utils.script_run_context"
 WARM_UP_THREAD = "attnviz-warm-up"
 WARM_UP_LINE = "(warm-up at server start)"  # the run log's lines (ATTNVIZ_RUN_LOG) for the two parts
 WARM_UP_LATER_LINE = "(warm-up: other pages)"
@@ -82,3 +84,25 @@ def _warm_up() -> None:
 
 def _log_run(page: str, started: float, ending: str) -> None:
     append_run_log(page, time.perf_counter() - started, ending)
+
+
+def open_browser_unless_headless() -> None:
+    """Open the app in a browser tab unless ``server.headless``, as ``streamlit.web.bootstrap._on_server_start``
+    does for a plain script (``streamlit run`` opens none for an ``st.App``; the internals used here were checked on
+    Streamlit 1.67.0). Does nothing if the internals are gone or no browser opens."""
+    import logging
+
+    try:
+        from streamlit import cli_util, config
+        from streamlit.web.server import server_util
+
+        if config.get_option("server.headless"):
+            return
+        address = "localhost"
+        if config.is_manually_set("browser.serverAddress"):
+            address = config.get_option("browser.serverAddress")
+        elif config.is_manually_set("server.address"):
+            address = server_util.get_display_address(config.get_option("server.address"))
+        cli_util.open_browser(server_util.get_url(address))
+    except Exception:  # noqa: BLE001 - a browser that does not open is no reason to stop the server
+        logging.getLogger("attnviz").debug("could not open a browser", exc_info=True)

@@ -8,8 +8,8 @@ import os
 
 import streamlit as st
 
+from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.models.loading import ModelBundle
-from attnviz.models.safety import CheckpointRefused
 
 
 def problem_text(problem: BaseException) -> str:

@@ -9,7 +9,7 @@ import streamlit as st
 from attnviz.ui.session_models import registered_models
 from attnviz.ui.sidebar import MAX_SENTENCE_CHARS, note_sidebar_edit
 
-EXPLORE_PAGE = "pages/explore_heads.py"
+EXPLORE_PAGE = "app_pages/explore_heads.py"
 # Explore heads' text sources (its segmented control "explore_source"): the sidebar's sentence, or a long text
 EXPLORE_SENTENCE, EXPLORE_LONG_TEXT = "the sidebar's sentence", "a long text"
 _ASKED = "open_explore_asked"

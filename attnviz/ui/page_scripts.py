@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from attnviz.models import keep
+from attnviz.checkpoints import keep
 from attnviz.ui.session_models import browser_store
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

@@ -1,9 +1,9 @@
-"""The widgets of a mask pattern's parameters, drawn from the registry (:mod:`attnviz.mask_patterns`): the Masks
+"""The widgets of a mask pattern's parameters, drawn from the registry (:mod:`attnviz.core.mask_patterns`): the Masks
 page, Explore heads' What-if tab and the Flash page all ask for a pattern's parameters through this one function."""
 
 from __future__ import annotations
 
-from attnviz import mask_patterns
+from attnviz.core import mask_patterns
 
 
 def pattern_widgets(key: str, place: str, columns, n: int, prefix: str) -> dict[str, int]:

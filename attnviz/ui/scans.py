@@ -11,14 +11,15 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from attnviz.models import disk
-from attnviz.scan import background, database, store
-from attnviz.scan.corpus import CorpusRefused
-from attnviz.scan.corpus_probe import facts_of, probe
-from attnviz.scan.runner import ScanSettings, scan_key
+from attnviz.checkpoints import disk
+from attnviz.core.units import ordinal
+from attnviz.corpus import background, database
+from attnviz.corpus.document_probe import facts_of, probe
+from attnviz.corpus.documents import CorpusRefused
+from attnviz.corpus.scan import store
+from attnviz.corpus.scan.runner import ScanSettings, scan_key
 from attnviz.ui.session_models import browser_store
 from attnviz.ui.session_uploads import session_uploads
-from attnviz.units import ordinal
 
 
 def scan_folder() -> background.ScanFolder:
@@ -93,8 +94,8 @@ def key_for(fingerprint: str, model_folder: str, settings: ScanSettings, dtype: 
 
 def scan_read(path: str | Path, method: str, *args, **kwargs):
     """``ScanReader(path).method(*args)``, cached by the file's modification time. A file being written raises
-    :class:`attnviz.scan.database.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
-    :class:`attnviz.scan.database.NotAResultsFile`."""
+    :class:`attnviz.corpus.database.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
+    :class:`attnviz.corpus.database.NotAResultsFile`."""
     return _scan_read(str(path), _stamp(Path(path)), method, args, tuple(sorted(kwargs.items())))
 
 
@@ -116,7 +117,7 @@ def results_kind(path: str | Path) -> str:
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def _results_kind(path: str, stamp: float) -> str:
-    from attnviz.scan.importance_store import ImportanceReader
+    from attnviz.corpus.importance.store import ImportanceReader
 
     for kind, reader in (("scan", store.ScanReader), ("importance", ImportanceReader)):
         try:

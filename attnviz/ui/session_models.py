@@ -10,10 +10,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from attnviz.models import keep
+from attnviz.checkpoints import keep
+from attnviz.checkpoints.safety import MAX_UPLOAD_BYTES, CheckpointRefused
+from attnviz.checkpoints.uploads import prepare_folder_path
 from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, bundled_models
-from attnviz.models.safety import MAX_UPLOAD_BYTES, CheckpointRefused
-from attnviz.models.uploads import prepare_folder_path
 from attnviz.ui.loaded_models import forget_loaded, load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.session_uploads import session_uploads
@@ -122,7 +122,7 @@ def adopt_upload(folder: Path) -> Path:
 
 
 def add_checkpoint(prepare, *args, dtype: str = "stored", name: str | None = None, progress=None):
-    """Prepare a folder (``prepare``: one of attnviz.models.uploads' ``prepare_*``), keep it for this browser if it
+    """Prepare a folder (``prepare``: one of attnviz.checkpoints.uploads' ``prepare_*``), keep it for this browser if it
     is an upload, load it (which validates it) and register it. Returns ``(registered name, bundle, notes)``;
     raises with the reason, leaving nothing on disk. ``progress(text)`` hears each step."""
     # Before anything is extracted or loaded:

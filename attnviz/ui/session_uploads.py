@@ -12,12 +12,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from attnviz.models import keep
+from attnviz.checkpoints import keep
 
 
 def _end_jobs(folder: str | Path) -> None:
     """The background jobs (scans, importance runs) whose files are in ``folder`` are ended before it goes."""
-    from attnviz.scan.jobs import JobRefused, server_queue
+    from attnviz.corpus.jobs import JobRefused, server_queue
 
     try:
         server_queue().end_under(Path(folder))
@@ -76,7 +76,7 @@ def start_janitor(every: float | None = None) -> None:
             sweep_downloads()
 
     def move_jobs_on():
-        from attnviz.scan.jobs import server_queue
+        from attnviz.corpus.jobs import server_queue
 
         while True:  # a job that ended makes room for the next at once, whether or not a page is watching
             time.sleep(JOBS_SECONDS)

@@ -10,25 +10,25 @@ import attnviz.viz.heads  # noqa: F401
 import attnviz.viz.vision  # noqa: F401
 from attnviz.models.loading import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
 from attnviz.pagelogic import flash as flash_page
-from attnviz.ui.captures import cached_capture, text_capture_key
-from attnviz.ui.explore_cache import cached_replay_difference
-from attnviz.ui.flash_cache import cached_tiling
-from attnviz.ui.generation_cache import (
+from attnviz.ui.caches.explore_heads import cached_replay_difference
+from attnviz.ui.caches.flash import cached_tiling
+from attnviz.ui.caches.generation import (
     REQUEST_DEFAULTS,
     cached_circuits,
     cached_float64_check,
     cached_generation,
     default_sampling_key,
 )
-from attnviz.ui.loaded_models import _bundled_model, generation_model
-from attnviz.ui.scaling_cache import (
+from attnviz.ui.caches.scaling import (
     SCALING_DEFAULTS,
     scaling_dot_samples,
     scaling_saturation_rows,
     scaling_stability_rows,
     scaling_variance_rows,
 )
-from attnviz.ui.shared_measurements import shared_measurements
+from attnviz.ui.caches.shared_measurements import shared_measurements
+from attnviz.ui.captures import cached_capture, text_capture_key
+from attnviz.ui.loaded_models import _bundled_model, generation_model
 from attnviz.ui.sidebar import DEFAULT_SENTENCE
 
 

@@ -1,1 +1,8 @@
-"""Plotly figure builders: data in, ``go.Figure`` out, no Streamlit."""
+"""Plotly figure builders: data in, ``go.Figure`` out, no Streamlit.
+
+- ``style``: one colour scale and token labels for every figure; ``framing``: titles and text sized for a projector
+- ``matrix``: heatmaps with their numbers; ``charts``: lines, histograms, bars; ``heads``: a model's heads
+- ``vision``: attention on the image; ``inference``: paged caches and ring attention; ``generation``: the
+  Generation page's own figures
+- ``corpus``: a scan's figures; ``queries_keys``: queries and keys as points; ``importance``: importance maps
+"""

@@ -325,7 +325,7 @@ def head_sharing(n_heads: int, n_kv_heads: int, *, title: str, max_heads: int | 
 
     ``max_heads`` draws at most that many query heads (:func:`drawn_query_heads`: whole groups sampled across the
     model), each with its real K/V head; a "…" marks query heads left out between two drawn ones."""
-    from attnviz.attention import kv_head_of_query_head
+    from attnviz.core.attention import kv_head_of_query_head
 
     full_mapping = kv_head_of_query_head(n_heads, n_kv_heads)
     drawn = drawn_query_heads(n_heads, n_kv_heads, max_heads)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.paged_kv import PagedKVCache
+from attnviz.core.paged_kv import PagedKVCache
 from attnviz.viz import style
 
 SHARED, OWN, FREE = "#ff7f0e", "#1f77b4", "#d9d9d9"

@@ -181,7 +181,7 @@ def matrix_heatmap(
     to :data:`RANK_LIMIT` cells (larger views are pooled), the cell's rank in its row. ``row_segments`` /
     ``col_segments`` (0 = sentence A, 1 = sentence B, per label) colour the labels and draw where sentence B starts.
     ``row_notes`` / ``col_notes`` (one per label, or None) are added to the hover after the label: a token's raw
-    piece and id (:func:`attnviz.tokens_display.piece_note`).
+    piece and id (:func:`attnviz.core.tokens_display.piece_note`).
     """
     matrix = _checked_matrix(values, row_labels, col_labels)
     row_hover, col_hover = _with_notes(row_labels, row_notes), _with_notes(col_labels, col_notes)

@@ -28,7 +28,7 @@ def thumbnail_source(image: np.ndarray, rows: int, cols: int, pixels_per_patch: 
     """The image shrunk to ``pixels_per_patch`` per patch, as a PNG data URL (a few kB) for the small multiples."""
     from PIL import Image
 
-    from attnviz.vision import png_bytes
+    from attnviz.core.vision import png_bytes
 
     small = Image.fromarray(image).resize((cols * pixels_per_patch, rows * pixels_per_patch), Image.BILINEAR)
     return "data:image/png;base64," + base64.b64encode(png_bytes(small)).decode()
@@ -37,12 +37,12 @@ def thumbnail_source(image: np.ndarray, rows: int, cols: int, pixels_per_patch: 
 def overlay_figure(image: np.ndarray, grid: np.ndarray, layout, query: int, title: str,
                    width: int = OVERLAY_WIDTH, opacity: float = 0.8) -> go.Figure:
     """``image [H, W, 3]`` uint8 under a heatmap of ``grid [rows, cols]`` (one cell per patch of ``layout``, an
-    :class:`attnviz.vision.PatchLayout`, at its place on the image) whose colours are transparent at 0 and whose
+    :class:`attnviz.core.vision.PatchLayout`, at its place on the image) whose colours are transparent at 0 and whose
     strongest colour is ``opacity`` x :data:`OVERLAY_COLOURS`' own; the query's own patch is outlined. Clicking a
     patch selects it (``customdata``: its token index). The image travels as one PNG, not as numbers."""
     from PIL import Image
 
-    from attnviz.vision import png_bytes
+    from attnviz.core.vision import png_bytes
 
     height, width_px = image.shape[:2]
     source = "data:image/png;base64," + base64.b64encode(png_bytes(Image.fromarray(image))).decode()

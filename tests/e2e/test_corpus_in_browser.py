@@ -10,8 +10,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def scans_root(tmp_path_factory):
+    from attnviz.corpus.scan.__main__ import main
     from attnviz.models.loading import DEFAULT_MODEL_NAME
-    from attnviz.scan.__main__ import main
 
     root = tmp_path_factory.mktemp("scans")
     assert main(["bundled", "--model", DEFAULT_MODEL_NAME, "--out", str(root / "bundled.duckdb"), "--max-docs",
@@ -44,7 +44,7 @@ def test_an_export_streams_from_its_link(browser, scans_root, screenshot_dir):
 
     import pyarrow.parquet as pq
 
-    from attnviz.scan import store
+    from attnviz.corpus.scan import store
 
     with streamlit_server({"ATTNVIZ_SCAN_ROOT": str(scans_root)}) as url:
         page = browser.new_page(viewport={"width": 1440, "height": 900})
@@ -73,7 +73,7 @@ def test_an_export_streams_from_its_link(browser, scans_root, screenshot_dir):
 @pytest.fixture(scope="module")
 def induction_root(tmp_path_factory):
     """A command-line scan of the bundled tiny GPT over passages written twice (its induction heads copy)."""
-    from attnviz.scan.__main__ import main
+    from attnviz.corpus.scan.__main__ import main
     from tests.test_scan_detectors import repeated_passages
 
     root = tmp_path_factory.mktemp("induction")

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
 from attnviz.models.record import Capture
 from attnviz.viz.heads import statistic_heatmap
 

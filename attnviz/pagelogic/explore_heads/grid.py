@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.pagelogic.explore_heads.matrices import stream_rows
 from attnviz.pagelogic.explore_heads.options import GRID_SCALES, ViewOptions, positions

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
+from attnviz.core.tokens_display import piece_note
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.pagelogic.explore_heads.options import SCALES, ViewOptions, positions
-from attnviz.tokens_display import piece_note
 from attnviz.viz import style
 from attnviz.viz.matrix import FULL_WIDTH, WEIGHTS, WEIGHTS_LOG, WEIGHTS_PER_HEAD, WEIGHTS_PER_ROW, matrix_heatmap
 
@@ -221,7 +221,7 @@ def weights_heatmap(matrix: Matrix, title: str, scale: str, height: int | None =
 
 def piece_notes(capture: Capture, tokens: list[str], positions: list[int]) -> list[str] | None:
     """What the hover of each token at ``positions`` adds: the tokenizer's raw piece and its id
-    (:func:`attnviz.tokens_display.piece_note`); None when there is nothing to add (no ids, tokens shown as
+    (:func:`attnviz.core.tokens_display.piece_note`); None when there is nothing to add (no ids, tokens shown as
     written: an image's patches)."""
     shown, ids = capture.display_of(tokens), capture.ids_of(tokens)
     if ids is None and shown is tokens:

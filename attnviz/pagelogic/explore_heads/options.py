@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.viz import style
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 import torch
 
+from attnviz.core.tokens_display import piece_note
 from attnviz.models.record import AttentionRecord
-from attnviz.tokens_display import piece_note
 from attnviz.viz import style
 from attnviz.viz.charts import bar_chart
 from attnviz.viz.matrix import SIGNED, matrix_heatmap

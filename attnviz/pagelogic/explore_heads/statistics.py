@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attnviz import analysis
+from attnviz.core import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.viz import style
 from attnviz.viz.heads import statistic_heatmap
@@ -136,7 +136,7 @@ def statistics_column_config(column_config) -> dict:
 
 
 def label_rules_text() -> str:
-    """How a head gets its label, in words, with the thresholds of :data:`attnviz.analysis.LABEL_RULES`."""
+    """How a head gets its label, in words, with the thresholds of :data:`attnviz.core.analysis.LABEL_RULES`."""
     rules = [f"**{label}**: share on {stat} ≥ {threshold}" for label, (stat, threshold) in analysis.LABEL_RULES.items()]
     rules.append(f"**broad head**: normalised entropy ≥ {analysis.BROAD_ENTROPY}")
     return ("; ".join(rules) + ". The strongest rule that holds wins; otherwise **mixed**. Induction is the weight "

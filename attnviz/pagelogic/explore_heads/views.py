@@ -8,7 +8,7 @@ import dataclasses
 import plotly.graph_objects as go
 import torch
 
-from attnviz import analysis
+from attnviz.core import analysis
 from attnviz.models.record import AttentionRecord, Capture
 from attnviz.pagelogic.explore_heads.grid import grid_view
 from attnviz.pagelogic.explore_heads.matrices import (
@@ -27,14 +27,7 @@ from attnviz.pagelogic.explore_heads.matrices import (
     zoom_matrix,
     zoom_window,
 )
-from attnviz.pagelogic.explore_heads.options import (
-    KIND_NAMES,
-    VIEWS,
-    ViewOptions,
-    filter_note,
-    filtered,
-    positions,
-)
+from attnviz.pagelogic.explore_heads.options import KIND_NAMES, VIEWS, ViewOptions, filter_note, filtered, positions
 from attnviz.viz.heads import attention_lines
 
 LINES_TOKEN_LIMIT = 64  # a side: above this, the lines view draws a window of queries and the keys they use most

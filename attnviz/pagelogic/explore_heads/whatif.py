@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz import mask_patterns
+from attnviz.core import mask_patterns
 from attnviz.models.record import AttentionRecord
 
 MODEL_OWN_MASK = "model"  # the what-if keeps the model's own mask

@@ -1,0 +1,10 @@
+"""Work over a corpus of documents, in the background: what a corpus is, the jobs that run over it, and the two
+runs that keep their results in DuckDB (a scan, and a corpus importance run).
+
+- ``documents``: what a corpus is and its bounds; ``document_files``: the readers of corpus files;
+  ``document_probe``: a corpus file's facts, read in a process of its own
+- ``jobs``: background jobs, server-wide (one process each, bounded); ``background``: starting a scan or an
+  importance run as such a job
+- ``database``: a DuckDB results file, written with its memory bounded and opened safely
+- ``scan``: heads across a corpus (statistics, labels, examples); ``importance``: does a head matter across a corpus
+"""

@@ -1,0 +1,7 @@
+"""What the "Generation and KV cache" page computes.
+
+- ``decode``: a decoder generating token by token with its real KV cache, and without one
+- ``reading``: what a finished generation shows, read from its steps
+- ``sequence``: one head's attention over the whole sequence; ``heads``: the page's head finder
+- ``systems``: PagedAttention and ring attention on real generations
+"""

@@ -1,0 +1,6 @@
+"""The bundled tiny GPT: its words, its training text, its model card and the script that trained it.
+
+- ``words``: a byte-level BPE that keeps everyday English whole; ``text``: English that ships with every Python
+- ``card``: the model card, the recipe in words with what training measured
+- ``train``: ``python -m attnviz.tiny_gpt.train``, seeded, on the CPU, in minutes
+"""

@@ -1,0 +1,5 @@
+"""The pages' process-wide caches, keyed by their inputs (``st.cache_resource`` and bounded stores).
+
+- ``explore_heads``, ``scaling``, ``flash``, ``generation``, ``importance``, ``queries_keys``: one page's caches each
+- ``shared_measurements``: the Flash page's timings, measured once per server and shared by every session
+"""
