@@ -135,6 +135,12 @@ def learned_tab() -> None:
             table_band_caption(found, facts),
             key="pos_learned_similarity",
         )
+    table_curves(found, table, shown, unit, facts)
+
+
+def table_curves(found, table, shown: int, unit: str, facts) -> None:
+    """The position table's chosen dimensions along the positions, and its similarity by distance."""
+    part, labels = table[:shown], found.labels()
     dims = st.multiselect("Dimensions to plot", list(range(table.shape[1])), default=[0, 1, 2, 3],
                           key="pos_learned_dims")
     left, right = st.columns(2)

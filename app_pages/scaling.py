@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.core import scaling
-from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings
+from attnviz.pagelogic.scaling import mean_largest_weight, real_head_scalings, saturation_captions
 from attnviz.ui.caches.scaling import (
     SCALING_DEFAULTS,
     STABILITY_DTYPES,
@@ -68,18 +68,6 @@ def variance_section() -> int:
     return seed
 
 
-def first_d_k(statistics: list[dict], stat: str | None, holds) -> str:
-    """The smallest d_k where ``holds(row[stat])`` (or, with no stat, where the unscaled Jacobian falls below the
-    scaled one and stays there), as text."""
-    for index, row in enumerate(statistics):
-        rest = statistics[index:]
-        if stat is None and all(r["jacobian_unscaled"] < r["jacobian_scaled"] for r in rest):
-            return f"{row['d_k']:,}"
-        if stat is not None and all(holds(r[stat]) for r in rest):
-            return f"{row['d_k']:,}"
-    return "beyond the largest d_k shown"
-
-
 def saturation_section(seed: int) -> None:
     st.subheader("2 · Softmax saturates without scaling, and its gradient vanishes")
     columns = st.columns(2)
@@ -87,38 +75,7 @@ def saturation_section(seed: int) -> None:
     n_keys = columns[1].select_slider("Keys per query", [8, 16, 32, 64, 128], SCALING_DEFAULTS["n_keys"],
                                       key="scale_keys")
     statistics = scaling_saturation_rows(n_keys, seed)
-    at = next(r for r in statistics if r["d_k"] == d_k)
-    largest = statistics[-1]
-    if at["max_weight_unscaled"] > 0.5:
-        one_key = ": without scaling one key takes most of the weight."
-    else:
-        since = first_d_k(statistics, "max_weight_unscaled", lambda value: value > 0.5)
-        one_key = f"; without scaling it grows with d_k (one key takes most of the weight from about d_k = {since})."
-    if at["jacobian_unscaled"] < at["jacobian_scaled"] and at["max_weight_unscaled"] > 0.5:
-        gradient = (f": saturated (one key takes {at['max_weight_unscaled']:.2f} of the weight on average), the "
-                    f"softmax passes {at['jacobian_scaled'] / at['jacobian_unscaled']:.3g}x less gradient to Q and K "
-                    "than with scaling.")
-    elif at["jacobian_unscaled"] < at["jacobian_scaled"]:
-        since = first_d_k(statistics, "max_weight_unscaled", lambda value: value > 0.5)
-        gradient = (f". At this d_k the unscaled softmax is sharper but not saturated (its largest weight averages "
-                    f"{at['max_weight_unscaled']:.2f}), and its gradient is "
-                    f"{at['jacobian_scaled'] / at['jacobian_unscaled']:.3g}x smaller; one key takes most of the weight "
-                    f"from about d_k = {since}.")
-    else:
-        state = ("one key already takes most of the weight without scaling, yet" if at["max_weight_unscaled"] > 0.5
-                 else "the unscaled softmax is not yet saturated and")
-        gradient = (f". At this d_k {state} its gradient is no smaller; it falls below the scaled one from d_k = "
-                    f"{first_d_k(statistics, None, None)}.")
-    captions = {
-        "entropy": (f"Scaled: {at['entropy_scaled']:.2f} nats at d_k = {d_k} (the most there can be is log {n_keys} = "
-                    f"{math.log(n_keys):.2f}); unscaled: {at['entropy_unscaled']:.2f}, and "
-                    f"{largest['entropy_unscaled']:.2f} at d_k = {largest['d_k']}."),
-        "max_weight": (f"At d_k = {d_k} the largest weight averages {at['max_weight_unscaled']:.2f} without scaling "
-                       f"and {at['max_weight_scaled']:.2f} with it" + one_key),
-        "jacobian": (f"Without scaling the Jacobian's norm averages {at['jacobian_unscaled']:.3f} at d_k = {d_k} and "
-                     f"{largest['jacobian_unscaled']:.3f} at {largest['d_k']} (scaled: {at['jacobian_scaled']:.3f})"
-                     + gradient),
-    }
+    captions = saturation_captions(statistics, d_k, n_keys)
     xs = [r["d_k"] for r in statistics]
     statistic_names = (("entropy", "entropy (nats)"), ("max_weight", "largest weight"),
                        ("jacobian", "‖∂softmax/∂scores‖"))

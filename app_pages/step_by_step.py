@@ -1,12 +1,12 @@
 """Attention step by step: the five steps of softmax(QK^T/sqrt(d_k))V on a small example you can edit."""
 
-import math
 import zlib
 
 import pandas as pd
 import streamlit as st
 
 from attnviz.core import mask_patterns, masks, stepwise
+from attnviz.pagelogic.step_by_step import scaled_scores_words
 from attnviz.ui.figures import show_figure
 from attnviz.ui.frame import figure_columns, presenting, setup_area, start_page
 from attnviz.ui.pattern_widgets import pattern_widgets
@@ -113,7 +113,6 @@ def qkv_typed_by_hand(d_k: int, seed: int):
 
 
 def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask_name: str) -> None:
-    d_k = steps.d_k
     if steps.mask is not None:
         seen = masks.keys_per_query(steps.mask).tolist()
         st.markdown(
@@ -130,22 +129,7 @@ def show_steps(steps: stepwise.AttentionSteps, v, query_labels, key_labels, mask
                                    scale=SignedScale(bound=bound), width=width),
                     STEP_1_CAPTIONS[steps.score_function], key="sbs_fig_scores")
     with right:
-        if steps.score_function == "scaled_dot":
-            title = f"Step 2 · Scaled scores (÷ √{d_k} = ÷ {math.sqrt(d_k):.3g})"
-            caption = (f"Dividing by √d_k keeps the scores' spread near 1 whatever d_k is when Q and K have "
-                       f"unit-variance entries (here the scores' standard deviation goes from "
-                       f"{steps.scores.std().item():.3g} to {steps.scaled_scores.std().item():.3g}), so the softmax "
-                       "does not saturate." if steps.scores.numel() > 1 else
-                       "Dividing by √d_k keeps the scores' spread near 1 whatever d_k is.")
-        elif steps.score_function == "additive":
-            title = "Step 2 · Scaled scores (no scaling for this score function)"
-            d_a, most = stepwise.additive_bound(steps)
-            caption = (f"No √d_k, and none needed: tanh keeps each of the d_a = {d_a} terms of vᵀ·tanh(…) in [−1, 1], "
-                       f"so every score lies within ±{most:.3g} (the sum of |v|) whatever d_k is. Its spread grows "
-                       f"with the hidden size d_a (here set equal to d_k), not with d_k itself.")
-        else:
-            title = "Step 2 · Scaled scores (no scaling for this score function)"
-            caption = "This score function has no √d_k: with large d_k its softmax saturates (see Scaling and softmax)."
+        title, caption = scaled_scores_words(steps)
         show_figure(matrix_heatmap(steps.scaled_scores, query_labels, key_labels, title=title,
                                    scale=SignedScale(bound=bound), width=width),
                     caption, key="sbs_fig_scaled")

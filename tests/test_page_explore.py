@@ -119,7 +119,7 @@ def test_upload_a_zipped_tiny_checkpoint_and_switch_to_it(tmp_path):
     at.button(key="ckpt_zip_load").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Loaded" in s.value and "tiny-llama" in s.value for s in at.success)
-    assert at.session_state["pending_model"] == "tiny-llama"  # app.py makes it the sidebar's model next run
+    assert at.session_state["model"] == "tiny-llama"  # the page's rerun runs app.py, which makes it the sidebar's model
     registry = dict(at.session_state["models"])
 
     # AppTest's switch_page runs only the page script, not app.py, so open a session that starts with the
@@ -213,7 +213,7 @@ def test_remove_an_uploaded_model(tmp_path):
     assert not at.exception, [e.value for e in at.exception]
     assert "tiny-gpt2" not in at.session_state["models"]
     assert not extracted.exists() and not extracted.parent.exists()  # the upload's temporary folder is gone
-    assert at.session_state["pending_model"] == "all-MiniLM-L6-v2 (bundled BERT)"
+    assert at.session_state["model"] == "all-MiniLM-L6-v2 (bundled BERT)"
 
 
 def test_load_a_folder_from_the_server_and_switch_it_off(tmp_path, monkeypatch):
@@ -245,7 +245,7 @@ def test_a_second_checkpoint_with_the_same_name_gets_its_own(tmp_path):
     assert not at.exception, [e.value for e in at.exception]
     names = [name for name in at.session_state["models"] if name.startswith("tiny-gpt2")]
     assert len(names) == 2 and at.session_state["models"][names[0]] != at.session_state["models"][names[1]]
-    assert at.session_state["pending_model"] == names[1]  # the second one becomes current, under its own name
+    assert at.session_state["model"] == names[1]  # the second one becomes current, under its own name
 
 
 def test_one_session_holds_at_most_four_uploads(tmp_path):

@@ -4,6 +4,9 @@ builders; no Streamlit, so tests and notebooks can call everything a page shows.
 
 - ``explore_heads``: Explore heads, one module per tab; ``generation``: Generation and KV cache
 - ``masks``, ``positional``, ``scaling``, ``heads_kv_cache``, ``flash``, ``queries_keys``: one page each
-- ``importance_words``: what "Does this head matter?" says beside its numbers
+- ``step_by_step``: what Attention step by step says beside its figures
+- ``corpus``: Heads across a corpus, beside the scan's own readings (progress, offsets, notes, comparisons)
+- ``importance``: Does this head matter?, beside the interventions (captions, tables, a corpus run's maps and rows);
+  ``importance_words``: what it says beside its numbers
 - ``clicks``: what a click on a chart selected, read in every shape the browser sends
 """

@@ -3,6 +3,8 @@ saved folder (circuits, generalisation, losses), so every figure on the card com
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 
 def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool, eos: str,
                rare_count: int = 50) -> str:
@@ -11,48 +13,14 @@ def model_card(recipe, report: dict, *, long_batch: int, copied_positions: bool,
     ``copied_positions``: whether the long phase started untrained positions as copies of trained ones; ``eos``: the
     tokenizer's end-of-text token; ``rare_count``: below this many uses in the text, a whole word's embedding kept
     BERT's direction."""
-    prev = report["circuits"]["previous_token"]
-    induction = report["circuits"]["induction"]
-    best_prev = max(((v, layer, head) for layer, row in enumerate(prev) for head, v in enumerate(row)))
-    best_ind = max(((v, layer, head) for layer, row in enumerate(induction) for head, v in enumerate(row)))
-    kind = "GPT-2" if recipe.architecture == "gpt2" else "Llama"
-    repeats, sentences = report["random_repeats"], report["sentences_twice"]
-    best_random = max((v, layer, head) for layer, row in enumerate(repeats["induction"]) for head, v in enumerate(row))
-    pool_text = (f"drawn from the {recipe.repeat_pool} most frequent tokens" if recipe.repeat_pool
-                 else "drawn from every ordinary token of the vocabulary")
-    span = recipe.text_repeat_span
-    pieces = f"windows of {span[0]}–{span[1] - 1} tokens from random places, joined" if span[1] else "one window"
-    text_rows = (f"{recipe.text_repeat_share:.0%} of them pieces of the documentation ({pieces}: English the model "
-                 "cannot recite), the rest " if recipe.text_repeat_share else "")
-    positions = "".join([
-        f" ({recipe.shifted_share:.0%} of the rows at a random offset in the context)" if recipe.shifted_share else "",
-        f", the last {recipe.long_steps} of them on {long_batch} x {recipe.context} tokens (the whole context"
-        + (f"; positions {recipe.train_length}–{recipe.context - 1} starting as copies of 0–{recipe.train_length - 1},"
-           " as Longformer extended RoBERTa's" if copied_positions else "")
-        + ")" if recipe.long_steps else ""])
-    halves = report.get("held_out_loss_by_half")
-    halves = (f"; on whole {recipe.context}-token windows, {halves[0]:.3f} over the first half of the positions "
-              f"and {halves[1]:.3f} over the second") if halves else ""
-    if halves and not (recipe.shifted_share or recipe.long_steps or recipe.train_length >= recipe.context):
-        halves += f" (positions from {recipe.train_length} on were never trained)"
-    common_words = (f" and on the {recipe.common_words:,} most frequent English words of the `wordfreq` package's list "
-                    "(each as often as in 3 million words of English), so that everyday words are single tokens; the "
-                    "model never trains on that list" if recipe.common_words else "")
-    app_words = ("; the words of the app's own sentences (`attnviz.tiny_gpt.text.APP_SENTENCES`: the cat on the "
-                 "mat, the kitten on the rug) were counted as often as very frequent words, so each is one token"
-                 if getattr(recipe, "app_words", False) else "")
-    transplanted = report.get("bert_word_embeddings", 0)
-    dims = getattr(recipe, "bert_dims", recipe.n_embd)
-    word_embeddings = (f"""
-- **Word embeddings**: the first {dims} of the {recipe.n_embd} dimensions of the {transplanted:,} whole-word tokens (a
-  leading space and a word the bundled BERT, all-MiniLM-L6-v2, has as one token) started as BERT's embedding of the
-  word, projected on the top {dims} principal components of BERT's embedding table and scaled to GPT-2's starting
-  length; their other dimensions and every other token started random. The {report.get("kept_word_directions", 0):,}
-  of them that the training text holds fewer than {rare_count} times kept the direction of those {dims} dimensions
-  throughout (set back after every step, at the mean length of the rows that train), while the rest trained:
-  Python's documentation never mentions a kitten, so only BERT tells the model that kitten and cat are alike, as
-  the cross-attention example on Heads and KV cache shows.""" if transplanted else "")
-    heads = f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V")
+    best_prev, best_ind, best_random = _best_heads(report)
+    words = _recipe_phrases(recipe, report, long_batch=long_batch, copied_positions=copied_positions,
+                            rare_count=rare_count)
+    kind, heads, pool_text, text_rows, positions = words.kind, words.heads, words.pool_text, words.text_rows, \
+        words.positions
+    halves, common_words, app_words, word_embeddings = words.halves, words.common_words, words.app_words, \
+        words.word_embeddings
+    repeats, sentences, transplanted = report["random_repeats"], report["sentences_twice"], words.transplanted
     return f"""# attnviz tiny GPT
 
 A {recipe.n_layer}-layer {kind} ({heads}, d_model {recipe.n_embd}, {recipe.context} positions,
@@ -98,3 +66,65 @@ wrongly, and it has memorised much of its training text.
   recipe.common_words else ""}{" The whole-word embeddings started from all-MiniLM-L6-v2's (Apache License 2.0)."
   if transplanted else ""}
 """
+
+
+def _best_head(scores) -> tuple[float, int, int]:
+    """(score, layer, head) of the highest score in a layers x heads list."""
+    return max((value, layer, head) for layer, row in enumerate(scores) for head, value in enumerate(row))
+
+
+def _best_heads(report: dict) -> tuple:
+    """The best previous-token and induction heads on the training script's measures, and the best induction head
+    on random tokens repeated twice."""
+    circuits = report["circuits"]
+    return (_best_head(circuits["previous_token"]), _best_head(circuits["induction"]),
+            _best_head(report["random_repeats"]["induction"]))
+
+
+def _recipe_phrases(recipe, report: dict, *, long_batch: int, copied_positions: bool, rare_count: int):
+    """The card's phrases that depend on which parts of the recipe were used (each empty when unused)."""
+    span = recipe.text_repeat_span
+    pieces = f"windows of {span[0]}–{span[1] - 1} tokens from random places, joined" if span[1] else "one window"
+    positions = "".join([
+        f" ({recipe.shifted_share:.0%} of the rows at a random offset in the context)" if recipe.shifted_share else "",
+        f", the last {recipe.long_steps} of them on {long_batch} x {recipe.context} tokens (the whole context"
+        + (f"; positions {recipe.train_length}–{recipe.context - 1} starting as copies of 0–{recipe.train_length - 1},"
+           " as Longformer extended RoBERTa's" if copied_positions else "")
+        + ")" if recipe.long_steps else ""])
+    halves = report.get("held_out_loss_by_half")
+    halves = (f"; on whole {recipe.context}-token windows, {halves[0]:.3f} over the first half of the positions "
+              f"and {halves[1]:.3f} over the second") if halves else ""
+    if halves and not (recipe.shifted_share or recipe.long_steps or recipe.train_length >= recipe.context):
+        halves += f" (positions from {recipe.train_length} on were never trained)"
+    return SimpleNamespace(
+        kind="GPT-2" if recipe.architecture == "gpt2" else "Llama",
+        heads=f"{recipe.n_head} heads" + ("" if recipe.architecture == "gpt2" else f" sharing {recipe.n_kv_head} K/V"),
+        pool_text=(f"drawn from the {recipe.repeat_pool} most frequent tokens" if recipe.repeat_pool
+                   else "drawn from every ordinary token of the vocabulary"),
+        text_rows=(f"{recipe.text_repeat_share:.0%} of them pieces of the documentation ({pieces}: English the model "
+                   "cannot recite), the rest " if recipe.text_repeat_share else ""),
+        positions=positions, halves=halves,
+        common_words=(f" and on the {recipe.common_words:,} most frequent English words of the `wordfreq` package's "
+                      "list (each as often as in 3 million words of English), so that everyday words are single "
+                      "tokens; the model never trains on that list" if recipe.common_words else ""),
+        app_words=("; the words of the app's own sentences (`attnviz.tiny_gpt.text.APP_SENTENCES`: the cat on the "
+                   "mat, the kitten on the rug) were counted as often as very frequent words, so each is one token"
+                   if getattr(recipe, "app_words", False) else ""),
+        transplanted=report.get("bert_word_embeddings", 0),
+        word_embeddings=_word_embeddings_phrase(recipe, report, rare_count),
+    )
+
+
+def _word_embeddings_phrase(recipe, report: dict, rare_count: int) -> str:
+    """The card's paragraph on the whole-word embeddings that started as BERT's (empty when none did)."""
+    transplanted = report.get("bert_word_embeddings", 0)
+    dims = getattr(recipe, "bert_dims", recipe.n_embd)
+    return (f"""
+- **Word embeddings**: the first {dims} of the {recipe.n_embd} dimensions of the {transplanted:,} whole-word tokens (a
+  leading space and a word the bundled BERT, all-MiniLM-L6-v2, has as one token) started as BERT's embedding of the
+  word, projected on the top {dims} principal components of BERT's embedding table and scaled to GPT-2's starting
+  length; their other dimensions and every other token started random. The {report.get("kept_word_directions", 0):,}
+  of them that the training text holds fewer than {rare_count} times kept the direction of those {dims} dimensions
+  throughout (set back after every step, at the mean length of the rows that train), while the rest trained:
+  Python's documentation never mentions a kitten, so only BERT tells the model that kitten and cat are alike, as
+  the cross-attention example on Heads and KV cache shows.""" if transplanted else "")

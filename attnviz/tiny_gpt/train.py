@@ -346,11 +346,25 @@ def _progress_line(step: int, losses: torch.Tensor, rows: tuple[int, int, int], 
             f"repeats (second half) {repeats:.3f}{echoes}  {seconds:6.0f} s")
 
 
-def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
-    _check_recipe(recipe)
-    torch.manual_seed(recipe.seed)
-    threads = threads or os.cpu_count() or 1  # 0: every core
-    torch.set_num_threads(threads)
+@dataclass
+class _Prepared:
+    """What a run trains on and with, before its first step."""
+
+    train_text: str
+    held_out_text: str
+    topics_chars: int
+    tokenizer: object
+    train_ids: torch.Tensor
+    held_out_ids: torch.Tensor
+    model: object
+    transplanted: list[int]
+    kept: KeptDirections | None
+    pool: list[int]
+
+
+def _prepare(recipe: Recipe) -> _Prepared:
+    """The text (split), the tokenizer trained on it, the model built (with BERT's word embeddings when asked) and
+    the pool of tokens the repeated sequences draw from; in the seeded order the shipped model was made in."""
     train_text, held_out_text = split_text(documentation_text(), recipe.held_out_share)
     topics_chars = len(train_text)
     if recipe.docstrings:
@@ -364,15 +378,23 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
                     else [])
     kept = (KeptDirections(model.get_input_embeddings().weight, rare_word_rows(tokenizer, train_ids, transplanted),
                            recipe.bert_dims) if transplanted else None)
+    pool = (frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids)) if recipe.repeat_pool
+            else circuits.ordinary_token_ids(tokenizer))
+    return _Prepared(train_text, held_out_text, topics_chars, tokenizer, train_ids, held_out_ids, model, transplanted,
+                     kept, pool)
+
+
+def _run_steps(recipe: Recipe, ready: _Prepared, log) -> tuple[list[float], float]:
+    """Every training step (the last ``long_steps`` on whole-context rows): the documentation rows' mean loss per
+    step, and the seconds it took."""
+    model = ready.model
     model.train()
     optimiser = _optimiser(model, recipe)
     generator = torch.Generator().manual_seed(recipe.seed)
-    pool = (frequent_tokens(train_ids, recipe.repeat_pool, skip=len(tokenizer.all_special_ids)) if recipe.repeat_pool
-            else circuits.ordinary_token_ids(tokenizer))
-    stream = batches(train_ids, recipe, generator, pool)
+    stream = batches(ready.train_ids, recipe, generator, ready.pool)
     # The last steps: whole-context sequences, half as many (a step sees the same number of tokens).
     long_recipe = replace(recipe, train_length=recipe.context, batch=long_batch_size(recipe), shifted_share=0.0)
-    long_stream = batches(train_ids, long_recipe, generator, pool) if recipe.long_steps else None
+    long_stream = batches(ready.train_ids, long_recipe, generator, ready.pool) if recipe.long_steps else None
     started = time.perf_counter()
     text_losses: list[float] = []
     for step in range(recipe.steps):
@@ -383,27 +405,39 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
             extend_positions(model, recipe.train_length)
         batch, positions = next(long_stream if long else stream)
         losses = _training_step(model, optimiser, batch, positions, recipe.vocab_size)  # [batch, length - 1]
-        if kept is not None:
-            kept.restore()
+        if ready.kept is not None:
+            ready.kept.restore()
         rows = batch_rows(long_recipe if long else recipe)
         text_losses.append(losses[:rows[0]].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
             log(_progress_line(step, losses, rows, time.perf_counter() - started))
-    seconds = time.perf_counter() - started
+    return text_losses, time.perf_counter() - started
+
+
+def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
+    """Train the tiny GPT by ``recipe`` on ``threads`` CPU threads (0: every core), save it in ``out`` with its
+    tokenizer, measure it, and write its ``training.json`` and model card; returns the report."""
+    _check_recipe(recipe)
+    torch.manual_seed(recipe.seed)
+    threads = threads or os.cpu_count() or 1  # 0: every core
+    torch.set_num_threads(threads)
+    ready = _prepare(recipe)
+    text_losses, seconds = _run_steps(recipe, ready, log)
+    model, kept = ready.model, ready.kept
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    ready.tokenizer.save_pretrained(out)
     report = {
         "recipe": asdict(recipe), "seconds": seconds, "threads": threads, "torch": torch.__version__,
         "python": platform.python_version(), "parameters": sum(p.numel() for p in model.parameters()),
-        "train_tokens": len(train_ids), "bert_word_embeddings": len(transplanted),
-        "kept_word_directions": 0 if kept is None else len(kept.rows), "held_out_tokens": len(held_out_ids),
-        "topics_share": topics_chars / len(train_text),
+        "train_tokens": len(ready.train_ids), "bert_word_embeddings": len(ready.transplanted),
+        "kept_word_directions": 0 if kept is None else len(kept.rows), "held_out_tokens": len(ready.held_out_ids),
+        "topics_share": ready.topics_chars / len(ready.train_text),
         "final_train_loss": sum(text_losses[-50:]) / len(text_losses[-50:]),
-        "held_out_loss": held_out_loss(model, held_out_ids, recipe.train_length),
-        "held_out_loss_by_half": held_out_halves(model, held_out_ids, recipe.context),
-        "repeat_token_ids": pool,
-        "circuits": measure_circuits(out, held_out_text, pool, recipe.context),
+        "held_out_loss": held_out_loss(model, ready.held_out_ids, recipe.train_length),
+        "held_out_loss_by_half": held_out_halves(model, ready.held_out_ids, recipe.context),
+        "repeat_token_ids": ready.pool,
+        "circuits": measure_circuits(out, ready.held_out_text, ready.pool, recipe.context),
         **measure_generalisation(out),
     }
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -413,7 +447,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option of the recipe, with the shipped recipe's values as defaults."""
     parser = argparse.ArgumentParser(prog="python -m attnviz.tiny_gpt.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=Recipe.steps)
     parser.add_argument("--seed", type=int, default=Recipe.seed)
@@ -465,23 +500,31 @@ def main(argv: list[str] | None = None) -> None:
                         help="CPU threads (default 2, as the shipped model was trained: the same numbers run after run "
                              "on one machine; another count can change the rounding; 0: every core)")
     parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
-    args = parser.parse_args(argv)
-    report = train(Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
-                          learning_rate=args.learning_rate, n_head=args.heads, n_kv_head=args.kv_heads,
-                          n_layer=args.layers,
-                          weight_decay=args.weight_decay, architecture=args.architecture,
-                          position_init=args.position_init, position_scale=args.position_scale,
-                          freeze_positions=args.freeze_positions, docstrings=not args.no_docstrings,
-                          common_words=args.common_words, app_words=not args.no_app_words,
-                          word_embeddings=args.word_embeddings, bert_dims=args.bert_dims,
-                          small_pool_share=args.small_pool_share, small_pool=args.small_pool,
-                          text_repeat_share=args.text_repeat_share, text_repeat_span=tuple(args.text_repeat_span),
-                          attention_bias=args.attention_bias, echo_share=args.echo_share,
-                          scale_attention=not args.no_attention_scaling, vocab_size=args.vocab_size,
-                          repeat_pool=args.repeat_pool, train_length=args.train_length, batch=args.batch,
-                          shifted_share=args.shifted_share, long_steps=args.long_steps,
-                          copy_positions=not args.no_copy_positions),
-                   args.out, threads=args.threads)
+    return parser
+
+
+def _recipe_of(args: argparse.Namespace) -> Recipe:
+    """The recipe the command line asks for."""
+    return Recipe(steps=args.steps, seed=args.seed, repeat_share=args.repeat_share,
+                  learning_rate=args.learning_rate, n_head=args.heads, n_kv_head=args.kv_heads,
+                  n_layer=args.layers,
+                  weight_decay=args.weight_decay, architecture=args.architecture,
+                  position_init=args.position_init, position_scale=args.position_scale,
+                  freeze_positions=args.freeze_positions, docstrings=not args.no_docstrings,
+                  common_words=args.common_words, app_words=not args.no_app_words,
+                  word_embeddings=args.word_embeddings, bert_dims=args.bert_dims,
+                  small_pool_share=args.small_pool_share, small_pool=args.small_pool,
+                  text_repeat_share=args.text_repeat_share, text_repeat_span=tuple(args.text_repeat_span),
+                  attention_bias=args.attention_bias, echo_share=args.echo_share,
+                  scale_attention=not args.no_attention_scaling, vocab_size=args.vocab_size,
+                  repeat_pool=args.repeat_pool, train_length=args.train_length, batch=args.batch,
+                  shifted_share=args.shifted_share, long_steps=args.long_steps,
+                  copy_positions=not args.no_copy_positions)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    report = train(_recipe_of(args), args.out, threads=args.threads)
     circuits_found = report["circuits"]
     print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "
           f"best previous-token score {max(max(r) for r in circuits_found['previous_token']):.3f}, "

@@ -9,7 +9,13 @@ pages import Streamlit.
 - ``session_uploads``: upload folders that die with their session, and the clean-up thread
 - ``loaded_models``: models loaded once per process (bounded cache)
 - ``captures``: a text's capture by the sidebar model, cached by its key (``capture_current``)
-- ``caches``: the pages' own caches; ``scans``: this browser's scans and what the pages read from them
+- ``explore_controls``, ``explore_tabs``: Explore heads' controls above its tabs, and its tabs beyond View
+- ``generation_setup``: the Generation page's decoder and request form
+- ``caches``: the pages' own caches; ``scans``: this browser's scans and what the pages read from them (one cached
+  function per reading of a scan's database)
+- ``scan_start``: the corpus page's "Scan a corpus" (the corpus, the limits, the scan started, its progress)
+- ``importance_maps``: "Does this head matter?"'s maps and whether its measures agree; ``importance_runs``: its map
+  over a corpus, measured in the background
 - ``open_in_explore``: "Open in Explore heads" from any page; ``links``: what a link's parameters may hold
 - ``downloads``: large files streamed from disk; ``pattern_widgets``: a mask pattern's widgets, from the registry
 - ``page_scripts``: the browser-side scripts (``assets/*.js``)

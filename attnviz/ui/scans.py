@@ -3,12 +3,15 @@ database, cached by the file and its modification time so that a widget change r
 
 from __future__ import annotations
 
+import functools
+import inspect
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
-import numpy as np
 import streamlit as st
 
 from attnviz.checkpoints import disk
@@ -18,8 +21,12 @@ from attnviz.corpus.document_probe import facts_of, probe
 from attnviz.corpus.documents import CorpusRefused
 from attnviz.corpus.scan import store
 from attnviz.corpus.scan.runner import ScanSettings, scan_key
+from attnviz.ui.caches.store import file_stamp
 from attnviz.ui.session_models import browser_store
 from attnviz.ui.session_uploads import session_uploads
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def scan_folder() -> background.ScanFolder:
@@ -42,13 +49,6 @@ def session_id() -> str:
     if "session_id" not in st.session_state:
         st.session_state["session_id"] = secrets.token_hex(16)
     return st.session_state["session_id"]
-
-
-def _stamp(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def corpus_facts(path: str | None, stamp: float, split: str, field_name: str | None) -> dict:
@@ -92,27 +92,63 @@ def key_for(fingerprint: str, model_folder: str, settings: ScanSettings, dtype: 
     return scan_key(fingerprint, model_folder, settings, dtype)
 
 
-def scan_read(path: str | Path, method: str, *args, **kwargs):
-    """``ScanReader(path).method(*args)``, cached by the file's modification time. A file being written raises
+def _reading(method: Callable[Concatenate[store.ScanReader, P], R]) -> Callable[Concatenate[str | Path, P], R]:
+    """``method`` of a :class:`~attnviz.corpus.scan.store.ScanReader` as a function of the scan's path:
+    ``reading(path, *args)`` is ``ScanReader(path).method(*args)``, cached by the path, the file's modification time
+    and the arguments (each reading its own cache). A file being written raises
     :class:`attnviz.corpus.database.DatabaseBusy`; one that is not a scan (or holds more than a scan's schema)
     :class:`attnviz.corpus.database.NotAResultsFile`."""
-    return _scan_read(str(path), _stamp(Path(path)), method, args, tuple(sorted(kwargs.items())))
+
+    def read_file(path: str, stamp: float, args: tuple, kwargs: tuple):
+        with store.ScanReader(path) as reader:
+            return method(reader, *args, **dict(kwargs))
+
+    # Streamlit names a cache by its function's module, qualified name and source: one name per reading, or the
+    # readings (one nested function each) would share their entries
+    read_file.__name__ = method.__name__
+    read_file.__qualname__ = f"scan_reading.{method.__name__}"
+    cached = st.cache_data(max_entries=256, show_spinner=False)(read_file)
+
+    @functools.wraps(method)
+    def reading(path: str | Path, *args: P.args, **kwargs: P.kwargs) -> R:
+        return cached(str(path), file_stamp(path), args, tuple(sorted(kwargs.items())))
+
+    said = inspect.signature(method)  # the method's, with the scan's path for its reader
+    reader, *rest = said.parameters.values()
+    reading.__signature__ = said.replace(parameters=[reader.replace(name="path", annotation="str | Path"), *rest])
+    return reading
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
-def _scan_read(path: str, stamp: float, method: str, args: tuple, kwargs: tuple):
-    with store.ScanReader(path) as reader:
-        if method == "settings":
-            return {**reader.settings, "documents_scanned": reader.documents}
-        result = getattr(reader, method)(*args, **dict(kwargs))
-    return tuple(np.asarray(part) for part in result) if method == "statistic_map" else result
+def _settings(reader: store.ScanReader) -> dict:
+    """A scan's settings, with how many documents it holds (``documents_scanned``)."""
+    return {**reader.settings, "documents_scanned": reader.documents}
+
+
+# What the pages read from a scan's database: one cached function per reading
+scan_settings = _reading(_settings)
+statistics_that_apply = _reading(store.ScanReader.statistics_that_apply)
+statistic_map = _reading(store.ScanReader.statistic_map)
+offsets_map = _reading(store.ScanReader.offsets_map)
+is_causal = _reading(store.ScanReader.is_causal)
+label_shares = _reading(store.ScanReader.label_shares)
+head_summary = _reading(store.ScanReader.head_summary)
+offset_profile = _reading(store.ScanReader.offset_profile)
+histogram = _reading(store.ScanReader.histogram)
+token_pairs = _reading(store.ScanReader.token_pairs)
+key_tokens = _reading(store.ScanReader.key_tokens)
+criteria_with_examples = _reading(store.ScanReader.criteria_with_examples)
+examples = _reading(store.ScanReader.examples)
+document = _reading(store.ScanReader.document)
+search_queries = _reading(store.ScanReader.search_queries)
+query_contexts = _reading(store.ScanReader.query_contexts)
+search_heads = _reading(store.ScanReader.search_heads)
 
 
 def results_kind(path: str | Path) -> str:
     """What a ``.duckdb`` file of a scan folder holds: "scan" (a scan's database), "importance" (a corpus importance
     run's), "busy" (being written now: not known yet) or "other" (neither, or damaged); cached by the file's
     modification time."""
-    return _results_kind(str(path), _stamp(Path(path)))
+    return _results_kind(str(path), file_stamp(path))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
@@ -141,11 +177,21 @@ def listed_scans(folder: background.ScanFolder | None = None) -> list[Path]:
             if results_kind(path) in ("scan", "busy")]
 
 
+def readable_scans(folder: background.ScanFolder) -> list[Path]:
+    """The scans the corpus page offers to read: this browser's (``folder``) and the server's, but the one being
+    written now; a corpus importance run kept beside the scans is not one, a foreign or damaged file is listed (to
+    say so)."""
+    job = folder.job()
+    running = None if job is None else folder.database(job.key)
+    return [path for path in [*folder.scans(), *background.server_scans()]
+            if path != running and results_kind(path) != "importance"]
+
+
 def scan_named(path: str | Path, describe) -> str:
     """A scan file as a page lists it: ``describe(settings)`` (its settings with ``documents_scanned``), or its file
     name with why it cannot be: not a scan, or being written now."""
     try:
-        said = scan_read(path, "settings")
+        said = scan_settings(path)
     except database.NotAResultsFile:
         return f"{Path(path).name} (not a scan)"
     except Exception:  # noqa: BLE001 - a file being written
@@ -173,7 +219,7 @@ def existing_scan(folder: background.ScanFolder, path: Path) -> dict | str | Non
     from attnviz.ui.messages import problem_text
 
     try:
-        return scan_read(path, "settings")
+        return scan_settings(path)
     except database.NotAResultsFile as problem:
         if problem.missing:
             folder.delete(path.stem)

@@ -125,26 +125,9 @@ def head_scatter(points: HeadPoints, coordinates, *, title: str, colour: str = "
     total = sum(len(part[0]) for part in parts.values())
     step = -(-total // MAX_DRAWN)  # every step-th point of each set is drawn (1: all)
     context = total <= CONTEXT_POINTS
-    for number, (kind, (xyz, positions, documents, plain)) in enumerate(parts.items()):
-        shown = np.arange(0, len(xyz), step)
-        positions, documents = np.asarray(positions)[shown], np.asarray(documents, dtype=np.int64)[shown]
-        colours = _colours(points, kind, colour, positions, documents, plain, shown)
-        if kind == "value" and colour == "query or key":
-            colours = dict(color=VALUE_COLOR)
-        marker = dict(symbol=SYMBOLS[kind] if dims == 2 else SYMBOLS_3D[kind],
-                      size=7 if dims == 2 else 3, opacity=0.8 if kind != "value" else 0.6, line=dict(width=0),
-                      **colours)
-        texts, template = _hover(points, kind, context)
-        names = [points.document_name(index) for index in documents] if len(points.documents) > 1 else documents
-        common = dict(mode="markers", name=f"{kind}s" if kind != "query" else "queries", marker=marker,
-                      text=[texts[i] for i in shown], hovertemplate=template,
-                      customdata=np.stack([shown * 3 + number, positions, names], 1).astype(np.int32))
-        xyz = xyz[shown]
-        if dims == 2:
-            figure.add_trace(go.Scattergl(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), **common))
-        else:
-            figure.add_trace(go.Scatter3d(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), z=_rounded(xyz[:, 2]),
-                                          **common))
+    for number, (kind, part) in enumerate(parts.items()):
+        figure.add_trace(_point_trace(points, kind, number, part, step=step, colour=colour, context=context,
+                                      dims=dims))
     if step > 1:
         title += f"<br><sup>1 point in {step} drawn ({MAX_DRAWN:,} at most): the measures use them all</sup>"
     if colour == "token category" and points.query_categories:
@@ -156,6 +139,36 @@ def head_scatter(points: HeadPoints, coordinates, *, title: str, colour: str = "
         _ring_found(figure, points, coordinates, found.strip().lower())
     if selected_query is not None and 0 <= selected_query < n_q:
         _lines_to_strongest(figure, points, coordinates, selected_query, strongest)
+    _scatter_layout(figure, title, height, dims)
+    return figure
+
+
+def _point_trace(points: HeadPoints, kind: str, number: int, part: tuple, *, step: int, colour: str, context: bool,
+                 dims: int):
+    """One set of points (queries, keys or values), every ``step``-th drawn; ``number`` codes the kind in each
+    point's customdata."""
+    xyz, positions, documents, plain = part
+    shown = np.arange(0, len(xyz), step)
+    positions, documents = np.asarray(positions)[shown], np.asarray(documents, dtype=np.int64)[shown]
+    colours = _colours(points, kind, colour, positions, documents, plain, shown)
+    if kind == "value" and colour == "query or key":
+        colours = dict(color=VALUE_COLOR)
+    marker = dict(symbol=SYMBOLS[kind] if dims == 2 else SYMBOLS_3D[kind],
+                  size=7 if dims == 2 else 3, opacity=0.8 if kind != "value" else 0.6, line=dict(width=0),
+                  **colours)
+    texts, template = _hover(points, kind, context)
+    names = [points.document_name(index) for index in documents] if len(points.documents) > 1 else documents
+    common = dict(mode="markers", name=f"{kind}s" if kind != "query" else "queries", marker=marker,
+                  text=[texts[i] for i in shown], hovertemplate=template,
+                  customdata=np.stack([shown * 3 + number, positions, names], 1).astype(np.int32))
+    xyz = xyz[shown]
+    if dims == 2:
+        return go.Scattergl(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), **common)
+    return go.Scatter3d(x=_rounded(xyz[:, 0]), y=_rounded(xyz[:, 1]), z=_rounded(xyz[:, 2]), **common)
+
+
+def _scatter_layout(figure: go.Figure, title: str, height: int, dims: int) -> None:
+    """The scatter's frame: no ticks (the axes of a projection have no units), equal scales in 2D, pan to move."""
     layout = dict(title=dict(text=title), height=height, margin=dict(l=10, r=10, t=60, b=10),
                   legend=dict(orientation="h", y=-0.02, x=0.5, xanchor="center", yanchor="top"),
                   font=dict(family=style.FONT_FAMILY))
@@ -166,7 +179,6 @@ def head_scatter(points: HeadPoints, coordinates, *, title: str, colour: str = "
     else:
         hidden = dict(showticklabels=False, title="")
         figure.update_layout(**layout, scene=dict(xaxis=hidden, yaxis=hidden, zaxis=hidden))
-    return figure
 
 
 def matches(tokens: list[str], found: str) -> list[int]:

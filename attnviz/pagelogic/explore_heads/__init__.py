@@ -8,4 +8,6 @@ return; the benchmarks call the same.
 - :mod:`.statistics`: the Head statistics tab; :mod:`.detectors`: detectors of a pattern on one text
 - :mod:`.qk`: the Q·K tab; :mod:`.compare`: two texts; :mod:`.whatif`: another mask, scale or temperature
 - :mod:`.export`, :mod:`.bertviz_view`: downloads and bertviz; :mod:`.long_texts`: long texts offline
+- :mod:`.images`: a vision model's Image tab (overlays on the photo); :mod:`.setup_notes`: what the setup area
+  says (the second text box, a cut text, the replay check)
 """

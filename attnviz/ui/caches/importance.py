@@ -6,8 +6,6 @@ bounded and shared by every session, keyed by everything they depend on."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import patching as patch
 from attnviz.interventions.edits import editable_checkpoint, editable_lm
+from attnviz.ui.caches.store import BoundedStore, file_stamp
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.scans import scan_folder
 
@@ -47,34 +46,9 @@ def editable_model(folder: str, name: str, dtype: str = "stored") -> tuple[objec
                                load_encoder=lambda path: load_bundle(path, name, dtype))
 
 
-class ResultStore:
-    """At most ``size`` results by key, the least recently used going first; thread-safe."""
-
-    def __init__(self, size: int):
-        self.size, self.results, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, key: tuple):
-        with self.lock:
-            if key in self.results:
-                self.results.move_to_end(key)
-                return self.results[key]
-        return None
-
-    def drop(self, key: tuple) -> None:
-        with self.lock:
-            self.results.pop(key, None)
-
-    def put(self, key: tuple, value) -> None:
-        with self.lock:
-            self.results[key] = value
-            self.results.move_to_end(key)
-            while len(self.results) > self.size:
-                self.results.popitem(last=False)
-
-
 @st.cache_resource(show_spinner=False)
-def _stores() -> dict[str, ResultStore]:
-    return {"study": ResultStore(8), "patching": ResultStore(8), "partial": ResultStore(8)}
+def _stores() -> dict[str, BoundedStore]:
+    return {"study": BoundedStore(8), "patching": BoundedStore(8), "partial": BoundedStore(8)}
 
 
 def study(key: tuple, model, tokenizer, texts: list[str], progress: Callable | None = None,
@@ -176,17 +150,10 @@ def importance_jobs() -> background.ScanFolder:
     return background.ScanFolder(scans.folder / "importance", owner=scans.owner)
 
 
-def _stamp(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 def run_facts(spec: str, model_folder: str, settings: ImportanceSettings, dtype: str = "stored") -> dict:
     """The run's key and how many documents it reads, for a corpus ``spec`` (``bundled`` or ``scan:FILE``) and the
     model's dtype ("stored" or "fp32")."""
-    stamp = 0.0 if spec == BUNDLED_SPEC else _stamp(Path(spec.removeprefix(SCAN_PREFIX)))
+    stamp = 0.0 if spec == BUNDLED_SPEC else file_stamp(Path(spec.removeprefix(SCAN_PREFIX)))
     return _run_facts(spec, stamp, model_folder, settings, dtype)
 
 
@@ -204,7 +171,7 @@ def run_results(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return _run_results(str(path), _stamp(path))
+        return _run_results(str(path), file_stamp(path))
     except Exception:  # noqa: BLE001 - a file being written, cut short, or not a run: nothing to show
         return None
 
@@ -227,7 +194,7 @@ def scan_top_labels(path: Path) -> tuple[str, dict] | None:
     if not path.is_file():
         return None
     try:
-        return _scan_top_labels(str(path), _stamp(path))
+        return _scan_top_labels(str(path), file_stamp(path))
     except Exception:  # noqa: BLE001 - a scan being written, or not a scan
         return None
 

@@ -13,7 +13,7 @@ import streamlit as st
 from attnviz.corpus.scan import qk_sample, store
 from attnviz.pagelogic import queries_keys
 from attnviz.ui.figures import framed
-from attnviz.ui.scans import listed_scans, scan_folder, scan_read
+from attnviz.ui.scans import listed_scans, scan_folder, scan_settings
 from attnviz.viz import queries_keys as figures
 
 
@@ -83,7 +83,7 @@ def sampled_scans(model_folder: str) -> list[tuple[Path, dict]]:
     found = []
     for path in listed_scans():
         try:
-            said = scan_read(path, "settings")
+            said = scan_settings(path)
             if said.get("status") != store.STATUS_FINISHED or said.get("model_folder") != model_folder or \
                     not said.get("qk_points"):
                 continue

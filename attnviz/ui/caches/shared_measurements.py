@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import time
 
 import streamlit as st
+
+from attnviz.ui.caches.store import BoundedStore
 
 
 class SharedMeasurements:
@@ -18,8 +19,8 @@ class SharedMeasurements:
     same honest numbers. Holds the ``limit`` most recent results."""
 
     def __init__(self, limit: int = 32):
-        self.limit, self.lock = limit, threading.Lock()
-        self.results: collections.OrderedDict = collections.OrderedDict()  # key -> (value, time measured)
+        self.lock = threading.Lock()  # held while measuring: one measurement at a time
+        self.results = BoundedStore(limit)  # key -> (value, time measured)
 
     def get(self, key, measure, again: bool = False, waiting=None):
         """The stored ``(value, measured_at)`` for ``key``, or ``measure()``'s, timed while no other runs.
@@ -29,11 +30,8 @@ class SharedMeasurements:
                 self.lock.acquire()
         try:
             if again or key not in self.results:
-                self.results[key] = (measure(), time.time())
-            self.results.move_to_end(key)
-            while len(self.results) > self.limit:
-                self.results.popitem(last=False)
-            return self.results[key]
+                self.results.put(key, (measure(), time.time()))
+            return self.results.get(key)
         finally:
             self.lock.release()
 
