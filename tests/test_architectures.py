@@ -112,11 +112,13 @@ def test_the_records_are_the_one_list_of_what_attnviz_knows_per_type():
         positions_in_a_table = record.positions in ("learned", "sinusoidal", "learned + relative")
         assert record.position_table is None or positions_in_a_table, record.model_type
         assert (record.vision_tower is not None) <= (record.role == "vision")
-    # No other module names a model type: loading, capture, eager, vision and positions ask the records
+    # No other module names a model type: loading, capture, eager, vision and positions ask the records (the
+    # checkpoint checks sit below models and keep their own list of layer-sharing types, checked against the
+    # records by test_the_checkpoint_checks_know_which_types_share_their_layers)
     package = Path(__file__).resolve().parents[1] / "attnviz"
     sources = {name: (package / name).read_text() for name in (
-        "models/loading.py", "models/capture.py", "models/eager.py", "models/config_numbers.py",
-        "models/record.py", "models/scoring.py", "vision.py", "positional.py")}
+        "models/loading.py", "models/capture.py", "models/eager.py",
+        "models/record.py", "models/scoring.py", "core/vision.py", "core/positional.py")}
     for record in records:
         for name, source in sources.items():
             assert f'"{record.model_type}"' not in source, f"{name} names {record.model_type}: use its record"

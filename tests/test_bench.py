@@ -58,7 +58,7 @@ def test_slowest_parts_counts_only_the_repositorys_own_code_not_a_sibling_folder
     assert named == ["attnviz.pagelogic.made_up.ours"]  # not the venvs, a test, or the page's entry point
     assert own_module(str(sibling)) is None and own_module(str(inner)) is None
     assert own_module(str(ROOT.parent / f"{ROOT.name}-venv" / "attnviz" / "units.py")) is None
-    assert own_module(str(ROOT / "attnviz" / "units.py")) == "attnviz.core.units"
+    assert own_module(str(ROOT / "attnviz" / "core" / "units.py")) == "attnviz.core.units"
     assert own_module(str(ROOT / "app.py")) == "app" and own_module("~") is None
     assert own_module("<frozen importlib._bootstrap>") is None
 

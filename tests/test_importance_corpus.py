@@ -181,7 +181,8 @@ def test_the_command_line_says_what_is_wrong(tmp_path):
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
-    from attnviz.corpus.importance.on_ray import ray_available, run_importance_on_ray
+    from attnviz.corpus.importance.on_ray import run_importance_on_ray
+    from attnviz.corpus.on_ray import ray_available
 
     if not ray_available():
         pytest.skip("Ray is an optional extra")

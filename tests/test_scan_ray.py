@@ -3,8 +3,9 @@ in-process scan, and a Ray scan stopped midway resumes in-process to the same re
 
 import pytest
 
+from attnviz.corpus.on_ray import ray_available
 from attnviz.corpus.scan import store
-from attnviz.corpus.scan.on_ray import ray_available, run_scan_on_ray
+from attnviz.corpus.scan.on_ray import run_scan_on_ray
 from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from tests.test_scan import TEXTS, assert_same_tables, small_corpus, tables
 

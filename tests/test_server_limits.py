@@ -92,7 +92,8 @@ def test_every_uploader_refuses_past_its_own_limit_before_the_upload():
     """Each uploader states its limit to the browser (``max_upload_size``), so an honest client never sends more;
     only the checkpoint uploaders take the server's whole ``server.maxUploadSize`` (their real need)."""
     found = {}
-    for path in sorted((ROOT / "app_pages").glob("*.py")):
+    widget_files = [*(ROOT / "app_pages").glob("*.py"), *(ROOT / "attnviz" / "ui").rglob("*.py")]
+    for path in sorted(widget_files):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "file_uploader":
                 keywords = {k.arg: k.value for k in node.keywords}

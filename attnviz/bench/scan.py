@@ -154,7 +154,8 @@ def _sample_seconds(bundle, corpus, path: Path, max_tokens: int) -> dict:
 
 
 def _ray_rows(corpus, bundle, settings, workers: tuple[int, ...], folder: Path) -> list[dict]:
-    from attnviz.corpus.scan.on_ray import ray_available, run_scan_on_ray
+    from attnviz.corpus.on_ray import ray_available
+    from attnviz.corpus.scan.on_ray import run_scan_on_ray
 
     if not ray_available():
         return []

@@ -4,7 +4,11 @@ runs that keep their results in DuckDB (a scan, and a corpus importance run).
 - ``documents``: what a corpus is and its bounds; ``document_files``: the readers of corpus files;
   ``document_probe``: a corpus file's facts, read in a process of its own
 - ``jobs``: background jobs, server-wide (one process each, bounded); ``background``: starting a scan or an
-  importance run as such a job
+  importance run as such a job, ``(kind, key, settings)``
+- ``options``: a run's settings as dataclass fields, read as JSON and as command-line options; ``command``: the
+  command line both runs share (their options, the settings file a job is given, progress, stop, the model chosen)
+- ``runner``: the one runner both runs go through (chunks, progress, stop, resume), with the strategy that measures
+  the chunks here; ``on_ray``: the strategy that measures them on Ray
 - ``database``: a DuckDB results file, written with its memory bounded and opened safely
 - ``scan``: heads across a corpus (statistics, labels, examples); ``importance``: does a head matter across a corpus
 """

@@ -4,8 +4,11 @@ it cannot take the server down), through the server's queue (:mod:`attnviz.corpu
 at once, all browsers together, one per browser and per session), writing its progress to a JSON file beside its
 database and stopping, resumably, when a stop file appears.
 
-A scans folder holds, per scan ``<key>`` (:func:`attnviz.corpus.scan.runner.scan_key`): ``<key>.duckdb``,
-``<key>.progress.json``, ``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; uploaded corpora are
+A job is ``(kind, key, settings)``: the run of ``kind`` (``scan`` or ``importance``) whose files are named by ``key``,
+told everything by one JSON file, ``<key>.settings.json`` (:mod:`attnviz.corpus.command`: its options and settings,
+as the command line's ``--settings`` reads them). A scans folder holds, per scan ``<key>``
+(:func:`attnviz.corpus.scan.runner.scan_key`): ``<key>.duckdb``, ``<key>.settings.json``, ``<key>.progress.json``,
+``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; uploaded corpora are
 kept as ``<name>-<sha256>.<format>``, at most :data:`MAX_CORPORA`; projections the Queries and keys page makes
 of any scan go to ``projections/<scan key>.duckdb``. At most :data:`MAX_SCANS` scans are kept per folder: starting
 another deletes the oldest.
@@ -24,13 +27,14 @@ import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 from attnviz.checkpoints import disk
 from attnviz.checkpoints.keep import counted_with_uploads
 from attnviz.corpus import jobs
+from attnviz.corpus.command import RunOptions, job_command, write_settings_file
 from attnviz.corpus.documents import BUNDLED, FORMATS, format_of
+from attnviz.corpus.importance.runner import ImportanceSettings
 from attnviz.corpus.jobs import Job
 from attnviz.corpus.scan.runner import ScanSettings
 
@@ -104,55 +108,55 @@ class ScanFolder:
         except OSError:
             return ""
 
+    def settings_file(self, key: str) -> Path:
+        return self.folder / f"{key}.settings.json"
+
     def start(self, key: str, corpus: str | Path, model_folder: str | Path, settings: ScanSettings, *,
               split: str = "line", field_name: str | None = None, dtype: str = "stored",
               model_name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
         """Start the scan ``key`` (or resume it) in a process of its own, through the server's queue, with
         ``disk_bytes`` reserved for its files. Refused (:class:`JobRefused`, or a refusal of the disk in words)
         while this browser or session has a job, when the queue is full or the disk would be."""
-        command = [sys.executable, "-m", "attnviz.corpus.scan", str(corpus), "--model", str(model_folder), "--out",
-                   str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
-                   str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--qk-points",
-                   str(settings.qk_points), "--split", split, "--dtype", dtype,
-                   "--progress-file", str(self.progress_file(key)), "--stop-file", str(self.stop_file(key)),
-                   "--quiet", "--threads", str(_threads())]
-        if field_name:
-            command += ["--field", field_name]
-        if model_name:
-            command += ["--name", model_name]
-        return self._launch(key, command, "scan", disk_bytes, session)
+        options = self._options(key, str(corpus), model_folder, dtype, model_name, disk_bytes,
+                                split=split, field_name=field_name or None)
+        return self._launch("scan", key, options, settings, disk_bytes, session)
 
-    def start_importance(self, key: str, corpus: str, model_folder: str | Path, settings, *, dtype: str = "stored",
-                         model_name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
+    def start_importance(self, key: str, corpus: str, model_folder: str | Path, settings: ImportanceSettings, *,
+                         dtype: str = "stored", model_name: str | None = None, disk_bytes: int = 0,
+                         session: str | None = None) -> Job:
         """Start (or resume) a corpus importance run ``key`` (:mod:`attnviz.corpus.importance`; ``corpus`` as its
         command line takes it) in a process of its own, through the server's queue, like :meth:`start`."""
-        command = [sys.executable, "-m", "attnviz.corpus.importance", corpus, "--model", str(model_folder), "--out",
-                   str(self.database(key)), "--max-docs", str(settings.max_docs), "--max-tokens",
-                   str(settings.max_tokens), "--chunk", str(settings.chunk_docs), "--methods",
-                   ",".join(settings.methods), "--dtype", dtype, "--progress-file", str(self.progress_file(key)),
-                   "--stop-file", str(self.stop_file(key)), "--quiet", "--threads", str(_threads())]
-        if model_name:
-            command += ["--name", model_name]
-        return self._launch(key, command, "importance", disk_bytes, session)
+        options = self._options(key, corpus, model_folder, dtype, model_name, disk_bytes)
+        return self._launch("importance", key, options, settings, disk_bytes, session)
 
-    def _launch(self, key: str, command: list[str], kind: str, disk_bytes: int, session: str | None) -> Job:
-        database = self.database(key)
+    def _options(self, key: str, corpus: str, model_folder: str | Path, dtype: str, model_name: str | None,
+                 disk_bytes: int, **reading) -> RunOptions:
+        """A page's job as the command line would be told it: quiet, its progress and stop files beside its
+        database, half the cores, and its files bounded by what was reserved for them."""
+        return RunOptions(corpus=corpus, model=str(model_folder), out=str(self.database(key)), name=model_name or None,
+                          dtype=dtype, threads=_threads(), progress_file=str(self.progress_file(key)),
+                          stop_file=str(self.stop_file(key)), disk_limit=int(disk_bytes), quiet=True, **reading)
+
+    def _launch(self, kind: str, key: str, options: RunOptions, settings, disk_bytes: int,
+                session: str | None) -> Job:
+        """The job ``(kind, key, settings)`` queued: its settings file is written beside its database once the
+        queue takes it, and its process is told nothing else."""
         written = disk.written_bytes(self.folder, key)  # a resumed job's files are on disk already
         needed = max(0, int(disk_bytes) - written)
-        if disk_bytes:
-            command += ["--disk-limit", str(int(disk_bytes))]
 
         def reserve() -> str | None:  # once the queue takes the job, before it can start
+            write_settings_file(self.settings_file(key), kind, options, settings)
             if needed:
                 reservation = self.reserve(needed, key, f"this {'scan' if kind == 'scan' else 'run'}")
             self.progress_file(key).unlink(missing_ok=True)  # what it says belongs to this start, not an earlier
             self.stop_file(key).unlink(missing_ok=True)
             return str(reservation.entry) if needed else None
 
-        job = self._queue().submit(folder=self.folder, key=key, kind=kind, command=command,
+        job = self._queue().submit(folder=self.folder, key=key, kind=kind,
+                                   command=job_command(kind, self.settings_file(key)), corpus=options.corpus,
                                    log=self.folder / f"{key}.log", owner=str(self.owner), session=session,
                                    reserve=reserve)
-        self.bound(keep=database.stem)
+        self.bound(keep=key)
         return job
 
     def stop(self, key: str) -> None:

@@ -178,8 +178,9 @@ class JobQueue:
 
     # -- asking ----------------------------------------------------------------------------------------------------
     def submit(self, *, folder: Path, key: str, kind: str, command: list[str], log: Path, owner: str,
-               session: str | None = None, reserve=None) -> Job:
-        """Queue a job (it starts at once when fewer than the limit run). Refused in words when this owner (a
+               session: str | None = None, reserve=None, corpus: str = "") -> Job:
+        """Queue a job (it starts at once when fewer than the limit run); ``corpus``: what it reads (a kept corpus
+        file is not deleted while a job reads it). Refused in words when this owner (a
         browser) or this session has a job waiting or running, or when the queue is full. ``reserve``: called
         under the lock once the job may queue (before anything starts), returns the path of its disk reservation
         (or raises to refuse: nothing is queued then)."""
@@ -198,7 +199,7 @@ class JobQueue:
                                  "the most it queues: try again in a while")
             reservation = reserve() if reserve is not None else None
             entries.append({"id": secrets.token_hex(8), "folder": str(folder), "key": key, "kind": kind,
-                            "command": command, "corpus": command[3] if len(command) > 3 else "", "log": str(log),
+                            "command": command, "corpus": corpus, "log": str(log),
                             "owner": owner, "session": session, "state": WAITING, "pid": 0, "start_time": None,
                             "queued": time.time(), "started": None, "reservation": reservation})
             self._move_on(entries)

@@ -12,11 +12,12 @@ The command line is :mod:`attnviz.corpus.importance`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +26,20 @@ import torch
 from attnviz.corpus.document_files import open_corpus
 from attnviz.corpus.documents import CHARS_EVERY, MAX_RECORDS, Corpus, CorpusRefused, Document, max_corpus_characters
 from attnviz.corpus.importance import store as istore
-from attnviz.corpus.scan.runner import Progress, ScanRefused, chunks, model_fingerprint
+from attnviz.corpus.options import option
+from attnviz.corpus.runner import (
+    ChunkWork,
+    Documents,
+    Measure,
+    Progress,
+    Stopped,
+    chunks,
+    open_results,
+    pending,
+    report,
+    run_chunks,
+)
+from attnviz.corpus.scan.runner import ScanRefused, model_fingerprint
 from attnviz.interventions import importance as imp
 from attnviz.interventions.edits import AttentionModule, attention_modules, editable_checkpoint
 
@@ -35,10 +49,14 @@ METHODS = ("zero", "mean", "gradient")
 
 @dataclass(frozen=True)
 class ImportanceSettings:
-    max_docs: int = 200  # the corpus's first documents measured
-    max_tokens: int = 64  # each document's first tokens read
-    chunk_docs: int = 16  # documents per committed chunk (and per Ray batch): what a stop may lose
-    methods: tuple[str, ...] = METHODS
+    """What a corpus importance run reads and measures; its fields are also the JSON a background run is given and
+    the options of ``python -m attnviz.corpus.importance`` (:mod:`attnviz.corpus.options`)."""
+
+    max_docs: int = field(default=200, metadata=option("the corpus's first documents read"))
+    max_tokens: int = field(default=64, metadata=option("each document's first tokens read, special tokens included"))
+    chunk_docs: int = field(default=16, metadata=option(
+        "documents per committed chunk (and Ray batch): what a stop may lose", flag="--chunk"))
+    methods: tuple[str, ...] = field(default=METHODS, metadata=option("comma-separated: zero, mean, gradient"))
 
     def __post_init__(self):
         if self.max_docs < 1 or self.max_tokens < 2 or not 1 <= self.chunk_docs <= imp.MAX_TEXTS:
@@ -57,10 +75,6 @@ DEFAULT_SETTINGS = ImportanceSettings()
 @dataclass
 class ImportanceProgress(Progress):
     phase: str = "means"  # "means": the corpus means (mean ablation); "heads": the effects
-
-
-class Stopped(Exception):
-    """Asked to stop in the middle of a chunk: the chunk is dropped, the run resumes from it."""
 
 
 def scan_documents(path: str | Path) -> Corpus:
@@ -134,11 +148,11 @@ def methods_for(objective: str, settings: ImportanceSettings) -> list[str]:
     return [method for method in settings.methods if not (method == "gradient" and objective == "hidden")]
 
 
-def _texts(documents: list[tuple[int, Document]]) -> list[tuple[int, Document]]:
+def _texts(documents: Documents) -> Documents:
     return [(doc, document) for doc, document in documents if document.text.strip()]
 
 
-def corpus_means(model, tokenizer, objective: str, documents: list[tuple[int, Document]],
+def corpus_means(model, tokenizer, objective: str, documents: Documents,
                  settings: ImportanceSettings, should_stop: Callable[[], bool] | None = None,
                  progress: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     """Each head's output averaged over every real token of the documents (their copies, under the masked-LM
@@ -162,7 +176,7 @@ def corpus_means(model, tokenizer, objective: str, documents: list[tuple[int, Do
 
 
 def measure_chunk(model, tokenizer, objective: str, modules: list[AttentionModule],
-                  documents: list[tuple[int, Document]], settings: ImportanceSettings,
+                  documents: Documents, settings: ImportanceSettings,
                   means: dict[str, torch.Tensor] | None,
                   should_stop: Callable[[], bool] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One chunk's rows: ``documents`` (doc, source, text, n_tokens, truncated, clean) and ``effects`` (doc,
@@ -207,13 +221,8 @@ def open_run(path: str | Path, corpus: Corpus, folder: str | Path, name: str, se
              dtype: str = "stored") -> istore.ImportanceWriter:
     """The run's database: new (its settings written), or the same run's to resume; refused if it holds another."""
     key = importance_key(corpus, folder, settings, dtype)
-    writer = istore.ImportanceWriter(path)
-    existing = writer.settings()
-    if existing and existing.get("key") != key:
-        writer.close()
-        raise ScanRefused(f"{Path(path).name} holds another run (another corpus, model or limits): choose a new "
-                          "file, or delete it")
-    if not existing:
+    writer, new = open_results(istore.ImportanceWriter, path, key, "run", ScanRefused)
+    if new:
         writer.set(key=key, model=name, model_folder=str(folder), objective=objective, source=source,
                    objective_words=imp.OBJECTIVES[objective], corpus=corpus.name,
                    corpus_fingerprint=corpus.fingerprint, corpus_documents=corpus.count,
@@ -236,41 +245,46 @@ def prepare(model, tokenizer, corpus: Corpus, settings: ImportanceSettings):
     return objective, planned, attention_modules(model, first.inputs)
 
 
+def importance_replica(folder: str, dtype: str, objective: str, settings: ImportanceSettings,
+                       means: dict[str, torch.Tensor] | None) -> Callable[[Documents], tuple]:
+    """:func:`measure_chunk` in another process (a Ray actor), with its own replica of the checkpoint in ``folder``
+    loaded in ``dtype``; its attention modules as the model calls them on a two-word probe."""
+    model, tokenizer, _ = editable_checkpoint(folder, dtype)
+    probe = imp.batch_of(tokenizer, ["a b"], objective, settings.max_tokens)
+    modules = attention_modules(model, probe.inputs)
+    return lambda documents: measure_chunk(model, tokenizer, objective, modules, documents, settings, means)
+
+
 def run_importance(corpus: Corpus, folder: str | Path, path: str | Path,
                    settings: ImportanceSettings = DEFAULT_SETTINGS, *, name: str | None = None,
                    dtype: str = "stored", loaded: tuple | None = None, source: str | None = None,
                    progress: Callable[[ImportanceProgress], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None,
-                   measure: Callable | None = None) -> ImportanceProgress:
+                   should_stop: Callable[[], bool] | None = None, measure: Measure | None = None) -> ImportanceProgress:
     """Measure every head of the checkpoint in ``folder`` over ``corpus`` into the database at ``path`` (created, or
     resumed where it stopped). ``loaded``: ``(model, tokenizer)`` already loaded (else loaded here); ``source``: the
     corpus as the command line names it (kept in the settings: a scan's documents link the run to the scan);
-    ``measure``: runs the chunks (default: here, one after the other; :mod:`attnviz.corpus.importance.on_ray` passes
-    Ray's). Returns the last progress (``status`` finished or stopped)."""
+    ``measure``: where the heads' chunks are measured (default: here, one after the other, a stop asked at every
+    head; :func:`attnviz.corpus.on_ray.on_ray`: on Ray). Returns the last progress (``status`` finished or
+    stopped)."""
     model, tokenizer = loaded if loaded is not None else editable_checkpoint(folder, dtype)[:2]
     objective, planned, modules = prepare(model, tokenizer, corpus, settings)
     with open_run(path, corpus, folder, name or Path(folder).name, settings, objective, modules,
                   source, dtype) as writer:
-        done = writer.done_documents()
-        todo = [(doc, document) for doc, document in planned if doc not in done]
+        todo = pending(planned, writer.done_documents())
         state = ImportanceProgress(done=len(planned) - len(todo), planned=len(planned), started=time.time())
         writer.set(status=istore.STATUS_RUNNING)
         try:
-            means = writer.means(modules)
-            if means is None and "mean" in methods_for(objective, settings):
-                state.phase = "means"
-                report(progress, state)
-                means = corpus_means(model, tokenizer, objective, planned, settings, should_stop)
-                writer.write_means(modules, means)
+            means = kept_means(writer, model, tokenizer, objective, modules, planned, settings, state, progress,
+                               should_stop)
             state.phase = "heads"
             report(progress, state)
-            for rows, effects in (measure or measure_here)(model, tokenizer, objective, modules, todo, settings,
-                                                           means, should_stop):
-                writer.commit(rows, effects)
-                state.done += len(rows)
-                state.done_this_run += len(rows)
-                state.tokens_this_run += int(rows["n_tokens"].sum())
-                report(progress, state)
+            work = ChunkWork(
+                here=lambda chunk: measure_chunk(model, tokenizer, objective, modules, chunk, settings, means,
+                                                 should_stop),
+                replica=functools.partial(importance_replica, str(folder), dtype, objective, settings, means),
+                chunk_docs=settings.chunk_docs)
+            run_chunks(work, todo, lambda _chunk, measured: record_rows(writer, state, *measured), state,
+                       measure=measure, progress=progress, should_stop=should_stop)
             state.status = istore.STATUS_FINISHED
         except Stopped:
             state.status = istore.STATUS_STOPPED
@@ -279,14 +293,24 @@ def run_importance(corpus: Corpus, folder: str | Path, path: str | Path,
     return state
 
 
-def measure_here(model, tokenizer, objective, modules, todo, settings, means, should_stop):
-    """The chunks measured in this process, one after the other; stops before a chunk, or at a head (dropping it)."""
-    for chunk in chunks(todo, settings.chunk_docs):
-        if should_stop is not None and should_stop():
-            raise Stopped
-        yield measure_chunk(model, tokenizer, objective, modules, chunk, settings, means, should_stop)
+def kept_means(writer: istore.ImportanceWriter, model, tokenizer, objective: str, modules: list[AttentionModule],
+               planned: Documents, settings: ImportanceSettings, state: ImportanceProgress,
+               progress: Callable | None, should_stop: Callable[[], bool] | None) -> dict[str, torch.Tensor] | None:
+    """The corpus means mean ablation puts in: as a finished means pass kept them, else measured now (one forward
+    per chunk, in this process) and kept; None when the run does not ablate by the mean."""
+    means = writer.means(modules)
+    if means is None and "mean" in methods_for(objective, settings):
+        state.phase = "means"
+        report(progress, state)
+        means = corpus_means(model, tokenizer, objective, planned, settings, should_stop)
+        writer.write_means(modules, means)
+    return means
 
 
-def report(progress: Callable | None, state: ImportanceProgress) -> None:
-    if progress is not None:
-        progress(state)
+def record_rows(writer: istore.ImportanceWriter, state: ImportanceProgress, rows: pd.DataFrame,
+                effects: pd.DataFrame) -> None:
+    """One chunk's documents and effects committed; counted in ``state``."""
+    writer.commit(rows, effects)
+    state.done += len(rows)
+    state.done_this_run += len(rows)
+    state.tokens_this_run += int(rows["n_tokens"].sum())

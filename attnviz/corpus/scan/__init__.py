@@ -3,7 +3,7 @@
 
 - ``heads``: one document's statistics, and the mergeable partial aggregate
 - ``store``: the database (written per chunk, read by the page and by SQL)
-- ``runner``: the scan in this process; ``on_ray``: the same on Ray
+- ``runner``: the scan (its chunks through :mod:`attnviz.corpus.runner`); ``on_ray``: the same on Ray
 - ``qk_sample``: a sample of every head's queries, keys and values, for the Queries and keys page
 - ``python -m attnviz.corpus.scan``: the command line (``__main__``)
 """

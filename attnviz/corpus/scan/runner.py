@@ -1,7 +1,7 @@
 """Scan a model over a corpus, in this process: documents in chunks, each chunk's partial merged into the
 running aggregate and committed to the scan's database in one transaction, so a scan stopped at any point resumes
-from its last chunk and gives the same tables as one that ran through (:mod:`attnviz.corpus.scan.on_ray` runs the same
-chunks on a Ray cluster).
+from its last chunk and gives the same tables as one that ran through. The chunks go through the one runner of
+corpus runs (:func:`attnviz.corpus.runner.run_chunks`), here or on a Ray cluster (:mod:`attnviz.corpus.scan.on_ray`).
 
 Each document is captured by :func:`attnviz.models.capture.capture` (the model's own forward on its fast path,
 every attention call recorded) and every layer's weights replayed at once (``[layers, heads, n, n]``, at most
@@ -11,17 +11,31 @@ listed with its problem and left out of every statistic.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from attnviz.corpus.documents import Corpus, Document
+from attnviz.corpus.options import option
+from attnviz.corpus.runner import (
+    ChunkWork,
+    Documents,
+    Measure,
+    Progress,
+    StopAsked,
+    Stopped,
+    open_results,
+    pending,
+    report,
+    run_chunks,
+)
 from attnviz.corpus.scan import qk_sample, store
 from attnviz.corpus.scan.heads import CRITERIA, Partial, document_partial
 from attnviz.models.capture import capture
@@ -39,10 +53,17 @@ class ScanRefused(ValueError):
 
 @dataclass(frozen=True)
 class ScanSettings:
-    max_docs: int = 1_000  # the corpus's first documents scanned
-    max_tokens: int = 128  # each document's first tokens read (special tokens included)
-    chunk_docs: int = 64  # documents per committed chunk (and per Ray batch): what a stop may lose
-    qk_points: int = qk_sample.DEFAULT_POINTS  # tokens whose queries, keys and values are kept per head (0: none)
+    """What a scan reads and keeps; its fields are also the JSON a background scan is given and the options of
+    ``python -m attnviz.corpus.scan`` (:mod:`attnviz.corpus.options`)."""
+
+    max_docs: int = field(default=1_000, metadata=option("the corpus's first documents read"))
+    max_tokens: int = field(default=128, metadata=option("each document's first tokens read, special tokens "
+                                                         "included"))
+    chunk_docs: int = field(default=64, metadata=option(
+        "documents per committed chunk (and Ray batch): what a stop may lose", flag="--chunk"))
+    qk_points: int = field(default=qk_sample.DEFAULT_POINTS, metadata=option(
+        "tokens per head whose queries, keys and values are kept for the Queries and keys page (whole documents "
+        "drawn evenly across the corpus; 0: none)", metavar="N"))
 
     def __post_init__(self):
         if self.max_docs < 1 or self.max_tokens < 2 or self.chunk_docs < 1:
@@ -52,40 +73,6 @@ class ScanSettings:
 
 
 DEFAULT_SETTINGS = ScanSettings()
-
-
-@dataclass
-class Progress:
-    done: int  # documents scanned, this run and before
-    planned: int
-    started: float  # this run's start (time.time())
-    done_this_run: int = 0
-    tokens_this_run: int = 0
-    status: str = store.STATUS_RUNNING
-    sampled: int = 0  # documents whose queries and keys were kept, of sample_planned (after every document)
-    sample_planned: int = 0
-    finished_before: bool = False  # the scan was finished when this run began: nothing to scan, group or copy
-
-    @property
-    def elapsed(self) -> float:
-        return max(time.time() - self.started, 1e-9)
-
-    @property
-    def documents_per_second(self) -> float:
-        return self.done_this_run / self.elapsed
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens_this_run / self.elapsed
-
-    @property
-    def eta(self) -> float | None:
-        rate = self.documents_per_second
-        return (self.planned - self.done) / rate if rate > 0 else None
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "documents_per_second": self.documents_per_second,
-                "tokens_per_second": self.tokens_per_second, "eta": self.eta, "updated": time.time()}
 
 
 def model_fingerprint(folder: str | Path) -> str:
@@ -186,8 +173,8 @@ def add_document(partial: Partial, read: tuple, floors: np.ndarray) -> None:
                      allowed=allowed)
 
 
-def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Document]], max_tokens: int,
-               n_layers: int, n_heads: int, floors: np.ndarray | None = None) -> Partial:
+def scan_chunk(bundle: ModelBundle, kind: str, documents: Documents, max_tokens: int, n_layers: int, n_heads: int,
+               floors: np.ndarray | None = None) -> Partial:
     """The partial of a chunk of documents (doc number, document), each captured and all its layers read at
     once. ``floors``: the running aggregate's (:meth:`Partial.floors`), so examples that cannot enter its heaps
     are skipped."""
@@ -198,16 +185,25 @@ def scan_chunk(bundle: ModelBundle, kind: str, documents: list[tuple[int, Docume
     return partial
 
 
-def planned_documents(corpus: Corpus, settings: ScanSettings) -> list[tuple[int, Document]]:
+def scan_replica(folder: str, dtype: str, kind: str, max_tokens: int, n_layers: int,
+                 n_heads: int) -> Callable[[Documents], Partial]:
+    """:func:`scan_chunk` in another process (a Ray actor), with its own replica of the model loaded from
+    ``folder`` in ``dtype`` (stored or fp32, as the scan's model was asked for)."""
+    from attnviz.models.loading import load_model_dir
+
+    bundle = load_model_dir(folder, dtype=dtype)
+    return lambda documents: scan_chunk(bundle, kind, documents, max_tokens, n_layers, n_heads)
+
+
+def planned_documents(corpus: Corpus, settings: ScanSettings) -> Documents:
     return list(enumerate(corpus.documents[:settings.max_docs]))
 
 
 def resume(writer: store.ScanWriter, corpus: Corpus, settings: ScanSettings, n_layers: int,
-           n_heads: int) -> tuple[list[tuple[int, Document]], Progress, Partial]:
+           n_heads: int) -> tuple[Documents, Progress, Partial]:
     """What is left to scan, the progress so far and the aggregate as last committed; the scan marked running."""
-    done = writer.done_documents()
     planned = planned_documents(corpus, settings)
-    todo = [(doc, document) for doc, document in planned if doc not in done]
+    todo = pending(planned, writer.done_documents())
     state = Progress(done=len(planned) - len(todo), planned=len(planned), started=time.time(),
                      finished_before=writer.settings().get("status") == store.STATUS_FINISHED)
     partial = writer.load_partial(n_layers, n_heads)
@@ -215,23 +211,13 @@ def resume(writer: store.ScanWriter, corpus: Corpus, settings: ScanSettings, n_l
     return todo, state, partial
 
 
-def chunks(items: list, size: int) -> Iterator[list]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings: ScanSettings, kind: str,
                 n_layers: int, n_heads: int) -> store.ScanWriter:
     """The scan's database: new (its settings written), or the same scan's to resume. Refused if the file holds
     another scan."""
     key = scan_key(corpus, bundle.folder, settings, bundle.dtype)
-    writer = store.ScanWriter(path)
-    existing = writer.settings()
-    if existing and existing.get("key") != key:
-        writer.close()
-        raise ScanRefused(f"{Path(path).name} holds another scan (another corpus, model or limits): choose a new "
-                          "file, or delete it")
-    if not existing:
+    writer, new = open_results(store.ScanWriter, path, key, "scan", ScanRefused)
+    if new:
         writer.set(key=key, model=bundle.name, model_folder=str(bundle.folder), model_type=bundle.model_type,
                    tokenizer=type(bundle.tokenizer).__name__, kind=kind, n_layers=n_layers, n_heads=n_heads,
                    corpus=corpus.name, corpus_fingerprint=corpus.fingerprint,
@@ -243,28 +229,32 @@ def open_writer(path: str | Path, corpus: Corpus, bundle: ModelBundle, settings:
 
 
 def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: ScanSettings = DEFAULT_SETTINGS, *,
-             progress: Callable[[Progress], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> Progress:
+             progress: Callable[[Progress], None] | None = None, should_stop: StopAsked = None,
+             measure: Measure | None = None, dtype: str = "stored") -> Progress:
     """Scan ``bundle`` over ``corpus`` into the database at ``path`` (created, or resumed where it stopped).
-    ``progress`` is called after every chunk; ``should_stop`` is asked before every chunk: a stopped scan keeps
-    what it committed and resumes on the next call. Returns the last progress (``status`` finished or stopped)."""
+    ``progress`` is called after every chunk; ``should_stop`` is asked between chunks: a stopped scan keeps what it
+    committed and resumes on the next call. ``measure``: where the chunks are scanned (default: here, one after the
+    other; :func:`attnviz.corpus.on_ray.on_ray`: on Ray, each actor loading the model in ``dtype``). Returns the
+    last progress (``status`` finished or stopped)."""
     kind, n_layers, n_heads = scanned_kind(bundle)
     check_token_limit(settings, n_layers, n_heads)
     with open_writer(path, corpus, bundle, settings, kind, n_layers, n_heads) as writer:
         todo, state, partial = resume(writer, corpus, settings, n_layers, n_heads)
-        for chunk in chunks(todo, settings.chunk_docs):
-            if should_stop is not None and should_stop():
-                state.status = store.STATUS_STOPPED
-                break
-            part = scan_chunk(bundle, kind, chunk, settings.max_tokens, n_layers, n_heads, partial.floors())
-            record_chunk(writer, partial, part, dict(chunk), state)
-            if progress is not None:
-                progress(state)
+        work = ChunkWork(
+            here=lambda chunk: scan_chunk(bundle, kind, chunk, settings.max_tokens, n_layers, n_heads,
+                                          partial.floors()),
+            replica=functools.partial(scan_replica, str(bundle.folder), dtype, kind, settings.max_tokens, n_layers,
+                                      n_heads),
+            chunk_docs=settings.chunk_docs)
+        try:
+            run_chunks(work, todo, lambda chunk, part: record_chunk(writer, partial, part, dict(chunk), state), state,
+                       measure=measure, progress=progress, should_stop=should_stop)
+        except Stopped:
+            state.status = store.STATUS_STOPPED
         finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop))
     if state.status == store.STATUS_FINISHED and not state.finished_before:  # copied compactly, grouped on the way
         store.rewrite_compactly(path)
-    if progress is not None:
-        progress(state)
+    report(progress, state)
     return state
 
 
@@ -282,21 +272,20 @@ def record_chunk(writer: store.ScanWriter, partial: Partial, part: Partial, docu
 
 def keep_sample(writer: store.ScanWriter, bundle: ModelBundle, kind: str, corpus: Corpus, settings: ScanSettings,
                 state: Progress, progress: Callable[[Progress], None] | None,
-                should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
+                should_stop: StopAsked) -> Callable[[], bool]:
     """What :func:`finish` runs once every document is scanned: the sample of queries and keys
     (:mod:`attnviz.corpus.scan.qk_sample`, in this process on Ray too: a few dozen forwards), reported in ``state``."""
 
-    def report(done: int, planned: int) -> None:
+    def sampled(done: int, planned: int) -> None:
         state.sampled, state.sample_planned = done, planned
-        if progress is not None:
-            progress(state)
+        report(progress, state)
 
     def sample() -> bool:
         if not settings.qk_points:
             return True
         texts = {doc: document.text for doc, document in planned_documents(corpus, settings)}
         return qk_sample.record_sample(writer.connection, bundle, kind, texts, settings.qk_points,
-                                       settings.max_tokens, should_stop=should_stop, progress=report)
+                                       settings.max_tokens, should_stop=should_stop, progress=sampled)
 
     return sample
 

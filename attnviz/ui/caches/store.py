@@ -21,6 +21,10 @@ class BoundedStore:
                 return self.results[key]
         return default
 
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.results)
+
     def __contains__(self, key) -> bool:
         with self.lock:
             return key in self.results
