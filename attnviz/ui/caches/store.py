@@ -25,6 +25,11 @@ class BoundedStore:
         with self.lock:
             return len(self.results)
 
+    def items(self) -> list[tuple]:
+        """A snapshot of (key, result), least recently used first."""
+        with self.lock:
+            return list(self.results.items())
+
     def __contains__(self, key) -> bool:
         with self.lock:
             return key in self.results
