@@ -90,10 +90,10 @@ def test_ablation_benchmark_times_every_map_against_the_forwards(tmp_path, capsy
     assert "forwards (" in printed and "target at most 1.2x" in printed and "JSON written" in printed
 
 
-def test_qkmap_benchmark_times_every_heads_picture(tmp_path, capsys):
-    out = tmp_path / "qkmap.json"
-    assert main(["qkmap", "--points", "300", "--tokens", "24", "--embed-points", "120", "--shape", "2", "2", "32",
-                 "--out", str(out)]) == 0
+def test_queries_keys_benchmark_times_every_heads_picture(tmp_path, capsys):
+    out = tmp_path / "queries_keys.json"
+    assert main(["queries-keys", "--points", "300", "--tokens", "24", "--embed-points", "120",
+                 "--shape", "2", "2", "32", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["points_per_head"] >= 300 and report["documents"] >= 2
     assert set(report["median_seconds_per_head"]) == {"normalise", "PCA", "trust"}

@@ -1,5 +1,5 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... qkmap``."""
+``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``."""
 
 from __future__ import annotations
 
@@ -50,13 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help="corpus sizes whose command-line scans' peak memory is compared (none: skip)")
     scan_parser.add_argument("--model", default=None, help="a checkpoint folder or bundled model (default: the BERT)")
     scan_parser.add_argument("--out", type=Path, default=Path("bench-results/scan.json"))
-    qkmap_parser = commands.add_parser("qkmap", help="pictures of queries and keys: PCA of every head, t-SNE, UMAP")
-    qkmap_parser.add_argument("--points", type=int, default=10_000, help="queries and keys per head (about)")
-    qkmap_parser.add_argument("--tokens", type=int, default=128, help="per document")
-    qkmap_parser.add_argument("--embed-points", type=int, default=2_000, help="for t-SNE and UMAP, on one head")
-    qkmap_parser.add_argument("--shape", type=int, nargs=3, default=[12, 12, 768], metavar=("LAYERS", "HEADS",
+    queries_keys_parser = commands.add_parser(
+        "queries-keys", help="pictures of queries and keys: PCA per head, t-SNE, UMAP")
+    queries_keys_parser.add_argument("--points", type=int, default=10_000, help="queries and keys per head (about)")
+    queries_keys_parser.add_argument("--tokens", type=int, default=128, help="per document")
+    queries_keys_parser.add_argument("--embed-points", type=int, default=2_000, help="for t-SNE and UMAP, on one head")
+    queries_keys_parser.add_argument("--shape", type=int, nargs=3, default=[12, 12, 768], metavar=("LAYERS", "HEADS",
                                                                                            "WIDTH"))
-    qkmap_parser.add_argument("--out", type=Path, default=Path("bench-results/qkmap.json"))
+    queries_keys_parser.add_argument("--out", type=Path, default=Path("bench-results/queries_keys.json"))
     ablation_parser = commands.add_parser("ablation", help="a head-importance map against the model's forwards")
     ablation_parser.add_argument("--texts", type=int, default=50)
     ablation_parser.add_argument("--max-tokens", type=int, default=32, help="per sentence (most have fewer)")
@@ -129,11 +130,11 @@ def _scan(args) -> tuple[dict, list[str], Path]:
     return report, scan.print_scan(report), args.out
 
 
-def _qkmap(args) -> tuple[dict, list[str], Path]:
-    from attnviz.bench import qkmap
+def _queries_keys(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import queries_keys
 
-    report = qkmap.bench_qkmap(args.points, args.tokens, args.embed_points, *args.shape)
-    return report, qkmap.print_qkmap(report), args.out
+    report = queries_keys.bench_queries_keys(args.points, args.tokens, args.embed_points, *args.shape)
+    return report, queries_keys.print_queries_keys(report), args.out
 
 
 def _ablation(args) -> tuple[dict, list[str], Path]:
@@ -144,7 +145,7 @@ def _ablation(args) -> tuple[dict, list[str], Path]:
     return report, ablation.print_ablation(report), args.out
 
 
-BENCHMARKS = {"qkmap": _qkmap, "ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages,
+BENCHMARKS = {"queries-keys": _queries_keys, "ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages,
               "load": _load, "startup": _startup, "long": _long, "flash": _flash}
 
 

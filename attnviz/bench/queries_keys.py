@@ -1,4 +1,4 @@
-"""``python -m attnviz.bench qkmap``: what a picture of queries and keys costs, in one run.
+"""``python -m attnviz.bench queries-keys``: what a picture of queries and keys costs, in one run.
 
 Captures a GPT-2-small-shaped model (12 layers x 12 heads, width 768, random weights made from a config, the
 bundled BERT's tokenizer: the cost does not depend on what the weights learnt) on documents of the bundled corpus
@@ -41,7 +41,7 @@ def _captures(tokens_per_document: int, points: int, layers: int, heads: int, wi
     return records, total
 
 
-def bench_qkmap(points: int = 10_000, tokens_per_document: int = 128, embed_points: int = 2_000,
+def bench_queries_keys(points: int = 10_000, tokens_per_document: int = 128, embed_points: int = 2_000,
                 layers: int = 12, heads: int = 12, width: int = 768) -> dict:
     from attnviz.pagelogic import queries_keys
 
@@ -91,7 +91,7 @@ def bench_qkmap(points: int = 10_000, tokens_per_document: int = 128, embed_poin
             "figure_seconds": figure_seconds}
 
 
-def print_qkmap(report: dict) -> list[str]:
+def print_queries_keys(report: dict) -> list[str]:
     lines = [f"{report['model']}; {report['documents']} documents, {report['points_per_head']:,} points per head "
              f"(queries and keys), {report['threads']} threads; captured in {report['capture_seconds']:.1f} s"]
     per_head, whole = report["median_seconds_per_head"], report["model_seconds"]
