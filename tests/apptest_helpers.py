@@ -5,11 +5,13 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from attnviz.app import SCRIPT
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def open_page(page: str, timeout: float = 120, **session_state) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=timeout)
     for key, value in session_state.items():
         at.session_state[key] = value
     at.run()

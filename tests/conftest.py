@@ -86,3 +86,11 @@ def pytest_collection_modifyitems(config, items):
                   or item.get_closest_marker("serial") is not None)
         group = SERIAL_GROUP if serial else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session")
+def installed_attnviz(tmp_path_factory):
+    """attnviz pip-installed into a fresh virtual environment, with a home folder outside the checkout."""
+    from tests.installed import install
+
+    return install(tmp_path_factory.mktemp("installed"))

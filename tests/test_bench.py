@@ -40,7 +40,7 @@ def test_slowest_parts_counts_only_the_repositorys_own_code_not_a_sibling_folder
     sibling = ROOT.parent / f"{ROOT.name}-venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
     inner = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "streamlit" / "slow.py"
     own = ROOT / "attnviz" / "pagelogic" / "made_up.py"
-    page = ROOT / "app_pages" / "positional.py"
+    page = ROOT / "attnviz" / "app" / "app_pages" / "positional.py"
 
     def function_in(filename, name):
         namespace = {}

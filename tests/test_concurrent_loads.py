@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnviz.models.loading import BUNDLED_GPT_DIR, default_model_dir, load_model_dir
+from attnviz.models.loading import load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR, default_model_dir
 from attnviz.models.with_heads import load_causal_lm
 
 ROUNDS = 12

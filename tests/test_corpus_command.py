@@ -120,7 +120,7 @@ def test_a_job_is_its_kind_key_and_one_settings_file(tmp_path):
 
 def test_a_settings_file_scans_as_the_flags_do(tmp_path):
     from attnviz.corpus.scan.__main__ import main
-    from attnviz.models.loading import DEFAULT_MODEL_NAME
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME
     from tests.test_scan import TEXTS, assert_same_tables, tables
 
     corpus = tmp_path / "corpus.txt"

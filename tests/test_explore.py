@@ -166,8 +166,9 @@ def test_the_replay_check_in_bf16_passes_the_real_replay_and_fails_a_wrong_scale
     fraction of max|V|: 16 eps x max|V| (0.125 max|V|) let a 20% wrong scale pass on a real model."""
     from dataclasses import replace
 
-    from attnviz.models.loading import default_model_dir, load_model_dir
+    from attnviz.models.loading import load_model_dir
     from attnviz.models.replay_check import replay_difference
+    from attnviz.models.shipped import default_model_dir
 
     bundle = load_model_dir(default_model_dir())  # a fresh copy, cast below: the shared one stays fp32
     bundle.model.to(torch.bfloat16)

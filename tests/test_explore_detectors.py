@@ -107,7 +107,8 @@ def test_a_decoder_is_not_offered_the_next_token_map(tiny_checkpoint):
 
 
 def test_the_bundled_tiny_gpt_has_no_bos_and_the_note_says_so():
-    from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import BUNDLED_GPT_DIR
     from attnviz.pagelogic.explore_heads.detectors import bos_note
 
     result = capture(load_model_dir(BUNDLED_GPT_DIR), "red green blue red green blue")

@@ -10,7 +10,8 @@ import torch
 from attnviz.core import circuits
 from attnviz.core.units import human_bytes
 from attnviz.models.capture import capture
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, bundled_models, load_model_dir
+from attnviz.models.loading import load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, bundled_models
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation import heads as gen_heads

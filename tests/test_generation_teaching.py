@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnviz.core.tokens_display import NEWLINE_MARK, SPACE_MARK, markdown_literal
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
+from attnviz.models.shipped import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation import sequence as gen_sequence

@@ -10,7 +10,7 @@ from attnviz.core import circuits
 from attnviz.interventions import edits as iv
 from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 

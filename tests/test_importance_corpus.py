@@ -19,7 +19,7 @@ from attnviz.corpus.importance.runner import ImportanceSettings, read_corpus_spe
 from attnviz.corpus.scan.runner import ScanRefused
 from attnviz.interventions import edits as iv
 from attnviz.interventions import importance as imp
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 TEXTS = ["The cat sat on the mat, and the dog slept by the door.",

@@ -12,7 +12,8 @@ import torch
 import transformers as T
 
 from attnviz.interventions import importance as imp
-from attnviz.models.loading import default_model_dir, load_model_dir
+from attnviz.models.loading import load_model_dir
+from attnviz.models.shipped import default_model_dir
 
 TEXTS = ["The cat sat on the mat.",
          "Attention heads read keys and values, then mix them; a longer text has states of another size.",

@@ -170,7 +170,7 @@ def test_the_token_effect_lists_each_masked_token_once_in_text_order(masked):
 
 def test_the_page_measures_an_uploaded_masked_lm_by_its_loss_and_says_when_the_head_is_missing(
         folders, clean_streamlit_caches):
-    from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
+    from attnviz.models.shipped import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME
 
     models = {DEFAULT_MODEL_NAME: "unused", BUNDLED_GPT_NAME: str(BUNDLED_GPT_DIR),
               "tiny-mlm": str(folders["with"]), "claims-head": str(folders["claims"])}

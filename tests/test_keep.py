@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from attnviz.app import SCRIPT
 from attnviz.checkpoints import keep
 from attnviz.checkpoints.uploads import prepare_zip
 from tests.tiny_models import make_tiny_checkpoint, zip_folder
@@ -173,9 +174,8 @@ def test_with_keeping_off_an_upload_stays_with_its_session(tmp_path, monkeypatch
 def _open_link(query: dict, key: str | None = None):
     from streamlit.testing.v1 import AppTest
 
-    from tests.apptest_helpers import ROOT
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120)
     for name, value in query.items():
         at.query_params[name] = value
     at.session_state["browser_key"] = key or keep.new_key()

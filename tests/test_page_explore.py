@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from attnviz.app import SCRIPT
 from attnviz.models.capture import capture
 from tests.apptest_helpers import figures, open_page, plotly_array
 from tests.tiny_models import bundled_bert, make_tiny_checkpoint, zip_folder
@@ -80,9 +81,8 @@ def test_empty_sentence_is_a_message():
 def test_deep_link_reopens_the_view():
     from streamlit.testing.v1 import AppTest
 
-    from tests.apptest_helpers import ROOT
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120)
     at.query_params.update({"layer": "2", "head": "4", "view": "Grid", "sentence": "A linked sentence."})
     at.run()
     assert not at.exception
@@ -306,9 +306,8 @@ def test_controls_appear_only_where_they_act_and_keep_their_values():
 def test_the_sentence_pair_and_the_filters_are_kept_in_the_link():
     from streamlit.testing.v1 import AppTest
 
-    from tests.apptest_helpers import ROOT
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120)
     at.query_params.update({"explore_pair": "It was tired.", "explore_block": "A→B",
                             "explore_hide_special": "true"})
     at.run()
@@ -351,7 +350,7 @@ def test_replay_check_of_a_bf16_model_is_held_to_bf16_rounding_of_each_output(tm
     import torch
     from transformers import AutoModel
 
-    from attnviz.models.loading import bundled_models, default_model_dir
+    from attnviz.models.shipped import bundled_models, default_model_dir
 
     source, folder = default_model_dir(), tmp_path / "bert-bf16"
     AutoModel.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(folder)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnviz.models.loading import BUNDLED_GPT_NAME
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from tests.apptest_helpers import assert_no_failure, figure_titled, figures, open_page
 from tests.tiny_models import TINY_GPT_LAYERS
 

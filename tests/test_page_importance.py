@@ -9,13 +9,8 @@ from attnviz.core import circuits
 from attnviz.interventions import edits as iv
 from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
-from attnviz.models.loading import (
-    BUNDLED_GPT_DIR,
-    BUNDLED_GPT_NAME,
-    DEFAULT_MODEL_NAME,
-    default_model_dir,
-    load_model_dir,
-)
+from attnviz.models.loading import load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, default_model_dir
 from attnviz.viz.style import format_number
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnviz.corpus.importance import store as istore
-from attnviz.models.loading import BUNDLED_GPT_NAME
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from tests.apptest_helpers import figure_titled, open_page, plotly_array
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
@@ -57,7 +57,8 @@ def test_a_corpus_run_started_on_the_page_shows_what_its_database_holds(clean_st
     assert (at.session_state["layer"], at.session_state["head"], at.session_state["view"]) == (1, 2, "head")
     assert at.session_state["model"] == BUNDLED_GPT_NAME  # the page's model (the sidebar's has no loss)
     from attnviz.models.capture import capture
-    from attnviz.models.loading import bundled_models, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import bundled_models
 
     gpt = load_model_dir(bundled_models()[BUNDLED_GPT_NAME], name=BUNDLED_GPT_NAME)
     opened = at.session_state["sentence"]
@@ -71,7 +72,7 @@ def test_the_documents_of_a_scan_are_offered_as_a_corpus(bert, tmp_path, monkeyp
     from attnviz.corpus.scan.runner import ScanSettings, run_scan
     from attnviz.corpus.scan.store import ScanReader
     from attnviz.interventions import edits as iv
-    from attnviz.models.loading import BUNDLED_GPT_DIR
+    from attnviz.models.shipped import BUNDLED_GPT_DIR
 
     texts = ["The cat sat on the mat.", "Heads read keys.", "A third document here.", "And a fourth one."]
     corpus = Corpus("tests", [Document(text, f"line {i}") for i, text in enumerate(texts)])
@@ -118,7 +119,8 @@ def test_a_scans_labels_stand_beside_the_importance_of_the_same_heads(tmp_path, 
     from attnviz.corpus.documents import Corpus, Document
     from attnviz.corpus.scan import store
     from attnviz.corpus.scan.runner import ScanSettings, run_scan
-    from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import BUNDLED_GPT_DIR
 
     texts = ["The cat sat on the mat.", "Heads read keys and values.", "A third document, a little longer.",
              "And a fourth one here."]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.app import SCRIPT
 from attnviz.core import kvcache, mask_patterns, masks, positional
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
@@ -181,7 +182,7 @@ def test_cross_attention_helpers_from_the_page_module():
 def test_a_page_reading_the_first_tokens_counts_the_text_and_what_explore_reads():
     from transformers import AutoConfig, AutoTokenizer
 
-    from attnviz.models.loading import default_model_dir
+    from attnviz.models.shipped import default_model_dir
 
     folder = default_model_dir()
     explore_reads = AutoConfig.from_pretrained(folder).max_position_embeddings  # what BERT reads
@@ -199,7 +200,7 @@ def test_a_page_reading_the_first_tokens_counts_the_text_and_what_explore_reads(
 
 
 def test_masks_page_says_which_rows_no_key_survives_in():
-    from attnviz.models.loading import BUNDLED_GPT_NAME
+    from attnviz.models.shipped import BUNDLED_GPT_NAME
 
     # BigBird with no global, window or random block: no key is left for any query.
     at = open_page("app_pages/masks.py", masks_pattern="bigbird", masks_global_blocks=0, masks_window_blocks=0,
@@ -253,8 +254,8 @@ def test_checkpoints_page_states_the_dense_views_limit_of_the_current_model(tmp_
 
     from transformers import GPT2Config
 
-    from attnviz.models.loading import bundled_models
     from attnviz.models.record import DENSE_CELLS, DENSE_LIMIT
+    from attnviz.models.shipped import bundled_models
     from tests.tiny_models import VOCAB
 
     config = GPT2Config(vocab_size=VOCAB, n_positions=1024, n_embd=24, n_layer=12, n_head=12)  # GPT-2 small's shape
@@ -275,10 +276,9 @@ def test_checkpoints_page_states_the_dense_views_limit_of_the_current_model(tmp_
 def test_sidebar_model_help_names_every_bundled_model():
     from streamlit.testing.v1 import AppTest
 
-    from attnviz.models.loading import bundled_models
-    from tests.apptest_helpers import ROOT
+    from attnviz.models.shipped import bundled_models
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()  # app.py draws the sidebar
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120).run()  # app.py draws the sidebar
     assert not at.exception, [e.value for e in at.exception]
     help_text = at.selectbox(key="model").help
     for name in bundled_models():
@@ -319,7 +319,7 @@ def test_cross_attention_caption_says_only_what_the_tiny_gpt_tokens_do():
     embeddings (one head, identity projections: softmax of √d · cosine); its whole-word embeddings started from
     BERT's, so kitten finds cat."""
     from attnviz.core.tokens_display import BYTE_LEVEL, readable_token
-    from attnviz.models.loading import BUNDLED_GPT_DIR
+    from attnviz.models.shipped import BUNDLED_GPT_DIR
 
     bundle = load_model_dir(BUNDLED_GPT_DIR)
     source, target = TEXT, "A kitten rested on the rug."

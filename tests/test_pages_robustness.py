@@ -105,8 +105,7 @@ def test_no_download_reruns_its_page():
 
     root = Path(__file__).resolve().parent.parent
     calls = []
-    pages = sorted((root / "app_pages").glob("*.py"))
-    for path in [root / "app.py", *pages, *sorted((root / "attnviz").rglob("*.py"))]:
+    for path in [root / "app.py", *sorted((root / "attnviz").rglob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "download_button":
                 on_click = {k.arg: k.value for k in node.keywords}.get("on_click")

@@ -3,8 +3,8 @@ Next / Previous links are checked in Chromium, tests/e2e/test_presentation_in_br
 
 from streamlit.testing.v1 import AppTest
 
+from attnviz.app import SCRIPT
 from attnviz.ui import frame
-from tests.apptest_helpers import ROOT
 
 SCRIPTS = {"Attention step by step": "app_pages/step_by_step.py", "Scaling and softmax": "app_pages/scaling.py",
            "Masks": "app_pages/masks.py", "Positional encodings": "app_pages/positional.py",
@@ -23,12 +23,12 @@ def test_the_story_runs_from_the_mechanism_to_the_systems():
 
 
 def test_presentation_mode_comes_from_the_link():
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120)
     at.query_params["presentation_mode"] = "true"
     at.run()
     assert at.session_state["presentation_mode"] is True
     assert any("stMainBlockContainer" in m.value for m in at.markdown)  # the full-width style is on
-    plain = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    plain = AppTest.from_file(str(SCRIPT), default_timeout=120).run()
     assert plain.session_state["presentation_mode"] is False
     assert not any("stMainBlockContainer" in m.value for m in plain.markdown)
 

@@ -2,6 +2,7 @@
 
 import builtins
 
+from attnviz.app import SCRIPT
 from attnviz.system import runtime
 
 
@@ -26,13 +27,12 @@ def test_missing_triton_is_reported_with_what_needs_it(monkeypatch):
 def test_app_starts_and_says_so_without_triton(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from tests.apptest_helpers import ROOT
 
     monkeypatch.setattr(
         runtime, "optional_features",
         lambda: [runtime.OptionalFeature("triton", False, None, runtime.OPTIONAL_PACKAGES["triton"])],
     )
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120).run()
     assert not at.exception
     notes = [m.value for m in at.sidebar.markdown]
     assert any("triton** is not installed" in note and "flash-attention kernel" in note for note in notes), notes

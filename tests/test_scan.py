@@ -464,7 +464,7 @@ def test_the_command_line_scans_stops_and_resumes(tmp_path, capsys):
     import json
 
     from attnviz.corpus.scan.__main__ import main
-    from attnviz.models.loading import DEFAULT_MODEL_NAME
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS), encoding="utf-8")

@@ -12,7 +12,8 @@ from attnviz.corpus.documents import Corpus, Document, bundled_corpus
 from attnviz.corpus.scan import store
 from attnviz.corpus.scan.heads import CRITERIA, LABELS, SCAN_STATISTICS, document_partial
 from attnviz.corpus.scan.runner import ScanSettings, run_scan
-from attnviz.models.loading import BUNDLED_GPT_DIR, load_model_dir
+from attnviz.models.loading import load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 
 MAX_TOKENS = 96
 

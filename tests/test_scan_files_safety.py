@@ -132,7 +132,7 @@ def _this_browsers_scan(at, documents: int, tokens: int):
     from attnviz.checkpoints.keep import BrowserStore
     from attnviz.corpus.document_probe import facts_of
     from attnviz.corpus.scan.runner import scan_key
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 
     settings = ScanSettings(max_docs=documents, max_tokens=tokens, qk_points=0)
     key = scan_key(facts_of(None)["fingerprint"], bundled_models()[DEFAULT_MODEL_NAME], settings, "float32")

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir
+from attnviz.models.shipped import DEFAULT_MODEL_NAME, default_model_dir
 from attnviz.ui import loaded_models
 from attnviz.ui.caches.shared_measurements import SharedMeasurements
 from attnviz.ui.frame import logged_run

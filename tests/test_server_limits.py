@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from attnviz.app import SCRIPT
 from attnviz.checkpoints import disk
 from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.ui.links import unusable
@@ -32,7 +33,7 @@ def test_numbers_no_widget_can_take_are_named():
 def test_a_link_with_an_infinite_number_opens_the_page_and_leaves_the_url(params, kept, clean_streamlit_caches):
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120)
     for key, value in params.items():
         at.query_params[key] = value
     at.run()
@@ -92,7 +93,7 @@ def test_every_uploader_refuses_past_its_own_limit_before_the_upload():
     """Each uploader states its limit to the browser (``max_upload_size``), so an honest client never sends more;
     only the checkpoint uploaders take the server's whole ``server.maxUploadSize`` (their real need)."""
     found = {}
-    widget_files = [*(ROOT / "app_pages").glob("*.py"), *(ROOT / "attnviz" / "ui").rglob("*.py")]
+    widget_files = [*(ROOT / "attnviz" / "app").rglob("*.py"), *(ROOT / "attnviz" / "ui").rglob("*.py")]
     for path in sorted(widget_files):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "file_uploader":

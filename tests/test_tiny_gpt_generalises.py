@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnviz.core import circuits
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation import heads as gen_heads

@@ -19,7 +19,8 @@ from attnviz.core.tokens_display import (
     tokenizer_style,
 )
 from attnviz.models.capture import capture
-from attnviz.models.loading import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME, FallbackTokenizer, load_model_dir
+from attnviz.models.loading import FallbackTokenizer, load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR, BUNDLED_GPT_NAME
 from attnviz.pagelogic.explore_heads import matrices
 from attnviz.pagelogic.explore_heads.bertviz_view import bertviz_html
 from attnviz.pagelogic.explore_heads.compare import compare_figures

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.tiny_gpt import train as train_tiny
 
 

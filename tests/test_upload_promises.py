@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnviz.app import SCRIPT
 from attnviz.checkpoints import disk, keep, preflight
 from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.checkpoints.uploads import prepare_folder_path, prepare_zip
@@ -265,14 +266,13 @@ def test_an_unexpected_error_becomes_a_message_not_a_traceback(monkeypatch, clea
     from streamlit.testing.v1 import AppTest
 
     from attnviz.pagelogic.explore_heads import views
-    from tests.apptest_helpers import ROOT
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
 
     monkeypatch.setenv("ATTNVIZ_STRICT_ERRORS", "0")
     monkeypatch.setattr(views, "view_figure", broken)  # the page imports it from there
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(SCRIPT), default_timeout=120).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Something went wrong on this page (KeyError: 'a bug')" in e.value for e in at.error), (
         [e.value for e in at.error])

@@ -170,8 +170,13 @@ def test_folder_path(tiny_gpt2, tmp_path):
 
 
 def test_limits_match_the_server_config():
-    config = Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml"
+    """The app's settings sit beside its script (what `attnviz serve` reads); a checkout's .streamlit/config.toml,
+    read by `streamlit run app.py`, is the same file's copy."""
+    root = Path(__file__).resolve().parents[1]
+    config = root / "attnviz" / "app" / ".streamlit" / "config.toml"
+    assert safety.STREAMLIT_CONFIG == config
     assert f"maxUploadSize = {safety.MAX_UPLOAD_BYTES // 1024**2}" in config.read_text()
+    assert (root / ".streamlit" / "config.toml").read_text() == config.read_text()
 
 
 def test_config_far_larger_than_its_weights_is_refused_before_allocating(tiny_gpt2, tmp_path):

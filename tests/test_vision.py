@@ -13,8 +13,9 @@ from PIL import Image
 from attnviz.bench.tiny import VISION_KINDS
 from attnviz.core import vision
 from attnviz.models.capture import capture_image
-from attnviz.models.loading import default_model_dir, folder_reads_images, load_model_dir
+from attnviz.models.loading import folder_reads_images, load_model_dir
 from attnviz.models.replay_check import replay_difference
+from attnviz.models.shipped import default_model_dir
 from tests.apptest_helpers import figures, open_page
 
 PREFIX = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]"], "clip_vision_model": ["[CLS]"],

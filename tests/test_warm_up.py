@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from attnviz.app import SCRIPT
 from attnviz.ui import captures, lifespan, loaded_models
 from attnviz.ui.caches import explore_heads as explore_cache
 from tests.apptest_helpers import ROOT, open_page
@@ -17,15 +18,17 @@ from tests.apptest_helpers import ROOT, open_page
 warm_up_module = importlib.import_module("attnviz.ui.warm_up")  # the module, not its function
 
 
-def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
-    """`streamlit run app.py` serves an ASGI app when the file defines one (Streamlit reads the file's syntax tree);
-    imported as a module, app.py builds it with the warm-up lifespan and runs no page code."""
+@pytest.mark.parametrize("served", ["app.py", "attnviz/app/streamlit_app.py"])
+def test_streamlit_run_finds_the_asgi_app(monkeypatch, served):
+    """`streamlit run app.py` (a checkout) and `attnviz serve` (the installed script) serve an ASGI app: Streamlit
+    reads the file's syntax tree; imported as a module, the file builds it with the warm-up lifespan, on the app's
+    script, and runs no page code."""
     import streamlit as st
     from streamlit import config
     from streamlit.web.server.app_discovery import discover_asgi_app
 
-    found = discover_asgi_app(ROOT / "app.py")
-    assert found.is_asgi_app and found.import_string == "app:app"
+    found = discover_asgi_app(ROOT / served)
+    assert found.is_asgi_app and found.import_string == f"{Path(served).stem}:app"
 
     monkeypatch.setattr(config, "_main_script_path", None)  # st.App pins it; leave the test process as it was
 
@@ -34,11 +37,11 @@ def test_streamlit_run_finds_app_py_s_asgi_app(monkeypatch):
 
     monkeypatch.setattr(st, "set_page_config", page_code)
     monkeypatch.setattr(st, "navigation", page_code)
-    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")
+    spec = importlib.util.spec_from_file_location(Path(served).stem, ROOT / served)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert isinstance(module.app, st.App)
-    assert Path(module.app.script_path).resolve() == ROOT / "app.py"
+    assert Path(module.app.script_path).resolve() == SCRIPT
     assert module.app._user_lifespan is lifespan.server_lifespan
 
 
@@ -147,7 +150,7 @@ def test_app_py_says_when_a_session_has_run(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setattr(lifespan, "SESSION_RAN", threading.Event())
-    AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    AppTest.from_file(str(SCRIPT), default_timeout=120).run()
     assert lifespan.SESSION_RAN.is_set()
 
 

@@ -4,7 +4,8 @@ bundled BERT loaded as the app loads it."""
 import json
 
 from attnviz.bench.tiny import TOKENIZER_FILES, VOCAB, make_tiny_checkpoint, tiny_config, zip_folder
-from attnviz.models.loading import BUNDLED_GPT_DIR, DEFAULT_MODEL_NAME, ModelBundle, default_model_dir, load_model_dir
+from attnviz.models.loading import ModelBundle, load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_DIR, DEFAULT_MODEL_NAME, default_model_dir
 
 __all__ = ["TINY_GPT_HEADS", "TINY_GPT_LAYERS", "TOKENIZER_FILES", "VOCAB", "bundled_bert", "make_tiny_checkpoint",
            "tiny_config", "zip_folder"]

@@ -11,9 +11,9 @@ from pathlib import Path
 from attnviz.system.runtime import configure_environment
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m attnviz.bench") -> argparse.ArgumentParser:
     """One sub-command per benchmark, with its own options."""
-    parser = argparse.ArgumentParser(prog="python -m attnviz.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     explore_parser = commands.add_parser("explore", help="the Explore heads page on the default model")
     explore_parser.add_argument("--repeats", type=int, default=7)
@@ -155,9 +155,9 @@ def write_report(report: dict, out: Path) -> None:
     print(f"JSON written to {out}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m attnviz.bench") -> int:
     configure_environment()
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
 
     from attnviz.system.measure import environment
 

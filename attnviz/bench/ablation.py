@@ -38,7 +38,7 @@ def _texts(count: int) -> list[str]:
 
 def _model(folder: str | None, layers: int, heads: int, width: int):
     from attnviz.interventions.edits import ATTENTION_NAME, editable_lm
-    from attnviz.models.loading import default_model_dir
+    from attnviz.models.shipped import default_model_dir
 
     if folder:
         return editable_lm(folder), Path(folder).name

@@ -53,17 +53,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+CHECKOUT_COMMAND = (sys.executable, "-m", "streamlit", "run", "app.py")  # as the README says, in the checkout
+
+
 @contextlib.contextmanager
-def streamlit_server(extra_env: dict | None = None, timeout: float = 90):
-    """A fresh ``streamlit run app.py`` on a free port; yields a :class:`Server` once /_stcore/health answers."""
+def streamlit_server(extra_env: dict | None = None, timeout: float = 90, command: tuple[str, ...] = CHECKOUT_COMMAND,
+                     cwd: Path = ROOT):
+    """A fresh ``streamlit run app.py`` (or ``command``, e.g. an installed ``attnviz serve``, run in ``cwd``) on a
+    free port; yields a :class:`Server` once /_stcore/health answers."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))  # app.py sets the offline variables
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))  # the app sets the offline variables
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+        [*command, "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -20,8 +20,9 @@ def sentence_of(n_tokens: int, tokenizer) -> str:
 
 def bench_explore(repeats: int) -> dict:
     from attnviz.models.capture import capture
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, default_model_dir, load_model_dir
+    from attnviz.models.loading import load_model_dir
     from attnviz.models.replay_check import replay_difference
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME, default_model_dir
     from attnviz.pagelogic.explore_heads.options import VIEWS, ViewOptions
     from attnviz.pagelogic.explore_heads.statistics import statistics_table
     from attnviz.pagelogic.explore_heads.views import view_figure

@@ -27,7 +27,7 @@ def make_checkpoint(folder: Path, *, layers: int = 8, d_model: int = 512, heads:
     import torch
     from transformers import LlamaConfig, LlamaModel
 
-    from attnviz.models.loading import default_model_dir
+    from attnviz.models.shipped import default_model_dir
 
     config = LlamaConfig(vocab_size=30522, hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions)

@@ -24,6 +24,7 @@ from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "attnviz" / "app" / "streamlit_app.py"  # the app's script (a file: the benchmarks sit below the app)
 WARM_TARGET_S = 0.3  # a warm rerun (a widget change, the same sentence and model) on the server, on a laptop CPU
 WIDGET_KINDS = ("number_input", "slider", "select_slider", "selectbox", "segmented_control", "radio", "toggle",
                 "checkbox", "multiselect")
@@ -68,7 +69,8 @@ def scans_root() -> Path:
     once per run (removed when the process ends): what the corpus page's visits read."""
     from attnviz.corpus.documents import Corpus, bundled_corpus
     from attnviz.corpus.scan.runner import ScanSettings, run_scan
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 
     root = Path(tempfile.mkdtemp(prefix="attnviz-bench-pages-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
@@ -126,7 +128,10 @@ def profiled(action) -> cProfile.Profile:
     return profiler
 
 
-OWN_FOLDERS = ("attnviz", "app_pages")  # the repository's code; not tests/, nor a virtual environment inside it
+OWN_FOLDERS = ("attnviz",)  # the repository's code (the app and its pages too); not tests/, nor a virtual environment
+
+
+APP_SCRIPTS = ("app", "attnviz.app.streamlit_app")  # the navigation and sidebar around every page
 
 
 def own_module(filename: str, root: Path = ROOT) -> str | None:
@@ -150,8 +155,8 @@ def own_module(filename: str, root: Path = ROOT) -> str | None:
 
 
 def page_module(script: str) -> str:
-    """``app_pages/explore_heads.py`` -> ``pages.explore_heads``."""
-    return ".".join(Path(script).with_suffix("").parts)
+    """``app_pages/explore_heads.py`` (as the app's script names it) -> ``attnviz.app.app_pages.explore_heads``."""
+    return ".".join(("attnviz", "app", *Path(script).with_suffix("").parts))
 
 
 def slowest_parts(profiler: cProfile.Profile, script: str, total_s: float, top: int = 3) -> list[tuple[str, float]]:
@@ -161,7 +166,8 @@ def slowest_parts(profiler: cProfile.Profile, script: str, total_s: float, top: 
     parts = []
     for (filename, _line, function), (_cc, _nc, _tt, cumulative, _callers) in stats.stats.items():
         module = own_module(filename)
-        if module is None or module == "app" or (module == page_module(script) and function in ("<module>", "main")):
+        if module is None or module in APP_SCRIPTS or (
+                module == page_module(script) and function in ("<module>", "main")):
             continue
         parts.append((f"{module}.{function}", min(cumulative / total_s, 1.0)))
     parts.sort(key=lambda part: -part[1])
@@ -176,7 +182,7 @@ def bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> d
 def _bench_page(visit: PageVisit, repeats: int, sentence: str | None = None) -> dict:
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at = AppTest.from_file(str(SCRIPT), default_timeout=600)
     if sentence is not None:
         at.session_state["sentence"] = sentence
     for key, value in visit.state:

@@ -98,7 +98,8 @@ def bench_scan(documents: int = 1_000, max_tokens: int = 128, ray_workers: tuple
     """``model``: a checkpoint folder or a bundled model's name (default: the bundled BERT)."""
     from attnviz.corpus.documents import Corpus, bundled_corpus
     from attnviz.corpus.scan.runner import ScanSettings, run_scan
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 
     model = model or DEFAULT_MODEL_NAME
     bundled = bundled_models()

@@ -53,9 +53,9 @@ steps["import streamlit"] = time.perf_counter() - start
 mark = time.perf_counter()
 import attnviz.ui.warm_up, attnviz.pagelogic.explore_heads, attnviz.viz.heads
 steps["import attnviz (torch, transformers, plotly)"] = time.perf_counter() - mark
-from attnviz.models import loading
+from attnviz.models import loading, shipped
 mark = time.perf_counter()
-bundle = loading.load_model_dir(loading.default_model_dir(), name="bundled", timings=steps)
+bundle = loading.load_model_dir(shipped.default_model_dir(), name="bundled", timings=steps)
 steps["load the bundled model (total)"] = time.perf_counter() - mark
 print(json.dumps(steps))
 """

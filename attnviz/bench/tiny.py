@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from attnviz.models.architectures import TESTED_VISION_TYPES
-from attnviz.models.loading import default_model_dir
+from attnviz.models.shipped import default_model_dir
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"]
 VOCAB = 30522  # the bundled tokenizer's vocabulary

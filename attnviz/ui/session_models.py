@@ -13,7 +13,8 @@ import streamlit as st
 from attnviz.checkpoints import keep
 from attnviz.checkpoints.safety import MAX_UPLOAD_BYTES, CheckpointRefused
 from attnviz.checkpoints.uploads import prepare_folder_path
-from attnviz.models.loading import DEFAULT_MODEL_NAME, ModelBundle, bundled_models
+from attnviz.models.loading import ModelBundle
+from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 from attnviz.ui.loaded_models import forget_loaded, load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.session_uploads import session_uploads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.models.loading import DEFAULT_MODEL_NAME
+from attnviz.models.shipped import DEFAULT_MODEL_NAME
 from attnviz.tiny_gpt.text import DEFAULT_SENTENCE
 
 MAX_SENTENCE_CHARS = 5000

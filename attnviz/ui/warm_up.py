@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import attnviz.pagelogic.explore_heads  # noqa: F401 - the page's own imports (analysis, vision, the figures)
 import attnviz.viz.heads  # noqa: F401
 import attnviz.viz.vision  # noqa: F401
-from attnviz.models.loading import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
+from attnviz.models.shipped import BUNDLED_GPT_NAME, DEFAULT_MODEL_NAME, bundled_models, default_model_dir
 from attnviz.pagelogic import flash as flash_page
 from attnviz.ui.caches.explore_heads import cached_replay_difference
 from attnviz.ui.caches.flash import cached_tiling

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def scans_root(tmp_path_factory):
     from attnviz.corpus.scan.__main__ import main
-    from attnviz.models.loading import DEFAULT_MODEL_NAME
+    from attnviz.models.shipped import DEFAULT_MODEL_NAME
 
     root = tmp_path_factory.mktemp("scans")
     assert main(["bundled", "--model", DEFAULT_MODEL_NAME, "--out", str(root / "bundled.duckdb"), "--max-docs",

@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from app import PAGES
+from attnviz.app.streamlit_app import PAGES
 from tests.e2e.conftest import streamlit_server, wait_until_idle
 
 pytestmark = pytest.mark.e2e

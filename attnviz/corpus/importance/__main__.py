@@ -20,7 +20,7 @@ from attnviz.corpus.importance.runner import ImportanceSettings
 def measure_importance(options: RunOptions, settings: ImportanceSettings, progress, should_stop, measure):
     """The corpus read, the model chosen (the run loads it), and every head measured."""
     from attnviz.corpus.importance.runner import read_corpus_spec, run_importance
-    from attnviz.models.loading import bundled_models
+    from attnviz.models.shipped import bundled_models
 
     corpus = read_corpus_spec(options.corpus, split=options.split, field_name=options.field_name,
                               keep=settings.max_docs)
@@ -38,8 +38,8 @@ IMPORTANCE = RunCommand(
     results_words="a DuckDB file", refusals=(ValueError,), verb="run", run=measure_importance)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_command(IMPORTANCE, argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return run_command(IMPORTANCE, argv, prog)
 
 
 if __name__ == "__main__":

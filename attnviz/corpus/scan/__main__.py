@@ -22,7 +22,8 @@ def scan(options: RunOptions, settings: ScanSettings, progress, should_stop, mea
     from attnviz.corpus.document_files import open_corpus
     from attnviz.corpus.documents import CorpusRefused
     from attnviz.corpus.scan.runner import run_scan
-    from attnviz.models.loading import bundled_models, load_model_dir
+    from attnviz.models.loading import load_model_dir
+    from attnviz.models.shipped import bundled_models
 
     corpus = open_corpus(options.corpus, split=options.split, field_name=options.field_name, keep=settings.max_docs)
     for line in corpus.report.lines():
@@ -43,8 +44,8 @@ SCAN = RunCommand(
     results_words="a scan's database", refusals=(), verb="scan", run=scan)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_command(SCAN, argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return run_command(SCAN, argv, prog)
 
 
 if __name__ == "__main__":

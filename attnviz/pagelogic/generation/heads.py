@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.core import analysis, circuits
-from attnviz.models.loading import BUNDLED_GPT_DIR
+from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.pagelogic.generation.decode import context_length
 from attnviz.tiny_gpt.text import HELD_OUT_SHARE, documentation_text, split_text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz.models.loading import BUNDLED_GPT_NAME
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation import heads as gen_heads
 from attnviz.pagelogic.generation import sequence as gen_sequence

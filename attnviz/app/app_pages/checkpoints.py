@@ -6,8 +6,9 @@ import streamlit as st
 from attnviz.checkpoints import keep, safety
 from attnviz.checkpoints.uploads import model_root, prepare_folder_path, prepare_single_files, prepare_zip
 from attnviz.models import architectures
-from attnviz.models.loading import DEFAULT_MODEL_NAME, MAX_PARAMETERS, bundled_models
+from attnviz.models.loading import MAX_PARAMETERS
 from attnviz.models.record import DENSE_CELLS, DENSE_LIMIT, dense_token_limit
+from attnviz.models.shipped import DEFAULT_MODEL_NAME, bundled_models
 from attnviz.ui.frame import start_page
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text

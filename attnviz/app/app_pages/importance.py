@@ -12,7 +12,8 @@ from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import patching as patch
 from attnviz.interventions.edits import editable
-from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.models.loading import architecture_of_folder
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from attnviz.models.with_heads import declares_masked_lm_head
 from attnviz.pagelogic import importance as importance_page
 from attnviz.pagelogic import importance_words as words

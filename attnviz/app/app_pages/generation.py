@@ -9,7 +9,8 @@ import logging
 import streamlit as st
 
 from attnviz.models.capture import capture
-from attnviz.models.loading import BUNDLED_GPT_NAME, architecture_of_folder
+from attnviz.models.loading import architecture_of_folder
+from attnviz.models.shipped import BUNDLED_GPT_NAME
 from attnviz.pagelogic.generation import decode as gen
 from attnviz.pagelogic.generation import figures as gen_figures
 from attnviz.pagelogic.generation import heads as gen_heads

@@ -1,0 +1,11 @@
+"""attnviz from Python: the notebook API, on the same code the pages use. ``import attnviz`` gives its names
+(``attnviz.capture``, ``attnviz.show``, ``attnviz.detect``, ``attnviz.scan``, ``attnviz.importance``).
+
+- ``capture``: ``capture(model, tokenizer, text)`` on a model in memory, a checkpoint folder or a bundled model's
+  name: a ``Captured`` (its tokens, every head's weights, the replay check); ``bundle_of`` gives the ``ModelBundle``
+- ``show``: the pages' figures (``head``, ``grid``, ``lines``, ``qk_map``, ``importance_map``), shown inline offline
+- ``detect``: every head scored on a pattern (induction, previous-token, duplicate-token, or one's own), as a
+  DataFrame
+- ``runs``: corpus scans and importance runs from a notebook (``scan``, ``importance``), with a progress bar and a
+  resumable stop, their DuckDB files read as DataFrames (``ScanRun``, ``ImportanceRun``)
+"""
