@@ -8,4 +8,5 @@
   DataFrame
 - ``runs``: corpus scans and importance runs from a notebook (``scan``, ``importance``), with a progress bar and a
   resumable stop, their DuckDB files read as DataFrames (``ScanRun``, ``ImportanceRun``)
+- ``reference``: docs/api.md, written from these modules' docstrings
 """

@@ -74,6 +74,9 @@ class NotebookFigure(go.Figure):
     inline (see the module's docstring). ``caption``: what to notice in it, in one sentence."""
 
     caption = ""  # a class attribute: Plotly's figures accept only attributes they know
+    # Plotly's Figure displays itself through its default renderer (some use a CDN, some send no HTML at all);
+    # without that hook IPython asks for the mimebundle below, plotly.js inline
+    _ipython_display_ = None
 
     def offline_html(self) -> str:
         """The figure as an HTML fragment: plotly.js inline in the first one of the process (or in every one, see

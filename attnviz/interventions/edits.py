@@ -187,7 +187,9 @@ def attention_modules(model: torch.nn.Module, inputs: dict) -> list[AttentionMod
         modules.append(AttentionModule(name, heads, kind, counts.get(kind, 0)))
         counts[kind] = counts.get(kind, 0) + 1
     if not modules:
-        raise RuntimeError(f"no attention call was observed in {type(model).__name__}")
+        raise RuntimeError(f"no attention call was observed in {type(model).__name__}: edits act where attnviz's "
+                           "attention function runs, so the model must use it (a model attnviz loaded does; for one "
+                           "loaded by hand, attnviz.bundle_of(model, tokenizer) switches it, as the API's docs say)")
     return modules
 
 
