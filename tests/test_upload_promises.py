@@ -1,4 +1,4 @@
-"""The promises the README makes for a shared server, each checked where the hostile-input suite cannot:
+"""The promises docs/deployment.md makes for a shared server, each checked where the hostile-input suite cannot:
 refusals that reveal nothing about the disk, disk bounds with several browsers at once, a load that says what
 it waits for, and NaN named on the pages."""
 

@@ -48,7 +48,7 @@ def browser_cookie_script(store: keep.BrowserStore | None) -> str:
     """A script that sets the browser's key cookie, renewed on every visit so that it lasts as long as the kept
     models (``keep_hours`` after the last visit); ``SameSite=Strict`` (not sent with requests from other sites) and
     ``Secure`` over HTTPS. Browsers share cookies between all ports of one host name: on a host that serves other
-    web apps, give attnviz a host name of its own (README, Run it for a group)."""
+    web apps, give attnviz a host name of its own (docs/deployment.md, Run it for a group)."""
     if store is None:
         return ""
     settings = {"name": keep.COOKIE, "key": st.session_state["browser_key"],  # [A-Za-z0-9_-] only (keep.valid_key)
