@@ -7,6 +7,8 @@ Every contender runs on the same inputs in the same run; peak memory is measured
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from attnviz.flash.cases import AttentionCase, measure_peak_memory
@@ -14,6 +16,8 @@ from attnviz.flash.dispatch import run_contender
 from attnviz.system.measure import median_seconds
 
 CPU_CONTENDERS = ("naive", "tiled", "sdpa/flash", "sdpa/math", "flex")  # keys of attnviz.flash.CONTENDERS
+# The sweeps the Flash page draws as "saved benchmark" (shipped with the package: flash-*.json).
+RECORDED_SWEEPS = Path(__file__).resolve().parent / "recorded"
 # What the recorded figures are checked against (docs/benchmarks.md).
 TARGETS = {"tiled peak / sdpa flash peak": 2.0, "tiled peak / naive peak": 1 / 20, "tiled time / sdpa flash time": 2.5}
 

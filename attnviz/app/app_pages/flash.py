@@ -2,7 +2,6 @@
 
 import json
 import time
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -11,6 +10,7 @@ import torch
 from attnviz.core import mask_patterns
 from attnviz.core.units import TORCH_DTYPES, human_bytes, speed_ratio
 from attnviz.flash.cases import measure_peak_memory
+from attnviz.flash.cpu_sweep import RECORDED_SWEEPS
 from attnviz.flash.dispatch import CONTENDERS
 from attnviz.pagelogic import flash as flash_page
 from attnviz.system import measure
@@ -22,7 +22,6 @@ from attnviz.ui.pattern_widgets import pattern_widgets
 from attnviz.viz.charts import line_chart
 from attnviz.viz.matrix import SIGNED, mask_heatmap, matrix_heatmap
 
-SAVED_BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 TILE_FIGURE_WIDTH = 400  # px: the least the tile map's column is drawn at
 FLASH_JSON_MB = 4  # a benchmark's JSON is a few KB
 
@@ -264,14 +263,15 @@ def tiling_section(case) -> None:
 
 
 def saved_or_uploaded_report(chosen: dict):
-    saved = sorted(SAVED_BENCHMARKS.glob("flash-*.json")) if SAVED_BENCHMARKS.exists() else []
+    saved = sorted(RECORDED_SWEEPS.glob("flash-*.json")) if RECORDED_SWEEPS.exists() else []
     source = st.radio("Data", ["saved benchmark", "upload a benchmark JSON", "live sweep (small N)"], horizontal=True,
                       key="flash_scaling_source")
     if source == "saved benchmark":
         if saved:
             chosen_file = st.selectbox("Benchmark", saved, format_func=lambda p: p.name, key="flash_saved")
             return json.loads(chosen_file.read_text())
-        st.info("No saved benchmark in docs/bench/. Run `python -m attnviz.bench flash` and copy its JSON there.")
+        st.info("No saved benchmark ships with this installation: upload the JSON that `python -m attnviz.bench flash` "
+                "writes.")
         return None
     if source == "upload a benchmark JSON":
         uploaded = st.file_uploader("JSON from python -m attnviz.bench flash", type=["json"], key="flash_upload",
