@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch ``argv`` (default: the command line) to its subcommand; its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(overview())
+        try:
+            print(overview())
+        except BrokenPipeError:  # `attnviz --help | head`: the reader had enough
+            sys.stdout = None
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         from attnviz import __version__
