@@ -39,10 +39,14 @@ def __getattr__(name: str):
         from attnviz.api.detect import detect
 
         return detect
-    if name in ("scan", "importance", "open_scan", "open_importance"):
+    if name in ("scan", "importance"):
         from attnviz.api import runs
 
         return getattr(runs, name)
+    if name in ("open_scan", "open_importance"):
+        from attnviz.api import run_files
+
+        return getattr(run_files, name)
     raise AttributeError(f"module 'attnviz' has no attribute {name!r}")
 
 

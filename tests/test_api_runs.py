@@ -12,7 +12,7 @@ import pytest
 import torch
 from tqdm.std import tqdm
 
-from attnviz.api import runs
+from attnviz.api import run_files, runs
 from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.corpus.documents import Corpus, CorpusRefused, Document
 from attnviz.corpus.importance import store as istore
@@ -87,7 +87,7 @@ def api_scan(tmp_path_factory):
 
 
 def test_a_scan_through_the_api_writes_the_tables_run_scan_writes(api_scan, direct_scan):
-    assert isinstance(api_scan, runs.ScanRun)
+    assert isinstance(api_scan, run_files.ScanRun)
     assert (api_scan.status, api_scan.done, api_scan.planned) == ("finished", 6, 6)
     assert key_of(api_scan.path) == key_of(direct_scan)  # the same documents, model and limits
     assert_same_tables(tables(api_scan.path), tables(direct_scan))
@@ -112,7 +112,7 @@ def test_a_scan_through_the_api_writes_the_tables_run_scan_writes(api_scan, dire
         api_scan.df("nope")
     said = repr(api_scan)
     assert "\n" not in said and api_scan.path.name in said and "finished" in said and "6/6" in said
-    assert repr(runs.open_scan(api_scan.path)) == said
+    assert repr(run_files.open_scan(api_scan.path)) == said
 
 
 def test_a_finished_scan_is_returned_as_it_is_when_asked_again(api_scan):
@@ -227,7 +227,7 @@ def test_an_interrupt_stops_at_the_next_chunk_and_the_same_call_resumes(direct_s
     assert (stopped.status, stopped.done, stopped.planned) == ("stopped", 2, 6)  # the first chunk, committed
     said = capsys.readouterr().out
     assert "Stopped: 2 of 6 documents" in said and "again" in said and str(path) in said
-    reopened = runs.open_scan(path)  # readable as it is
+    reopened = run_files.open_scan(path)  # readable as it is
     assert len(reopened.df("documents")) == 2 and len(reopened.heads()) == 12
     monkeypatch.setattr(runs, "tqdm", tqdm)
     resumed = runs.scan(DOCUMENTS, "tiny GPT", path, progress=False, **SCAN)
@@ -304,7 +304,7 @@ def test_an_importance_run_through_the_api_writes_what_run_importance_writes(tmp
     assert (stopped.status, stopped.done) == ("stopped", 2)
     monkeypatch.setattr(runs, "tqdm", tqdm)
     run = runs.importance(DOCUMENTS, "tiny GPT", path, progress=False, **IMPORTANCE)
-    assert isinstance(run, runs.ImportanceRun) and (run.status, run.done, run.planned) == ("finished", 6, 6)
+    assert isinstance(run, run_files.ImportanceRun) and (run.status, run.done, run.planned) == ("finished", 6, 6)
     assert key_of(path, istore.ImportanceReader) == key_of(direct, istore.ImportanceReader)
     assert_same_tables(tables(path, istore.ImportanceReader), tables(direct, istore.ImportanceReader))
     assert run.objective == "next-token" and run.methods() == ["zero", "mean", "gradient"]
@@ -327,7 +327,7 @@ def test_an_importance_run_through_the_api_writes_what_run_importance_writes(tmp
     assert "finished" in repr(run) and "next-token" in repr(run)
     bundle = load_model_dir(BUNDLED_GPT_DIR, name=BUNDLED_GPT_NAME)  # the same run as the model's name names
     assert runs.importance(DOCUMENTS, bundle, path, progress=False, **IMPORTANCE).status == "finished"
-    assert repr(runs.open_importance(path)) == repr(run)
+    assert repr(run_files.open_importance(path)) == repr(run)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@
 - ``detect``: every head scored on a pattern (induction, previous-token, duplicate-token, or one's own), as a
   DataFrame
 - ``runs``: corpus scans and importance runs from a notebook (``scan``, ``importance``), with a progress bar and a
-  resumable stop, their DuckDB files read as DataFrames (``ScanRun``, ``ImportanceRun``)
+  resumable stop; ``run_files``: their DuckDB files read as DataFrames (``ScanRun``, ``ImportanceRun``,
+  ``open_scan``, ``open_importance``)
 - ``reference``: docs/api.md, written from these modules' docstrings
 """

@@ -24,8 +24,8 @@ SECTIONS = (
     ("attnviz.api.show", ("head", "grid", "lines", "qk_map", "importance_map", "NotebookFigure",
                           "plotlyjs_in_every_figure", "send_plotlyjs_again"), "Show"),
     ("attnviz.api.detect", ("detect",), "Detect"),
-    ("attnviz.api.runs", ("scan", "importance", "open_scan", "open_importance", "ScanRun", "ImportanceRun"),
-     "Corpus runs"),
+    ("attnviz.api.runs", ("scan", "importance"), "Corpus runs"),
+    ("attnviz.api.run_files", ("open_scan", "open_importance", "ScanRun", "ImportanceRun"), "Corpus runs' files"),
 )
 
 

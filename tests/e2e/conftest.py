@@ -42,6 +42,26 @@ def streamlit_server(extra_env: dict | None = None):
         shutil.rmtree(queue, ignore_errors=True)
 
 
+def offline_context(browser, **options):
+    """A browser context that lets requests reach only the app's own server (and data:/blob: URLs): every other
+    request is refused and its URL kept in the list returned beside the context, so a test can say none was made."""
+    from urllib.parse import urlparse
+
+    context = browser.new_context(**options)
+    outside = []
+
+    def guard(route):
+        host = urlparse(route.request.url).hostname
+        if host in ("127.0.0.1", "localhost") or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", guard)
+    return context, outside
+
+
 def upload_checkpoint(page, url: str, archive) -> None:
     """As a user does: open the app, go to Checkpoints, choose the zip, load it; waits for "Loaded <name>"."""
     page.goto(url)

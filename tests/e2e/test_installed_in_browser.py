@@ -1,12 +1,11 @@
 """`attnviz serve` from the installed package, run in a folder outside the checkout, seen in Chromium: healthy, the
 first page renders with its figures, a second page opens from the navigation, and nothing is asked of the network."""
 
-from urllib.parse import urlparse
 
 import pytest
 
 from attnviz.bench import browser as shared
-from tests.e2e.conftest import wait_until_idle
+from tests.e2e.conftest import offline_context, wait_until_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -17,18 +16,7 @@ def test_attnviz_serve_from_the_installed_package(installed_attnviz, browser, sc
         server = shared.streamlit_server(command=command, cwd=installed_attnviz.home,
                                          extra_env={"PYTHONPATH": ""}, timeout=120)
         with server as served:
-            context = browser.new_context(viewport={"width": 1400, "height": 1800})
-            outside = []
-
-            def guard(route):
-                if urlparse(route.request.url).hostname in ("127.0.0.1", "localhost") or \
-                        route.request.url.startswith(("data:", "blob:")):
-                    route.continue_()
-                else:
-                    outside.append(route.request.url)
-                    route.abort()
-
-            context.route("**/*", guard)
+            context, outside = offline_context(browser, viewport={"width": 1400, "height": 1800})
             page = context.new_page()
             page.goto(served.url)
             wait_until_idle(page)

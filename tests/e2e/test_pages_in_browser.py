@@ -2,12 +2,11 @@
 but the app's own server, screenshot saved."""
 
 import re
-from urllib.parse import urlparse
 
 import pytest
 
 from attnviz.app.streamlit_app import PAGES
-from tests.e2e.conftest import streamlit_server, wait_until_idle
+from tests.e2e.conftest import offline_context, streamlit_server, wait_until_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -23,18 +22,7 @@ def navigation_links(page, app_url):
 def test_every_page_renders_offline_without_exception(browser, app_url, screenshot_dir):
     """Every page renders, draws its figures and asks the network for nothing but the app's own server (everything
     works offline: no CDN script, no hub download)."""
-    context = browser.new_context(viewport={"width": 1500, "height": 3200})
-    outside = []
-
-    def guard(route):
-        host = urlparse(route.request.url).hostname
-        if host in ("127.0.0.1", "localhost") or route.request.url.startswith(("data:", "blob:")):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", guard)
+    context, outside = offline_context(browser, viewport={"width": 1500, "height": 3200})
     page = context.new_page()
     hrefs = navigation_links(page, app_url)
     assert len(hrefs) >= 8, "the navigation lists too few pages"
