@@ -12,7 +12,7 @@ import pytest
 import torch
 from tqdm.std import tqdm
 
-from attnviz.api import run_files, runs
+from attnviz.api import run_control, run_files, runs
 from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.corpus.documents import Corpus, CorpusRefused, Document
 from attnviz.corpus.importance import store as istore
@@ -218,7 +218,7 @@ def press_stop():
 @pytest.mark.parametrize("interrupt", [raise_keyboard_interrupt, press_stop], ids=["progress callback", "SIGINT"])
 def test_an_interrupt_stops_at_the_next_chunk_and_the_same_call_resumes(direct_scan, tmp_path, monkeypatch, capsys,
                                                                        interrupt):
-    monkeypatch.setattr(runs, "tqdm", type("Bar", (InterruptedBar,), {"interrupt": staticmethod(interrupt)}))
+    monkeypatch.setattr(run_control, "tqdm", type("Bar", (InterruptedBar,), {"interrupt": staticmethod(interrupt)}))
     monkeypatch.setattr(InterruptedBar, "fired", False)
     path = tmp_path / "scan.duckdb"
     stopped = runs.scan(DOCUMENTS, "tiny GPT", path, **SCAN)
@@ -229,7 +229,7 @@ def test_an_interrupt_stops_at_the_next_chunk_and_the_same_call_resumes(direct_s
     assert "Stopped: 2 of 6 documents" in said and "again" in said and str(path) in said
     reopened = run_files.open_scan(path)  # readable as it is
     assert len(reopened.df("documents")) == 2 and len(reopened.heads()) == 12
-    monkeypatch.setattr(runs, "tqdm", tqdm)
+    monkeypatch.setattr(run_control, "tqdm", tqdm)
     resumed = runs.scan(DOCUMENTS, "tiny GPT", path, progress=False, **SCAN)
     assert (resumed.status, resumed.done) == ("finished", 6)
     assert_same_tables(tables(path), tables(direct_scan))
@@ -296,13 +296,13 @@ def test_an_importance_run_through_the_api_writes_what_run_importance_writes(tmp
                            name=BUNDLED_GPT_NAME)
     assert state.status == istore.STATUS_FINISHED
     # interrupted after its first chunk of the heads' pass, then resumed: the same tables as one uninterrupted run
-    monkeypatch.setattr(runs, "tqdm", type("Bar", (InterruptedBar,), {"interrupt": staticmethod(
+    monkeypatch.setattr(run_control, "tqdm", type("Bar", (InterruptedBar,), {"interrupt": staticmethod(
         raise_keyboard_interrupt)}))
     monkeypatch.setattr(InterruptedBar, "fired", False)
     path = tmp_path / "api.duckdb"
     stopped = runs.importance(DOCUMENTS, "tiny GPT", path, **{**IMPORTANCE, "max_tokens": np.int64(16)})
     assert (stopped.status, stopped.done) == ("stopped", 2)
-    monkeypatch.setattr(runs, "tqdm", tqdm)
+    monkeypatch.setattr(run_control, "tqdm", tqdm)
     run = runs.importance(DOCUMENTS, "tiny GPT", path, progress=False, **IMPORTANCE)
     assert isinstance(run, run_files.ImportanceRun) and (run.status, run.done, run.planned) == ("finished", 6, 6)
     assert key_of(path, istore.ImportanceReader) == key_of(direct, istore.ImportanceReader)

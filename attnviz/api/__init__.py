@@ -6,8 +6,8 @@
 - ``show``: the pages' figures (``head``, ``grid``, ``lines``, ``qk_map``, ``importance_map``), shown inline offline
 - ``detect``: every head scored on a pattern (induction, previous-token, duplicate-token, or one's own), as a
   DataFrame
-- ``runs``: corpus scans and importance runs from a notebook (``scan``, ``importance``), with a progress bar and a
-  resumable stop; ``run_files``: their DuckDB files read as DataFrames (``ScanRun``, ``ImportanceRun``,
-  ``open_scan``, ``open_importance``)
+- ``runs``: corpus scans and importance runs from a notebook (``scan``, ``importance``); ``run_control``: their
+  progress bar and resumable stop; ``run_files``: their DuckDB files read as DataFrames (``ScanRun``,
+  ``ImportanceRun``, ``open_scan``, ``open_importance``)
 - ``reference``: docs/api.md, written from these modules' docstrings
 """

@@ -59,16 +59,14 @@ import itertools
 import json
 import numbers
 import re
-import signal
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from attnviz.api.run_control import ProgressBar, StopRequests, mark_stopped
 from attnviz.api.run_files import ImportanceRun, ScanRun, _RunFile
 from attnviz.checkpoints.safety import CheckpointRefused
 from attnviz.corpus.command import chosen_model
@@ -83,9 +81,8 @@ from attnviz.corpus.importance.runner import (
 )
 from attnviz.corpus.importance.store import ImportanceReader, ImportanceWriter
 from attnviz.corpus.options import SettingsRefused, checked_values
-from attnviz.corpus.runner import Progress
 from attnviz.corpus.scan.runner import ScanRefused, ScanSettings, run_scan, scan_key
-from attnviz.corpus.scan.store import STATUS_RUNNING, STATUS_STOPPED, ScanReader, ScanWriter
+from attnviz.corpus.scan.store import STATUS_STOPPED, ScanReader, ScanWriter
 from attnviz.models.loading import DTYPES, ModelBundle, load_model_dir
 from attnviz.models.shipped import bundled_models
 
@@ -123,7 +120,7 @@ def scan(corpus, model, path: str | Path | None = None, *, tokenizer=None, progr
     documents, model or limits) is refused, naming what differs."""
     chosen = _settings_of(ScanSettings, settings, "scan")
     _check_reading(split, dtype, ray, workers)
-    stops = _StopRequests()
+    stops = StopRequests()
     with stops.listening():
         documents, corpus_name = _corpus_of(corpus, split, field, chosen.max_docs)
         if ray and _in_memory(model):
@@ -135,12 +132,12 @@ def scan(corpus, model, path: str | Path | None = None, *, tokenizer=None, progr
             "corpus_fingerprint": documents.fingerprint, "model_folder": str(bundle.folder),
             "max_docs": chosen.max_docs, "max_tokens": chosen.max_tokens, "qk_points": chosen.qk_points})
         measure = _measure_on_ray(ray, workers, "scan")
-        with _ProgressBar(progress, min(chosen.max_docs, documents.count), done) as bar:
+        with ProgressBar(progress, min(chosen.max_docs, documents.count), done) as bar:
             try:
                 run_scan(documents, bundle, path, chosen, progress=stops.guarded(bar.show), should_stop=stops,
                          measure=measure, dtype=_load_dtype(model, bundle, dtype))
             except KeyboardInterrupt:  # interrupted again, mid-chunk: the chunk in flight was never committed
-                _mark_stopped(ScanWriter, path)
+                mark_stopped(ScanWriter, path)
     return _returned(ScanRun(path), "scan")
 
 
@@ -166,7 +163,7 @@ def importance(corpus, model, path: str | Path | None = None, *, tokenizer=None,
         settings["methods"] = tuple(part.strip() for part in settings["methods"].split(",") if part.strip())
     chosen = _settings_of(ImportanceSettings, settings, "importance")
     _check_reading(split, dtype, ray, workers)
-    stops = _StopRequests()
+    stops = StopRequests()
     with stops.listening():
         documents, corpus_name = _corpus_of(corpus, split, field, chosen.max_docs)
         source = _source_of(corpus)
@@ -179,13 +176,13 @@ def importance(corpus, model, path: str | Path | None = None, *, tokenizer=None,
             "corpus_fingerprint": documents.fingerprint, "model_folder": str(folder), "max_docs": chosen.max_docs,
             "max_tokens": chosen.max_tokens})
         measure = _measure_on_ray(ray, workers, "run")
-        with _ProgressBar(progress, min(chosen.max_docs, documents.count), done) as bar, \
+        with ProgressBar(progress, min(chosen.max_docs, documents.count), done) as bar, \
                 _edits_reach(loaded[0] if loaded else None):
             try:
                 run_importance(documents, folder, path, chosen, name=name, dtype=dtype, loaded=loaded, source=source,
                                progress=stops.guarded(bar.show), should_stop=stops, measure=measure)
             except KeyboardInterrupt:
-                _mark_stopped(ImportanceWriter, path)
+                mark_stopped(ImportanceWriter, path)
     return _returned(ImportanceRun(path), "importance")
 
 
@@ -445,93 +442,6 @@ def _measure_on_ray(ray: str | None, workers: int, verb: str):
     from attnviz.corpus.on_ray import on_ray
 
     return on_ray(ray, int(workers), 1, what=verb)
-
-
-# -- progress and stopping ---------------------------------------------------------------------------------------
-class _StopRequests:
-    """The run's ``should_stop``: True once an interrupt was asked. The notebook's stop button (and Ctrl-C) sends
-    SIGINT, which Python turns into a KeyboardInterrupt wherever the run is (inside a forward, in a commit): while
-    :meth:`listening`, the first one only asks for a stop, which the runner sees between chunks (every finished
-    chunk is committed, the one in flight dropped); a second one interrupts at once. A KeyboardInterrupt raised in
-    the progress callback (:meth:`guarded`) asks for a stop the same way."""
-
-    def __init__(self):
-        self.asked = False
-
-    def __call__(self) -> bool:
-        return self.asked
-
-    def ask(self) -> None:
-        self.asked = True
-
-    @contextlib.contextmanager
-    def listening(self) -> Iterator[None]:
-        """SIGINT asks for a stop for the time of the block (only the main thread can catch signals: elsewhere
-        nothing changes)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def interrupted(signum, frame):
-            if self.asked:  # asked twice: stop now, what was committed is kept
-                raise KeyboardInterrupt
-            self.ask()
-            print("Stopping after the chunk in progress (interrupt again to stop at once)…", flush=True)
-
-        before = signal.signal(signal.SIGINT, interrupted)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, before)
-
-    def guarded(self, report: Callable[[Progress], None]) -> Callable[[Progress], None]:
-        """``report`` as the runner's progress callback: a KeyboardInterrupt raised in it (the chunk it reports is
-        committed already) asks for a stop instead of leaving the runner in the middle of its loop."""
-
-        def reported(state: Progress) -> None:
-            try:
-                report(state)
-            except KeyboardInterrupt:
-                self.ask()
-
-        return reported
-
-
-class _ProgressBar:
-    """A ``tqdm.auto`` bar over the run's documents, moved by the runner's progress reports (after each chunk);
-    its description says the pass (an importance run's first pass computes the corpus means) and the sample of
-    queries and keys a scan keeps at its end."""
-
-    def __init__(self, shown: bool, planned: int, done: int):
-        self.bar = tqdm(total=planned, initial=min(done, planned), unit="doc", desc="documents") if shown else None
-
-    def show(self, state: Progress) -> None:
-        if self.bar is None:
-            return
-        phase = getattr(state, "phase", None)
-        self.bar.set_description("corpus means (first pass)" if phase == "means" else "documents", refresh=False)
-        if state.sample_planned:
-            self.bar.set_postfix_str(f"queries and keys of {state.sampled}/{state.sample_planned} documents kept",
-                                     refresh=False)
-        self.bar.total = state.planned
-        self.bar.update(state.done - self.bar.n)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _mark_stopped(writer: type, path: Path) -> None:
-    """A run cut short by an interrupt mid-chunk marked stopped (its committed chunks are whole: each was one
-    transaction); nothing where it never began or had already finished."""
-    if not path.is_file():
-        return
-    with writer(path) as opened:
-        if opened.settings().get("status") == STATUS_RUNNING:
-            opened.set(status=STATUS_STOPPED)
 
 
 def _returned(run: _RunFile, function: str):
