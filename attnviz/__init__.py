@@ -7,7 +7,8 @@ In a notebook::
     attnviz.show.grid(captured, layer=2)          # every head of a layer, as Explore heads draws it
     attnviz.detect(captured, "induction")         # every head's score, highest first (a pandas DataFrame)
 
-``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan`` and ``open_importance`` come from
+``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan``, ``open_importance``, ``patch``, ``paths``,
+``induction_examples`` and ``example`` come from
 ``attnviz.api`` and are imported on first use, so ``import attnviz`` alone stays light. The installed command is
 ``attnviz`` (``attnviz serve`` runs the app; ``python -m attnviz`` is the same command).
 
@@ -22,7 +23,8 @@ The package's folders, from the bottom layer up (docs/architecture.md draws them
 
 __version__ = "0.1.0"
 
-__all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "__version__"]
+__all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "patch", "paths",
+           "induction_examples", "example", "__version__"]
 
 
 def __getattr__(name: str):
@@ -43,6 +45,10 @@ def __getattr__(name: str):
         from attnviz.api import runs
 
         return getattr(runs, name)
+    if name in ("patch", "paths", "induction_examples", "example"):
+        from attnviz.api import patching
+
+        return getattr(patching, name)
     if name in ("open_scan", "open_importance"):
         from attnviz.api import run_files
 

@@ -134,38 +134,73 @@ def test_an_encoder_is_measured_by_its_hidden_states_and_says_so(_clean):
     assert zero[0, 0] == pytest.approx(float(expected.per_text[0, 0].mean()), rel=1e-4)
 
 
-def test_patching_the_preset_shows_the_restored_share_of_each_head_and_position(_clean):
+def test_patching_the_preset_shows_each_layer_and_position_with_its_spread(_clean):
+    """The experiment's first look: the residual stream patched at each layer and position on eight induction
+    examples; the map is the mean of attnviz.patch's shares, the hover carries each cell's interval, and the
+    sentence under it names the largest cell with the numbers the map shows."""
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
     code = at.code[0].value
     assert code.startswith("clean") and "corrupted" in code
-    at.number_input(key="imp_patch_seed").set_value(6).run()
+    at.number_input(key="pat_seed").set_value(6).run()
     assert at.code[0].value != code  # another draw of random tokens
-    at.slider(key="imp_patch_period").set_value(40).run()
-    assert any("the 21st token of the first copy" in c.value for c in at.caption)  # it said "21th"
-    at.button(key="imp_patch_run").click().run()
+    at.slider(key="pat_period").set_value(40).run()
+    assert any("the 21st token of the first copy" in c.value for c in at.caption)
+    at.slider(key="pat_examples").set_value(3).run()
+    at.button(key="pat_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert not at.warning and not at.error  # the default example is one the default model does
-    assert any(c.value.endswith("each logit difference is read at the last position.") and "BOS token" in c.value
-               for c in at.caption)
-    spec = figure_titled(at, "Share of the answer restored by patching")
-    cells = plotly_array(spec["data"][0]["z"])
-    assert cells.shape == (TINY_GPT_LAYERS, TINY_GPT_HEADS + 2)  # the heads, a gap, every head of the layer
-    # the induction heads' layer restores most of the answer (tests/test_patching.py: at every preset)
-    assert int(cells[:, -1].argmax()) == TINY_GPT_LAYERS - 1 and cells[-1, -1] > 0.75
+    assert not at.warning and not at.error  # the preset is one the tiny GPT does
+    from attnviz.interventions import activation_patching as ap
     from attnviz.interventions import patching as patch
 
     model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
-    prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 40, seed=6, bos=tokenizer.bos_token_id)
-    positions = plotly_array(figure_titled(at, "Share of the answer restored by patching the residual stream")
-                             ["data"][0]["z"])
-    expected = patch.position_patching(model, prompts.clean, prompts.corrupted, prompts.answer, prompts.foil)
-    assert np.allclose(positions, expected.shares.numpy(), atol=1e-6)
+    pool = circuits.ordinary_token_ids(tokenizer)
+    examples = [patch.induction_prompts(pool, 40, seed=6 + k, bos=tokenizer.bos_token_id) for k in range(3)]
+    expected = ap.patch_map(model, examples, "resid")
+    spec = figure_titled(at, "Residual stream patched (denoising)")
+    cells = plotly_array(spec["data"][0]["z"])
+    assert np.allclose(cells, expected.shares.mean(0).numpy(), atol=1e-6)
+    assert "95% interval" in spec["data"][0]["hovertext"][0][0]
+    said = next(m.value for m in at.markdown if m.value.startswith("The largest cell is"))
+    spread = expected.share_spread
+    flat = int(spread.mean.abs().argmax())
+    row, column = divmod(flat, spread.mean.shape[1])
+    assert f"{format_number(float(spread.mean[row, column]))} of the gap" in said and "3 examples" in said
+    dots = figure_titled(at, "The largest cells, example by example")
+    assert len(plotly_array(dots["data"][1]["y"])) == 3 * 6  # every example of the six largest cells
+
+
+def test_the_paths_look_traces_the_induction_circuit_and_says_what_the_numbers_show(_clean):
+    """Paths into the strongest induction head's keys with the token before the answer corrupted: the page's words
+    follow the intervals it shows (on the tiny GPT the path runs through an MLP, which the page must say only if its
+    numbers show it)."""
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching")
+    at.selectbox(key="pat_change").set_value("previous").run()
+    at.slider(key="pat_examples").set_value(4).run()
+    at.segmented_control(key="pat_look").set_value("Paths").run()
+    assert not at.exception, [e.value for e in at.exception]
+    receiver = at.selectbox(key="pat_receiver").value
+    at.button(key="pat_paths_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    from attnviz.interventions import patching as patch
+    from attnviz.interventions import path_patching as pp
+    from attnviz.pagelogic import patching as words
+
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    pool = circuits.ordinary_token_ids(tokenizer)
+    examples = [patch.induction_prompts(pool, 30, seed=5 + k, bos=0, change="previous") for k in range(4)]
+    frozen, free = (pp.path_patching(model, examples, receiver, "k", mlps=m) for m in ("frozen", "free"))
+    through = {at_layer: pp.path_patching(model, examples, receiver, "k", mlps=(at_layer,))
+               for at_layer in range(receiver[0])}
+    said = next(m.value for m in at.markdown if m.value.startswith("Strongest sender"))
+    assert said == words.path_words(frozen, free, through)
+    shown = plotly_array(figure_titled(at, f"Into L{receiver[0]} H{receiver[1]}'s keys: MLPs free")["data"][0]["z"])
+    assert np.allclose(shown, free.share_spread.mean.numpy(), atol=1e-6, equal_nan=True)
 
 
 def test_own_prompts_of_different_lengths_are_refused_in_words(_clean):
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
-    at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
-    at.text_input(key="imp_corrupted").set_value("Something much shorter").run()
+    at.segmented_control(key="pat_source").set_value("My own prompts").run()
+    at.text_input(key="pat_corrupted").set_value("Something much shorter").run()
     assert not at.exception
     assert any(re.search(r"same number of tokens: the clean one has \d+", w.value) for w in at.warning)
 
@@ -262,21 +297,21 @@ def test_hostile_texts_get_a_message_or_a_map(box, said, _clean):
 
 
 def test_the_own_prompts_example_runs_with_the_pages_model_and_says_it_does_not_do_it(_clean):
-    """The typed-prompts example has the same number of tokens in both prompts with the page's default model (the
-    tiny GPT read "Mary" as two tokens, and the example was refused). The tiny GPT does not do it: its clean logit
-    difference is negative, and the page says so above the shares (it showed heads "restoring 1.00" with a foil
-    of "\n" and no warning)."""
+    """The typed-prompts example has the same number of tokens in both prompts with the page's default model. The
+    tiny GPT does not do it: its clean logit difference is negative, and the page says so above the shares."""
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
-    at.segmented_control(key="imp_patch_source").set_value("My own prompts").run()
+    at.segmented_control(key="pat_source").set_value("My own prompts").run()
     assert not at.exception, [e.value for e in at.exception]
     assert not any("same number of tokens" in e.value for e in [*at.error, *at.warning])
-    assert at.text_input(key="imp_foil").value == " girl"  # the counterfactual answer
-    at.button(key="imp_patch_run").click().run()
+    assert at.text_input(key="pat_foil").value == " girl"  # the counterfactual answer
+    at.segmented_control(key="pat_look").set_value("Heads").run()
+    at.button(key="pat_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert next(m.value for m in at.metric if m.label == "Answer / foil") == "'␣boy' / '␣girl'"  # not "\n"
+    assert next(m.value for m in at.metric if m.label.startswith("Answer / foil")) == "'␣boy' / '␣girl'"
     clean = float(next(m.value for m in at.metric if m.label == "Logit difference, clean"))
     assert clean < 0  # negative: the model prefers the foil even on the clean prompt
     assert any("does not prefer the answer `␣boy` to the foil `␣girl`" in w.value for w in at.warning)
+    assert any("one example: no interval" in m.value for m in at.markdown)
 
 
 def test_a_one_token_text_is_counted_apart_and_its_tokens_view_says_why_it_is_empty(_clean):

@@ -24,6 +24,7 @@ SECTIONS = (
     ("attnviz.api.show", ("head", "grid", "lines", "qk_map", "importance_map", "NotebookFigure",
                           "plotlyjs_in_every_figure", "send_plotlyjs_again"), "Show"),
     ("attnviz.api.detect", ("detect",), "Detect"),
+    ("attnviz.api.patching", ("patch", "paths", "induction_examples", "example"), "Patching"),
     ("attnviz.api.runs", ("scan", "importance"), "Corpus runs"),
     ("attnviz.api.run_files", ("open_scan", "open_importance", "ScanRun", "ImportanceRun"), "Corpus runs' files"),
 )

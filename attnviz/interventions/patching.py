@@ -196,13 +196,23 @@ class Prompts:
     bos: bool
 
 
-def induction_prompts(tokens: list[int], period: int, *, seed: int, bos: int | None = None) -> Prompts:
+def induction_prompts(tokens: list[int], period: int, *, seed: int, bos: int | None = None,
+                      change: str = "copied") -> Prompts:
     """The induction preset: ``period`` different random tokens (from ``tokens``) typed, then their first half
     typed again (after ``bos`` when the model has one). The clean prompt's answer is the token that followed the
     last typed token in the first copy (an induction head copies it); the corrupted prompt is the same with that
     token of the first copy replaced by another random token, the foil, which a model that copies predicts instead.
     One position differs: the working path (an induction head reading the first copy) gives the answer, the broken
-    one the foil."""
+    one the foil.
+
+    ``change="previous"`` changes the token before it instead (the first occurrence of the last typed token): the
+    token to copy is still there, but nothing marks it as following the last typed token, so an induction head no
+    longer finds it through its keys, while what it would copy (its values) is unchanged. That corruption tells the
+    previous-token head -> induction head path through the keys from a broken one; the default one tells the values'
+    path. Its foil is None (the corrupted run's most likely other token): no token is the corrupted prompt's answer.
+    """
+    if change not in ("copied", "previous"):
+        raise ValueError("change: 'copied' or 'previous'")
     generator = torch.Generator().manual_seed(seed)
     pool = torch.tensor(tokens)
     first = pool[torch.randperm(len(pool), generator=generator)[:period]].tolist()
@@ -212,8 +222,9 @@ def induction_prompts(tokens: list[int], period: int, *, seed: int, bos: int | N
     prefix = [] if bos is None else [bos]
     clean = prefix + first + first[:stop]
     corrupted = list(clean)
-    corrupted[len(prefix) + stop] = foil
-    return Prompts(clean, corrupted, first[stop], foil, (len(prefix) + stop,), bos is not None)
+    at = len(prefix) + stop - (change == "previous")
+    corrupted[at] = foil
+    return Prompts(clean, corrupted, first[stop], foil if change == "copied" else None, (at,), bos is not None)
 
 
 PREFERS = 1.0  # logits: the clean prompt must prefer the answer to the foil by this much for its shares to mean much

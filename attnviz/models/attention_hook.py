@@ -117,6 +117,16 @@ class EditBlock:
     names: dict[int, str]
     editor: object
     calls: dict[str, int] = field(default_factory=dict)
+    # inputs(name, query, key, value) -> (query, key, value): edits what the attention call receives, ``[batch,
+    # heads or kv_heads, n, d]`` each (after RoPE); None: not edited
+    inputs: object = None
+    # pattern(name, weights) -> weights, ``[batch, heads, n_q, n_k]``, for the calls named in ``pattern_calls`` (all
+    # when None): those run by the written-out softmax so that their weights exist to be read or replaced
+    pattern: object = None
+    pattern_calls: frozenset[str] | None = None
+
+    def wants_pattern(self, name: str) -> bool:
+        return self.pattern is not None and (self.pattern_calls is None or name in self.pattern_calls)
 
     def call_name(self, module: torch.nn.Module) -> str | None:
         """The name of this call of ``module`` (None: not a module of the edited model): its module name, and for
@@ -149,14 +159,22 @@ def _count_forwards(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def editing(model: torch.nn.Module, editor):
+def editing(model: torch.nn.Module, editor, *, inputs=None, pattern=None, pattern_calls=None):
     """Until the block ends, every attention call of ``model`` in this thread hands its output (``[batch, n_q,
     heads, d_v]``, each head's weighted values before the output projection mixes the heads) to
     ``editor(call_name, output)`` and goes on with what it returns. ``call_name`` is the module's name (see
     :meth:`EditBlock.call_name` for a module called more than once in a forward). Other models' calls, and
-    other threads', are not edited."""
+    other threads', are not edited.
+
+    Through attnviz's attention function only (not the projection hooks of models whose attention runs in their own
+    code): ``inputs(call_name, query, key, value)`` returns the query, key and value the call goes on with (``[batch,
+    heads, n, d]``; key and value have the K/V heads, after RoPE), and ``pattern(call_name, weights)`` the attention
+    weights (``[batch, heads, n_q, n_k]``, rows summing to 1) the values are mixed with, for the calls in
+    ``pattern_calls`` (None: all), which then run by the written-out softmax instead of the fast kernel."""
     _count_forwards(model)
-    token = _EDITOR.set(EditBlock(id(model), {id(module): name for name, module in model.named_modules()}, editor))
+    token = _EDITOR.set(EditBlock(id(model), {id(module): name for name, module in model.named_modules()}, editor,
+                                  inputs=inputs, pattern=pattern,
+                                  pattern_calls=None if pattern_calls is None else frozenset(pattern_calls)))
     try:
         yield
     finally:
@@ -228,11 +246,38 @@ def _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kw
                                   **kwargs)
 
 
+def _by_pattern(module, query, key, value, attention_mask, scaling, edit) -> torch.Tensor:
+    """Attention written out (scores, mask, softmax, weighted values) with the weights handed to ``edit`` before
+    they mix the values: ``[batch, n_q, heads, d_v]``. For calls with no modifier SDPA cannot apply."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    key = key.repeat_interleave(heads // kv_heads, dim=1)  # [batch, heads, n_k, d]: each query head's K/V head
+    value = value.repeat_interleave(heads // kv_heads, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query.float() @ key.float().transpose(-1, -2)) * scale  # [batch, heads, n_q, n_k]
+    additive = _additive_mask(attention_mask, bool(getattr(module, "is_causal", False)), query, key)
+    if additive is not None:
+        scores = scores + additive.float()[..., -query.shape[-2]:, : key.shape[-2]]
+    weights = edit(torch.softmax(scores, dim=-1))  # [batch, heads, n_q, n_k]
+    return (weights.to(value.dtype) @ value).transpose(1, 2).contiguous()  # [batch, n_q, heads, d_v]
+
+
 def attnviz_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers calls this for every attention of a model loaded with ``attn_implementation="attnviz"``."""
-    output, _ = _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    block = _EDITOR.get()
+    name = block.call_name(module) if block is not None else None
+    if name is not None and block.inputs is not None:
+        query, key, value = block.inputs(name, query, key, value)
+    if name is not None and block.wants_pattern(name):
+        if any(kwargs.get(option) is not None for option in (*EAGER_ONLY, "position_bias")) or \
+                bias_in_mask(attention_mask, query.shape[1], query.shape[-2], key.shape[-2]) is not None:
+            raise ValueError("this attention adds to its scores (a soft cap, sinks or a position bias), so its "
+                             "pattern is not replaced here")
+        output = _by_pattern(module, query, key, value, attention_mask, scaling,
+                             lambda weights, name=name: block.pattern(name, weights))
+    else:
+        output, _ = _fast_path(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     # [batch, n_q, heads, d_v]
-    output = edit_output(module, output)
+    output = output if name is None else block.editor(name, output)
     recorder = _RECORDER.get()
     if recorder is not None:
         bias = kwargs.get("position_bias")

@@ -6,11 +6,8 @@ import time
 import streamlit as st
 
 from attnviz.core import circuits
-from attnviz.core.tokens_display import readable_tokens, tokenizer_style
-from attnviz.core.units import ordinal
 from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
-from attnviz.interventions import patching as patch
 from attnviz.interventions.edits import editable
 from attnviz.models.loading import architecture_of_folder
 from attnviz.models.shipped import BUNDLED_GPT_NAME
@@ -25,7 +22,6 @@ from attnviz.ui.caches.importance import (
     editable_model,
     heads_measured,
     keep_form,
-    patching,
     study,
 )
 from attnviz.ui.captures import cached_capture
@@ -36,6 +32,7 @@ from attnviz.ui.importance_runs import corpus_run_view
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.messages import problem_text
 from attnviz.ui.open_in_explore import switch_if_asked
+from attnviz.ui.patching_views import experiment_view
 from attnviz.ui.session_models import current_model_name, model_dtype, registered_models
 from attnviz.ui.sidebar import current_sentence
 from attnviz.viz import importance as figures
@@ -223,101 +220,6 @@ def token_effect_view(key: tuple, model, result: imp.Study) -> None:
                                     "" if result.objective == "hidden" else "nats"))
 
 
-PRESET = "Preset: induction, the token to copy changed"
-
-
-def patching_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
-    if objective != "next-token":
-        st.info("Activation patching here measures a decoder's next token: choose a decoder (the bundled tiny GPT "
-                "has a preset).", icon=":material/info:")
-        return
-    source = st.segmented_control("Inputs", (PRESET, "My own prompts"), default=PRESET, key="imp_patch_source",
-                                  required=True)
-    bos = tokenizer.bos_token_id
-    if source == PRESET:
-        columns = st.columns(2)
-        period = columns[0].slider("Tokens in the first copy", 8, 60, 30, key="imp_patch_period")
-        seed = columns[1].number_input("Seed", 0, 10_000, 5, key="imp_patch_seed")
-        prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), period, seed=seed, bos=bos)
-        stop = period // 2
-        st.caption(f"Clean: {'the BOS token, then ' if prompts.bos else ''}{period} random tokens, then the first "
-                   f"{stop} again; a model that copies continues with the {ordinal(stop + 1)} token of the first "
-                   "copy (the answer). Corrupted: the same, with that token of the first copy changed (the foil): a "
-                   "model that copies continues with the foil instead. Only that position differs.")
-    else:
-        columns = st.columns([4, 4, 2, 2])
-        # names that are one token each in the bundled tiny GPT and in GPT-2 ("Mary" is two in the tiny GPT)
-        clean_text = columns[0].text_input("Clean prompt", "When the boy and the girl went to the store, the girl "
-                                           "gave a drink to the", key="imp_clean")
-        corrupted_text = columns[1].text_input("Corrupted prompt (the same number of tokens)", "When the boy and the "
-                                               "girl went to the store, the boy gave a drink to the",
-                                               key="imp_corrupted")
-        answer_text = columns[2].text_input("Answer (its first token)", " boy", key="imp_answer",
-                                            help="what the clean prompt should lead to")
-        foil_text = columns[3].text_input("Foil (its first token)", " girl", key="imp_foil",
-                                          help="what the corrupted prompt leads to instead (the counterfactual "
-                                               "answer); empty: the corrupted run's most likely other token")
-        with_bos = bos is not None and st.checkbox(
-            f"Put the BOS token `{tokenizer.bos_token}` first", True, key="imp_patch_bos",
-            help="A decoder trained with a BOS token before every text reads a prompt without one as it never saw "
-                 "in training")
-        prompts = patch.own_prompts(tokenizer, clean_text, corrupted_text, answer_text, foil_text, with_bos)
-        if isinstance(prompts, str):
-            st.warning(prompts, icon=":material/edit:")
-            return
-    st.code(patch.prompt_lines(tokenizer, prompts), language=None)
-    key = (folder, name, tuple(prompts.clean), tuple(prompts.corrupted), prompts.answer, prompts.foil)
-    if st.button("Patch every head and position", type="primary", key="imp_patch_run", icon=":material/play_arrow:"):
-        bar, progress = progress_bar("Patching:")
-        patching(key, model, tokenizer, prompts, progress)
-        bar.empty()
-        st.session_state["imp_patched"] = key
-    if st.session_state.get("imp_patched") != key:
-        st.info("Press **Patch every head and position**: each head's output, then the residual stream at each "
-                "layer and position, on the clean prompt is put into the corrupted run.", icon=":material/info:")
-        return
-    found = patching(key, model, tokenizer, prompts, compute=False)
-    if found is None:
-        st.session_state.pop("imp_patched", None)
-        st.rerun()
-    patched_views(found, prompts, tokenizer)
-
-
-def patched_views(found: tuple, prompts: patch.Prompts, tokenizer) -> None:
-    result, positions = found
-    columns = st.columns(3)
-    columns[0].metric("Logit difference, clean", format_number(result.clean),
-                      help="logit(answer) - logit(foil) at the last position")
-    columns[1].metric("Logit difference, corrupted", format_number(result.corrupted))
-    columns[2].metric("Answer / foil", f"{result.answer!r} / {result.foil!r}",
-                      help="The foil: " + ("as given" if prompts.foil is not None else
-                                           "the corrupted run's most likely token other than the answer"))
-    st.caption(f":material/start: Both prompts {patch.start_words(tokenizer, prompts.clean, several=True)}; each logit "
-               "difference is read at the last position.")
-    problems = patch.problems(result.clean, result.corrupted, result.answer, result.foil)
-    for level, said in problems:
-        (st.error if level == "error" else st.warning)(said, icon=":material/warning:")
-    if any(level == "error" for level, _ in problems):
-        return
-    figure = figures.importance_heatmap(
-        result.heads, [module.label for module in result.modules], title="Share of the answer restored by patching",
-        measure="restored share", extra_column=result.layers.tolist(), extra_label="all heads",
-        value_range=(-1.0, 1.0))
-    show_figure(figure, "1: patching the head's output at every position (or, in the last column, every head of "
-                        "the layer) restores the clean prompt's logit difference; 0: nothing.", key="imp_patching")
-    if isinstance(positions, str):
-        st.info(f"Patching by position: {positions}.", icon=":material/info:")
-        return
-    style = tokenizer_style(tokenizer)
-    show_figure(figures.position_patching_heatmap(
-        positions.shares, positions.rows, readable_tokens(tokenizer.convert_ids_to_tokens(prompts.clean), style),
-        readable_tokens(tokenizer.convert_ids_to_tokens(prompts.corrupted), style),
-        title="Share of the answer restored by patching the residual stream at one layer and position"),
-        "Each cell: the clean run's residual stream at that position, entering that layer (or leaving the last), "
-        "put into the corrupted run; 1: the clean logit difference comes back, 0: nothing. ▶ marks where the "
-        "prompts differ.", key="imp_positions")
-
-
 def circuit_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
     if objective != "next-token":
         st.info("The induction circuit lives in decoders: choose one (the bundled tiny GPT shows it in two layers).",
@@ -370,7 +272,7 @@ def main() -> None:
     st.caption(f"Measured by the {imp.OBJECTIVES[objective]}.{' ' + head_note if head_note else ''}")
     view = view_column.segmented_control("View", VIEWS, default=VIEWS[0], key="imp_view", required=True)
     {"Induction circuit": circuit_view, "Importance map": importance_view,
-     "Activation patching": patching_view}[view](folder, name, model, tokenizer, objective)
+     "Activation patching": experiment_view}[view](folder, name, model, tokenizer, objective)
 
 
 main()

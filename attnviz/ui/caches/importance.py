@@ -24,7 +24,6 @@ from attnviz.corpus.importance.store import ImportanceReader
 from attnviz.corpus.scan.store import ScanReader
 from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
-from attnviz.interventions import patching as patch
 from attnviz.interventions.edits import editable_checkpoint, editable_lm
 from attnviz.ui.caches.store import BoundedStore, file_stamp
 from attnviz.ui.loaded_models import load_bundle
@@ -48,7 +47,7 @@ def editable_model(folder: str, name: str, dtype: str = "stored") -> tuple[objec
 
 @st.cache_resource(show_spinner=False)
 def _stores() -> dict[str, BoundedStore]:
-    return {"study": BoundedStore(8), "patching": BoundedStore(8), "partial": BoundedStore(8)}
+    return {"study": BoundedStore(8), "partial": BoundedStore(8)}
 
 
 def study(key: tuple, model, tokenizer, texts: list[str], progress: Callable | None = None,
@@ -72,29 +71,6 @@ def heads_measured(key: tuple) -> int:
     """How many head ablations a stopped run of ``key`` has kept (0: none, or it finished)."""
     finished = _stores()["partial"].get(key)
     return sum(len(done) for done in finished.values()) if finished else 0
-
-
-def patching(key: tuple, model, tokenizer, prompts: patch.Prompts, progress: Callable | None = None,
-             compute: bool = True) -> tuple[patch.Patching, patch.PositionPatching | str] | None:
-    """Patching each head, then the residual stream at each layer and position (or why the model's residual stream
-    cannot be patched, in words), computed once per ``key`` (the model and the prompts, answer and foil)."""
-    store = _stores()["patching"]
-    found = store.get(key)
-    if found is None and compute:
-        def part(start: float, size: float):
-            return None if progress is None else lambda share, what: progress(start + size * share, what)
-
-        foil = prompts.foil  # None: the corrupted run's most likely token other than the answer
-        heads = patch.patching_map(model, prompts.clean, prompts.corrupted, prompts.answer, foil,
-                                   tokenizer=tokenizer, progress=part(0.0, 0.5))
-        try:
-            positions = patch.position_patching(model, prompts.clean, prompts.corrupted, prompts.answer, foil,
-                                                tokenizer=tokenizer, progress=part(0.5, 0.5))
-        except ValueError as problem:
-            positions = str(problem)
-        found = (heads, positions)
-        store.put(key, found)
-    return found
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
@@ -122,8 +98,7 @@ def cached_circuit(folder: str, name: str, period: int, seed: int, bos: int | No
 # The page's form: what it keeps when a view that does not draw it is shown (Streamlit forgets the value of a widget
 # a run does not draw, so switching views and back would reset it)
 FORM_KEYS = ("imp_source", "imp_texts", "imp_documents", "imp_corpus", "imp_corpus_docs", "imp_corpus_tokens",
-             "imp_corpus_methods", "imp_how", "imp_patch_source", "imp_patch_period", "imp_patch_seed", "imp_clean",
-             "imp_corrupted", "imp_answer", "imp_foil", "imp_patch_bos", "imp_circuit_period", "imp_circuit_seed")
+             "imp_corpus_methods", "imp_how", "imp_circuit_period", "imp_circuit_seed")
 
 
 def keep_form(keys: tuple[str, ...] = FORM_KEYS) -> None:
