@@ -1,0 +1,503 @@
+"""Composition between attention heads, read from the weights alone (Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits"): how much of what an earlier head writes into the residual stream a later head reads into its
+queries (Q-composition), its keys (K-composition) or its values (V-composition).
+
+A head's two circuits, in the row-vector convention (a token's residual vector x is a row, heads compute x @ W):
+
+- OV circuit ``W_OV = W_V W_O`` ``[d_model, d_model]``: what the head writes, given what it attends to;
+- QK circuit ``W_QK = W_Q W_K^T`` ``[d_model, d_model]``: the bilinear form of its attention scores,
+  ``score(x_q, x_k) = x_q W_QK x_k^T`` (before scaling, positions and softmax).
+
+The score of a sender head s in layer i and a receiver head r in layer j > i is TransformerLens's
+``all_composition_scores``: ``||W_OV_s @ B_r||_F / (||W_OV_s||_F ||B_r||_F)`` with ``B_r = W_QK_r`` (Q),
+``W_QK_r^T`` (K: the sender writes into the receiver's keys), ``W_OV_r`` (V). It lies in [0, 1] and does not change
+when either matrix is scaled. Random matrices already score well above 0 (about 1/sqrt(d_model) for Gaussian ones),
+so every score here comes with a random baseline measured on Gaussian matrices of the same shapes.
+
+What is read: each self-attention's projections, per query head (a grouped-query head gets the K/V head it shares).
+Biases are ignored: they shift queries, keys and values by a constant, which the bilinear forms above do not hold.
+Nothing is run through the model; the weights are read as transformers' own attention code splits them (checked
+for each family against transformers 5.25, and in the tests against the projections applied to an identity matrix).
+
+Imports only torch and numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+import torch
+
+KINDS = ("Q", "K", "V")
+# model_type -> the reader that knows its layout (checked against transformers 5.25's modeling code)
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe")
+BERT_LIKE = ("bert", "roberta", "xlm-roberta")
+FAMILIES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", **{name: "llama" for name in LLAMA_LIKE},
+            **{name: "bert" for name in BERT_LIKE}}
+# how many baseline spreads above the baseline's mean the strongest pair must at least score for the map not to be
+# "flat" (more where there are many pairs: see CompositionScores.flat_threshold)
+FLAT_SPREADS = 2.0
+FLAT_CHANCE = 0.05  # how often the strongest of a model's pairs may pass the threshold with no structure at all
+
+
+@dataclass
+class HeadWeights:
+    """Every self-attention head's four projection matrices, stacked by layer and query head, in the row-vector
+    convention (``x @ W_Q`` is the head's query), with the facts about the model that decide what the products of
+    these matrices mean (positions, grouped K/V heads, whether a norm's gain was folded in)."""
+
+    W_Q: torch.Tensor  # [layers, heads, d_model, d_head]
+    W_K: torch.Tensor  # [layers, heads, d_model, d_head]: under GQA the shared K/V head's, repeated per query head
+    W_V: torch.Tensor  # [layers, heads, d_model, d_head]
+    W_O: torch.Tensor  # [layers, heads, d_head, d_model]
+    model_type: str
+    family: str  # the reader used: "gpt2", "llama", "bert" or "gpt_neox"
+    kv_heads: int  # K/V heads per layer (= heads without grouped-query attention)
+    pre_norm: bool  # a norm sits between the residual stream and each attention's input
+    norm: str  # the norm that feeds each attention: "LayerNorm" or "RMSNorm"
+    folded: bool  # the norm's gain (and, for LayerNorm, its centring) is folded into W_Q, W_K, W_V
+    positions: str  # "learned absolute", "rotary" or "alibi"
+    rotary_fraction: float  # the share of each head's query/key dimensions that RoPE rotates (0 without RoPE)
+
+    @property
+    def layers(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.W_Q.shape[1]
+
+    @property
+    def d_model(self) -> int:
+        return self.W_Q.shape[2]
+
+    @property
+    def d_head(self) -> int:
+        return self.W_Q.shape[3]
+
+    @property
+    def labels(self) -> list[str]:
+        """``"L0 H1"`` for every head, layer by layer (the order of a flattened ``[layers, heads]``)."""
+        return [f"L{layer} H{head}" for layer in range(self.layers) for head in range(self.heads)]
+
+    def kv_group(self, head: int) -> int:
+        """The K/V head that query ``head`` reads keys and values from (transformers' ``repeat_kv``)."""
+        return head // (self.heads // self.kv_heads)
+
+
+@dataclass
+class CompositionScores:
+    """One kind of composition for every pair of heads, with the random baseline the scores must be read against
+    and the model's facts that say which scores can be compared (see :func:`composition_words`)."""
+
+    kind: str  # "Q", "K" or "V"
+    scores: torch.Tensor  # [layers, heads, layers, heads] float64: sender layer, head, receiver layer, head; NaN
+    #                       where the receiver's layer is not after the sender's
+    labels: list[str]  # "L0 H1" per head, layer by layer
+    baseline_mean: float  # the score of Gaussian matrices of the same shapes, mean over the draws
+    baseline_spread: float  # and their standard deviation
+    baseline_draws: int
+    seed: int
+    weights: HeadWeights = field(repr=False)  # what the scores were computed from (the model's facts with them)
+
+    @property
+    def layers(self) -> int:
+        return self.scores.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.scores.shape[1]
+
+    def spreads_above(self) -> torch.Tensor:
+        """``[layers, heads, layers, heads]``: how many baseline spreads each score lies above the baseline's mean
+        (negative: below it; NaN where there is no pair)."""
+        return (self.scores - self.baseline_mean) / self.baseline_spread
+
+    def matrix(self) -> torch.Tensor:
+        """The scores as ``[senders, receivers]``, both heads flattened layer by layer (rows and columns follow
+        :attr:`labels`)."""
+        count = self.layers * self.heads
+        return self.scores.reshape(count, count)
+
+    def strongest(self, count: int = 5) -> list[tuple[str, str, float, float]]:
+        """The ``count`` highest-scoring pairs as ``(sender, receiver, score, spreads above the baseline)``."""
+        flat = self.matrix()
+        values = torch.nan_to_num(flat, nan=-math.inf).flatten()
+        order = torch.argsort(values, descending=True)[:count]
+        pairs = []
+        for index in order.tolist():
+            if not math.isfinite(values[index]):
+                break
+            sender, receiver = divmod(index, flat.shape[1])
+            score = float(flat[sender, receiver])
+            pairs.append((self.labels[sender], self.labels[receiver], score,
+                          (score - self.baseline_mean) / self.baseline_spread))
+        return pairs
+
+    @property
+    def pairs(self) -> int:
+        """How many pairs were scored (a receiver in a later layer than its sender)."""
+        return int(torch.isfinite(self.scores).sum())
+
+    @property
+    def flat_threshold(self) -> float:
+        """Baseline spreads above the baseline's mean that the strongest pair must exceed to stand out: at least
+        :data:`FLAT_SPREADS`, and at least where the largest of ``pairs`` independent baseline draws stays 95% of
+        the time (Gaussian, Bonferroni: 3.1 spreads for 48 pairs, 5.2 for 500,000); random-init models' strongest
+        pairs reach 2 to 3 spreads."""
+        chance = NormalDist().inv_cdf(1 - FLAT_CHANCE / max(self.pairs, 1))
+        return max(FLAT_SPREADS, chance)
+
+    @property
+    def flat(self) -> bool:
+        """Whether no pair stands out: the strongest lies within :attr:`flat_threshold` baseline spreads of the
+        random baseline (or there is no pair at all: a model of one layer)."""
+        finite = self.scores[torch.isfinite(self.scores)]
+        return finite.numel() == 0 or float(finite.max()) <= (self.baseline_mean
+                                                              + self.flat_threshold * self.baseline_spread)
+
+
+# ---------------------------------------------------------------------------------------------------- the reader
+
+
+def family_of(model: torch.nn.Module) -> str:
+    """The reader for ``model`` ("gpt2", "llama", "bert" or "gpt_neox"), or a ValueError that names what is read."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type in FAMILIES:
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"composition scores read decoder-only or encoder-only models; this {model_type} model "
+                             "is an encoder-decoder")
+        return FAMILIES[model_type]
+    supported = ", ".join(sorted(FAMILIES))
+    shown = f"'{model_type}'" if model_type else f"a {type(model).__name__} without a transformers config"
+    raise ValueError(f"composition scores cannot read the attention weights of {shown} models yet: the heads' "
+                     f"projections are laid out differently in each family, and these are the ones read: "
+                     f"{supported}")
+
+
+def _linear_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """An ``nn.Linear`` projection's weight ``[heads * d_head, d_model]`` as ``[heads, d_model, d_head]``: its
+    output features are head-major, as ``.view(..., heads, d_head)`` in the attention code splits them."""
+    return weight.reshape(heads, -1, weight.shape[-1]).transpose(1, 2)  # [heads, d_model, d_head]
+
+
+def _linear_output_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """An ``nn.Linear`` output projection's weight ``[d_model, heads * d_head]`` as ``[heads, d_head, d_model]``."""
+    return weight.t().reshape(heads, -1, weight.shape[0])  # [heads, d_head, d_model]
+
+
+def _read_gpt2(block: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    # GPT2Attention: c_attn is a Conv1D (weight [d_model, 3 * d_model], y = x @ W + b), split into q, k, v along
+    # its output, each viewed as (heads, d_head); c_proj (weight [d_model, d_model]) reads the heads concatenated
+    attention = block.attn
+    if getattr(attention, "is_cross_attention", False):
+        raise ValueError("composition scores read self-attention; this GPT-2 block is cross-attention")
+    heads, d_model = attention.num_heads, attention.embed_dim
+    weight = attention.c_attn.weight  # [d_model, 3 * d_model]
+    q, k, v = (weight[:, part * d_model:(part + 1) * d_model].reshape(d_model, heads, -1).transpose(0, 1)
+               for part in range(3))  # each [heads, d_model, d_head]
+    o = attention.c_proj.weight.reshape(heads, -1, d_model)  # [heads, d_head, d_model]
+    return q, k, v, o
+
+
+def _read_llama(layer: torch.nn.Module, heads: int, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    # LlamaAttention (and Mistral's, Mixtral's, Qwen2's): q_proj [heads * d_head, d_model], k_proj and v_proj
+    # [kv_heads * d_head, d_model], each output viewed as (heads, d_head); repeat_kv hands K/V head h // n_rep to
+    # query head h; o_proj [d_model, heads * d_head]
+    attention = layer.self_attn
+    q = _linear_heads(attention.q_proj.weight, heads)  # [heads, d_model, d_head]
+    k = _linear_heads(attention.k_proj.weight, kv_heads)  # [kv_heads, d_model, d_head]
+    v = _linear_heads(attention.v_proj.weight, kv_heads)
+    repeats = heads // kv_heads
+    k, v = k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)  # [heads, d_model, d_head]
+    o = _linear_output_heads(attention.o_proj.weight, heads)  # [heads, d_head, d_model]
+    return q, k, v, o
+
+
+def _read_bert(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    # BertSelfAttention (RoBERTa's the same): query, key, value [heads * d_head, d_model], viewed as (heads,
+    # d_head); BertSelfOutput.dense [d_model, heads * d_head] reads the heads concatenated (before its LayerNorm)
+    attention = layer.attention.self
+    heads = attention.num_attention_heads
+    q, k, v = (_linear_heads(getattr(attention, name).weight, heads) for name in ("query", "key", "value"))
+    o = _linear_output_heads(layer.attention.output.dense.weight, heads)  # [heads, d_head, d_model]
+    return q, k, v, o
+
+
+def _read_gpt_neox(layer: torch.nn.Module, heads: int) -> tuple[torch.Tensor, ...]:
+    # GPTNeoXAttention: query_key_value [3 * d_model, d_model]; its output is viewed as (heads, 3 * d_head) and
+    # chunked into q, k, v inside each head (interleaved per head, not q|k|v blocks); dense [d_model, d_model]
+    attention = layer.attention
+    weight = attention.query_key_value.weight  # [3 * d_model, d_model]
+    d_model = weight.shape[1]
+    per_head = weight.reshape(heads, 3, -1, d_model)  # [heads, (q, k, v), d_head, d_model]
+    q, k, v = (per_head[:, part].transpose(1, 2) for part in range(3))  # each [heads, d_model, d_head]
+    o = _linear_output_heads(attention.dense.weight, heads)  # [heads, d_head, d_model]
+    return q, k, v, o
+
+
+def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
+    """``(gain [d_model] or None for none, centres)`` of a LayerNorm or an RMSNorm that scales by its weight."""
+    if isinstance(norm, torch.nn.LayerNorm):
+        return norm.weight, True
+    if type(norm).__name__.endswith("RMSNorm") and isinstance(getattr(norm, "weight", None), torch.Tensor):
+        return norm.weight, False
+    raise ValueError(f"cannot fold the norm {type(norm).__name__} into the heads' weights: pass fold_norm=False")
+
+
+def _positions(config, family: str) -> tuple[str, float]:
+    """``(kind of positions, share of each head's dimensions RoPE rotates)`` from the config."""
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
+        return "alibi", 0.0
+    rope = getattr(config, "rope_parameters", None)
+    if family in ("llama", "gpt_neox") or rope is not None or hasattr(config, "rotary_pct"):
+        fraction = (rope or {}).get("partial_rotary_factor", getattr(config, "rotary_pct", 1.0))
+        return "rotary", float(fraction)
+    return "learned absolute", 0.0
+
+
+def head_weights(model: torch.nn.Module, fold_norm: bool | None = None,
+                 dtype: torch.dtype = torch.float32) -> HeadWeights:
+    """Every self-attention head's W_Q, W_K, W_V ``[d_model, d_head]`` and W_O ``[d_head, d_model]``.
+
+    ``fold_norm`` (default: yes for pre-norm models, GPT-2, Llama-family, GPT-NeoX; no for post-norm BERT): fold
+    the gain of the norm that feeds each attention into W_Q, W_K and W_V (``diag(gamma) @ W``), and for a LayerNorm,
+    which subtracts each token's mean, also centre them (subtract the mean over d_model), as TransformerLens's
+    ``fold_layer_norm`` does with ``center_weights=True`` (RMSNorm: gain only). A head only ever reads the normed
+    residual stream, so its weights with the gain folded in are what it applies to the stream itself (up to the
+    per-token scale the norm divides by); without it, a large gain on a few dimensions is invisible to the scores.
+    W_O is never changed. For BERT (post-norm) ``fold_norm=True`` folds the LayerNorm that produced each layer's
+    input (the embeddings' for layer 0, else the previous layer's output norm).
+
+    Biases are ignored (they are not part of the bilinear forms the scores compare)."""
+    family = family_of(model)
+    config = model.config
+    base = getattr(model, "base_model", model)
+    pre_norm = family != "bert"
+    fold = pre_norm if fold_norm is None else bool(fold_norm)
+    read, norms = [], []
+    if family == "gpt2":
+        blocks = list(base.h)
+        read = [_read_gpt2(block) for block in blocks]
+        norms = [block.ln_1 for block in blocks]
+        kv_heads = config.n_head
+    elif family == "llama":
+        heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
+        kv_heads = kv_heads or heads
+        read = [_read_llama(layer, heads, kv_heads) for layer in base.layers]
+        norms = [layer.input_layernorm for layer in base.layers]
+    elif family == "gpt_neox":
+        heads = kv_heads = config.num_attention_heads
+        read = [_read_gpt_neox(layer, heads) for layer in base.layers]
+        norms = [layer.input_layernorm for layer in base.layers]
+    else:
+        layers = list(base.encoder.layer)
+        read = [_read_bert(layer) for layer in layers]
+        norms = [base.embeddings.LayerNorm] + [layer.output.LayerNorm for layer in layers[:-1]]
+        kv_heads = read[0][0].shape[0]
+    if len({tuple(part.shape) for parts in read for part in parts[:1]}) > 1:
+        raise ValueError("composition scores need the same number of heads in every layer; this model's differ "
+                         "(pruned heads?)")
+    if not all(part.is_floating_point() for parts in read for part in parts):
+        raise ValueError("composition scores read floating-point weights; this model's attention weights are "
+                         "quantized (packed integers): load it unquantized")
+    q, k, v, o = (torch.stack([parts[index] for parts in read]).detach().to(dtype) for index in range(4))
+    # q, k, v: [layers, heads, d_model, d_head]; o: [layers, heads, d_head, d_model]
+    norm_name = "LayerNorm" if isinstance(norms[0], torch.nn.LayerNorm) else "RMSNorm"
+    if fold:
+        gains, centres = zip(*(_norm_gain(norm) for norm in norms), strict=True)
+        d_model = q.shape[2]
+        gain = torch.stack([torch.ones(d_model) if g is None else g.detach().float().cpu() for g in gains])
+        gain = gain.to(device=q.device, dtype=dtype)[:, None, :, None]  # [layers, 1, d_model, 1]
+        q, k, v = q * gain, k * gain, v * gain  # diag(gamma) @ W
+        if all(centres):
+            q, k, v = (w - w.mean(dim=2, keepdim=True) for w in (q, k, v))  # P @ W, P = I - 11^T / d_model
+    positions, rotary = _positions(config, family)
+    return HeadWeights(W_Q=q, W_K=k, W_V=v, W_O=o, model_type=config.model_type, family=family, kv_heads=kv_heads,
+                       pre_norm=pre_norm, norm=norm_name, folded=fold, positions=positions, rotary_fraction=rotary)
+
+
+# ---------------------------------------------------------------------------------------------------- the scores
+
+
+def _r_factor(matrix: torch.Tensor) -> torch.Tensor:
+    """A square factor F with ``F^T F = matrix^T matrix``: then ``||matrix @ X||_F = ||F @ X||_F`` for every X, so a
+    tall factor can be replaced by its small F in every Frobenius norm (F is R of ``matrix = Q R``, up to signs).
+    ``[..., d_model, d_head] -> [..., d_head, d_head]``. Cholesky of the Gram matrix, not a QR: batched QR is
+    orders of magnitude slower on a busy CPU; eigh where Cholesky fails (a rank-deficient head, d_head > d_model)."""
+    gram = matrix.transpose(-1, -2) @ matrix  # [..., d_head, d_head]
+    factor, info = torch.linalg.cholesky_ex(gram, upper=True)  # gram = factor^T factor
+    failed = info != 0  # [...]
+    if bool(failed.any()):
+        values, vectors = torch.linalg.eigh(gram)  # gram = vectors diag(values) vectors^T
+        root = values.clamp_min(0).sqrt()[..., :, None] * vectors.transpose(-1, -2)  # [..., d_head, d_head]
+        factor = torch.where(failed[..., None, None], root, factor)
+    return factor
+
+
+def _factors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, kind: str):
+    """``(S, norm of sender OV, T, norm of receiver B)`` with ``||W_OV_s B_r||_F = ||S_s T_r||_F``:
+    ``W_OV_s B_r = V_s O_s L_r Rt_r`` with ``V_s = Qv Rv`` and ``Rt_r^T = Qr Rr``, so the product's norm is that of
+    ``(Rv O_s) (L_r Rr^T)``, ``[d_head, d_model] @ [d_model, d_head]``: no d_model x d_model matrix is formed."""
+    sender = _r_factor(v) @ o  # [..., d_head, d_model]
+    sender_norm = torch.linalg.matrix_norm(sender)  # [...]: ||W_V W_O||_F
+    left, right = {"Q": (q, k), "K": (k, q), "V": (v, o.transpose(-1, -2))}[kind]  # B = left @ right^T
+    right_r = _r_factor(right)  # [..., d_head, d_head]
+    receiver = left @ right_r.transpose(-1, -2)  # [..., d_model, d_head]
+    receiver_norm = torch.linalg.matrix_norm(_r_factor(left) @ right_r.transpose(-1, -2))  # [...]: ||B||_F
+    return sender, sender_norm, receiver, receiver_norm
+
+
+def _pair_scores(sender: torch.Tensor, sender_norm: torch.Tensor, receiver: torch.Tensor,
+                 receiver_norm: torch.Tensor) -> torch.Tensor:
+    """``[senders, d_head, d_model]`` x ``[receivers, d_model, d_head]`` -> ``[senders, receivers]`` scores."""
+    senders, d_head, d_model = sender.shape
+    receivers = receiver.shape[0]
+    product = sender.reshape(senders * d_head, d_model) @ receiver.permute(1, 0, 2).reshape(d_model, -1)
+    product = product.reshape(senders, d_head, receivers, -1)  # [senders, d_head, receivers, d_head]
+    norms = product.square().sum(dim=(1, 3)).sqrt()  # [senders, receivers]
+    return norms / (sender_norm[:, None] * receiver_norm[None, :])
+
+
+@functools.lru_cache(maxsize=64)
+def random_baseline(d_model: int, d_head: int, kind: str, draws: int = 50, seed: int = 0) -> tuple[float, float]:
+    """``(mean, standard deviation)`` of the score of independent standard Gaussian W_Q, W_K, W_V, W_O of the
+    model's shapes over ``draws`` seeded draws: what a pair scores with no structure at all (for these, about
+    1/sqrt(d_model); the scale of the draws does not matter, the score being scale-free). Cached: a 4096-wide
+    model's takes seconds."""
+    _check_kind(kind)
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(draws, *shape, generator=generator, dtype=torch.float64)
+
+    sender = _factors(draw(d_model, d_head), draw(d_model, d_head), draw(d_model, d_head), draw(d_head, d_model),
+                      kind)
+    receiver = _factors(draw(d_model, d_head), draw(d_model, d_head), draw(d_model, d_head), draw(d_head, d_model),
+                        kind)
+    product = sender[0] @ receiver[2]  # [draws, d_head, d_head]: draw i's sender with draw i's receiver
+    scores = torch.linalg.matrix_norm(product) / (sender[1] * receiver[3])  # [draws]
+    return float(scores.mean()), float(scores.std())
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"the kind of composition is one of {', '.join(KINDS)} (queries, keys, values), not {kind!r}")
+
+
+def composition_scores(model: torch.nn.Module | HeadWeights, kind: str, *, fold_norm: bool | None = None,
+                       baseline_draws: int = 50, seed: int = 0, dtype: torch.dtype = torch.float64,
+                       progress: Callable[[float, str], None] | None = None) -> CompositionScores:
+    """Every (sender, receiver) pair's ``kind`` composition score, TransformerLens's ``all_composition_scores``
+    (its zeros for pairs that cannot compose are NaN here, so a real 0 stays apart).
+
+    ``model``: a transformers model, or the :class:`HeadWeights` already read from one (to score the three kinds
+    from one read). ``fold_norm``: see :func:`head_weights`. The work is one ``[heads * d_head, d_model] @
+    [d_model, heads * d_head]`` product per pair of layers (in ``dtype``, float64 by default so that the scores
+    are exact to far below what is shown): for a 7B Llama about 3e13 multiply-adds, a minute or more on a CPU;
+    ``progress(share done, words)`` hears after each sender layer."""
+    _check_kind(kind)
+    weights = model if isinstance(model, HeadWeights) else head_weights(model, fold_norm)
+    layers, heads = weights.layers, weights.heads
+    q, k, v, o = (w.to(dtype) for w in (weights.W_Q, weights.W_K, weights.W_V, weights.W_O))
+    sender, sender_norm, receiver, receiver_norm = _factors(q, k, v, o, kind)
+    # sender: [layers, heads, d_head, d_model]; receiver: [layers, heads, d_model, d_head]; norms: [layers, heads]
+    scores = torch.full((layers, heads, layers, heads), math.nan, dtype=torch.float64)
+    for first in range(layers - 1):
+        for later in range(first + 1, layers):
+            scores[first, :, later, :] = _pair_scores(sender[first], sender_norm[first], receiver[later],
+                                                      receiver_norm[later]).to(torch.float64).cpu()
+        if progress is not None:
+            progress((first + 1) / (layers - 1), f"{kind}-composition: senders of layer {first} scored")
+    mean, spread = random_baseline(weights.d_model, weights.d_head, kind, baseline_draws, seed)
+    return CompositionScores(kind=kind, scores=scores, labels=weights.labels, baseline_mean=mean,
+                             baseline_spread=spread, baseline_draws=baseline_draws, seed=seed, weights=weights)
+
+
+def all_composition_scores(model: torch.nn.Module | HeadWeights, *, fold_norm: bool | None = None,
+                           **options) -> dict[str, CompositionScores]:
+    """The three kinds, "Q", "K" and "V", from one read of the weights (``options``: see
+    :func:`composition_scores`)."""
+    weights = model if isinstance(model, HeadWeights) else head_weights(model, fold_norm)
+    return {kind: composition_scores(weights, kind, **options) for kind in KINDS}
+
+
+# ---------------------------------------------------------------------------------------------------- the words
+
+_KIND_WORDS = {"Q": "queries", "K": "keys", "V": "values"}
+
+
+def composition_words(result: CompositionScores) -> list[str]:
+    """What the scores say and what they cannot: how far the strongest pairs lie above the random baseline (or
+    that the map is flat), and what the model's positions, grouped K/V heads and norms make incomparable."""
+    weights = result.weights
+    said = []
+    mean, spread = result.baseline_mean, result.baseline_spread
+    baseline = (f"Gaussian matrices of the same shapes score {mean:.3g} ± {spread:.3g} "
+                f"(mean ± standard deviation over {result.baseline_draws} draws, seed {result.seed})")
+    pairs = result.strongest(3)
+    if not pairs:
+        said.append(f"{result.kind}-composition needs a head in a later layer: this model has one layer, so there "
+                    "is no pair to score.")
+    elif result.flat:
+        top = pairs[0]
+        said.append(f"Nearly flat: no pair stands out from random matrices. The strongest {result.kind}-composition "
+                    f"({top[0]} → {top[1]}) scores {top[2]:.3g}, {top[3]:.1f} spreads above the baseline; "
+                    f"{baseline}. The largest of {result.pairs} random pairs stays below "
+                    f"{result.flat_threshold:.1f} spreads 95% of the time: the weights show no composition beyond "
+                    "chance.")
+    else:
+        threshold = result.flat_threshold
+        above = int((result.spreads_above() > threshold).sum())
+        named = "; ".join(f"{s} → {r}: {score:.3g} ({z:.1f} spreads above)" for s, r, score, z in pairs)
+        said.append(f"How much each later head reads the earlier head's output into its {_KIND_WORDS[result.kind]}: "
+                    f"the strongest pairs are {named}. {baseline}; {above} of {result.pairs} pairs lie more than "
+                    f"{threshold:.1f} spreads above it (where the largest of {result.pairs} random pairs stays 95% "
+                    "of the time). The baseline has no structure at all: trained heads whose matrices have a few "
+                    "large singular values score above it without composing, so compare pairs with each other too.")
+    if weights.positions == "rotary" and result.kind in ("Q", "K"):
+        share = ("every dimension" if weights.rotary_fraction >= 1
+                 else f"{weights.rotary_fraction:.0%} of each head's dimensions")
+        said.append(f"RoPE rotates queries and keys ({share}) by their positions, so a head's real bilinear form "
+                    "depends on how far the key is from the query: W_Q W_K^T (before rotation) is only its form at "
+                    "offset 0 (a token attending to itself). Q- and K-scores compare that form, not what the head "
+                    "does at other distances.")
+    if weights.positions == "alibi":
+        said.append("ALiBi adds a bias to each head's scores that grows with distance; the weights do not hold it, "
+                    "so Q- and K-scores leave out how strongly each head prefers near tokens.")
+    if weights.kv_heads < weights.heads:
+        group = weights.heads // weights.kv_heads
+        said.append(f"Grouped-query attention: every {group} query heads share one K/V head, so their W_K and W_V "
+                    "are the same matrix. Their K- and V-scores differ only through each query head's own W_Q (K) "
+                    "or W_O (V): a difference between heads of a group is not a difference in what they read into "
+                    "keys or values.")
+    if weights.folded:
+        how = ("its gain folded in, and centred because the LayerNorm subtracts each token's mean"
+               if weights.norm == "LayerNorm" else "its gain folded in")
+        said.append(f"W_Q, W_K and W_V include the {weights.norm} that feeds each attention ({how}); biases are "
+                    "left out.")
+    else:
+        said.append("The norms' gains are not folded into the heads' weights: a dimension the norm amplifies counts "
+                    "no more here than in the raw weights. Biases are left out.")
+    if not weights.pre_norm:
+        said.append("Post-norm model: between two heads the residual stream passes through LayerNorms and MLPs, "
+                    "which these weight products leave out.")
+    return said
+
+
+def scores_table(result: CompositionScores) -> list[dict[str, object]]:
+    """Every scored pair as a row (sender, receiver, score, spreads above the baseline), strongest first: the
+    figure's numbers, exact, for a CSV."""
+    spreads = result.spreads_above()
+    rows = []
+    for first, head, later, other in np.argwhere(np.isfinite(result.scores.numpy())).tolist():
+        rows.append({"sender": f"L{first} H{head}", "receiver": f"L{later} H{other}", "kind": result.kind,
+                     "score": float(result.scores[first, head, later, other]),
+                     "spreads_above_baseline": float(spreads[first, head, later, other])})
+    return sorted(rows, key=lambda row: -row["score"])

@@ -1,0 +1,369 @@
+"""Composition scores between heads (attnviz.interventions.composition) against an independent reference: each head's
+maps derived functionally, by feeding an identity matrix through the model's own projection modules and splitting
+the output as transformers' attention code does (for GQA with transformers' own ``repeat_kv``), then dense
+d_model x d_model products and ``torch.linalg.matrix_norm``. Tiny models built from configs, CPU, no downloads."""
+
+import copy
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from attnviz.interventions import composition
+from attnviz.models.shipped import BUNDLED_GPT_DIR
+from attnviz.viz import composition as composition_viz
+
+RTOL = 1e-5
+
+
+def _roughen(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Norm gains and biases away from their init (ones, zeros), so folding and ignoring biases are both tested."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.ndim != 1:
+                continue
+            noise = torch.randn(parameter.shape, generator=generator)
+            if "norm" in name.lower() or "ln_" in name:
+                parameter.copy_(parameter + 0.5 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                parameter.copy_(0.1 * noise)  # projection biases
+    return model.eval()
+
+
+def tiny_gpt2():
+    model = transformers.AutoModelForCausalLM.from_pretrained(BUNDLED_GPT_DIR, attn_implementation="eager")
+    return _roughen(model, 1)
+
+
+def tiny_llama(model_type: str = "llama"):
+    torch.manual_seed(0)
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "mistral": transformers.MistralConfig}
+    config = classes[model_type](hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=40, max_position_embeddings=64)
+    if model_type == "llama":
+        config.attention_bias = True
+    return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 2)
+
+
+def tiny_bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                                     vocab_size=40, max_position_embeddings=64)
+    return _roughen(transformers.BertModel(config, add_pooling_layer=False), 3)
+
+
+def tiny_neox():
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                        num_attention_heads=4, vocab_size=40, max_position_embeddings=64)
+    return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 4)
+
+
+BUILDERS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "qwen2": lambda: tiny_llama("qwen2"),
+            "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox}
+_BUILT = {}
+
+
+def built(name: str) -> torch.nn.Module:
+    """Each tiny model once (tests that change weights take a copy)."""
+    if name not in _BUILT:
+        _BUILT[name] = BUILDERS[name]()
+    return _BUILT[name]
+
+
+# ------------------------------------------------------------------------------------------ the functional reference
+
+
+def _linear_map(module: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """What ``module`` does to each row of ``inputs``, less its bias (its output at zero)."""
+    with torch.no_grad():
+        return module(inputs) - module(torch.zeros_like(inputs[:1]))
+
+
+def _norm_rows(norm: torch.nn.Module | None, d_model: int) -> tuple[torch.Tensor, float]:
+    """The rows fed to a head's projections, and the scale they carry: the identity, or (folding) the norm applied to
+    each basis vector less the norm at zero (its bias): ``P diag(gamma) / s`` for a LayerNorm, ``diag(gamma) / s``
+    for an RMSNorm, ``s`` the per-token scale the norm divides by."""
+    eye = torch.eye(d_model, dtype=torch.float64)
+    if norm is None:
+        return eye, 1.0
+    if isinstance(norm, torch.nn.LayerNorm):
+        scale = math.sqrt(float(eye[0].var(unbiased=False)) + norm.eps)
+    else:
+        scale = math.sqrt(1.0 / d_model + norm.variance_epsilon)
+    return _linear_map(norm, eye), scale
+
+
+def reference_maps(model: torch.nn.Module, family: str, fold: bool):
+    """Per layer: (W_Q, W_K, W_V ``[heads, d_model, d_head]``, W_O ``[heads, d_head, d_model]``), derived by running
+    the model's own modules (in float64) on identity inputs."""
+    model = copy.deepcopy(model).double()
+    base = model.base_model
+    config = model.config
+    out = []
+    if family == "gpt2":
+        for block in base.h:
+            attention = block.attn
+            d_model, heads = attention.embed_dim, attention.num_heads
+            rows, scale = _norm_rows(block.ln_1 if fold else None, d_model)
+            # as GPT2Attention.forward: c_attn(x).split(split_size, dim=2), each .view(..., -1, head_dim)
+            q, k, v = (part.reshape(d_model, heads, -1).permute(1, 0, 2) * scale
+                       for part in _linear_map(attention.c_attn, rows).split(attention.split_size, dim=1))
+            o = _linear_map(attention.c_proj, torch.eye(d_model, dtype=torch.float64)).reshape(heads, -1, d_model)
+            out.append((q, k, v, o))
+    elif family == "llama":
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        for layer in base.layers:
+            attention = layer.self_attn
+            d_model = config.hidden_size
+            rows, scale = _norm_rows(layer.input_layernorm if fold else None, d_model)
+            q = _linear_map(attention.q_proj, rows).reshape(d_model, heads, -1).permute(1, 0, 2) * scale
+            k, v = (repeat_kv(_linear_map(projection, rows).reshape(d_model, kv_heads, -1).permute(1, 0, 2)[None],
+                              heads // kv_heads)[0] * scale for projection in (attention.k_proj, attention.v_proj))
+            merged = torch.eye(heads * attention.head_dim, dtype=torch.float64)  # one-hot head inputs
+            o = _linear_map(attention.o_proj, merged).reshape(heads, -1, d_model)
+            out.append((q, k, v, o))
+    elif family == "bert":
+        layers = list(base.encoder.layer)
+        norms = [base.embeddings.LayerNorm] + [layer.output.LayerNorm for layer in layers[:-1]]
+        for layer, norm in zip(layers, norms, strict=True):
+            attention = layer.attention.self
+            d_model, heads = config.hidden_size, attention.num_attention_heads
+            rows, scale = _norm_rows(norm if fold else None, d_model)
+            q, k, v = (_linear_map(getattr(attention, name), rows).reshape(d_model, heads, -1).permute(1, 0, 2)
+                       * scale for name in ("query", "key", "value"))
+            o = _linear_map(layer.attention.output.dense, torch.eye(d_model, dtype=torch.float64))
+            out.append((q, k, v, o.reshape(heads, -1, d_model)))
+    else:  # gpt_neox: as GPTNeoXAttention.forward, .view(..., -1, 3 * head_size) then .chunk(3, dim=-1)
+        heads = config.num_attention_heads
+        for layer in base.layers:
+            attention = layer.attention
+            d_model = config.hidden_size
+            rows, scale = _norm_rows(layer.input_layernorm if fold else None, d_model)
+            qkv = _linear_map(attention.query_key_value, rows).reshape(d_model, heads, 3 * attention.head_size)
+            q, k, v = (part.permute(1, 0, 2) * scale for part in qkv.chunk(3, dim=-1))
+            o = _linear_map(attention.dense, torch.eye(d_model, dtype=torch.float64)).reshape(heads, -1, d_model)
+            out.append((q, k, v, o))
+    return out
+
+
+def reference_scores(maps, kind: str) -> torch.Tensor:
+    """TransformerLens's all_composition_scores with dense matrices: left = the sender's OV, right = the receiver's
+    QK (Q), QK^T (K) or OV (V); NaN where the receiver's layer is not after the sender's."""
+    layers, heads = len(maps), maps[0][0].shape[0]
+    q, k, v, o = (torch.stack([layer[index] for layer in maps]) for index in range(4))  # [layers, heads, ...]
+    ov = (v @ o).flatten(0, 1)  # [layers * heads, d_model, d_model]
+    qk = (q @ k.transpose(-1, -2)).flatten(0, 1)
+    right = {"Q": qk, "K": qk.transpose(-1, -2), "V": ov}[kind]
+    product = ov[:, None] @ right[None]  # [senders, receivers, d_model, d_model]
+    scores = torch.linalg.matrix_norm(product) / (torch.linalg.matrix_norm(ov)[:, None]
+                                                  * torch.linalg.matrix_norm(right)[None, :])
+    layer = torch.arange(layers).repeat_interleave(heads)
+    scores = torch.where(layer[None, :] > layer[:, None], scores, torch.nan)
+    return scores.reshape(layers, heads, layers, heads)
+
+
+FAMILY_OF = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
+             "gpt_neox": "gpt_neox"}
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["raw", "folded"])
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_weights_and_scores_match_the_functional_reference(name, fold):
+    model = built(name)
+    family = FAMILY_OF[name]
+    weights = composition.head_weights(model, fold_norm=fold)
+    assert weights.family == family and weights.folded == fold
+    maps = reference_maps(model, family, fold)
+    for layer, (q, k, v, o) in enumerate(maps):
+        for mine, theirs in zip((weights.W_Q, weights.W_K, weights.W_V, weights.W_O), (q, k, v, o), strict=True):
+            torch.testing.assert_close(mine[layer].double(), theirs, rtol=RTOL, atol=1e-6)
+    for kind in composition.KINDS:
+        result = composition.composition_scores(weights, kind)
+        torch.testing.assert_close(result.scores, reference_scores(maps, kind), rtol=RTOL, atol=0, equal_nan=True)
+
+
+def test_default_folds_pre_norm_models_only():
+    assert composition.head_weights(built("gpt2")).folded
+    assert composition.head_weights(built("llama")).folded
+    assert composition.head_weights(built("gpt_neox")).folded
+    assert not composition.head_weights(built("bert")).folded
+    # the gains matter: the roughened gains change the scores
+    folded = composition.composition_scores(built("gpt2"), "K").scores
+    raw = composition.composition_scores(built("gpt2"), "K", fold_norm=False).scores
+    assert not torch.allclose(folded, raw, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "gpt_neox"])
+def test_scores_lie_in_0_1_with_nan_exactly_where_no_pair(name):
+    for kind in composition.KINDS:
+        result = composition.composition_scores(built(name), kind)
+        layers, heads = result.layers, result.heads
+        sender = torch.arange(layers)[:, None, None, None].expand(layers, heads, layers, heads)
+        receiver = torch.arange(layers)[None, None, :, None].expand(layers, heads, layers, heads)
+        assert torch.equal(torch.isnan(result.scores), receiver <= sender)
+        finite = result.scores[torch.isfinite(result.scores)]
+        assert finite.numel() == heads * heads * layers * (layers - 1) // 2
+        assert float(finite.min()) >= 0 and float(finite.max()) <= 1
+        assert result.labels[:2] == ["L0 H0", "L0 H1"] and len(result.labels) == layers * heads
+
+
+def test_grouped_query_heads_share_their_kv_head():
+    model = copy.deepcopy(built("llama"))
+    weights = composition.head_weights(model, fold_norm=False)
+    assert weights.kv_heads == 2 and [weights.kv_group(head) for head in range(4)] == [0, 0, 1, 1]
+    for shared in (weights.W_K, weights.W_V):
+        assert torch.equal(shared[:, 0], shared[:, 1]) and torch.equal(shared[:, 2], shared[:, 3])
+        assert not torch.equal(shared[:, 1], shared[:, 2])
+    # TransformerLens's K- and V-scores also hold each query head's own W_Q (K) and W_O (V): heads of a group do
+    # not score the same by construction...
+    k_scores = composition.composition_scores(weights, "K").scores
+    assert not torch.allclose(k_scores[0, :, 1, 0], k_scores[0, :, 1, 1])
+    # ...but they do once those are made equal too, and only for heads that really share a K/V head
+    attention = model.model.layers[1].self_attn
+    d_head = attention.head_dim
+    with torch.no_grad():
+        for head in (1, 2):
+            attention.q_proj.weight[head * d_head:(head + 1) * d_head] = attention.q_proj.weight[:d_head]
+            attention.o_proj.weight[:, head * d_head:(head + 1) * d_head] = attention.o_proj.weight[:, :d_head]
+    for kind in ("K", "V"):
+        scores = composition.composition_scores(model, kind).scores[0, :, 1]  # [sender head, receiver head]
+        torch.testing.assert_close(scores[:, 0], scores[:, 1], rtol=1e-12, atol=0)
+        assert not torch.allclose(scores[:, 0], scores[:, 2])  # head 2 reads another K/V head
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_scaling_a_head_changes_no_score(name):
+    model = copy.deepcopy(built(name))
+    before = {kind: composition.composition_scores(model, kind).scores for kind in composition.KINDS}
+    with torch.no_grad():
+        if name == "gpt2":
+            attention = model.transformer.h[0].attn
+            d_head = attention.head_dim
+            attention.c_proj.weight[d_head:2 * d_head] *= 3  # head 1's W_O (Conv1D: [in, out])
+            model.transformer.h[1].attn.c_attn.weight[:, :d_head] *= 3  # layer 1 head 0's W_Q
+        else:
+            attention = model.model.layers[0].self_attn
+            d_head = attention.head_dim
+            attention.o_proj.weight[:, d_head:2 * d_head] *= 3  # head 1's W_O
+            model.model.layers[1].self_attn.q_proj.weight[:d_head] *= 3
+    for kind in composition.KINDS:
+        after = composition.composition_scores(model, kind).scores
+        # float32 weights times 3 round: the scores agree to float32's precision
+        torch.testing.assert_close(after, before[kind], rtol=1e-6, atol=0, equal_nan=True)
+
+
+def test_a_rank_deficient_head_is_scored_exactly():
+    model = copy.deepcopy(built("gpt2"))
+    attention = model.transformer.h[0].attn
+    d_model, d_head = attention.embed_dim, attention.head_dim
+    with torch.no_grad():  # head 2's values use half their dimensions; head 3's queries repeat one column
+        attention.c_attn.weight[:, 2 * d_model + 2 * d_head:2 * d_model + 2 * d_head + d_head // 2] = 0
+        attention.c_attn.weight[:, 3 * d_head:4 * d_head] = attention.c_attn.weight[:, 3 * d_head:3 * d_head + 1]
+    maps = reference_maps(model, "gpt2", True)
+    for kind in composition.KINDS:
+        torch.testing.assert_close(composition.composition_scores(model, kind).scores, reference_scores(maps, kind),
+                                   rtol=RTOL, atol=0, equal_nan=True)
+
+
+def test_the_baseline_is_what_gaussian_matrices_score():
+    for kind in composition.KINDS:
+        mean, spread = composition.random_baseline(128, 32, kind, draws=50, seed=0)
+        assert mean == pytest.approx(1 / math.sqrt(128), rel=0.05)  # about 1/sqrt(d_model)
+        assert 0 < spread < 0.1 * mean
+        assert composition.random_baseline(128, 32, kind, draws=50, seed=0) == (mean, spread)
+    assert composition.random_baseline(64, 16, "K", seed=1) != composition.random_baseline(64, 16, "K", seed=2)
+
+
+def test_random_weights_are_flat_and_a_trained_model_is_not():
+    for kind in composition.KINDS:
+        result = composition.composition_scores(built("llama"), kind, fold_norm=False)  # Gaussian init
+        assert result.flat, kind
+        assert composition.composition_words(result)[0].startswith("Nearly flat")
+    trained = composition.composition_scores(tiny_gpt2_unroughened(), "K")
+    assert not trained.flat
+    top = trained.strongest(1)[0]
+    assert top[3] > trained.flat_threshold and top[2] == float(trained.scores.nan_to_num(-1).max())
+    words = composition.composition_words(trained)
+    assert "spreads above" in words[0] and "Nearly flat" not in " ".join(words)
+    torch.testing.assert_close(trained.spreads_above(), (trained.scores - trained.baseline_mean)
+                               / trained.baseline_spread, equal_nan=True)
+
+
+def tiny_gpt2_unroughened():
+    return transformers.AutoModelForCausalLM.from_pretrained(BUNDLED_GPT_DIR, attn_implementation="eager")
+
+
+def test_the_words_say_what_is_not_comparable():
+    llama = composition.composition_scores(built("llama"), "Q")
+    said = " ".join(composition.composition_words(llama))
+    assert "RoPE" in said and "offset 0" in said and "share one K/V head" in said and "RMSNorm" in said
+    neox = composition.composition_scores(built("gpt_neox"), "K")
+    assert neox.weights.positions == "rotary" and neox.weights.rotary_fraction == 0.25
+    assert "25% of each head's dimensions" in " ".join(composition.composition_words(neox))
+    gpt2 = " ".join(composition.composition_words(composition.composition_scores(built("gpt2"), "V")))
+    assert "RoPE" not in gpt2 and "K/V head" not in gpt2 and "centred" in gpt2
+    bert = " ".join(composition.composition_words(composition.composition_scores(built("bert"), "K")))
+    assert "not folded" in bert and "Post-norm" in bert
+    alibi = dataclasses.replace(llama.weights, positions="alibi", rotary_fraction=0.0)
+    said = " ".join(composition.composition_words(composition.composition_scores(alibi, "K")))
+    assert "ALiBi" in said and "RoPE" not in said
+
+
+def test_an_architecture_it_does_not_read_is_refused_in_words():
+    config = transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=40)
+    with pytest.raises(ValueError, match="cannot read the attention weights of 'bloom' models.*gpt2"):
+        composition.head_weights(transformers.BloomForCausalLM(config))
+    with pytest.raises(ValueError, match="Linear without a transformers config"):
+        composition.composition_scores(torch.nn.Linear(2, 2), "Q")
+    with pytest.raises(ValueError, match="one of Q, K, V"):
+        composition.composition_scores(built("gpt2"), "O")
+
+
+def test_the_app_loader_gives_the_same_scores_with_progress():
+    from attnviz.interventions.edits import editable_lm
+
+    model, _ = editable_lm(BUNDLED_GPT_DIR)
+    heard = []
+    result = composition.composition_scores(model, "K", progress=lambda share, words: heard.append(share))
+    torch.testing.assert_close(result.scores, composition.composition_scores(tiny_gpt2_unroughened(), "K").scores,
+                               rtol=1e-12, atol=0, equal_nan=True)
+    assert heard[-1] == 1.0 and len(heard) == result.layers - 1
+    both = composition.all_composition_scores(model)
+    assert list(both) == ["Q", "K", "V"] and torch.equal(both["K"].scores.nan_to_num(), result.scores.nan_to_num())
+    rows = composition.scores_table(result)
+    assert len(rows) == result.pairs and rows[0]["score"] == max(row["score"] for row in rows)
+
+
+def test_the_figures():
+    result = composition.composition_scores(built("gpt2"), "K")
+    figure = composition_viz.composition_heatmap(result.scores, result.labels, kind="K",
+                                                 baseline_mean=result.baseline_mean,
+                                                 baseline_spread=result.baseline_spread)
+    heatmap = figure.data[0]
+    z = np.asarray(heatmap.z, dtype=float)
+    assert z.shape == (12, 12) and np.isnan(z[4, 0]) and np.isfinite(z[0, 4])
+    assert heatmap.zmid == pytest.approx(result.baseline_mean)
+    assert list(figure.layout.xaxis.tickvals) == list(range(12)) and figure.layout.yaxis.ticktext[5] == "L1 H1"
+    assert "K-composition" in figure.layout.title.text and "baseline" in figure.layout.title.text
+    assert "spreads above the baseline" in heatmap.hovertext[0][4]
+    spreads = composition_viz.composition_heatmap(result.scores, result.labels, kind="K", measure="spreads",
+                                                  baseline_mean=result.baseline_mean,
+                                                  baseline_spread=result.baseline_spread)
+    assert spreads.data[0].zmid == 0
+    pooled = composition_viz.composition_heatmap(result.scores, result.labels, kind="K", max_heads=8,
+                                                 baseline_mean=result.baseline_mean,
+                                                 baseline_spread=result.baseline_spread)
+    z = np.asarray(pooled.data[0].z, dtype=float)
+    assert z.shape == (3, 3) and z[0, 1] == pytest.approx(float(np.nanmax(result.scores[0, :, 1].numpy())))
+    assert "strongest pair" in pooled.layout.title.text and "→" in pooled.data[0].hovertext[0][1]
+    histogram = composition_viz.composition_distribution(result.scores, kind="K", threshold=result.flat_threshold,
+                                                         baseline_mean=result.baseline_mean,
+                                                         baseline_spread=result.baseline_spread)
+    assert len(histogram.data[0].x) == result.pairs and "48 head pairs" in histogram.layout.title.text
