@@ -323,3 +323,20 @@ def test_a_one_token_text_is_counted_apart_and_its_tokens_view_says_why_it_is_em
     assert not any(b.key == "imp_stop" for b in at.button)  # the Stop button goes once the heads are measured
     at.selectbox(key="imp_text").set_value(0).run()
     assert any("no token to predict" in info.value for info in at.info)
+
+
+def test_the_composition_look_shows_the_weights_scores_and_says_them(_clean):
+    """K-composition of the tiny GPT from its weights: the page's sentences are composition_words' on the same
+    scores, and the heatmap holds the scores of every scored pair."""
+    from attnviz.interventions import composition as comp
+
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching", pat_look="Composition")
+    assert not at.exception, [e.value for e in at.exception]
+    model, _ = iv.editable_lm(BUNDLED_GPT_DIR)
+    expected = comp.composition_scores(model, "K")
+    for said in comp.composition_words(expected):
+        assert any(m.value == said for m in at.markdown), said
+    shown = np.concatenate([plotly_array(trace["z"]).ravel() for trace in
+                            figure_titled(at, "")["data"] if "z" in trace])
+    finite = expected.scores.numpy()[np.isfinite(expected.scores.numpy())]
+    assert np.allclose(np.sort(shown[np.isfinite(shown)])[-len(finite):], np.sort(finite), atol=1e-6)

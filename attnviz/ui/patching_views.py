@@ -12,6 +12,7 @@ from attnviz.core import circuits
 from attnviz.core.tokens_display import readable_tokens, tokenizer_style
 from attnviz.core.units import ordinal
 from attnviz.interventions import activation_patching as ap
+from attnviz.interventions import composition as comp
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import patching as patch
 from attnviz.interventions import path_patching as pp
@@ -20,15 +21,16 @@ from attnviz.pagelogic import patching as words
 from attnviz.ui.caches.importance import keep_form
 from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import show_figure
+from attnviz.viz import composition as composition_figures
 from attnviz.viz import patching as figures
 from attnviz.viz.style import format_number
 
-LOOKS = ("Layer × position", "Heads", "Head inputs", "Paths")
+LOOKS = ("Layer × position", "Heads", "Head inputs", "Paths", "Composition")
 PRESET = "Preset: induction"
 CHANGES = {"copied": "the token to copy", "previous": "the token before it"}
 FORM = ("pat_source", "pat_change", "pat_period", "pat_seed", "pat_examples", "pat_clean", "pat_corrupted",
         "pat_answer", "pat_foil", "pat_bos", "pat_direction", "pat_metric", "pat_look", "pat_site", "pat_input",
-        "pat_by_position", "pat_receiver", "pat_via")
+        "pat_by_position", "pat_receiver", "pat_via", "pat_kind")
 
 
 @st.cache_resource(show_spinner=False)
@@ -117,7 +119,9 @@ def experiment_view(folder: str, name: str, model, tokenizer, objective: str) ->
     look = columns[2].segmented_control("Look at", LOOKS, default=LOOKS[0], key="pat_look", required=True)
     base = (folder, name, tuple((tuple(e.clean), tuple(e.corrupted), e.answer, e.foil) for e in examples),
             direction, metric)
-    if look == "Paths":
+    if look == "Composition":
+        _composition_view(folder, name, model)
+    elif look == "Paths":
         _paths_view(base, model, tokenizer, examples, parts, direction, metric, folder, name)
     else:
         _map_view(base, look, model, tokenizer, examples, parts, direction, metric)
@@ -254,3 +258,30 @@ def _paths_view(base, model, tokenizer, examples, parts, direction, metric, fold
     if free.note:
         st.caption(free.note)
     st.markdown(words.path_words(frozen, free, {at: result for at, result in enumerate(through)}))
+
+
+@st.cache_resource(max_entries=8, show_spinner="Reading every head's weights…")
+def _composition(folder: str, name: str, kind: str, _model):
+    try:
+        return comp.composition_scores(_model, kind)
+    except ValueError as problem:
+        return str(problem)
+
+
+def _composition_view(folder: str, name: str, model) -> None:
+    """Q-, K- and V-composition from the weights alone: no prompt, no run."""
+    kind = st.segmented_control("Composition", ("Q", "K", "V"), default="K", key="pat_kind", required=True,
+                                help="How much of what an earlier head writes (its OV circuit) a later head reads "
+                                     "through its queries, its keys or its values (Elhage et al. 2021)")
+    result = _composition(folder, name, kind, model)
+    if isinstance(result, str):
+        st.warning(f"Composition is not read for this model: {result}.", icon=":material/block:")
+        return
+    show_figure(composition_figures.composition_heatmap(
+        result.scores, result.labels, kind=kind, baseline_mean=result.baseline_mean,
+        baseline_spread=result.baseline_spread), "Senders down, receivers across; red: above what random matrices "
+        "of the same shapes score (hover: how many of their spreads above).", key="pat_composition")
+    for said in comp.composition_words(result):
+        st.markdown(said)
+    st.caption("From the weights alone: a pair that scores high can compose; whether the model uses it on a given "
+               "input is what the Paths look measures.")
