@@ -170,17 +170,29 @@ def frozen_norm(norm: torch.nn.Module, d_model: int) -> FrozenNorm:
     eps = _epsilon(norm)
     parameter = next(norm.parameters(), None)
     dtype = parameter.dtype if parameter is not None else torch.float32
+    device = parameter.device if parameter is not None else torch.device("cpu")
     u = torch.tensor([1.0, -1.0] * (d_model // 2), dtype=torch.float64)  # [d_model]
     with torch.no_grad():
-        up, down = (norm(sign * u.to(dtype)[None]).double()[0] for sign in (1, -1))
-        shifted = norm((u + 3.0).to(dtype)[None]).double()[0]
+        up, down = (norm((sign * u).to(dtype=dtype, device=device)[None]).double().cpu()[0] for sign in (1, -1))
+        shifted = norm((u + 3.0).to(dtype=dtype, device=device)[None]).double().cpu()[0]
     gain = (up - down) / 2 / u * (1 + eps) ** 0.5
     bias = (up + down) / 2
+    # the parameters themselves where the calls show them to be the gain (or Gemma's 1 + gain) and the bias: exact,
+    # where a norm computing in float32 (as RMSNorms do) gives them to float32's precision only
+    weight, offset = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if isinstance(weight, torch.Tensor) and weight.shape == gain.shape:
+        for exact in (weight.detach().double().cpu(), 1 + weight.detach().double().cpu()):
+            if torch.allclose(exact, gain, rtol=1e-3, atol=1e-5):
+                gain = exact
+                break
+    if isinstance(offset, torch.Tensor) and offset.shape == bias.shape and \
+            torch.allclose(offset.detach().double().cpu(), bias, rtol=1e-3, atol=1e-5):
+        bias = offset.detach().double().cpu()
     centres = bool(torch.allclose(shifted, up, atol=1e-4, rtol=1e-4))
     found = FrozenNorm(gain, bias, centres, eps)
     probe = torch.randn(3, d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with torch.no_grad():
-        expected = norm(probe.to(dtype)).double()
+        expected = norm(probe.to(dtype=dtype, device=device)).double().cpu()
     rebuilt = found.linear_part(probe, found.scale(probe)) + bias
     if not torch.allclose(rebuilt, expected, atol=1e-3 * max(1.0, float(expected.abs().max())), rtol=1e-3):
         raise NotReadable(f"{type(norm).__name__} is not a LayerNorm or an RMSNorm (it does not act as one)")
