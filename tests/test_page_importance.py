@@ -340,3 +340,33 @@ def test_the_composition_look_shows_the_weights_scores_and_says_them(_clean):
                             figure_titled(at, "")["data"] if "z" in trace])
     finite = expected.scores.numpy()[np.isfinite(expected.scores.numpy())]
     assert np.allclose(np.sort(shown[np.isfinite(shown)])[-len(finite):], np.sort(finite), atol=1e-6)
+
+
+def test_the_attribution_and_lens_looks_show_the_clean_runs_read_directly(_clean):
+    """Direct logit attribution: the head map is the mean over the examples of each head's direct part at the last
+    position; the lens's sentences are lens_words' on the first example."""
+    from attnviz.interventions import activation_patching as ap
+    from attnviz.interventions import logit_attribution as dla
+    from attnviz.interventions import patching as patch
+
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching", pat_look="Logit attribution", pat_examples=3)
+    assert not at.exception, [e.value for e in at.exception]
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    pool = circuits.ordinary_token_ids(tokenizer)
+    examples = ap.examples_of([patch.induction_prompts(pool, 30, seed=5 + k, bos=0) for k in range(3)])
+    found = [dla.direct_logit_attribution(model, e.clean, e.answer, e.foil) for e in examples]
+    expected = np.stack([a.head_map(-1).numpy() for a in found]).mean(0)
+    shown = plotly_array(figure_titled(at, "Each head's direct part")["data"][0]["z"])
+    assert np.allclose(shown, expected, atol=1e-5)
+    assert any(m.value.startswith("The largest cell is **layer 2") for m in at.markdown)  # the induction layer
+    at.segmented_control(key="pat_look").set_value("Logit lens").run()
+    assert not at.exception, [e.value for e in at.exception]
+    lens = dla.logit_lens(model, examples[0].clean, examples[0].answer, examples[0].foil)
+    from attnviz.core.tokens_display import readable_tokens, tokenizer_style
+
+    def text(token: int) -> str:
+        return readable_tokens(tokenizer.convert_ids_to_tokens([token]), tokenizer_style(tokenizer))[0]
+
+    said = dla.lens_words(lens, answer_text=text(examples[0].answer), foil_text=text(examples[0].foil),
+                          token_text=text)
+    assert all(any(m.value == sentence for m in at.markdown) for sentence in said), said

@@ -56,16 +56,23 @@ def _interval(spread: ap.Spread, index: tuple) -> str:
 
 def map_words(shares: torch.Tensor, rows: list[str], columns: list[str], direction: str) -> str:
     """The map's largest cell with its interval, whether the examples agree on it, and whether anything is carried
-    at all, in words."""
+    at all, in words. ``direction``: "denoising" or "noising" (shares of the gap), or "attribution" (direct parts of
+    the logit difference, in logits)."""
     spread = ap.spread(shares)
     mean = spread.mean.nan_to_num(0.0)
     flat = int(mean.abs().flatten().argmax())
     index = (flat // mean.shape[-1], flat % mean.shape[-1])
     cell = f"{rows[index[0]]}, {columns[index[1]]}"
     value = float(spread.mean[index])
-    verb = "brings back" if direction == "denoising" else "takes away"
-    said = [f"The largest cell is **{cell}**: patching it {verb} {format_number(value)} of the gap on average "
-            f"({_interval(spread, index)}, {spread.examples} example{'s' if spread.examples != 1 else ''})."]
+    plural = "s" if spread.examples != 1 else ""
+    if direction == "attribution":
+        toward = "the answer" if value >= 0 else "the foil"
+        said = [f"The largest cell is **{cell}**: it writes {format_number(abs(value))} logits toward {toward} on "
+                f"average ({_interval(spread, index)}, {spread.examples} example{plural})."]
+    else:
+        verb = "brings back" if direction == "denoising" else "takes away"
+        said = [f"The largest cell is **{cell}**: patching it {verb} {format_number(value)} of the gap on average "
+                f"({_interval(spread, index)}, {spread.examples} example{plural})."]
     if spread.examples > 1:
         signs = torch.sign(shares[(slice(None), *index)])
         against = int((signs != torch.sign(torch.tensor(value))).sum())
@@ -73,7 +80,7 @@ def map_words(shares: torch.Tensor, rows: list[str], columns: list[str], directi
             said.append(f"{against} of {spread.examples} examples move the other way there: the mean hides them.")
         if float(spread.low[index]) <= 0 <= float(spread.high[index]):
             said.append("Its interval includes 0: over these examples the cell is not told apart from nothing.")
-    if abs(value) < NOTHING:
+    if direction != "attribution" and abs(value) < NOTHING:
         said.append(f"No cell reaches {format_number(NOTHING)} of the gap: nothing here carries the answer alone.")
     return " ".join(said)
 

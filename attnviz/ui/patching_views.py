@@ -14,6 +14,7 @@ from attnviz.core.units import ordinal
 from attnviz.interventions import activation_patching as ap
 from attnviz.interventions import composition as comp
 from attnviz.interventions import induction_circuit as ind
+from attnviz.interventions import logit_attribution as dla
 from attnviz.interventions import patching as patch
 from attnviz.interventions import path_patching as pp
 from attnviz.interventions.anatomy import NotReadable, anatomy
@@ -22,10 +23,11 @@ from attnviz.ui.caches.importance import keep_form
 from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import show_figure
 from attnviz.viz import composition as composition_figures
+from attnviz.viz import logit_attribution as dla_figures
 from attnviz.viz import patching as figures
 from attnviz.viz.style import format_number
 
-LOOKS = ("Layer × position", "Heads", "Head inputs", "Paths", "Composition")
+LOOKS = ("Layer × position", "Heads", "Head inputs", "Paths", "Logit attribution", "Logit lens", "Composition")
 PRESET = "Preset: induction"
 CHANGES = {"copied": "the token to copy", "previous": "the token before it"}
 FORM = ("pat_source", "pat_change", "pat_period", "pat_seed", "pat_examples", "pat_clean", "pat_corrupted",
@@ -121,6 +123,8 @@ def experiment_view(folder: str, name: str, model, tokenizer, objective: str) ->
             direction, metric)
     if look == "Composition":
         _composition_view(folder, name, model)
+    elif look in ("Logit attribution", "Logit lens"):
+        _direct_view(base[:3], look, model, tokenizer, examples, parts)
     elif look == "Paths":
         _paths_view(base, model, tokenizer, examples, parts, direction, metric, folder, name)
     else:
@@ -285,3 +289,67 @@ def _composition_view(folder: str, name: str, model) -> None:
         st.markdown(said)
     st.caption("From the weights alone: a pair that scores high can compose; whether the model uses it on a given "
                "input is what the Paths look measures.")
+
+
+def _direct(key: tuple, model, examples, parts):
+    """Each example's clean prompt read directly: its attribution at every position and its logit lens (or why
+    not, in words), with the foil each example is measured against."""
+    def work(progress):
+        found = []
+        for index, example in enumerate(examples):
+            foil = ap.ends(model, example, "logit difference").foil
+            try:
+                found.append((foil, dla.direct_logit_attribution(model, example.clean, example.answer, foil,
+                                                                 anatomy=parts),
+                              dla.logit_lens(model, example.clean, example.answer, foil, anatomy=parts)))
+            except ValueError as problem:
+                return str(problem)
+            progress((index + 1) / len(examples), f"example {index + 1} of {len(examples)}")
+        return found
+
+    return _compute((*key, "direct"), "Reading each example's clean run:", work)
+
+
+def _token(tokenizer, token: int) -> str:
+    return readable_tokens(tokenizer.convert_ids_to_tokens([token]), tokenizer_style(tokenizer))[0]
+
+
+def _direct_view(key: tuple, look: str, model, tokenizer, examples, parts) -> None:
+    """Direct logit attribution and the logit lens of the experiment's clean prompts (no patching: one forward each),
+    the answer against each example's foil."""
+    found = _direct(key, model, [ap.examples_of(example)[0] for example in examples], parts)
+    if isinstance(found, str):
+        st.warning(f"Not read directly: {found}.", icon=":material/block:")
+        return
+    foil, attribution, lens = found[0]
+    answer_text, foil_text = _token(tokenizer, examples[0].answer), _token(tokenizer, foil)
+    if look == "Logit lens":
+        style = tokenizer_style(tokenizer)
+        tokens = readable_tokens(tokenizer.convert_ids_to_tokens(examples[0].clean), style)
+        show_figure(dla_figures.lens_heatmap(
+            lens.difference, lens.rows, tokens, probability=lens.probability, rank=lens.rank,
+            top_tokens=[[_token(tokenizer, int(t)) for t in row] for row in lens.top.tolist()],
+            answer_top=lens.top == lens.answer,
+            title=f"Logit lens, first example: logit({answer_text!r}) - logit({foil_text!r}) read at each layer"),
+            f"Each row: the stream at that point read through {lens.note}. Hover: the answer's probability and rank, "
+            "and the top token.", key="pat_lens")
+        for said in dla.lens_words(lens, answer_text=answer_text, foil_text=foil_text,
+                                   token_text=lambda t: _token(tokenizer, t)):
+            st.markdown(said)
+        return
+    per_example = torch.stack([attribution.head_map(-1) for _, attribution, _ in found])  # [examples, layers, heads]
+    spread = ap.spread(per_example)
+    rows = [layer.attention.label for layer in parts.layers]
+    show_figure(figures.spread_heatmap(
+        spread.mean, spread.low, spread.high, spread.std, rows, words.head_labels(parts.heads),
+        examples=spread.examples, measure="logit difference", value_range=None, x_title="head",
+        title="Each head's direct part of logit(answer) - logit(foil) at the last position (mean over examples)"),
+        f"Red: the head writes toward the answer through the unembedding, {attribution.note}; blue: toward the foil. "
+        "Hover: each head's 95% interval over the examples.", key="pat_dla_heads")
+    st.markdown(words.map_words(per_example, rows, words.head_labels(parts.heads), "attribution"))
+    show_figure(dla_figures.attribution_bars(
+        attribution.values[:, -1], attribution.labels, attribution.layers, total=float(attribution.values[:, -1].sum()),
+        title=f"First example: every part of logit({answer_text!r}) - logit({foil_text!r}) at the last position"),
+        "The parts add up to the model's own logit difference (the last bar).", key="pat_dla_bars")
+    for said in dla.attribution_words(attribution, answer_text=answer_text, foil_text=foil_text):
+        st.markdown(said)
