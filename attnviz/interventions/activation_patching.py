@@ -249,6 +249,15 @@ def ends(model: torch.nn.Module, example: Example, metric: str) -> Measured:
     return Measured(float(values[0]), float(values[1]), foil)
 
 
+def gap_of(measured: Measured, example: Example) -> float:
+    """The clean-corrupted gap each share divides by: 0 for prompts that are the same (two rows of one batch may
+    round apart) or a gap within rounding of the metric's size."""
+    gap = measured.clean - measured.corrupted
+    if example.clean == example.corrupted or abs(gap) <= 1e-9 * max(1.0, abs(measured.clean), abs(measured.corrupted)):
+        return 0.0
+    return gap
+
+
 def run_cells(model: torch.nn.Module, parts: Anatomy, site: str, target: list[int],
               source: dict[int, torch.Tensor], cells: list[Cell], measure: Callable[[torch.Tensor], torch.Tensor],
               *, rows_per_forward: int = 16, progress: Callable[[int], None] | None = None,
@@ -405,7 +414,7 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
                                                                                         example.answer, foil),
                           rows_per_forward=rows_per_forward, progress=count, position=example.position)
         base = measured.corrupted if direction == "denoising" else measured.clean
-        gap = measured.clean - measured.corrupted
+        gap = gap_of(measured, example)
         patched = base + moved
         mask = torch.tensor(real)
         values[index, mask] = patched

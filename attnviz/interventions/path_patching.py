@@ -34,6 +34,7 @@ from attnviz.interventions.activation_patching import (
     capture_site,
     ends,
     examples_of,
+    gap_of,
     metric_of,
     on_outputs,
 )
@@ -183,7 +184,7 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
             if progress is not None:
                 progress(done / total, f"example {index + 1} of {len(examples)}")
         base = measured.corrupted if direction == "denoising" else measured.clean
-        gap = measured.clean - measured.corrupted
+        gap = gap_of(measured, example)
         for (sender_layer, sender_head), change in zip(senders, moved.tolist(), strict=True):
             values[index, sender_layer, sender_head] = base + change
             if gap != 0:

@@ -253,10 +253,11 @@ def _by_pattern(module, query, key, value, attention_mask, scaling, edit) -> tor
     key = key.repeat_interleave(heads // kv_heads, dim=1)  # [batch, heads, n_k, d]: each query head's K/V head
     value = value.repeat_interleave(heads // kv_heads, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = (query.float() @ key.float().transpose(-1, -2)) * scale  # [batch, heads, n_q, n_k]
+    wide = torch.float64 if query.dtype == torch.float64 else torch.float32  # the softmax in float32 at least
+    scores = (query.to(wide) @ key.to(wide).transpose(-1, -2)) * scale  # [batch, heads, n_q, n_k]
     additive = _additive_mask(attention_mask, bool(getattr(module, "is_causal", False)), query, key)
     if additive is not None:
-        scores = scores + additive.float()[..., -query.shape[-2]:, : key.shape[-2]]
+        scores = scores + additive.to(wide)[..., -query.shape[-2]:, : key.shape[-2]]
     weights = edit(torch.softmax(scores, dim=-1))  # [batch, heads, n_q, n_k]
     return (weights.to(value.dtype) @ value).transpose(1, 2).contiguous()  # [batch, n_q, heads, d_v]
 
