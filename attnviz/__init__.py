@@ -8,7 +8,7 @@ In a notebook::
     attnviz.detect(captured, "induction")         # every head's score, highest first (a pandas DataFrame)
 
 ``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan``, ``open_importance``, ``patch``, ``paths``,
-``induction_examples`` and ``example`` come from
+``induction_examples``, ``example``, ``attribute``, ``logit_lens`` and ``composition`` come from
 ``attnviz.api`` and are imported on first use, so ``import attnviz`` alone stays light. The installed command is
 ``attnviz`` (``attnviz serve`` runs the app; ``python -m attnviz`` is the same command).
 
@@ -24,7 +24,7 @@ The package's folders, from the bottom layer up (docs/architecture.md draws them
 __version__ = "0.1.0"
 
 __all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "patch", "paths",
-           "induction_examples", "example", "__version__"]
+           "induction_examples", "example", "attribute", "logit_lens", "composition", "__version__"]
 
 
 def __getattr__(name: str):
@@ -45,7 +45,7 @@ def __getattr__(name: str):
         from attnviz.api import runs
 
         return getattr(runs, name)
-    if name in ("patch", "paths", "induction_examples", "example"):
+    if name in ("patch", "paths", "induction_examples", "example", "attribute", "logit_lens", "composition"):
         from attnviz.api import patching
 
         return getattr(patching, name)

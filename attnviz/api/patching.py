@@ -1,6 +1,8 @@
 """Patching from a notebook, on the code the "Does this head matter?" page runs: activation patching at any site,
-by layer, head and position (:func:`patch`), path patching from head to head (:func:`paths`), and the examples they
-read (:func:`induction_examples`, :func:`example`).
+by layer, head and position (:func:`patch`), path patching from head to head (:func:`paths`), the examples they
+read (:func:`induction_examples`, :func:`example`), and what a clean run says directly: direct logit attribution
+(:func:`attribute`), the logit lens (:func:`logit_lens`) and composition scores from the weights
+(:func:`composition`). ``attnviz.show`` draws each result.
 
 Definitions (where they differ from TransformerLens's ``patching`` utilities, say so here):
 
@@ -133,3 +135,54 @@ def paths(model, examples, receiver: tuple[int, int], via: str = "k", *, mlps="f
     finally:
         if bar is not None:
             bar.close()
+
+
+def _ids(example_or_ids) -> tuple[list[int], int | None, int | None]:
+    if isinstance(example_or_ids, ap.Example):
+        return list(example_or_ids.clean), example_or_ids.answer, example_or_ids.foil
+    return list(example_or_ids), None, None
+
+
+def attribute(model, example_or_ids, answer: int | None = None, foil: int | None = None, *, tokenizer=None):
+    """Direct logit attribution of logit(answer) - logit(foil) at every position of a prompt (an
+    :class:`~attnviz.interventions.activation_patching.Example`'s clean prompt, its answer and foil, or token ids
+    with ``answer`` and ``foil``): every head, MLP, the embeddings and the biases, the final norm's scale frozen at
+    its value on the prompt. The parts sum to the model's own difference (else refused: a post-norm model such as
+    BERT, a nonlinear head before the unembedding). Returns an
+    :class:`~attnviz.interventions.logit_attribution.Attribution`."""
+    from attnviz.interventions import logit_attribution as dla
+
+    ids, given_answer, given_foil = _ids(example_or_ids)
+    answer, foil = answer if answer is not None else given_answer, foil if foil is not None else given_foil
+    with _editable(model, tokenizer) as (loaded, _):
+        if foil is None and answer is not None and isinstance(example_or_ids, ap.Example):
+            foil = ap.ends(loaded, example_or_ids, "logit difference").foil
+        if answer is None or foil is None:
+            raise ValueError("give the answer and the foil (token ids), or an Example")
+        return dla.direct_logit_attribution(loaded, ids, answer, foil)
+
+
+def logit_lens(model, example_or_ids, answer: int | None = None, foil: int | None = None, *, tokenizer=None):
+    """The logit lens: the stream at each layer boundary read through the final norm and the unembedding (a masked
+    LM: through its whole MLM head), at every position: logit(answer) - logit(foil), the answer's probability, its
+    rank and the top token. Returns a :class:`~attnviz.interventions.logit_attribution.Lens`."""
+    from attnviz.interventions import logit_attribution as dla
+
+    ids, given_answer, given_foil = _ids(example_or_ids)
+    answer, foil = answer if answer is not None else given_answer, foil if foil is not None else given_foil
+    with _editable(model, tokenizer) as (loaded, _):
+        if foil is None and answer is not None and isinstance(example_or_ids, ap.Example):
+            foil = ap.ends(loaded, example_or_ids, "logit difference").foil
+        if answer is None or foil is None:
+            raise ValueError("give the answer and the foil (token ids), or an Example")
+        return dla.logit_lens(loaded, ids, answer, foil)
+
+
+def composition(model, kind: str = "K", *, tokenizer=None):
+    """Q-, K- or V-composition between every pair of heads from the weights alone (Elhage et al. 2021, as
+    TransformerLens's ``all_composition_scores`` defines it), with the score random matrices of the same shapes get.
+    Returns a :class:`~attnviz.interventions.composition.CompositionScores`."""
+    from attnviz.interventions import composition as comp
+
+    with _editable(model, tokenizer) as (loaded, _):
+        return comp.composition_scores(loaded, kind)

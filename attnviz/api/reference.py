@@ -21,10 +21,12 @@ This page is written from the docstrings by `python -m attnviz.api.reference > d
 # (module, public names in the order a reader meets them, the heading of its section)
 SECTIONS = (
     ("attnviz.api.capture", ("capture", "Captured", "Replay", "bundle_of"), "Capture"),
-    ("attnviz.api.show", ("head", "grid", "lines", "qk_map", "importance_map", "NotebookFigure",
+    ("attnviz.api.show", ("head", "grid", "lines", "qk_map", "importance_map", "patching", "paths", "attribution",
+                          "lens", "composition", "NotebookFigure",
                           "plotlyjs_in_every_figure", "send_plotlyjs_again"), "Show"),
     ("attnviz.api.detect", ("detect",), "Detect"),
-    ("attnviz.api.patching", ("patch", "paths", "induction_examples", "example"), "Patching"),
+    ("attnviz.api.patching", ("patch", "paths", "induction_examples", "example", "attribute", "logit_lens",
+                               "composition"), "Patching, attribution, composition"),
     ("attnviz.api.runs", ("scan", "importance"), "Corpus runs"),
     ("attnviz.api.run_files", ("open_scan", "open_importance", "ScanRun", "ImportanceRun"), "Corpus runs' files"),
 )

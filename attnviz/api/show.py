@@ -9,6 +9,8 @@ maps returned) and returns a :class:`NotebookFigure`: a Plotly ``go.Figure`` (ch
 - :func:`lines`: bertviz-style lines from queries to keys (the Lines view)
 - :func:`qk_map`: a head's queries and keys as points of one picture (the Queries and keys page)
 - :func:`importance_map`: layers x heads, how much each head matters (the "Does this head matter?" page)
+- :func:`patching`, :func:`paths`, :func:`attribution`, :func:`lens`, :func:`composition`: the results of
+  ``attnviz.patch``, ``attnviz.paths``, ``attnviz.attribute``, ``attnviz.logit_lens`` and ``attnviz.composition``
 
 Shown as a cell's last expression (or with IPython's ``display``), a figure gives the frontend Plotly's own
 mimetype (``application/vnd.plotly.v1+json``: JupyterLab, VS Code and nteract draw it with the plotly.js they ship)
@@ -266,3 +268,74 @@ def importance_map(result, method: str | None = None) -> NotebookFigure:
                                 signed=signed)
     over = "texts" if isinstance(result, (ImportanceMap, dict)) or hasattr(result, "maps") else "documents"
     return _notebook_figure(figure, map_caption(method, chosen.objective, over))
+
+
+# -- patching, attribution, composition (attnviz.patch, attnviz.paths, attnviz.attribute, ...) ----------------------
+def _columns(count: int, tokens: list[str] | None) -> list[str]:
+    return [f"{i} {tokens[i]}" for i in range(count)] if tokens is not None and len(tokens) == count else \
+        [str(i) for i in range(count)]
+
+
+def patching(result, tokens: list[str] | None = None) -> NotebookFigure:
+    """A :func:`attnviz.patch` map as the page draws it: the mean share over the examples, each cell's 95 % bootstrap
+    interval on hover. ``tokens``: labels for the positions (the clean prompt's tokens)."""
+    from attnviz.interventions.activation_patching import SITES, spread
+    from attnviz.pagelogic.patching import as_grid, head_labels
+    from attnviz.viz.patching import spread_heatmap
+
+    shares, rows = as_grid(result)
+    by_position = result.by_position or result.site in ("resid", "attn", "mlp")
+    columns = _columns(shares.shape[-1], tokens) if by_position else head_labels(result.heads)
+    summary = spread(shares)
+    measure = "restored share" if result.direction == "denoising" else "share taken away"
+    figure = spread_heatmap(summary.mean, summary.low, summary.high, summary.std, rows, columns,
+                            examples=summary.examples, measure=measure, x_title="position" if by_position else "head",
+                            title=f"{SITES[result.site].capitalize()} patched ({result.direction}): mean share of the "
+                                  f"{result.metric} gap")
+    return _notebook_figure(figure, "1: the patch alone " + ("brings the clean answer back" if result.direction ==
+                                                              "denoising" else "breaks the answer") + "; 0: nothing.")
+
+
+def paths(result) -> NotebookFigure:
+    """A :func:`attnviz.paths` map: each sender's share into the receiver's queries, keys or values."""
+    from attnviz.interventions.path_patching import MLPS, VIA
+    from attnviz.viz.patching import spread_heatmap
+
+    summary = result.share_spread
+    layer, head = result.receiver
+    figure = spread_heatmap(summary.mean, summary.low, summary.high, summary.std, result.rows,
+                            [f"H{h}" for h in range(summary.mean.shape[-1])], examples=summary.examples,
+                            measure="restored share" if result.direction == "denoising" else "share taken away",
+                            x_title="sender head",
+                            title=f"Into L{layer} H{head}'s {VIA[result.via]}, {MLPS.get(result.mlps, result.mlps)}")
+    return _notebook_figure(figure, "Each cell: the sender's change reaching the receiver only through this input.")
+
+
+def attribution(result, position: int = -1) -> NotebookFigure:
+    """An :func:`attnviz.attribute` result's parts at ``position`` as bars; they sum to the model's difference."""
+    from attnviz.viz.logit_attribution import attribution_bars
+
+    values = result.values[:, position]
+    figure = attribution_bars(values, result.labels, result.layers, total=float(values.sum()),
+                              title=f"Direct logit attribution at position {position}")
+    return _notebook_figure(figure, f"Red: toward the answer, blue: toward the foil ({result.note}).")
+
+
+def lens(result, tokens: list[str] | None = None) -> NotebookFigure:
+    """An :func:`attnviz.logit_lens` result: the logit difference read at every layer boundary and position."""
+    from attnviz.viz.logit_attribution import lens_heatmap
+
+    n = result.difference.shape[1]
+    figure = lens_heatmap(result.difference, result.rows, tokens if tokens is not None else [str(i) for i in range(n)],
+                          probability=result.probability, rank=result.rank, answer_top=result.top == result.answer,
+                          title="Logit lens: logit(answer) - logit(foil) read at each layer")
+    return _notebook_figure(figure, f"Each row read through {result.note}.")
+
+
+def composition(result) -> NotebookFigure:
+    """An :func:`attnviz.composition` result: every pair's score against random matrices of the same shapes."""
+    from attnviz.viz.composition import composition_heatmap
+
+    figure = composition_heatmap(result.scores, result.labels, kind=result.kind, baseline_mean=result.baseline_mean,
+                                 baseline_spread=result.baseline_spread)
+    return _notebook_figure(figure, "Senders down, receivers across; red: above what random matrices score.")
