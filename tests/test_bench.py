@@ -101,3 +101,27 @@ def test_queries_keys_benchmark_times_every_heads_picture(tmp_path, capsys):
     assert report["figure_points"] == 3 * report["points_per_head"] // 2 and 0 < report["figure_bytes"] < 2_000_000
     printed = capsys.readouterr().out
     assert "for every head" in printed and "t-SNE of one head" in printed and "MB sent" in printed
+
+
+def test_patching_benchmark_times_each_map_against_the_forwards_it_needs(tmp_path, capsys):
+    from attnviz.bench.patching import batch_rows
+
+    out = tmp_path / "patching.json"
+    assert main(["patching", "--repeats", "1", "--period", "8", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["tokens"] == 1 + 8 + 4 and report["rows_per_forward"] == 16
+    sites = report["sites"]
+    assert set(sites) == {"resid", "attn", "mlp", "head"}
+    layers, heads = 3, 4  # the bundled tiny GPT
+    cells = {"resid": (layers + 1) * 13, "attn": layers * 13, "mlp": layers * 13, "head": layers * heads * 13}
+    for site, row in sites.items():
+        assert row["cells"] == row["naive_forwards"] == cells[site]
+        assert row["forwards"] == 2 + -(-cells[site] // 16) == len(row["batch_rows"])
+        assert row["batch_rows"] == batch_rows(cells[site], 16) and row["batch_rows"][:2] == [2, 1]
+        assert row["rows_in_all"] == 3 + cells[site] + row["forwards"] - 2
+        assert row["ratio"] > 0 and len(row["map_seconds"]) == len(row["forwards_seconds"]) == 1
+        assert set(row["phase_ratios"]) == {"ends", "capture", "cells", "cells, hooks only"}
+    assert sites["head"]["by_position"] and sites["head"]["grid"] == [layers, heads, 13]
+    printed = capsys.readouterr().out
+    assert "ratio" in printed and "target at most 1.2x" in printed and "naive:" in printed
+    assert "residual stream" in printed and "JSON written" in printed

@@ -191,8 +191,10 @@ def test_the_paths_look_traces_the_induction_circuit_and_says_what_the_numbers_s
     frozen, free = (pp.path_patching(model, examples, receiver, "k", mlps=m) for m in ("frozen", "free"))
     through = {at_layer: pp.path_patching(model, examples, receiver, "k", mlps=(at_layer,))
                for at_layer in range(receiver[0])}
+    from attnviz.interventions import composition as comp
+
     said = next(m.value for m in at.markdown if m.value.startswith("Strongest sender"))
-    assert said == words.path_words(frozen, free, through)
+    assert said == words.path_words(frozen, free, through, comp.composition_scores(model, "K"))
     shown = plotly_array(figure_titled(at, f"Into L{receiver[0]} H{receiver[1]}'s keys: MLPs free")["data"][0]["z"])
     assert np.allclose(shown, free.share_spread.mean.numpy(), atol=1e-6, equal_nan=True)
 

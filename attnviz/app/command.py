@@ -26,6 +26,7 @@ COMMANDS = {  # name -> what it does, for the overview
     "serve": "run the app (Streamlit) from the installed package, in any folder",
     "scan": "scan a corpus: every head's statistics and labels, in one DuckDB file (resumable)",
     "importance": "does a head matter across a corpus: ablation costs per document, in one DuckDB file (resumable)",
+    "patch": "activation and path patching across a corpus: each document's text typed twice (DuckDB, resumable)",
     "bench": "the benchmarks: speed and memory, as ratios measured in one run",
     "train-tiny": "train attnviz's tiny GPT again (about 15 minutes on 2 cores)",
 }
@@ -90,13 +91,20 @@ def _importance(argv: list[str]) -> int:
     return main(argv, prog="attnviz importance")
 
 
+def _patch(argv: list[str]) -> int:
+    from attnviz.corpus.patching.__main__ import main
+
+    return main(argv, prog="attnviz patch")
+
+
 def _bench(argv: list[str]) -> int:
     from attnviz.bench.__main__ import main
 
     return main(argv, prog="attnviz bench")
 
 
-RUNNERS = {"serve": serve, "scan": _scan, "importance": _importance, "bench": _bench, "train-tiny": _train_tiny}
+RUNNERS = {"serve": serve, "scan": _scan, "importance": _importance, "patch": _patch,
+           "bench": _bench, "train-tiny": _train_tiny}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,12 @@ def build_parser(prog: str = "python -m attnviz.bench") -> argparse.ArgumentPars
     ablation_parser.add_argument("--shape", type=int, nargs=3, default=[12, 12, 768], metavar=("LAYERS", "HEADS",
                                                                                                "WIDTH"))
     ablation_parser.add_argument("--out", type=Path, default=Path("bench-results/ablation.json"))
+    patching_parser = commands.add_parser("patching", help="activation-patching maps against the forwards they need")
+    patching_parser.add_argument("--repeats", type=int, default=5)
+    patching_parser.add_argument("--period", type=int, default=60, help="the induction prompt's period (n = 1.5p + 1)")
+    patching_parser.add_argument("--rows", type=int, default=16, help="cells patched per forward (rows_per_forward)")
+    patching_parser.add_argument("--model", default=None, help="a causal LM folder (default: the bundled tiny GPT)")
+    patching_parser.add_argument("--out", type=Path, default=Path("bench-results/patching.json"))
     return parser
 
 
@@ -145,8 +151,16 @@ def _ablation(args) -> tuple[dict, list[str], Path]:
     return report, ablation.print_ablation(report), args.out
 
 
+def _patching(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import patching
+
+    report = patching.bench_patching(args.repeats, args.period, args.rows, args.model)
+    return report, patching.print_patching(report), args.out
+
+
 BENCHMARKS = {"queries-keys": _queries_keys, "ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages,
-              "load": _load, "startup": _startup, "long": _long, "flash": _flash}
+              "load": _load, "startup": _startup, "long": _long, "flash": _flash,
+              "patching": _patching}
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -85,9 +85,11 @@ def map_words(shares: torch.Tensor, rows: list[str], columns: list[str], directi
     return " ".join(said)
 
 
-def path_words(frozen: pp.PathMap, free: pp.PathMap, through: dict[int, pp.PathMap]) -> str:
+def path_words(frozen: pp.PathMap, free: pp.PathMap, through: dict[int, pp.PathMap], weights=None) -> str:
     """The strongest sender into the receiver's input, directly (MLPs held) and with the MLPs free, and which MLP
-    carries the path when one does, in words that follow from the intervals."""
+    carries the path when one does, in words that follow from the intervals; with ``weights`` (the
+    :class:`~attnviz.interventions.composition.CompositionScores` of the same input), what the weights alone say of
+    that pair and which sender they rank first."""
     receiver = f"L{free.receiver[0]} H{free.receiver[1]}'s {pp.VIA[free.via]}"
     free_spread, frozen_spread = free.share_spread, frozen.share_spread
     both = torch.maximum(free_spread.mean.nan_to_num(-1e9), frozen_spread.mean.nan_to_num(-1e9))
@@ -118,4 +120,16 @@ def path_words(frozen: pp.PathMap, free: pp.PathMap, through: dict[int, pp.PathM
         spread = alone.share_spread
         said.append(f"Only L{layer}'s MLP free: {format_number(float(spread.mean[index]))} "
                     f"({_interval(spread, index)}).")
+    if weights is not None:
+        layer, head = free.receiver
+        score = float(weights.scores[index[0], index[1], layer, head])
+        above = float(weights.spreads_above()[index[0], index[1], layer, head])
+        into = weights.scores[:layer, :, layer, head].nan_to_num(-1.0)  # [senders' layers, heads]
+        best = int(into.flatten().argmax())
+        best_sender = (best // into.shape[1], best % into.shape[1])
+        ranked = "the same pair" if best_sender == index else \
+            f"L{best_sender[0]} H{best_sender[1]} ({format_number(float(into[best_sender]))})"
+        said.append(f"From the weights alone, {sender} → L{layer} H{head} scores {format_number(score)} for "
+                    f"{weights.kind}-composition ({above:+.1f} spreads from random matrices of the same shapes); "
+                    f"the sender the weights rank first into this input is {ranked}.")
     return " ".join(said)

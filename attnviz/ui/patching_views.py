@@ -113,12 +113,14 @@ def experiment_view(folder: str, name: str, model, tokenizer, objective: str) ->
     if isinstance(parts, str):
         st.warning(f"This model's layers could not be read for patching: {parts}.", icon=":material/block:")
         return
+    look = st.segmented_control("Look at", LOOKS, default=LOOKS[0], key="pat_look", required=True)
     columns = st.columns([3, 3, 4])
     direction = columns[0].selectbox("Direction", list(ap.DIRECTIONS), key="pat_direction",
-                                     help="; ".join(f"{k}: {v}" for k, v in ap.DIRECTIONS.items()))
+                                     help="; ".join(f"{k}: {v}" for k, v in ap.DIRECTIONS.items()),
+                                     disabled=look in ("Logit attribution", "Logit lens", "Composition"))
     metric = columns[1].selectbox("Metric", list(ap.METRICS), key="pat_metric",
-                                  help="; ".join(f"{k}: {v}" for k, v in ap.METRICS.items()))
-    look = columns[2].segmented_control("Look at", LOOKS, default=LOOKS[0], key="pat_look", required=True)
+                                  help="; ".join(f"{k}: {v}" for k, v in ap.METRICS.items()),
+                                  disabled=look in ("Logit attribution", "Logit lens", "Composition"))
     base = (folder, name, tuple((tuple(e.clean), tuple(e.corrupted), e.answer, e.foil) for e in examples),
             direction, metric)
     if look == "Composition":
@@ -224,6 +226,10 @@ def _paths_view(base, model, tokenizer, examples, parts, direction, metric, fold
         help="Preselected: the head with the highest induction score (random tokens typed twice)")
     via = columns[1].segmented_control("Through its", list(pp.VIA), default="k", format_func=pp.VIA.get,
                                        key="pat_via", required=True)
+    if st.session_state.get("pat_source", PRESET) == PRESET and st.session_state.get("pat_change") == "copied" \
+            and via == "k":
+        st.caption(":material/lightbulb: The preset corrupts the token to copy: the token an induction head's keys "
+                   "look for is unchanged. To test the keys' path, corrupt the token before it instead.")
     key = (*base, "paths", receiver, via)
     if key not in _store():
         if not columns[2].button("Trace the paths", type="primary", key="pat_paths_run", icon=":material/route:"):
@@ -261,7 +267,9 @@ def _paths_view(base, model, tokenizer, examples, parts, direction, metric, fold
                 key=f"pat_path_{result.mlps}")
     if free.note:
         st.caption(free.note)
-    st.markdown(words.path_words(frozen, free, {at: result for at, result in enumerate(through)}))
+    weights = _composition(folder, name, via.upper(), model)
+    st.markdown(words.path_words(frozen, free, {at: result for at, result in enumerate(through)},
+                                 None if isinstance(weights, str) else weights))
 
 
 @st.cache_resource(max_entries=8, show_spinner="Reading every head's weights…")

@@ -85,8 +85,9 @@ def example_dots(values, labels: list[str], low, high, *, title: str, measure: s
     ))
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"),
-        xaxis=dict(tickmode="array", tickvals=list(range(cells)), ticktext=style.plotly_texts(labels), showgrid=False),
-        yaxis=dict(title=measure, zeroline=True, zerolinecolor="#888"), height=360, plot_bgcolor="white",
+        xaxis=dict(tickmode="array", tickvals=list(range(cells)), ticktext=style.plotly_texts(labels), showgrid=False,
+                   tickangle=-25),
+        yaxis=dict(title=measure, zeroline=True, zerolinecolor="#888"), height=420, plot_bgcolor="white",
         margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.2), font=dict(family=style.FONT_FAMILY),
     )
     return figure
