@@ -40,7 +40,9 @@ def test_the_example_notebook_runs_and_finds_the_induction_heads(tmp_path, monke
     assert (tmp_path / "induction-scan.duckdb").is_file()  # the scan writes where the notebook runs
 
     figures = [output.data for output in outputs if "application/vnd.plotly.v1+json" in output.get("data", {})]
-    assert len(figures) == 2
+    assert len(figures) == 4  # the grid, the importance map, the paths, the attribution
     for data in figures:  # offline: the HTML carries its plotly.js or uses the one already sent, never a network one
         assert "text/html" in data and not re.search(r"<script[^>]+src=[\"']?https?:", data["text/html"])
-    assert len(figures[0]["text/html"]) > 1_000_000 > len(figures[1]["text/html"])  # plotly.js inline, once
+    assert len(figures[0]["text/html"]) > 1_000_000 > max(len(data["text/html"]) for data in figures[1:])  # once
+    through = re.search(r"with the MLPs free: +([-0-9.]+)", printed)
+    assert through and float(through.group(1)) > 0.1, printed  # the path into the induction head's keys is traced
