@@ -8,7 +8,8 @@ In a notebook::
     attnviz.detect(captured, "induction")         # every head's score, highest first (a pandas DataFrame)
 
 ``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan``, ``open_importance``, ``patch``, ``paths``,
-``induction_examples``, ``example``, ``attribute``, ``logit_lens`` and ``composition`` come from
+``induction_examples``, ``example``, ``attribute``, ``logit_lens``, ``composition``, ``patch_corpus`` and
+``open_patching`` come from
 ``attnviz.api`` and are imported on first use, so ``import attnviz`` alone stays light. The installed command is
 ``attnviz`` (``attnviz serve`` runs the app; ``python -m attnviz`` is the same command).
 
@@ -24,7 +25,8 @@ The package's folders, from the bottom layer up (docs/architecture.md draws them
 __version__ = "0.1.0"
 
 __all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "patch", "paths",
-           "induction_examples", "example", "attribute", "logit_lens", "composition", "__version__"]
+           "induction_examples", "example", "attribute", "logit_lens", "composition", "patch_corpus", "open_patching",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -49,6 +51,10 @@ def __getattr__(name: str):
         from attnviz.api import patching
 
         return getattr(patching, name)
+    if name in ("patch_corpus", "open_patching", "PatchingRun"):
+        from attnviz.api import patching_runs
+
+        return getattr(patching_runs, name)
     if name in ("open_scan", "open_importance"):
         from attnviz.api import run_files
 

@@ -28,6 +28,7 @@ SECTIONS = (
     ("attnviz.api.patching", ("patch", "paths", "induction_examples", "example", "attribute", "logit_lens",
                                "composition"), "Patching, attribution, composition"),
     ("attnviz.api.runs", ("scan", "importance"), "Corpus runs"),
+    ("attnviz.api.patching_runs", ("patch_corpus", "open_patching", "PatchingRun"), "Corpus patching"),
     ("attnviz.api.run_files", ("open_scan", "open_importance", "ScanRun", "ImportanceRun"), "Corpus runs' files"),
 )
 

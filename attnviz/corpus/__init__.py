@@ -1,5 +1,5 @@
 """Work over a corpus of documents, in the background: what a corpus is, the jobs that run over it, and the two
-runs that keep their results in DuckDB (a scan, and a corpus importance run).
+runs that keep their results in DuckDB (a scan, a corpus importance run, a corpus patching run).
 
 - ``documents``: what a corpus is and its bounds; ``document_files``: the readers of corpus files;
   ``document_probe``: a corpus file's facts, read in a process of its own
@@ -10,5 +10,6 @@ runs that keep their results in DuckDB (a scan, and a corpus importance run).
 - ``runner``: the one runner both runs go through (chunks, progress, stop, resume), with the strategy that measures
   the chunks here; ``on_ray``: the strategy that measures them on Ray
 - ``database``: a DuckDB results file, written with its memory bounded and opened safely
-- ``scan``: heads across a corpus (statistics, labels, examples); ``importance``: does a head matter across a corpus
+- ``scan``: heads across a corpus (statistics, labels, examples); ``importance``: does a head matter across a corpus;
+  ``patching``: activation and path patching over a corpus, one example made from each document
 """

@@ -2,7 +2,13 @@
 
 - ``edits``: zero, mean-replace or patch a head's output, restoring the model afterwards
 - ``importance``: the importance maps (the loss change when each head is ablated, and the gradient estimate)
-- ``patching``: activation patching, clean into corrupted, by head and by layer x position
+- ``patching``: the page's prompts (the induction presets, typed prompts) and the first per-head and per-position maps
+- ``anatomy``: where a model's parts are (blocks, output projections, MLPs, final norm), found by watching a forward
+- ``activation_patching``: patching at every site (residual stream, attention and MLP outputs, heads, a head's Q, K,
+  V or pattern), both directions, three metrics, per-example shares with bootstrap intervals
+- ``path_patching``: from one head into another's queries, keys or values, directly or through the MLPs
+- ``logit_attribution``: direct logit attribution and the logit lens; ``composition``: Q/K/V composition scores
+  between heads from the weights
 - ``induction_circuit``: the induction circuit, demonstrated by ablation
 - ``word_order``: the same model with its position embeddings silenced
 """

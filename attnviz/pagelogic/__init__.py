@@ -7,6 +7,6 @@ builders; no Streamlit, so tests and notebooks can call everything a page shows.
 - ``step_by_step``: what Attention step by step says beside its figures
 - ``corpus``: Heads across a corpus, beside the scan's own readings (progress, offsets, notes, comparisons)
 - ``importance``: Does this head matter?, beside the interventions (captions, tables, a corpus run's maps and rows);
-  ``importance_words``: what it says beside its numbers
+  ``importance_words``: what it says beside its numbers; ``patching``: its patching experiment's grids and words
 - ``clicks``: what a click on a chart selected, read in every shape the browser sends
 """

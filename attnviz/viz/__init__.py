@@ -4,5 +4,7 @@
 - ``matrix``: heatmaps with their numbers; ``charts``: lines, histograms, bars; ``heads``: a model's heads
 - ``vision``: attention on the image; ``inference``: paged caches and ring attention; ``generation``: the
   Generation page's own figures
-- ``corpus``: a scan's figures; ``queries_keys``: queries and keys as points; ``importance``: importance maps
+- ``corpus``: a scan's figures; ``queries_keys``: queries and keys as points; ``importance``: importance maps;
+  ``patching``: patching maps with their intervals and examples; ``logit_attribution``: attribution bars and the
+  logit lens; ``composition``: composition scores between heads
 """
