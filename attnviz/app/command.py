@@ -37,14 +37,14 @@ def overview() -> str:
     from attnviz.models.shipped import bundled_models
 
     width = max(map(len, COMMANDS))
-    lines = ["usage: attnviz COMMAND [options]", "", "See how transformer attention works: the app, corpus scans and "
-             "importance runs, benchmarks.", "", "commands:"]
+    lines = ["usage: attnviz COMMAND [options]", "", "See how transformer attention works: the app, corpus scans, "
+             "importance and patching runs, benchmarks.", "", "commands:"]
     lines += [f"  {name:<{width}}  {words}" for name, words in COMMANDS.items()]
     lines += ["", "bundled models (for --model, or any start that names one alone):"]
     lines += [f"  {name!r}  ({folder})" for name, folder in bundled_models().items()]
     lines += ["", "attnviz COMMAND --help lists a command's options with their defaults.",
               "In Python: import attnviz; attnviz.capture(...), attnviz.show, attnviz.detect, attnviz.scan, "
-              "attnviz.importance."]
+              "attnviz.importance, attnviz.patch, attnviz.paths, attnviz.attribute."]
     return "\n".join(lines)
 
 
