@@ -1,6 +1,6 @@
 """Path patching (attnviz.interventions.path_patching) against the two-step algorithm of its module docstring,
-written here with hand-written hooks on transformers' EAGER models (the float64 GPT-2 and GQA Llama of
-tests/test_activation_patching.py, a separate copy with the same weights), one sender per forward:
+written here with hand-written hooks on transformers' EAGER models (the float64 GPT-2, GQA Llama and BERT masked LM
+of tests/test_activation_patching.py, a separate copy with the same weights), one sender per forward:
 
 1. the target run with the sender's head output (its columns of the output projection's input) from the source
    run, every other head before the receiver's layer held at the target run's (the whole input of those output
@@ -106,6 +106,9 @@ CASES = [
     ("llama", (2, 3), "v", "frozen", "noising", "probability"),
     ("llama", (2, 2), "q", (0,), "denoising", "loss"),
     ("llama", (1, 0), "k", "frozen", "noising", "logit difference"),
+    ("bert", (2, 1), "k", "free", "denoising", "logit difference"),  # read at the mask: a BERT-shaped model too
+    ("bert", (1, 3), "v", "frozen", "noising", "probability"),
+    ("bert", (2, 0), "q", (0,), "denoising", "loss"),
 ]
 
 
