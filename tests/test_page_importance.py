@@ -372,3 +372,21 @@ def test_the_attribution_and_lens_looks_show_the_clean_runs_read_directly(_clean
     said = dla.lens_words(lens, answer_text=text(examples[0].answer), foil_text=text(examples[0].foil),
                           token_text=text)
     assert all(any(m.value == sentence for m in at.markdown) for sentence in said), said
+
+
+def test_each_layers_mlp_is_removed_beside_the_heads(_clean):
+    """The MLPs' map is mlp_ablation's on the same texts, and the sentence under it compares the costliest MLP with
+    the costliest head from the two maps."""
+    from attnviz.interventions.mlp_ablation import mlp_ablation
+    from attnviz.pagelogic.importance_words import mlp_words
+
+    at = open_page(PAGE, timeout=300, imp_view="Importance map")
+    at.button(key="imp_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    texts = [line.strip() for line in at.text_area(key="imp_texts").value.splitlines() if line.strip()]
+    result = imp.study(model, tokenizer, texts)
+    found = {how: mlp_ablation(model, result.batch, how) for how in ("zero", "mean")}
+    shown = plotly_array(figure_titled(at, "Each layer's MLP removed")["data"][0]["z"])
+    assert np.allclose(shown, np.stack([found["zero"].values, found["mean"].values], 1), atol=1e-5)
+    assert any(m.value == mlp_words(found, result.maps) for m in at.markdown)

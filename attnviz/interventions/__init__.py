@@ -1,7 +1,8 @@
 """Edits of a model's heads and what they show: the "Does this head matter?" page's experiments.
 
 - ``edits``: zero, mean-replace or patch a head's output, restoring the model afterwards
-- ``importance``: the importance maps (the loss change when each head is ablated, and the gradient estimate)
+- ``importance``: the importance maps (the loss change when each head is ablated, and the gradient estimate);
+  ``mlp_ablation``: each layer's MLP ablated the same ways
 - ``patching``: the page's prompts (the induction presets, typed prompts) and the first per-head and per-position maps
 - ``anatomy``: where a model's parts are (blocks, output projections, MLPs, final norm), found by watching a forward
 - ``activation_patching``: patching at every site (residual stream, attention and MLP outputs, heads, a head's Q, K,

@@ -72,3 +72,27 @@ def reading_words(tokenizer, objective: str) -> str:
         said += ("; the first token after it is predicted from it, and counted" if first_special else
                  "; nothing predicts a text's first token, so it is not counted")
     return said + "."
+
+
+def mlp_words(found: dict, maps: dict[str, ImportanceMap]) -> str:
+    """The costliest MLP beside the costliest head, for each ablation measured (``found``: ``MlpAblation`` by "zero"
+    or "mean"), in words computed from both maps."""
+    said = []
+    for how, mlps in found.items():
+        heads = maps[how].values  # [modules, heads]
+        hidden = maps[how].objective == "hidden"
+        layer = int(mlps.values.argmax())
+        flat = int(heads.nan_to_num(float("-inf")).flatten().argmax())
+        row, head = divmod(flat, heads.shape[1])
+        mlp_value, head_value = float(mlps.values[layer]), float(heads[row, head])
+
+        def effect(value: float, hidden: bool = hidden) -> str:
+            if hidden:
+                return f"moves the final states by {format_number(value)}"
+            return f"{'raises' if value >= 0 else 'lowers'} the loss by {format_number(abs(value))} nats"
+
+        compared = "more than" if mlp_value > head_value else "less than" if mlp_value < head_value else "as much as"
+        said.append(f"{how.capitalize()} ablation: removing {mlps.labels[layer]}'s MLP {effect(mlp_value)}, the most "
+                    f"of any MLP and {compared} the costliest head ({maps[how].modules[row].label} head {head}: "
+                    f"{effect(head_value)}).")
+    return " ".join(said)

@@ -4,6 +4,7 @@ from a clean input into a corrupted one: cause beside pattern, on any checkpoint
 import time
 
 import streamlit as st
+import torch
 
 from attnviz.core import circuits
 from attnviz.interventions import importance as imp
@@ -14,9 +15,11 @@ from attnviz.models.shipped import BUNDLED_GPT_NAME
 from attnviz.models.with_heads import declares_masked_lm_head
 from attnviz.pagelogic import importance as importance_page
 from attnviz.pagelogic import importance_words as words
+from attnviz.pagelogic.importance import MEASURES, METHOD_TITLES
 from attnviz.ui.caches.importance import (
     WITH_LOSS,
     cached_circuit,
+    cached_mlp_ablation,
     cached_token_effect,
     corpus_texts,
     editable_model,
@@ -80,10 +83,27 @@ def importance_view(folder: str, name: str, model, tokenizer, objective: str) ->
     result, seconds = measured
     study_summary(result, seconds, tokenizer, objective)
     show_maps(result.maps, [module.label for module in result.modules], objective, "imp_map")
+    mlp_view(key, model, result, objective)
     if len(result.maps) > 1:
         agreement_tables(result.maps)
     heads_beside_labels(folder, name, result)
     token_effect_view(key, model, result)
+
+
+def mlp_view(key: tuple, model, result: imp.Study, objective: str) -> None:
+    """Each layer's MLP removed the same ways as the heads, beside them: is the work in the heads at all?"""
+    found = {how: cached_mlp_ablation(key, how, model, result) for how in ("zero", "mean") if how in result.maps}
+    problem = next((said for said in found.values() if isinstance(said, str)), None)
+    if problem or not found:
+        st.caption(f"MLPs are not ablated for this model: {problem or 'no ablation map'}.")
+        return
+    values = torch.stack([one.values for one in found.values()], dim=1)  # [layers, methods]
+    figure = figures.importance_heatmap(values, next(iter(found.values())).labels, measure=MEASURES[objective],
+                                        title="Each layer's MLP removed", signed=objective != "hidden")
+    figure.update_xaxes(title="ablation", ticktext=[METHOD_TITLES[how] for how in found])
+    show_figure(figure, "The same measure as the head maps, for the layer's whole MLP (its output zeroed, or "
+                        "replaced by its mean over the texts' tokens).", key="imp_mlp")
+    st.markdown(words.mlp_words(found, result.maps))
 
 
 def chosen_texts(source: str) -> list[str]:

@@ -25,6 +25,7 @@ from attnviz.corpus.scan.store import ScanReader
 from attnviz.interventions import importance as imp
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions.edits import editable_checkpoint, editable_lm
+from attnviz.interventions.mlp_ablation import mlp_ablation
 from attnviz.ui.caches.store import BoundedStore, file_stamp
 from attnviz.ui.loaded_models import load_bundle
 from attnviz.ui.scans import scan_folder
@@ -71,6 +72,15 @@ def heads_measured(key: tuple) -> int:
     """How many head ablations a stopped run of ``key`` has kept (0: none, or it finished)."""
     finished = _stores()["partial"].get(key)
     return sum(len(done) for done in finished.values()) if finished else 0
+
+
+@st.cache_resource(max_entries=8, show_spinner="Removing each layer's MLP…")
+def cached_mlp_ablation(key: tuple, how: str, _model, _study: imp.Study):
+    """Each layer's MLP ablated on the study's texts (``key`` names the study), or why not, in words."""
+    try:
+        return mlp_ablation(_model, _study.batch, how, objective=_study.objective)
+    except (ValueError, RuntimeError) as problem:
+        return str(problem)
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
