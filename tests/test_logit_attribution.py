@@ -13,6 +13,7 @@ import torch
 import transformers as T
 
 from attnviz.core import circuits
+from attnviz.interventions import activation_patching as ap
 from attnviz.interventions import edits as iv
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import logit_attribution as la
@@ -321,7 +322,7 @@ def _lens(tops: list[int], differences: list[float]) -> la.Lens:
     return la.Lens(torch.tensor(differences, dtype=torch.float64)[:, None],
                    torch.linspace(0.1, 0.9, rows, dtype=torch.float64)[:, None],
                    torch.tensor([1 if top == 5 else 3 for top in tops])[:, None], torch.tensor(tops)[:, None],
-                   patch.residual_rows(rows - 1), 5, 6, "")
+                   ap.residual_rows(rows - 1), 5, 6, "")
 
 
 def test_the_lens_words_follow_the_numbers():

@@ -1,34 +1,23 @@
-"""Activation patching on the "Does this head matter?" page: per head and per layer and position, against transformers'
-eager GPT-2 with hand-written hooks and against brute force; the induction preset does what the page says it does at
-every preset; the warnings come whenever the shares mean little (the typed IOI example on the tiny GPT: the model
+"""The patching experiment's prompts and presets: the induction preset does what the page says it does at every
+period (the per-site maps against hand hooks and brute force: tests/test_activation_patching.py); every head of a
+layer at once; the warnings come whenever the shares mean little (the typed IOI example on the tiny GPT: the model
 does not prefer the answer even clean, logit difference -7.5, and its foil was "\\n")."""
 
 import pytest
 import torch
 
 from attnviz.core import circuits
+from attnviz.interventions import activation_patching as ap
 from attnviz.interventions import edits as iv
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import patching as patch
 from attnviz.models.shipped import BUNDLED_GPT_DIR
-from attnviz.models.with_heads import load_causal_lm
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 
 @pytest.fixture(scope="module")
 def tiny_gpt():
     return iv.editable_lm(BUNDLED_GPT_DIR)
-
-
-@pytest.fixture(scope="module")
-def eager():
-    model, _ = load_causal_lm(BUNDLED_GPT_DIR)
-    return model
-
-
-def _difference(logits: torch.Tensor, answer: int, foil: int) -> float:
-    last = logits[0, -1].double()
-    return float(last[answer] - last[foil])
 
 
 def test_the_induction_preset_changes_only_the_token_to_copy():
@@ -44,111 +33,40 @@ def test_the_induction_preset_changes_only_the_token_to_copy():
 
 @pytest.mark.parametrize("period", [8, 16, 30, 60])
 def test_at_every_preset_the_induction_layer_restores_the_answer(tiny_gpt, period):
-    """What docs/importance.md says of the preset, at every period the page offers the ends of, and eight seeds:
-    the clean prompt prefers the answer (so no warning), patching the layer of the strongest induction heads (by
-    attention, measured on the page's circuit sequences) restores more than 3/4 of the answer and more than any
-    other layer, and the single head restoring most is an induction head of that layer."""
+    """What docs/importance.md and docs/patching.md say of the preset, at every period the page offers the ends of,
+    on eight seeds: the clean prompt prefers the answer (so no warning), patching every head of the layer of the
+    strongest induction heads (by attention, measured on the page's circuit sequences) restores more than 3/4 of the
+    answer and more than any other layer, and the single head restoring most is an induction head of that layer."""
     model, tokenizer = tiny_gpt
     pool = circuits.ordinary_token_ids(tokenizer)
     scores = ind.circuit_scores(model, pool, period=50, seed=11, bos=tokenizer.bos_token_id)["induction"]
     layer = int(scores.max(-1).values.argmax())
     assert layer == TINY_GPT_LAYERS - 1
+    examples = [patch.induction_prompts(pool, period, seed=seed, bos=tokenizer.bos_token_id) for seed in range(8)]
+    heads = ap.patch_map(model, examples, "head")
+    layers = ap.whole_layers(model, examples, "head")  # [examples, layers]
     for seed in range(8):
-        prompts = patch.induction_prompts(pool, period, seed=seed, bos=tokenizer.bos_token_id)
-        result = patch.patching_map(model, prompts.clean, prompts.corrupted, prompts.answer, prompts.foil)
-        assert patch.problems(result.clean, result.corrupted, result.answer, result.foil) == [], (period, seed)
-        assert result.clean > patch.PREFERS and result.corrupted < 0  # the corrupted run prefers the foil
-        assert result.layers[layer] > 0.75 and int(result.layers.argmax()) == layer, (period, seed)
-        best = int(result.heads.nan_to_num(-9).argmax())
+        clean, corrupted = float(heads.clean[seed]), float(heads.corrupted[seed])
+        assert patch.problems(clean, corrupted, "answer", "foil") == [], (period, seed)
+        assert clean > patch.PREFERS and corrupted < 0  # the corrupted run prefers the foil
+        assert layers[seed, layer] > 0.75 and int(layers[seed].argmax()) == layer, (period, seed)
+        best = int(heads.shares[seed].nan_to_num(-9).argmax())
         assert best // TINY_GPT_HEADS == layer and scores.flatten()[best] > 0.5, (period, seed)
 
 
-def test_patching_a_head_equals_patching_its_projection_columns_by_hand(tiny_gpt, eager):
-    """Each head's share against transformers' eager GPT-2: its columns of the output projection's input set to the
-    clean run's by a pre-hook."""
+def test_every_head_at_once_equals_the_attention_output_and_the_sum_of_nothing_else(tiny_gpt):
+    """whole_layers: every head of a layer patched at every position equals its attention output patched there (the
+    output projection's bias is the same in both runs), and the residual stream entering layer 0 at every position
+    is the whole clean run (share 1)."""
     model, tokenizer = tiny_gpt
-    prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 16, seed=2, bos=0)
-    result = patch.patching_map(model, prompts.clean, prompts.corrupted, prompts.answer, prompts.foil)
-    width = eager.config.n_embd // eager.config.n_head
-    kept = {}
-    with torch.no_grad():
-        handles = [eager.transformer.h[layer].attn.c_proj.register_forward_pre_hook(
-            lambda _, args, layer=layer: kept.__setitem__(layer, args[0].clone())) for layer in range(TINY_GPT_LAYERS)]
-        clean = _difference(eager(input_ids=torch.tensor([prompts.clean])).logits, prompts.answer, prompts.foil)
-        for handle in handles:
-            handle.remove()
-        corrupted = _difference(eager(input_ids=torch.tensor([prompts.corrupted])).logits, prompts.answer,
-                                prompts.foil)
-        assert result.clean == pytest.approx(clean, abs=1e-4) and result.corrupted == pytest.approx(corrupted, abs=1e-4)
-        for layer in range(TINY_GPT_LAYERS):
-            for head in range(TINY_GPT_HEADS):
-                columns = slice(head * width, (head + 1) * width)
-
-                def hook(_, args, layer=layer, columns=columns):
-                    merged = args[0].clone()
-                    merged[..., columns] = kept[layer][..., columns]
-                    return (merged, *args[1:])
-
-                handle = eager.transformer.h[layer].attn.c_proj.register_forward_pre_hook(hook)
-                patched = _difference(eager(input_ids=torch.tensor([prompts.corrupted])).logits, prompts.answer,
-                                      prompts.foil)
-                handle.remove()
-                assert float(result.heads[layer, head]) == pytest.approx((patched - corrupted) / (clean - corrupted),
-                                                                         abs=1e-4), (layer, head)
-
-
-def test_patching_the_residual_stream_by_position_against_hooks_by_hand_and_brute_force(tiny_gpt, eager):
-    model, tokenizer = tiny_gpt
-    prompts = patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 16, seed=4, bos=0)
-    n, changed = len(prompts.clean), prompts.changed[0]
-    result = patch.position_patching(model, prompts.clean, prompts.corrupted, prompts.answer, prompts.foil,
-                                     tokenizer=tokenizer, rows_per_forward=5)
-    assert result.shares.shape == (TINY_GPT_LAYERS + 1, n)
-    assert result.rows == ["embeddings (into layer 0)", "into layer 1", "into layer 2", "out of layer 2"]
-    shares = result.shares
-    # brute force: the only position that differs, patched at the embeddings, is the clean run; positions before
-    # it are the same in both runs; the last layer's output is read only at the last position (to float32's
-    # rounding: rows of one batch may round apart by an ulp of the logits, a few 1e-8 of the gap)
-    assert float(shares[0, changed]) == pytest.approx(1.0, abs=1e-5)
-    assert shares[:, :changed].abs().max() < 1e-6
-    assert float(shares[-1, -1]) == pytest.approx(1.0, abs=1e-5)
-    assert shares[-1, :-1].abs().max() < 1e-6
-    # against transformers' eager GPT-2: a pre-hook on block l (a forward hook on the last) sets one position of
-    # the residual stream to the clean run's
-    blocks = eager.transformer.h
-    with torch.no_grad():
-        clean_hidden = {}
-        handles = [blocks[layer].register_forward_pre_hook(
-            lambda _, args, layer=layer: clean_hidden.__setitem__(layer, args[0].clone())) for layer in range(3)]
-        handles.append(blocks[2].register_forward_hook(
-            lambda _, __, output: clean_hidden.__setitem__(3, (output[0] if isinstance(output, tuple) else output)
-                                                           .clone())))
-        clean = _difference(eager(input_ids=torch.tensor([prompts.clean])).logits, prompts.answer, prompts.foil)
-        for handle in handles:
-            handle.remove()
-        corrupted = _difference(eager(input_ids=torch.tensor([prompts.corrupted])).logits, prompts.answer,
-                                prompts.foil)
-        for layer, position in [(1, changed), (2, changed), (1, changed + 1), (2, n - 1), (0, n - 1), (3, changed)]:
-            def put(hidden, layer=layer, position=position):
-                hidden = hidden.clone()
-                hidden[:, position] = clean_hidden[layer][:, position]
-                return hidden
-
-            if layer < 3:
-                handle = blocks[layer].register_forward_pre_hook(lambda _, args, put=put: (put(args[0]), *args[1:]))
-            else:
-                handle = blocks[2].register_forward_hook(
-                    lambda _, __, output, put=put: (put(output[0]), *output[1:]) if isinstance(output, tuple)
-                    else put(output))
-            patched = _difference(eager(input_ids=torch.tensor([prompts.corrupted])).logits, prompts.answer,
-                                  prompts.foil)
-            handle.remove()
-            expected = (patched - corrupted) / (clean - corrupted)
-            assert float(shares[layer, position]) == pytest.approx(expected, abs=1e-4), (layer, position)
-    # the path the preset is built to show: the token to copy carries the answer until the induction layer reads it,
-    # and the last position carries little of it before that layer's output (0.15 into layer 2: layer 1's weaker
-    # induction head moves a part) and all of it after
-    assert shares[:3, changed].min() > 0.9 and shares[:2, -1].abs().max() < 0.1 and shares[2, -1] < 0.5
+    examples = [patch.induction_prompts(circuits.ordinary_token_ids(tokenizer), 16, seed=s, bos=0) for s in (1, 2)]
+    heads = ap.whole_layers(model, examples, "head")
+    attention = ap.whole_layers(model, examples, "attn")
+    assert torch.allclose(heads, attention, atol=1e-5)
+    assert torch.allclose(ap.whole_layers(model, examples, "resid")[:, 0], torch.ones(2, dtype=torch.float64),
+                          atol=1e-5)
+    noising = ap.whole_layers(model, examples, "resid", direction="noising")
+    assert torch.allclose(noising[:, 0], torch.ones(2, dtype=torch.float64), atol=1e-5)
 
 
 def test_the_residual_stream_is_edited_only_inside_the_block_and_only_on_its_model(tiny_gpt):

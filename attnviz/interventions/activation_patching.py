@@ -427,6 +427,29 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
                     torch.tensor(corrupted, dtype=torch.float64), foils, rows, by_position, heads)
 
 
+def whole_layers(model: torch.nn.Module, examples, site: str = "head", *, direction: str = "denoising",
+                 metric: str = "logit difference", parts: Anatomy | None = None) -> torch.Tensor:
+    """Every head of a layer (``site="head"``; or its whole attention or MLP output, or the residual stream entering
+    it) patched at every position at once, layer by layer: the shares ``[examples, layers]``, as :func:`patch_map`
+    defines them (one batched forward per example)."""
+    examples = examples_of(examples)
+    parts = parts or anatomy(model, {"input_ids": torch.tensor([examples[0].clean])})
+    cells = [Cell(layer) for layer in range(len(parts.layers))]
+    shares = torch.full((len(examples), len(cells)), float("nan"), dtype=torch.float64)
+    for index, example in enumerate(examples):
+        measured = ends(model, example, metric)
+        source_ids, target_ids = ((example.clean, example.corrupted) if direction == "denoising"
+                                  else (example.corrupted, example.clean))
+        moved = run_cells(model, parts, site, target_ids, capture_site(model, parts, site, source_ids), cells,
+                          lambda logits, example=example, foil=measured.foil: metric_of(metric, logits,
+                                                                                        example.answer, foil),
+                          rows_per_forward=len(cells), position=example.position)
+        gap = gap_of(measured, example)
+        if gap != 0:
+            shares[index] = moved / gap if direction == "denoising" else -moved / gap
+    return shares
+
+
 def forwards_needed(site: str, model: torch.nn.Module, parts: Anatomy, n: int, *, by_position: bool = False,
                     rows_per_forward: int = 16) -> int:
     """How many batched forwards one example's map takes (the two ends and the source's capture included)."""

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.interventions.activation_patching import residual_rows
 from attnviz.interventions.anatomy import Anatomy, FrozenNorm, NotReadable, frozen_norm
 from attnviz.interventions.anatomy import anatomy as find_anatomy
 from attnviz.interventions.edits import on_residual
-from attnviz.interventions.patching import residual_rows
 
 FROZEN_NOTE = "the final norm's scale frozen at its value on this prompt"
 # Part kinds, in the order they appear in an attribution

@@ -1,5 +1,6 @@
 """Figures of the "Does this head matter?" page: importance maps (layers x heads), a head's effect on each token,
-activation patching, and the induction circuit's ablations beside its attention scores."""
+and the induction circuit's ablations beside its attention scores (its patching experiment's figures are
+:mod:`attnviz.viz.patching`)."""
 
 from __future__ import annotations
 
@@ -53,44 +54,6 @@ def importance_heatmap(values, row_labels: list[str], *, title: str, measure: st
         title=dict(text=title, x=0, xanchor="left"),
         xaxis=dict(title="head", tickmode="array", tickvals=list(range(len(columns))), ticktext=columns,
                    showgrid=False, tickangle=0),
-        yaxis=dict(tickmode="array", tickvals=list(range(rows)), ticktext=row_labels, autorange="reversed",
-                   showgrid=False),
-        height=height, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
-        font=dict(family=style.FONT_FAMILY),
-    )
-    return figure
-
-
-def position_patching_heatmap(values, row_labels: list[str], clean_tokens: list[str], corrupted_tokens: list[str],
-                              *, title: str, width: int = 1000) -> go.Figure:
-    """``values [rows, n]``: the share of the answer restored by patching the residual stream at each layer (row)
-    and position (column), on a diverging scale from -1 to 1. Columns are labelled by position and clean token; a
-    position where the prompts differ says both (clean → corrupted), and its label is marked."""
-    matrix = np.asarray(values, dtype=np.float64)
-    rows, n = matrix.shape
-    labels = style.token_labels(clean_tokens)
-    for position, (clean, corrupted) in enumerate(zip(clean_tokens, corrupted_tokens, strict=True)):
-        if clean != corrupted:
-            shown = corrupted if len(corrupted) <= 14 else corrupted[:13] + "…"
-            labels[position] = f"▶ {style.token_label(position, clean)} → {shown}"
-    labels = style.plotly_texts(labels)
-    step = max(1, n // 48)  # at most about 48 labels; every position on hover
-    shown = sorted(set(range(0, n, step)) | {i for i, label in enumerate(labels) if label.startswith("▶")} | {n - 1})
-    text = [["" if not np.isfinite(v) else style.format_number(v, 2) for v in row] for row in matrix.tolist()]
-    height = int(min(700, max(260, 170 + 44 * rows)))
-    fits = numbers_fit(text, *plot_area(width, height, rows, n))
-    hover = [[f"{row_labels[r]}, {labels[c]}<br>restored share: {style.format_number(matrix[r, c])}"
-              for c in range(n)] for r in range(rows)]
-    figure = go.Figure(go.Heatmap(
-        z=matrix, x=list(range(n)), y=list(range(rows)), text=text if fits else None,
-        texttemplate="%{text}" if fits else None, textfont=dict(size=11), hovertext=hover, hoverinfo="text",
-        xgap=1, ygap=1, colorscale=style.SIGNED_COLORSCALE, zmin=-1.0, zmax=1.0, zmid=0.0,
-        colorbar=dict(title=dict(text="restored share", side="right"), thickness=12),
-    ))
-    figure.update_layout(
-        title=dict(text=title, x=0, xanchor="left"),
-        xaxis=dict(title="position (clean token)", tickmode="array", tickvals=shown,
-                   ticktext=[labels[i] for i in shown], tickangle=-60, showgrid=False),
         yaxis=dict(tickmode="array", tickvals=list(range(rows)), ticktext=row_labels, autorange="reversed",
                    showgrid=False),
         height=height, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
