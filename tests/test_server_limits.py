@@ -101,7 +101,8 @@ def test_every_uploader_refuses_past_its_own_limit_before_the_upload():
                 key = keywords["key"].value
                 found[key] = "max_upload_size" in keywords
     assert found == {"ckpt_zip": False, "ckpt_files": False, "corpus_upload": True, "explore_long_file": True,
-                     "explore_image_file": True, "flash_upload": True}
+                     "explore_image_file": True, "flash_upload": True,
+                     "pat_corpus_upload": True}
 
 
 # -- disk ----------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``."""
+``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``, ``... patching``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""Scans and corpus importance runs the pages start: each runs as ``python -m attnviz.corpus.scan`` (or
-``attnviz.corpus.importance``) in a process of its own (it goes on while the page is left or reloaded, and a crash in
-it cannot take the server down), through the server's queue (:mod:`attnviz.corpus.jobs`: at most ``ATTNVIZ_JOBS``
-at once, all browsers together, one per browser and per session), writing its progress to a JSON file beside its
-database and stopping, resumably, when a stop file appears.
+"""Scans and corpus importance and patching runs the pages start: each runs as ``python -m attnviz.corpus.scan`` (or
+``attnviz.corpus.importance``, ``attnviz.corpus.patching``) in a process of its own (it goes on while the page is left
+or reloaded, and a crash in it cannot take the server down), through the server's queue (:mod:`attnviz.corpus.jobs`:
+at most ``ATTNVIZ_JOBS`` at once, all browsers together, one per browser and per session), writing its progress to a
+JSON file beside its database and stopping, resumably, when a stop file appears.
 
-A job is ``(kind, key, settings)``: the run of ``kind`` (``scan`` or ``importance``) whose files are named by ``key``,
-told everything by one JSON file, ``<key>.settings.json`` (:mod:`attnviz.corpus.command`: its options and settings,
-as the command line's ``--settings`` reads them). A scans folder holds, per scan ``<key>``
+A job is ``(kind, key, settings)``: the run of ``kind`` (``scan``, ``importance`` or ``patching``) whose files are
+named by ``key``, told everything by one JSON file, ``<key>.settings.json`` (:mod:`attnviz.corpus.command`: its
+options and settings, as the command line's ``--settings`` reads them). A scans folder holds, per scan ``<key>``
 (:func:`attnviz.corpus.scan.runner.scan_key`): ``<key>.duckdb``, ``<key>.settings.json``, ``<key>.progress.json``,
 ``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; uploaded corpora are
 kept as ``<name>-<sha256>.<format>``, at most :data:`MAX_CORPORA`; projections the Queries and keys page makes
@@ -36,6 +36,7 @@ from attnviz.corpus.command import RunOptions, job_command, write_settings_file
 from attnviz.corpus.documents import BUNDLED, FORMATS, format_of
 from attnviz.corpus.importance.runner import ImportanceSettings
 from attnviz.corpus.jobs import Job
+from attnviz.corpus.patching.runner import PatchingSettings
 from attnviz.corpus.scan.runner import ScanSettings
 
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
@@ -128,6 +129,16 @@ class ScanFolder:
         command line takes it) in a process of its own, through the server's queue, like :meth:`start`."""
         options = self._options(key, corpus, model_folder, dtype, model_name, disk_bytes)
         return self._launch("importance", key, options, settings, disk_bytes, session)
+
+    def start_patching(self, key: str, corpus: str, model_folder: str | Path, settings: PatchingSettings, *,
+                       split: str = "line", field_name: str | None = None, dtype: str = "stored",
+                       model_name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
+        """Start (or resume) a corpus patching run ``key`` (:mod:`attnviz.corpus.patching`; ``corpus`` as its command
+        line takes it, a kept file read with ``split`` and ``field_name``) in a process of its own, through the
+        server's queue, like :meth:`start`."""
+        options = self._options(key, corpus, model_folder, dtype, model_name, disk_bytes, split=split,
+                                field_name=field_name or None)
+        return self._launch("patching", key, options, settings, disk_bytes, session)
 
     def _options(self, key: str, corpus: str, model_folder: str | Path, dtype: str, model_name: str | None,
                  disk_bytes: int, **reading) -> RunOptions:

@@ -1,6 +1,6 @@
-"""Background jobs, server-wide: every scan and corpus importance run that a page starts is a process of its own,
-and at most :func:`job_limit` of them run at once, all browsers together (``ATTNVIZ_JOBS``; by default the
-machine's cores). The rest wait in one queue, first come first served, each with its place shown; at most
+"""Background jobs, server-wide: every scan, corpus importance run and corpus patching run that a page starts is a
+process of its own, and at most :func:`job_limit` of them run at once, all browsers together (``ATTNVIZ_JOBS``; by
+default the machine's cores). The rest wait in one queue, first come first served, each with its place shown; at most
 :func:`waiting_limit` wait at once (``ATTNVIZ_JOBS_WAITING``), past which a start is refused in words.
 
 Each browser has at most one job (scan or run) waiting or running, and so has each session: a client that sends no
@@ -188,7 +188,7 @@ class JobQueue:
             self._move_on(entries)
             for entry in entries:
                 if entry["owner"] == owner or (session is not None and entry.get("session") == session):
-                    what = "scan" if entry["kind"] == "scan" else "importance run"
+                    what = {"scan": "scan", "patching": "patching run"}.get(entry["kind"], "importance run")
                     doing = "running" if entry["state"] == RUNNING else "waiting"
                     raise JobRefused(f"a {what} of this browser is {doing} already: one job at a time per browser. "
                                      "Wait for it, or stop it")

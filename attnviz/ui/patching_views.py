@@ -22,6 +22,8 @@ from attnviz.pagelogic import patching as words
 from attnviz.ui.caches.importance import keep_form
 from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import show_figure
+from attnviz.ui.patching_runs import FORM as CORPUS_FORM
+from attnviz.ui.patching_runs import corpus_patching_view
 from attnviz.viz import composition as composition_figures
 from attnviz.viz import logit_attribution as dla_figures
 from attnviz.viz import patching as figures
@@ -29,6 +31,7 @@ from attnviz.viz.style import format_number
 
 LOOKS = ("Layer × position", "Heads", "Head inputs", "Paths", "Logit attribution", "Logit lens", "Composition")
 PRESET = "Preset: induction"
+CORPUS = "A corpus, in the background"
 CHANGES = {"copied": "the token to copy", "previous": "the token before it"}
 FORM = ("pat_source", "pat_change", "pat_period", "pat_seed", "pat_examples", "pat_clean", "pat_corrupted",
         "pat_answer", "pat_foil", "pat_bos", "pat_direction", "pat_metric", "pat_look", "pat_site", "pat_input",
@@ -58,10 +61,13 @@ def _progress(label: str):
     return bar, (lambda share, what: bar.progress(min(1.0, share), text=f"{label} {what}"))
 
 
-def _examples(tokenizer) -> tuple[list[patch.Prompts], str] | None:
-    """The experiment's examples from the form, and what they are in words (None: the form says what is wrong)."""
-    source = st.segmented_control("Inputs", (PRESET, "My own prompts"), default=PRESET, key="pat_source",
+def _examples(tokenizer) -> tuple[list[patch.Prompts], str] | str | None:
+    """The experiment's examples from the form, and what they are in words (None: the form says what is wrong;
+    :data:`CORPUS`: a corpus, measured in the background instead)."""
+    source = st.segmented_control("Inputs", (PRESET, "My own prompts", CORPUS), default=PRESET, key="pat_source",
                                   required=True)
+    if source == CORPUS:
+        return CORPUS
     bos = tokenizer.bos_token_id
     if source == PRESET:
         columns = st.columns(4)
@@ -98,13 +104,16 @@ def _examples(tokenizer) -> tuple[list[patch.Prompts], str] | None:
 
 
 def experiment_view(folder: str, name: str, model, tokenizer, objective: str) -> None:
-    keep_form(FORM)
+    keep_form(FORM + CORPUS_FORM)
     if objective != "next-token":
         st.info("Patching here measures a decoder's next token: choose a decoder (the bundled tiny GPT has a preset). "
                 "From Python, `attnviz.patch` also reads a masked LM at its mask's position.", icon=":material/info:")
         return
     found = _examples(tokenizer)
     if found is None:
+        return
+    if found == CORPUS:
+        corpus_patching_view(folder, name, model, tokenizer)
         return
     examples, described = found
     st.caption(described)

@@ -1,0 +1,498 @@
+"""The patching experiment of the "Does this head matter?" page over a whole corpus, measured in the background into
+DuckDB (:mod:`attnviz.corpus.patching`): each document's own text typed twice as the induction preset types random
+tokens. Its corpus (the bundled one, an uploaded file, or a scan's documents), its settings (documents, period,
+corruption, sites, and the paths into one receiver), the button that starts or goes on with the run these settings
+name, its progress, and its maps drawn as the experiment draws them: the mean share over the documents with each
+cell's 95 % bootstrap interval, and what they show in words. Widgets keyed ``pat_corpus*``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import streamlit as st
+import torch
+
+from attnviz.checkpoints.safety import CheckpointRefused
+from attnviz.core import circuits
+from attnviz.core.units import human_bytes
+from attnviz.corpus import background
+from attnviz.corpus import jobs as background_jobs
+from attnviz.corpus.documents import FORMATS, CorpusRefused, characters_noted, max_corpus_bytes
+from attnviz.corpus.importance.runner import SCAN_PREFIX, scan_corpus_facts
+from attnviz.corpus.jobs import JobRefused
+from attnviz.corpus.patching import runner as prun
+from attnviz.corpus.patching.store import STATUS_FINISHED, PatchingReader
+from attnviz.corpus.scan.runner import ScanRefused
+from attnviz.interventions import activation_patching as ap
+from attnviz.interventions import composition as comp
+from attnviz.interventions import induction_circuit as ind
+from attnviz.interventions import path_patching as pp
+from attnviz.pagelogic import patching as words
+from attnviz.ui.caches.store import file_stamp
+from attnviz.ui.figures import figure_once, show_figure
+from attnviz.ui.loaded_models import load_bundle
+from attnviz.ui.scans import (
+    corpus_columns,
+    corpus_facts,
+    listed_scans,
+    scan_folder,
+    scan_title,
+    session_id,
+    waiting_for_turn,
+)
+from attnviz.ui.session_models import model_dtype
+from attnviz.viz import patching as figures
+from attnviz.viz.style import format_number
+
+BUNDLED_CHOICE = "The bundled corpus (Python's documentation and docstrings)"
+UPLOAD_CHOICE = "A corpus file, uploaded"
+BUNDLED_SPEC = "bundled"
+CHANGES = {"copied": "the token to copy", "previous": "the token before it"}
+MLPS = ("frozen", "free")  # a receiver's paths: direct (the MLPs held) and through the MLPs
+FORM = ("pat_corpus", "pat_corpus_split", "pat_corpus_field", "pat_corpus_docs", "pat_corpus_period",
+        "pat_corpus_change", "pat_corpus_sites", "pat_corpus_direction", "pat_corpus_metric", "pat_corpus_paths",
+        "pat_corpus_receiver", "pat_corpus_via")
+DRAWS = 2000  # bootstrap draws, as activation_patching.spread makes them
+MOST_GATHERED = 2**24  # values one slice of the bootstrap gathers at once (128 MiB of float64)
+
+
+def patching_jobs() -> background.ScanFolder:
+    """This browser's corpus patching runs: a folder beside its scans (one job at a time, all kinds together)."""
+    scans = scan_folder()
+    return background.ScanFolder(scans.folder / "patching", owner=scans.owner)
+
+
+# -- the corpus -----------------------------------------------------------------------------------------------------
+def chosen_corpus(jobs: background.ScanFolder) -> tuple[str, str, str | None, dict] | None:
+    """``(spec as the command line takes it, txt split, field, facts)``, or None (a file still to give, or refused:
+    said)."""
+    choices = [BUNDLED_CHOICE, UPLOAD_CHOICE, *map(str, listed_scans())]
+    chosen = st.selectbox(
+        "Corpus", choices, key="pat_corpus",
+        format_func=lambda c: c if c in choices[:2] else f"The documents of a scan: {scan_title(c)}",
+        help="The bundled corpus, a file of yours (read by its format's reader, never run), or the documents a scan "
+             "of the Heads across a corpus page read.")
+    split, field = "line", None
+    try:
+        if chosen == BUNDLED_CHOICE:
+            spec, facts = BUNDLED_SPEC, {**corpus_facts(None, 0.0, "line", None), "name": "the bundled corpus"}
+        elif chosen == UPLOAD_CHOICE:
+            uploaded = uploaded_corpus(jobs)
+            if uploaded is None:
+                return None
+            spec, split, field = uploaded
+            facts = corpus_facts(spec, file_stamp(spec), split, field)
+        else:
+            spec, facts = f"{SCAN_PREFIX}{chosen}", scan_facts(chosen)
+    except (CorpusRefused, CheckpointRefused) as problem:
+        st.error(f"The corpus cannot be read: {str(problem).rstrip('.')}.", icon=":material/block:")
+        return None
+    if not facts["documents"]:
+        st.error("The corpus holds no document to patch.", icon=":material/block:")
+        return None
+    return spec, split, field, facts
+
+
+def uploaded_corpus(jobs: background.ScanFolder) -> tuple[str, str, str | None] | None:
+    """An uploaded corpus kept in this browser's folder: (its path, txt split, field), or None until it is given
+    (or refused: said)."""
+    most = max_corpus_bytes()
+    upload = st.file_uploader(f"A corpus file ({', '.join(FORMATS)}; at most {most / 1024**2:,.0f} MB)",
+                              type=[suffix[1:] for suffix in FORMATS], key="pat_corpus_upload",
+                              max_upload_size=max(1, -(-most // 1024**2)))
+    if upload is None:
+        st.caption("Choose a file: each line (or paragraph, or record) is a document.")
+        return None
+    if upload.size > most:
+        st.error(f"{upload.name} is {upload.size / 1024**2:,.1f} MB; a corpus may be at most {most / 1024**2:,.0f} MB "
+                 "here.", icon=":material/block:")
+        return None
+    try:
+        job = jobs.job()
+        path = jobs.keep_corpus(upload.getvalue(), upload.name, in_use=set() if job is None else {job.corpus})
+        if path.suffix == ".txt":
+            split = st.radio("One document per", ("line", "paragraph"), horizontal=True, key="pat_corpus_split",
+                             help="paragraph: blank lines separate documents")
+            return str(path), split, None
+        names = corpus_columns(str(path), file_stamp(path))
+    except (CorpusRefused, CheckpointRefused) as problem:
+        st.error(f"{upload.name} cannot be used: {str(problem).rstrip('.')}.", icon=":material/block:")
+        return None
+    if not names:
+        st.error(f"{upload.name} has no text field or column.", icon=":material/block:")
+        return None
+    field = st.selectbox("The text is in", names, key="pat_corpus_field", placeholder="Choose the column",
+                         index=names.index("text") if "text" in names else 0 if len(names) == 1 else None)
+    if field is None:
+        st.info(f"{upload.name} has no column named text: choose the one that holds the documents.",
+                icon=":material/table_rows:")
+        return None
+    return str(path), "line", field
+
+
+def scan_facts(path: str) -> dict:
+    """A scan's documents as a corpus: how many, their fingerprint and characters (their texts stay in its file);
+    refused in words."""
+    found = _scan_facts(path, file_stamp(path))
+    if "refused" in found:
+        raise CorpusRefused(found["refused"])
+    return found
+
+
+@st.cache_data(max_entries=8, show_spinner="Reading the scan's documents…")
+def _scan_facts(path: str, stamp: float) -> dict:
+    try:
+        corpus = scan_corpus_facts(path)
+    except CorpusRefused as problem:
+        return {"refused": str(problem)}
+    return {"name": corpus.name, "documents": corpus.count, "fingerprint": corpus.fingerprint,
+            "characters": corpus.characters, "chars_every": corpus.chars_every}
+
+
+# -- the settings ---------------------------------------------------------------------------------------------------
+def longest_period(positions: int, bos: bool) -> int:
+    """The longest period whose prompt (BOS, the period, half of it again) fits the model's positions."""
+    period = prun.MOST_PERIOD
+    while period > 4 and prun.prompt_length(period, 0 if bos else None) > positions:
+        period -= 1
+    return period
+
+
+@st.cache_resource(max_entries=4, show_spinner="Measuring each head's induction score…")
+def _induction_scores(folder: str, name: str, _model, _tokens: list[int], bos: int | None) -> torch.Tensor:
+    return ind.circuit_scores(_model, _tokens, period=50, seed=11, bos=bos)["induction"]
+
+
+def receiver_choice(folder: str, name: str, model, tokenizer, change: str) -> str | None:
+    """The receiver of the path maps, ``"LAYER.HEAD:VIA"`` (by default the head with the highest induction score,
+    through its keys, as the experiment's Paths look picks it), or None (no paths)."""
+    on = st.toggle("Trace the paths into a receiver", True, key="pat_corpus_paths",
+                   help="Path patching: every earlier head's path into the receiver's input, with the MLPs between "
+                        "them held (the direct path) and free (through the MLPs too)")
+    if not on:
+        return None
+    scores = _induction_scores(folder, name, model, circuits.ordinary_token_ids(tokenizer), tokenizer.bos_token_id)
+    receivers = [(layer, head) for layer in range(1, scores.shape[0]) for head in range(scores.shape[1])
+                 if bool(torch.isfinite(scores[layer, head]))]
+    if not receivers:
+        st.info("Paths need two layers or more.", icon=":material/info:")
+        return None
+    strongest = max(receivers, key=lambda cell: float(scores[cell]))
+    columns = st.columns([3, 3, 4])
+    receiver = columns[0].selectbox(
+        "Receiver", receivers, index=receivers.index(strongest), key="pat_corpus_receiver",
+        format_func=lambda cell: f"L{cell[0]} H{cell[1]} (induction score {format_number(float(scores[cell]), 2)})",
+        help="Preselected: the head with the highest induction score (random tokens typed twice)")
+    via = columns[1].segmented_control("Through its", list(pp.VIA), default="k", format_func=pp.VIA.get,
+                                       key="pat_corpus_via", required=True)
+    if change == "copied" and via == "k":
+        columns[2].caption(":material/lightbulb: Corrupting the token to copy leaves the token an induction head's "
+                           "keys look for unchanged: to test the keys' path, corrupt the token before it instead.")
+    return f"{receiver[0]}.{receiver[1]}:{via}"
+
+
+def run_settings(folder: str, name: str, model, tokenizer, bundle) -> prun.PatchingSettings | None:
+    """The run's settings from the form, or None (nothing to measure, or refused: said)."""
+    columns = st.columns([2, 2, 3])
+    most = background.max_page_documents()
+    max_docs = int(columns[0].number_input("Documents", 1, most, min(100, most), step=50, key="pat_corpus_docs",
+                                           help=f"the corpus's first documents, at most {most:,} from this page"))
+    longest = longest_period(bundle.max_positions, tokenizer.bos_token_id is not None)
+    period = int(columns[1].number_input(
+        "Tokens in the first copy", 4, longest, min(16, longest), step=2, key="pat_corpus_period",
+        help="each document's first ordinary tokens, typed, then their first half again; a document with fewer is "
+             "left out (and counted)"))
+    change = columns[2].selectbox("Corrupt", list(CHANGES), format_func=CHANGES.get, key="pat_corpus_change",
+                                  help="The token to copy: tells the path through an induction head's values. The "
+                                       "token before it: tells the path through its keys.")
+    columns = st.columns([4, 2, 2])
+    sites = columns[0].pills("Sites", list(ap.SITES), default=["resid", "head"], selection_mode="multi",
+                             format_func=ap.SITES.get, key="pat_corpus_sites",
+                             help="each a map: every cell patched on every document")
+    direction = columns[1].selectbox("Direction", list(ap.DIRECTIONS), key="pat_corpus_direction",
+                                     help="; ".join(f"{k}: {v}" for k, v in ap.DIRECTIONS.items()))
+    metric = columns[2].selectbox("Metric", list(ap.METRICS), key="pat_corpus_metric",
+                                  help="; ".join(f"{k}: {v}" for k, v in ap.METRICS.items()))
+    receiver = receiver_choice(folder, name, model, tokenizer, change)
+    if not sites and receiver is None:
+        st.warning("Choose a site, or trace the paths into a receiver.", icon=":material/checklist:")
+        return None
+    try:
+        return prun.PatchingSettings(max_docs=max_docs, period=period, change=change,
+                                     sites=tuple(site for site in ap.SITES if site in sites), direction=direction,
+                                     metric=metric, receivers=(receiver,) if receiver else (), mlps=MLPS)
+    except ScanRefused as problem:
+        st.warning(f"These settings cannot run: {problem}.", icon=":material/block:")
+        return None
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def run_key(fingerprint: str, folder: str, settings: prun.PatchingSettings, dtype: str) -> str:
+    """The run these settings name (its files' name): the same corpus, model and settings, the same run."""
+    return prun.patching_key(fingerprint, folder, settings, dtype)
+
+
+def estimated_run_bytes(documents: int, layers: int, heads: int, n: int, settings: prun.PatchingSettings,
+                        characters: int) -> int:
+    """At most what a corpus patching run's file takes on disk: a row per document and cell of every map (a
+    residual map's rows counted generously), each document's text. What the page reserves before it starts."""
+    cells = 0
+    for site in settings.sites:
+        rows = 2 * layers + 1 if site == "resid" else layers
+        by_position = site not in ap.HEAD_SITES or settings.by_position
+        cells += rows * (heads if site in ap.HEAD_SITES else 1) * (n if by_position else 1)
+    cells += len(settings.paths) * layers * heads
+    return int(documents * (cells * 48 + 512) + 4 * characters + 8 * 1024**2)
+
+
+# -- the view -------------------------------------------------------------------------------------------------------
+def corpus_patching_view(folder: str, name: str, model, tokenizer) -> None:
+    """The patching experiment over a whole corpus, measured in the background into DuckDB."""
+    st.caption(":material/info: Over a corpus, each document gives one example (its own first tokens typed twice, "
+               "as the preset types random ones), and the sites and paths chosen here are measured document by "
+               "document in a process of its own. The looks of the preset and of your own prompts (layer × "
+               "position, heads, head inputs, paths, logit attribution, lens, composition) do not apply here.")
+    jobs = patching_jobs()
+    corpus = chosen_corpus(jobs)
+    if corpus is None:
+        return
+    spec, split, field, facts = corpus
+    dtype = model_dtype(name)
+    bundle = load_bundle(folder, name, dtype)
+    settings = run_settings(folder, name, model, tokenizer, bundle)
+    if settings is None:
+        return
+    key = run_key(facts["fingerprint"], folder, settings, dtype)
+    path, running = jobs.database(key), jobs.job()
+    st.session_state["pat_corpus_path"] = str(path)  # the run these settings name (its DuckDB file)
+    results = None if running is not None else run_results(path)
+    status = (results or {}).get("settings", {}).get("status")
+    planned = min(settings.max_docs, facts["documents"])
+    label = ("Patched: see below" if status == STATUS_FINISHED else "Go on patching" if results else
+             f"Patch {planned:,} document{'s' if planned != 1 else ''}")
+    n = prun.prompt_length(settings.period, tokenizer.bos_token_id)
+    characters = characters_noted(facts.get("chars_every") or [], facts.get("characters"), planned)
+    reserved = estimated_run_bytes(planned, bundle.n_layers, bundle.n_heads, n, settings, characters)
+    if st.button(label, type="primary", key="pat_corpus_run", icon=":material/play_arrow:",
+                 disabled=running is not None or status == STATUS_FINISHED):
+        try:
+            jobs.start_patching(key, spec, folder, settings, split=split, field_name=field, dtype=dtype,
+                                model_name=name, disk_bytes=reserved, session=session_id())
+        except (JobRefused, CheckpointRefused) as problem:
+            st.error(f"The run cannot start: {problem}.", icon=":material/block:")
+            return
+        st.rerun()
+    maps = len(settings.sites) + len(settings.paths)
+    st.caption(f"{planned:,} of {facts['documents']:,} documents of {facts['name']}, each a prompt of {n} tokens, "
+               f"with {name}: {maps} map{'s' if maps != 1 else ''}, every cell patched on every document. It runs in "
+               f"a process of its own (the server runs at most {background_jobs.job_limit()} at once, the rest wait "
+               f"their turn) and reserves up to {human_bytes(reserved)} of disk: leave the page or reload, it goes "
+               "on; the same corpus, model and settings reopen the same results.")
+    if running is not None:
+        if running.key != key:
+            st.info("The run in progress below was started with other settings (another model, corpus or settings): "
+                    "these can run once it ends, or after Stop.", icon=":material/pending:")
+        running_run(jobs)
+        return
+    said = jobs.progress(key)
+    if said and said.get("status") == "failed":
+        st.error(f"The run failed: {said.get('error')}", icon=":material/error:")
+    if results is None:
+        return
+    corpus_results(results, folder, name, model)
+
+
+def run_progress(said: dict, seconds: float) -> tuple[float, str]:
+    """The progress bar, ``(share done, words)``, from the run's progress record ``said`` ({} before the first)."""
+    done, planned = int(said.get("done", 0)), int(said.get("planned", 0) or 1)
+    if not said:
+        return 0.0, f"Starting (loading the model, reading the corpus): {seconds:.0f} s"
+    rate, eta = said.get("documents_per_second") or 0.0, said.get("eta")
+    left = "" if eta is None else f" · about {int(eta) // 60} min {int(eta) % 60:02d} s left"
+    skipped = int(said.get("skipped") or 0)
+    out = f" ({skipped:,} left out: too short)" if skipped else ""
+    return min(1.0, done / planned), (f"Patching: {done:,} of {planned:,} documents{out} · {rate:.2f} documents/s"
+                                      f"{left}")
+
+
+@st.fragment(run_every=1.0)
+def running_run(jobs: background.ScanFolder) -> None:
+    """The running job's progress, refreshed every second; the whole page reruns when it ends."""
+    job = jobs.job()
+    if job is None:
+        st.rerun(scope="app")
+    if job.waiting:
+        waiting_for_turn(jobs, job, "pat_corpus_cancel")
+        return
+    share, text = run_progress(jobs.progress(job.key) or {}, time.time() - job.started)
+    st.progress(share, text=text)
+    if st.button("Stop", key="pat_corpus_stop", icon=":material/stop:",
+                 help="stops after the batch being patched; every finished chunk of documents is kept, and the run "
+                      "goes on from there when asked"):
+        jobs.stop(job.key)
+        st.toast("Stopping…")
+
+
+# -- the results ----------------------------------------------------------------------------------------------------
+def spread_over_documents(shares: torch.Tensor) -> ap.Spread:
+    """:func:`attnviz.interventions.activation_patching.spread` of ``shares [documents, *grid]``, a slice of cells at
+    a time (each slice draws the same documents, so the numbers are those of one call) so that thousands of
+    documents never gather more than :data:`MOST_GATHERED` values at once."""
+    documents = shares.shape[0]
+    flat = shares.reshape(documents, -1)
+    step = max(1, MOST_GATHERED // max(1, DRAWS * documents))
+    parts = [ap.spread(flat[:, start:start + step], draws=DRAWS) for start in range(0, flat.shape[1], step)]
+
+    def joined(name: str) -> torch.Tensor:
+        return torch.cat([getattr(part, name) for part in parts]).reshape(shares.shape[1:])
+
+    return ap.Spread(joined("mean"), joined("std"), joined("low"), joined("high"), documents)
+
+
+def position_labels(period: int, bos: bool, change: str) -> list[str]:
+    """Every position of a run's prompts: BOS, the document's tokens t0… (its first copy), their repeat t0′…; ▶
+    where the corrupted prompt differs."""
+    changed = prun.changed_position(period, 0 if bos else None, change)
+    labels = ["0 BOS"] if bos else []
+    labels += [f"{len(labels) + k} t{k}" for k in range(period)]
+    labels += [f"{len(labels) + k} t{k}′" for k in range(period // 2)]
+    labels[changed] = f"▶ {labels[changed]}"
+    return labels
+
+
+def read_map(reader: PatchingReader, kind: str, name: str, axes: list[str], labels: list[str],
+             positions: list[str]) -> dict:
+    """One map as the figures take it: its documents' shares ``[documents, rows, columns]`` (documents with no
+    gap left out), its row and column labels and its spread over the documents."""
+    shares = reader.shares(name)
+    kept = shares[~shares.reshape(len(shares), -1).isnan().all(-1)]
+    rows = list(labels)
+    if axes == ["row", "head", "position"]:  # one row per head
+        documents, layers, heads, n = kept.shape
+        kept, rows = kept.reshape(documents, layers * heads, n), [f"{r} H{h}" for r in labels for h in range(heads)]
+    columns = positions if axes[-1] == "position" else [f"H{head}" for head in range(kept.shape[-1])]
+    found = {"kind": kind, "name": name, "rows": rows, "columns": columns, "shares": kept,
+             "documents": len(kept), "by_position": axes[-1] == "position"}
+    if len(kept):
+        found["spread"] = spread_over_documents(kept)
+    return found
+
+
+def run_results(path: Path) -> dict | None:
+    """What a run's database holds (None if it cannot be read now), kept by the file's stamp."""
+    if not path.is_file():
+        return None
+    try:
+        return _run_results(str(path), file_stamp(path))
+    except Exception:  # noqa: BLE001 - a file being written, cut short, or not a run: nothing to show
+        return None
+
+
+@st.cache_resource(max_entries=8, show_spinner="Reading the run's maps…")
+def _run_results(path: str, stamp: float) -> dict:
+    with PatchingReader(path) as reader:
+        said = reader.settings
+        period = int(said["period"])
+        bos = int(said.get("prompt_tokens", 0)) > period + period // 2
+        positions = position_labels(period, bos, str(said.get("change", "copied")))
+        found = [read_map(reader, kind, name, list(axes), list(rows), positions)
+                 for kind, name, axes, rows in reader.maps()[["kind", "name", "axes", "rows"]].itertuples(index=False)]
+        documents = reader.documents_frame()
+    for each in found:
+        if each["kind"] == "map" and each["documents"]:
+            each["words"] = map_sentence(each, str(said.get("direction")))
+    return {"settings": said, "maps": found, "documents": documents, "path": path, "stamp": stamp}
+
+
+def map_sentence(found: dict, direction: str) -> str:
+    """:func:`attnviz.pagelogic.patching.map_words` of a map: its words are those of its largest cell, so they are
+    told that cell alone (the same numbers, without bootstrapping every cell again)."""
+    mean = found["spread"].mean.nan_to_num(0.0)
+    flat = int(mean.abs().flatten().argmax())
+    row, column = flat // mean.shape[-1], flat % mean.shape[-1]
+    return words.map_words(found["shares"][:, row:row + 1, column:column + 1], [found["rows"][row]],
+                           [found["columns"][column]], direction)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Reading every head's weights…")
+def _composition(folder: str, name: str, kind: str, _model):
+    try:
+        return comp.composition_scores(_model, kind)
+    except ValueError:
+        return None
+
+
+def corpus_results(results: dict, folder: str, name: str, model) -> None:
+    said, documents = results["settings"], results["documents"]
+    measured = documents[documents["skipped"].isna()]
+    direction, metric = str(said.get("direction")), str(said.get("metric"))
+    columns = st.columns(5)
+    columns[0].metric("Documents", f"{len(measured):,}",
+                      help=f"measured, of {len(documents):,} done and {int(said.get('planned', 0)):,} planned")
+    columns[1].metric("Left out", f"{len(documents) - len(measured):,}",
+                      help=f"fewer than {said.get('period')} ordinary tokens")
+    if len(measured):
+        clean, corrupted = float(measured["clean"].mean()), float(measured["corrupted"].mean())
+        columns[2].metric(f"{metric.capitalize()}, clean", format_number(clean), help=ap.METRICS.get(metric, ""))
+        columns[3].metric(f"{metric.capitalize()}, corrupted", format_number(corrupted))
+    columns[4].metric("Status", str(said.get("status", "?")))
+    if said.get("status") != STATUS_FINISHED:
+        st.caption(":material/pause: Stopped part way: the maps hold the documents patched so far; **Go on "
+                   "patching** finishes them.")
+    measure = "restored share" if direction == "denoising" else "share taken away"
+    meaning = ("brings the clean answer back" if direction == "denoising" else
+               "breaks the answer as the corruption does")
+    paths: dict[str, dict] = {}
+    for number, found in enumerate(results["maps"]):
+        if found["kind"] == "path":
+            receiver, mlps = found["name"].split("/")
+            paths.setdefault(receiver, {})[mlps] = found
+            continue
+        if not found["documents"]:
+            st.caption(f"{ap.SITES.get(found['name'], found['name'])}: no document patched yet.")
+            continue
+        spread = found["spread"]
+        figure = figure_once((results["path"], results["stamp"], number), lambda found=found, spread=spread: (
+            figures.spread_heatmap(
+                spread.mean, spread.low, spread.high, spread.std, found["rows"], found["columns"],
+                examples=spread.examples, measure=measure,
+                title=f"{ap.SITES.get(found['name'], found['name']).capitalize()} patched ({direction}) over "
+                      f"{spread.examples:,} documents: mean share of the {metric} gap",
+                x_title=("position (t0…: the document's first tokens, t0′…: their repeat; ▶ where the prompts "
+                         "differ)" if found["by_position"] else "head"))))
+        show_figure(figure, f"1: the patch alone {meaning}; 0: nothing. Hover: each cell's 95% interval over the "
+                    "documents.", key=f"pat_corpus_map_{number}")
+        st.markdown(found["words"])
+    for receiver, pair in paths.items():
+        path_maps(results, receiver, pair, measure, folder, name, model)
+    with st.expander("Every document, with its clean and corrupted metric", icon=":material/table:"):
+        shown = documents.drop(columns=["text"]).assign(start=documents["text"].map(
+            lambda text: " ".join(str(text).split())[:80]))
+        st.dataframe(shown, hide_index=True, width="stretch")
+
+
+def path_maps(results: dict, receiver: str, pair: dict, measure: str, folder: str, name: str, model) -> None:
+    """A receiver's path maps, MLPs held and free side by side, and what they show in words."""
+    layer, head, via = prun.parse_receiver(receiver)
+    shown = [(mlps, pair[mlps]) for mlps in MLPS if mlps in pair and pair[mlps]["documents"]]
+    if not shown:
+        st.caption(f"Paths into L{layer} H{head}'s {pp.VIA[via]}: no document patched yet.")
+        return
+    columns = st.columns(len(shown))
+    titles = {"frozen": "MLPs held: the direct path", "free": "MLPs free: direct and through the MLPs"}
+    for column, (mlps, found) in zip(columns, shown, strict=True):
+        spread = found["spread"]
+        figure = figure_once((results["path"], results["stamp"], found["name"]), lambda found=found, spread=spread,
+                             mlps=mlps: figures.spread_heatmap(
+            spread.mean, spread.low, spread.high, spread.std, found["rows"], found["columns"],
+            examples=spread.examples, measure=measure, x_title="sender head", width=520,
+            title=f"Into L{layer} H{head}'s {pp.VIA[via]}: {titles[mlps]}"))
+        with column:
+            show_figure(figure, "Each cell: the sender's change reaching the receiver only through this input (mean "
+                        "over documents; hover: its 95% interval).", key=f"pat_corpus_path_{receiver}_{mlps}")
+    if len(shown) == 2:
+        frozen, free = (SimpleNamespace(receiver=(layer, head), via=via, rows=found["rows"],
+                                        share_spread=found["spread"]) for _, found in shown)
+        st.markdown(words.path_words(frozen, free, {}, _composition(folder, name, via.upper(), model)))
