@@ -390,3 +390,22 @@ def test_each_layers_mlp_is_removed_beside_the_heads(_clean):
     shown = plotly_array(figure_titled(at, "Each layer's MLP removed")["data"][0]["z"])
     assert np.allclose(shown, np.stack([found["zero"].values, found["mean"].values], 1), atol=1e-5)
     assert any(m.value == mlp_words(found, result.maps) for m in at.markdown)
+
+
+def test_the_heads_look_ends_with_every_head_of_the_layer_at_once(_clean):
+    from attnviz.interventions import activation_patching as ap
+    from attnviz.interventions import patching as patch
+
+    at = open_page(PAGE, timeout=300, imp_view="Activation patching", pat_look="Heads", pat_examples=2)
+    at.button(key="pat_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
+    pool = circuits.ordinary_token_ids(tokenizer)
+    examples = [patch.induction_prompts(pool, 30, seed=5 + k, bos=0) for k in range(2)]
+    spec = figure_titled(at, "Head output patched (denoising)")
+    cells = plotly_array(spec["data"][0]["z"])
+    assert cells.shape == (TINY_GPT_LAYERS, TINY_GPT_HEADS + 2)  # the heads, a gap, every head at once
+    assert np.allclose(cells[:, :TINY_GPT_HEADS], ap.patch_map(model, examples, "head").shares.mean(0).numpy(),
+                       atol=1e-6)
+    assert np.allclose(cells[:, -1], ap.whole_layers(model, examples, "head").mean(0).numpy(), atol=1e-6)
+    assert np.isnan(cells[:, TINY_GPT_HEADS]).all()

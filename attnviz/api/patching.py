@@ -143,6 +143,19 @@ def _ids(example_or_ids) -> tuple[list[int], int | None, int | None]:
     return list(example_or_ids), None, None
 
 
+def _read(reading, model, example_or_ids, answer: int | None, foil: int | None, tokenizer):
+    """``reading(model, ids, answer, foil)`` on a prompt (an Example's clean prompt, or ids), the answer and foil
+    given or the Example's (its foil None: the corrupted run's most likely token other than the answer)."""
+    ids, given_answer, given_foil = _ids(example_or_ids)
+    answer, foil = answer if answer is not None else given_answer, foil if foil is not None else given_foil
+    with _editable(model, tokenizer) as (loaded, _):
+        if foil is None and answer is not None and isinstance(example_or_ids, ap.Example):
+            foil = ap.ends(loaded, example_or_ids, "logit difference").foil
+        if answer is None or foil is None:
+            raise ValueError("give the answer and the foil (token ids), or an Example")
+        return reading(loaded, ids, answer, foil)
+
+
 def attribute(model, example_or_ids, answer: int | None = None, foil: int | None = None, *, tokenizer=None):
     """Direct logit attribution of logit(answer) - logit(foil) at every position of a prompt (an
     :class:`~attnviz.interventions.activation_patching.Example`'s clean prompt, its answer and foil, or token ids
@@ -152,14 +165,7 @@ def attribute(model, example_or_ids, answer: int | None = None, foil: int | None
     :class:`~attnviz.interventions.logit_attribution.Attribution`."""
     from attnviz.interventions import logit_attribution as dla
 
-    ids, given_answer, given_foil = _ids(example_or_ids)
-    answer, foil = answer if answer is not None else given_answer, foil if foil is not None else given_foil
-    with _editable(model, tokenizer) as (loaded, _):
-        if foil is None and answer is not None and isinstance(example_or_ids, ap.Example):
-            foil = ap.ends(loaded, example_or_ids, "logit difference").foil
-        if answer is None or foil is None:
-            raise ValueError("give the answer and the foil (token ids), or an Example")
-        return dla.direct_logit_attribution(loaded, ids, answer, foil)
+    return _read(dla.direct_logit_attribution, model, example_or_ids, answer, foil, tokenizer)
 
 
 def logit_lens(model, example_or_ids, answer: int | None = None, foil: int | None = None, *, tokenizer=None):
@@ -168,14 +174,7 @@ def logit_lens(model, example_or_ids, answer: int | None = None, foil: int | Non
     rank and the top token. Returns a :class:`~attnviz.interventions.logit_attribution.Lens`."""
     from attnviz.interventions import logit_attribution as dla
 
-    ids, given_answer, given_foil = _ids(example_or_ids)
-    answer, foil = answer if answer is not None else given_answer, foil if foil is not None else given_foil
-    with _editable(model, tokenizer) as (loaded, _):
-        if foil is None and answer is not None and isinstance(example_or_ids, ap.Example):
-            foil = ap.ends(loaded, example_or_ids, "logit difference").foil
-        if answer is None or foil is None:
-            raise ValueError("give the answer and the foil (token ids), or an Example")
-        return dla.logit_lens(loaded, ids, answer, foil)
+    return _read(dla.logit_lens, model, example_or_ids, answer, foil, tokenizer)
 
 
 def composition(model, kind: str = "K", *, tokenizer=None):

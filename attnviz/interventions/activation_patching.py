@@ -267,6 +267,21 @@ def gap_of(measured: Measured, example: Example) -> float:
     return gap
 
 
+def source_and_target(example: Example, direction: str) -> tuple[list[int], list[int]]:
+    """The run an activation comes from and the run it is put into: clean into corrupted (denoising), or corrupted
+    into clean (noising)."""
+    return (example.clean, example.corrupted) if direction == "denoising" else (example.corrupted, example.clean)
+
+
+def shares_of(moved: torch.Tensor, measured: Measured, example: Example, direction: str) -> torch.Tensor:
+    """How far each patch moved the metric from the unpatched target, as a share of the example's gap (NaN: no gap);
+    denoising: toward the clean run, noising: away from it."""
+    gap = gap_of(measured, example)
+    if gap == 0:
+        return torch.full_like(moved, float("nan"))
+    return moved / gap if direction == "denoising" else -moved / gap
+
+
 def run_cells(model: torch.nn.Module, parts: Anatomy, site: str, target: list[int],
               source: dict[int, torch.Tensor], cells: list[Cell], measure: Callable[[torch.Tensor], torch.Tensor],
               *, rows_per_forward: int = 16, progress: Callable[[int], None] | None = None,
@@ -408,8 +423,7 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
         clean.append(measured.clean)
         corrupted.append(measured.corrupted)
         foils.append(measured.foil)
-        source_ids, target_ids = ((example.clean, example.corrupted) if direction == "denoising"
-                                  else (example.corrupted, example.clean))
+        source_ids, target_ids = source_and_target(example, direction)
         source = capture_site(model, parts, site, source_ids)
 
         def count(rows: int, index=index) -> None:
@@ -422,13 +436,9 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
                           lambda logits, example=example, foil=measured.foil: metric_of(metric, logits,
                                                                                         example.answer, foil),
                           rows_per_forward=rows_per_forward, progress=count, position=example.position)
-        base = measured.corrupted if direction == "denoising" else measured.clean
-        gap = gap_of(measured, example)
-        patched = base + moved
         mask = torch.tensor(real)
-        values[index, mask] = patched
-        if gap != 0:
-            shares[index, mask] = moved / gap if direction == "denoising" else -moved / gap
+        values[index, mask] = (measured.corrupted if direction == "denoising" else measured.clean) + moved
+        shares[index, mask] = shares_of(moved, measured, example, direction)
     rows = residual_rows(len(parts.layers)) if site == "resid" else \
         [layer.attention.label for layer in parts.layers]
     return PatchMap(site, direction, metric, values.reshape(len(examples), *grid),
@@ -447,15 +457,12 @@ def whole_layers(model: torch.nn.Module, examples, site: str = "head", *, direct
     shares = torch.full((len(examples), len(cells)), float("nan"), dtype=torch.float64)
     for index, example in enumerate(examples):
         measured = ends(model, example, metric)
-        source_ids, target_ids = ((example.clean, example.corrupted) if direction == "denoising"
-                                  else (example.corrupted, example.clean))
+        source_ids, target_ids = source_and_target(example, direction)
         moved = run_cells(model, parts, site, target_ids, capture_site(model, parts, site, source_ids), cells,
                           lambda logits, example=example, foil=measured.foil: metric_of(metric, logits,
                                                                                         example.answer, foil),
                           rows_per_forward=len(cells), position=example.position)
-        gap = gap_of(measured, example)
-        if gap != 0:
-            shares[index] = moved / gap if direction == "denoising" else -moved / gap
+        shares[index] = shares_of(moved, measured, example, direction)
     return shares
 
 

@@ -34,9 +34,10 @@ from attnviz.interventions.activation_patching import (
     capture_site,
     ends,
     examples_of,
-    gap_of,
     metric_of,
     on_outputs,
+    shares_of,
+    source_and_target,
 )
 from attnviz.interventions.anatomy import Anatomy, anatomy
 from attnviz.models.attention_hook import editing
@@ -157,8 +158,7 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
         clean.append(measured.clean)
         corrupted.append(measured.corrupted)
         foils.append(measured.foil)
-        source_ids, target_ids = ((example.clean, example.corrupted) if direction == "denoising"
-                                  else (example.corrupted, example.clean))
+        source_ids, target_ids = source_and_target(example, direction)
         source = capture_site(model, parts, "head", source_ids)  # layer -> [n, heads, d_v]
         held = capture_site(model, parts, "head", target_ids)
         held_mlp = {} if mlps == "free" else \
@@ -184,11 +184,10 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
             if progress is not None:
                 progress(done / total, f"example {index + 1} of {len(examples)}")
         base = measured.corrupted if direction == "denoising" else measured.clean
-        gap = gap_of(measured, example)
-        for (sender_layer, sender_head), change in zip(senders, moved.tolist(), strict=True):
-            values[index, sender_layer, sender_head] = base + change
-            if gap != 0:
-                shares[index, sender_layer, sender_head] = (change if direction == "denoising" else -change) / gap
+        moved_shares = shares_of(moved, measured, example, direction)
+        for at, (sender_layer, sender_head) in enumerate(senders):
+            values[index, sender_layer, sender_head] = base + float(moved[at])
+            shares[index, sender_layer, sender_head] = float(moved_shares[at])
     rows = [part.attention.label for part in parts.layers[:layer]]
     return PathMap(receiver, via, mlps, direction, metric, values, shares, torch.tensor(clean, dtype=torch.float64),
                    torch.tensor(corrupted, dtype=torch.float64), foils, rows, note)

@@ -173,6 +173,24 @@ def receiver_choice(folder: str, name: str, model, tokenizer, change: str) -> st
                         "them held (the direct path) and free (through the MLPs too)")
     if not on:
         return None
+    columns = st.columns([3, 3, 4])
+    chosen = choose_receiver(folder, name, model, tokenizer, columns, "pat_corpus")
+    if chosen is None:
+        return None
+    receiver, via = chosen
+    if change == "copied" and via == "k":
+        columns[2].caption(KEYS_TIP)
+    return f"{receiver[0]}.{receiver[1]}:{via}"
+
+
+KEYS_TIP = (":material/lightbulb: Corrupting the token to copy leaves the token an induction head's keys look for "
+            "unchanged: to test the keys' path, corrupt the token before it instead.")
+
+
+def choose_receiver(folder: str, name: str, model, tokenizer, columns, prefix: str) -> tuple[tuple, str] | None:
+    """The receiver head (preselected: the highest induction score, on random tokens typed twice) and the input the
+    paths go through (keys by default), in the first two of ``columns``; widget keys ``PREFIX_receiver`` and
+    ``PREFIX_via``. None (said) for a model of one layer."""
     scores = _induction_scores(folder, name, model, circuits.ordinary_token_ids(tokenizer), tokenizer.bos_token_id)
     receivers = [(layer, head) for layer in range(1, scores.shape[0]) for head in range(scores.shape[1])
                  if bool(torch.isfinite(scores[layer, head]))]
@@ -180,17 +198,13 @@ def receiver_choice(folder: str, name: str, model, tokenizer, change: str) -> st
         st.info("Paths need two layers or more.", icon=":material/info:")
         return None
     strongest = max(receivers, key=lambda cell: float(scores[cell]))
-    columns = st.columns([3, 3, 4])
     receiver = columns[0].selectbox(
-        "Receiver", receivers, index=receivers.index(strongest), key="pat_corpus_receiver",
+        "Receiver", receivers, index=receivers.index(strongest), key=f"{prefix}_receiver",
         format_func=lambda cell: f"L{cell[0]} H{cell[1]} (induction score {format_number(float(scores[cell]), 2)})",
         help="Preselected: the head with the highest induction score (random tokens typed twice)")
     via = columns[1].segmented_control("Through its", list(pp.VIA), default="k", format_func=pp.VIA.get,
-                                       key="pat_corpus_via", required=True)
-    if change == "copied" and via == "k":
-        columns[2].caption(":material/lightbulb: Corrupting the token to copy leaves the token an induction head's "
-                           "keys look for unchanged: to test the keys' path, corrupt the token before it instead.")
-    return f"{receiver[0]}.{receiver[1]}:{via}"
+                                       key=f"{prefix}_via", required=True)
+    return receiver, via
 
 
 def run_settings(folder: str, name: str, model, tokenizer, bundle) -> prun.PatchingSettings | None:

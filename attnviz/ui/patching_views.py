@@ -13,7 +13,6 @@ from attnviz.core.tokens_display import readable_tokens, tokenizer_style
 from attnviz.core.units import ordinal
 from attnviz.interventions import activation_patching as ap
 from attnviz.interventions import composition as comp
-from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions import logit_attribution as dla
 from attnviz.interventions import patching as patch
 from attnviz.interventions import path_patching as pp
@@ -23,7 +22,7 @@ from attnviz.ui.caches.importance import keep_form
 from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import show_figure
 from attnviz.ui.patching_runs import FORM as CORPUS_FORM
-from attnviz.ui.patching_runs import corpus_patching_view
+from attnviz.ui.patching_runs import KEYS_TIP, choose_receiver, corpus_patching_view
 from attnviz.viz import composition as composition_figures
 from attnviz.viz import logit_attribution as dla_figures
 from attnviz.viz import patching as figures
@@ -49,11 +48,6 @@ def _parts(folder: str, name: str, _model, n: int):
         return anatomy(_model, {"input_ids": torch.zeros((1, n), dtype=torch.long)})
     except (NotReadable, RuntimeError) as problem:
         return str(problem)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Measuring each head's induction score…")
-def _induction_scores(folder: str, name: str, _model, _tokens: list[int], bos: int | None):
-    return ind.circuit_scores(_model, _tokens, period=50, seed=11, bos=bos)["induction"]
 
 
 def _progress(label: str):
@@ -189,10 +183,16 @@ def _map_view(base, look, model, tokenizer, examples, parts, direction, metric) 
         if not st.button(f"Patch: {ap.SITES[site]}", type="primary", key="pat_run", icon=":material/play_arrow:"):
             st.info("Press the button: each cell is patched on every example, batched.", icon=":material/info:")
             return
+    whole = site == "head" and not by_position  # every head of a layer at once, as the last column
+
+    def work(progress):
+        found = ap.patch_map(model, examples, site, direction=direction, metric=metric, by_position=by_position,
+                             parts=parts, progress=progress)
+        return found, ap.whole_layers(model, examples, site, direction=direction, metric=metric,
+                                      parts=parts) if whole else None
+
     try:
-        result = _compute(key, "Patching:", lambda progress: ap.patch_map(
-            model, examples, site, direction=direction, metric=metric, by_position=by_position, parts=parts,
-            progress=progress))
+        result, layers = _compute(key, "Patching:", work)
     except ValueError as problem:
         st.warning(f"Not patched: {problem}.", icon=":material/block:")
         return
@@ -203,11 +203,16 @@ def _map_view(base, look, model, tokenizer, examples, parts, direction, metric) 
     shares, rows = words.as_grid(result)
     columns = positions if shares.shape[-1] == len(positions) and (by_position or site in ("resid", "attn", "mlp")) \
         else words.head_labels(result.heads)
+    if layers is not None:  # [examples, layers] beside the heads, a gap between
+        gap = torch.full((*layers.shape, 1), float("nan"), dtype=shares.dtype)
+        shares = torch.cat([shares, gap, layers[..., None].to(shares.dtype)], dim=-1)
+        columns = [*columns, "", "all heads"]
     spread = ap.spread(shares)
     measure = "restored share" if direction == "denoising" else "share taken away"
     show_figure(figures.spread_heatmap(
         spread.mean, spread.low, spread.high, spread.std, rows, columns, examples=spread.examples, measure=measure,
-        title=f"{ap.SITES[site].capitalize()} patched ({direction}): mean share of the {metric} gap",
+        title=f"{ap.SITES[site].capitalize()} patched ({direction}): mean share of the {metric} gap"
+              + (" (last column: every head of the layer at once)" if layers is not None else ""),
         x_title="position (clean token; ▶ where the prompts differ)" if columns is positions else "head"),
         "1: the patch alone " + ("brings the clean answer back" if direction == "denoising" else
                                  "breaks the answer as the corruption does") + "; 0: nothing. Hover: each cell's 95% "
@@ -221,24 +226,14 @@ def _map_view(base, look, model, tokenizer, examples, parts, direction, metric) 
 
 
 def _paths_view(base, model, tokenizer, examples, parts, direction, metric, folder, name) -> None:
-    layers = len(parts.layers)
-    if layers < 2:
-        st.info("Paths need two layers or more.", icon=":material/info:")
-        return
-    scores = _induction_scores(folder, name, model, circuits.ordinary_token_ids(tokenizer), tokenizer.bos_token_id)
-    receivers = [(layer, head) for layer in range(1, layers) for head in range(parts.layers[layer].attention.heads)]
-    strongest = max(receivers, key=lambda cell: float(scores[cell]))
     columns = st.columns([3, 3, 4])
-    receiver = columns[0].selectbox(
-        "Receiver", receivers, index=receivers.index(strongest), key="pat_receiver",
-        format_func=lambda cell: f"L{cell[0]} H{cell[1]} (induction score {format_number(float(scores[cell]), 2)})",
-        help="Preselected: the head with the highest induction score (random tokens typed twice)")
-    via = columns[1].segmented_control("Through its", list(pp.VIA), default="k", format_func=pp.VIA.get,
-                                       key="pat_via", required=True)
+    chosen = choose_receiver(folder, name, model, tokenizer, columns, "pat")
+    if chosen is None:
+        return
+    receiver, via = chosen
     if st.session_state.get("pat_source", PRESET) == PRESET and st.session_state.get("pat_change") == "copied" \
             and via == "k":
-        st.caption(":material/lightbulb: The preset corrupts the token to copy: the token an induction head's keys "
-                   "look for is unchanged. To test the keys' path, corrupt the token before it instead.")
+        st.caption(KEYS_TIP)
     key = (*base, "paths", receiver, via)
     if key not in _store():
         if not columns[2].button("Trace the paths", type="primary", key="pat_paths_run", icon=":material/route:"):
