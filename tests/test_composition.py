@@ -65,7 +65,24 @@ def tiny_neox():
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 4)
 
 
-BUILDERS = {"gpt2": tiny_gpt2, "llama": tiny_llama, "qwen2": lambda: tiny_llama("qwen2"),
+def tiny_linear(model_type: str):
+    """Three families read by the generic q_proj / k_proj / v_proj reader: OPT (LayerNorm, out_proj), GPT-J (partial
+    RoPE, ln_1) and Gemma (GQA, an RMSNorm that scales by 1 + weight)."""
+    torch.manual_seed(0)
+    if model_type == "opt":
+        config = transformers.OPTConfig(hidden_size=64, ffn_dim=96, num_hidden_layers=3, num_attention_heads=4,
+                                        vocab_size=40, word_embed_proj_dim=64, max_position_embeddings=64)
+    elif model_type == "gptj":
+        config = transformers.GPTJConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, rotary_dim=8, n_positions=64)
+    else:
+        config = transformers.GemmaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=40)
+    return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 5)
+
+
+BUILDERS = {"opt": lambda: tiny_linear("opt"), "gptj": lambda: tiny_linear("gptj"),
+            "gemma": lambda: tiny_linear("gemma"), "gpt2": tiny_gpt2, "llama": tiny_llama,
+            "qwen2": lambda: tiny_llama("qwen2"),
             "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox}
 _BUILT = {}
 
@@ -96,7 +113,7 @@ def _norm_rows(norm: torch.nn.Module | None, d_model: int) -> tuple[torch.Tensor
     if isinstance(norm, torch.nn.LayerNorm):
         scale = math.sqrt(float(eye[0].var(unbiased=False)) + norm.eps)
     else:
-        scale = math.sqrt(1.0 / d_model + norm.variance_epsilon)
+        scale = math.sqrt(1.0 / d_model + getattr(norm, "variance_epsilon", getattr(norm, "eps", None)))
     return _linear_map(norm, eye), scale
 
 
@@ -140,6 +157,22 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool):
                        * scale for name in ("query", "key", "value"))
             o = _linear_map(layer.attention.output.dense, torch.eye(d_model, dtype=torch.float64))
             out.append((q, k, v, o.reshape(heads, -1, d_model)))
+    elif family == "linear":  # each layer's attention: q_proj, k_proj, v_proj, then out_proj / o_proj
+        heads = getattr(config, "num_attention_heads", None) or config.n_head
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        d_model = getattr(config, "hidden_size", None) or config.n_embd
+        blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else base.layers
+        for block in blocks:
+            attention = getattr(block, "self_attn", None) or block.attn
+            norm = next(getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm")
+                        if hasattr(block, name))
+            rows, scale = _norm_rows(norm if fold else None, d_model)
+            q = _linear_map(attention.q_proj, rows).reshape(d_model, heads, -1).permute(1, 0, 2) * scale
+            k, v = (repeat_kv(_linear_map(projection, rows).reshape(d_model, kv_heads, -1).permute(1, 0, 2)[None],
+                              heads // kv_heads)[0] * scale for projection in (attention.k_proj, attention.v_proj))
+            output = getattr(attention, "o_proj", None) or attention.out_proj
+            merged = torch.eye(output.in_features, dtype=torch.float64)  # one-hot head inputs
+            out.append((q, k, v, _linear_map(output, merged).reshape(heads, -1, d_model)))
     else:  # gpt_neox: as GPTNeoXAttention.forward, .view(..., -1, 3 * head_size) then .chunk(3, dim=-1)
         heads = config.num_attention_heads
         for layer in base.layers:
@@ -169,7 +202,8 @@ def reference_scores(maps, kind: str) -> torch.Tensor:
     return scores.reshape(layers, heads, layers, heads)
 
 
-FAMILY_OF = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
+FAMILY_OF = {"opt": "linear", "gptj": "linear", "gemma": "linear",
+             "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
              "gpt_neox": "gpt_neox"}
 
 
@@ -314,6 +348,13 @@ def test_the_words_say_what_is_not_comparable():
     alibi = dataclasses.replace(llama.weights, positions="alibi", rotary_fraction=0.0)
     said = " ".join(composition.composition_words(composition.composition_scores(alibi, "K")))
     assert "ALiBi" in said and "RoPE" not in said
+
+
+def test_queries_and_keys_normalised_per_head_are_refused_in_words():
+    config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=8, vocab_size=40)
+    with pytest.raises(ValueError, match="q_norm, k_norm"):
+        composition.head_weights(transformers.Qwen3ForCausalLM(config))
 
 
 def test_an_architecture_it_does_not_read_is_refused_in_words():

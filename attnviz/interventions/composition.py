@@ -19,7 +19,7 @@ Biases are ignored: they shift queries, keys and values by a constant, which the
 Nothing is run through the model; the weights are read as transformers' own attention code splits them (checked
 for each family against transformers 5.25, and in the tests against the projections applied to an identity matrix).
 
-Imports only torch and numpy.
+Imports torch, numpy and attnviz.interventions.anatomy (a norm's gain, read by calling it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from statistics import NormalDist
 
 import numpy as np
 import torch
+
+from attnviz.interventions.anatomy import NotReadable, frozen_norm
 
 KINDS = ("Q", "K", "V")
 # model_type -> the reader that knows its layout (checked against transformers 5.25's modeling code)
@@ -166,7 +168,8 @@ class CompositionScores:
 
 
 def family_of(model: torch.nn.Module) -> str:
-    """The reader for ``model`` ("gpt2", "llama", "bert" or "gpt_neox"), or a ValueError that names what is read."""
+    """The reader for ``model`` ("gpt2", "llama", "bert", "gpt_neox", or "linear": any other model whose attention
+    has separate q_proj, k_proj and v_proj layers), or a ValueError that names what is read."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type in FAMILIES:
@@ -174,7 +177,12 @@ def family_of(model: torch.nn.Module) -> str:
             raise ValueError(f"composition scores read decoder-only or encoder-only models; this {model_type} model "
                              "is an encoder-decoder")
         return FAMILIES[model_type]
-    supported = ", ".join(sorted(FAMILIES))
+    if model_type and _linear_layers(model) is not None:
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"composition scores read decoder-only or encoder-only models; this {model_type} model "
+                             "is an encoder-decoder")
+        return "linear"
+    supported = ", ".join(sorted(FAMILIES)) + " and any decoder whose attention has q_proj, k_proj, v_proj"
     shown = f"'{model_type}'" if model_type else f"a {type(model).__name__} without a transformers config"
     raise ValueError(f"composition scores cannot read the attention weights of {shown} models yet: the heads' "
                      f"projections are laid out differently in each family, and these are the ones read: "
@@ -242,12 +250,70 @@ def _read_gpt_neox(layer: torch.nn.Module, heads: int) -> tuple[torch.Tensor, ..
     return q, k, v, o
 
 
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+OUTPUT_NAMES = ("o_proj", "out_proj", "dense")
+INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "ln_attn")
+
+
+def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
+    """``(block, attention)`` of every layer of a model whose attention has separate ``q_proj``, ``k_proj`` and
+    ``v_proj`` linear layers and one output projection (OPT, GPT-J, Gemma, Phi, StableLM, StarCoder2, ...): the one
+    list of blocks that holds them; None when there is no such list."""
+    for module in model.modules():
+        if not isinstance(module, torch.nn.ModuleList) or not len(module):
+            continue
+        found = []
+        for block in module:
+            attention = next((getattr(block, name) for name in ATTENTION_NAMES
+                              if isinstance(getattr(block, name, None), torch.nn.Module)), None)
+            if attention is None or not all(isinstance(getattr(attention, name, None), torch.nn.Linear)
+                                            for name in ("q_proj", "k_proj", "v_proj")) or \
+                    not any(isinstance(getattr(attention, name, None), torch.nn.Linear) for name in OUTPUT_NAMES):
+                break
+            found.append((block, attention))
+        else:
+            return found
+    return None
+
+
+def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
+    """The generic reader: each layer's ``(q, k, v, o)`` (K/V heads repeated for the query heads that share them),
+    the norm that feeds each attention (None where none is found), the K/V heads, and whether the model is pre-norm.
+    Refused for queries and keys normalised per head (``q_norm``/``k_norm``: QK is then no product of weights)."""
+    config = model.config
+    layers = _linear_layers(model)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    read, norms = [], []
+    for block, attention in layers:
+        if any(isinstance(getattr(attention, name, None), torch.nn.Module) for name in ("q_norm", "k_norm")):
+            raise ValueError(f"{config.model_type}'s attention normalises each head's queries and keys (q_norm, "
+                             "k_norm): the query-key form is not a product of weight matrices, so composition scores "
+                             "from the weights would be wrong")
+        output = next(getattr(attention, name) for name in OUTPUT_NAMES
+                      if isinstance(getattr(attention, name, None), torch.nn.Linear))
+        q = _linear_heads(attention.q_proj.weight, heads)  # [heads, d_model, d_head]
+        k = _linear_heads(attention.k_proj.weight, kv_heads)  # [kv_heads, d_model, d_head]
+        v = _linear_heads(attention.v_proj.weight, kv_heads)
+        k, v = k.repeat_interleave(heads // kv_heads, dim=0), v.repeat_interleave(heads // kv_heads, dim=0)
+        read.append((q, k, v, _linear_output_heads(output.weight, heads)))  # o: [heads, d_head, d_model]
+        norms.append(next((getattr(block, name) for name in INPUT_NORM_NAMES
+                           if isinstance(getattr(block, name, None), torch.nn.Module)), None))
+    pre_norm = bool(getattr(config, "do_layer_norm_before", True))  # OPT-350m puts its norms after
+    return read, norms, kv_heads, pre_norm
+
+
 def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
     """``(gain [d_model] or None for none, centres)`` of a LayerNorm or an RMSNorm that scales by its weight."""
     if isinstance(norm, torch.nn.LayerNorm):
         return norm.weight, True
     if type(norm).__name__.endswith("RMSNorm") and isinstance(getattr(norm, "weight", None), torch.Tensor):
-        return norm.weight, False
+        width = norm.weight.shape[0]
+        try:  # read by calling it: Gemma's scales by 1 + weight
+            found = frozen_norm(norm, width)
+        except NotReadable:
+            return norm.weight, False
+        return found.gain.to(norm.weight.dtype), found.centres
     raise ValueError(f"cannot fold the norm {type(norm).__name__} into the heads' weights: pass fold_norm=False")
 
 
@@ -256,6 +322,8 @@ def _positions(config, family: str) -> tuple[str, float]:
     if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
         return "alibi", 0.0
     rope = getattr(config, "rope_parameters", None)
+    if getattr(config, "rotary_dim", None) and getattr(config, "n_embd", None) and getattr(config, "n_head", None):
+        return "rotary", float(config.rotary_dim) / (config.n_embd // config.n_head)  # GPT-J: the first dims only
     if family in ("llama", "gpt_neox") or rope is not None or hasattr(config, "rotary_pct"):
         fraction = (rope or {}).get("partial_rotary_factor", getattr(config, "rotary_pct", 1.0))
         return "rotary", float(fraction)
@@ -280,9 +348,15 @@ def head_weights(model: torch.nn.Module, fold_norm: bool | None = None,
     config = model.config
     base = getattr(model, "base_model", model)
     pre_norm = family != "bert"
-    fold = pre_norm if fold_norm is None else bool(fold_norm)
     read, norms = [], []
-    if family == "gpt2":
+    if family == "linear":
+        read, norms, kv_heads, pre_norm = _read_linear(model)
+    fold = pre_norm if fold_norm is None else bool(fold_norm)
+    if fold and any(norm is None for norm in norms):
+        raise ValueError("the norm that feeds each attention was not found: pass fold_norm=False")
+    if family == "linear":
+        pass
+    elif family == "gpt2":
         blocks = list(base.h)
         read = [_read_gpt2(block) for block in blocks]
         norms = [block.ln_1 for block in blocks]
