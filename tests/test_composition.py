@@ -51,8 +51,13 @@ def tiny_llama(model_type: str = "llama"):
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 2)
 
 
-def tiny_bert():
+def tiny_bert(model_type: str = "bert"):
     torch.manual_seed(0)
+    if model_type == "electra":  # ELECTRA's encoder is BERT's, with its embeddings' own width
+        config = transformers.ElectraConfig(hidden_size=64, embedding_size=64, intermediate_size=96,
+                                            num_hidden_layers=3, num_attention_heads=4, vocab_size=40,
+                                            max_position_embeddings=64)
+        return _roughen(transformers.ElectraModel(config), 3)
     config = transformers.BertConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                                      vocab_size=40, max_position_embeddings=64)
     return _roughen(transformers.BertModel(config, add_pooling_layer=False), 3)
@@ -72,6 +77,12 @@ def tiny_linear(model_type: str):
     if model_type == "opt":
         config = transformers.OPTConfig(hidden_size=64, ffn_dim=96, num_hidden_layers=3, num_attention_heads=4,
                                         vocab_size=40, word_embed_proj_dim=64, max_position_embeddings=64)
+    elif model_type == "gpt_neo":
+        config = transformers.GPTNeoConfig(hidden_size=64, num_layers=3, num_heads=4, vocab_size=40,
+                                           attention_types=[[["global", "local"], 1], [["global"], 1]],
+                                           max_position_embeddings=64)
+    elif model_type == "bloom":
+        config = transformers.BloomConfig(hidden_size=64, n_layer=3, n_head=4, vocab_size=40)
     elif model_type == "gptj":
         config = transformers.GPTJConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, rotary_dim=8, n_positions=64)
     else:
@@ -80,7 +91,9 @@ def tiny_linear(model_type: str):
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 5)
 
 
-BUILDERS = {"opt": lambda: tiny_linear("opt"), "gptj": lambda: tiny_linear("gptj"),
+BUILDERS = {"gpt_neo": lambda: tiny_linear("gpt_neo"), "bloom": lambda: tiny_linear("bloom"),
+            "electra": lambda: tiny_bert("electra"), "opt": lambda: tiny_linear("opt"),
+            "gptj": lambda: tiny_linear("gptj"),
             "gemma": lambda: tiny_linear("gemma"), "gpt2": tiny_gpt2, "llama": tiny_llama,
             "qwen2": lambda: tiny_llama("qwen2"),
             "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox}
@@ -164,6 +177,7 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool):
         blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else base.layers
         for block in blocks:
             attention = getattr(block, "self_attn", None) or block.attn
+            attention = getattr(attention, "attention", attention)  # GPT-Neo: attn.attention
             norm = next(getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm")
                         if hasattr(block, name))
             rows, scale = _norm_rows(norm if fold else None, d_model)
@@ -173,13 +187,15 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool):
             output = getattr(attention, "o_proj", None) or attention.out_proj
             merged = torch.eye(output.in_features, dtype=torch.float64)  # one-hot head inputs
             out.append((q, k, v, _linear_map(output, merged).reshape(heads, -1, d_model)))
-    else:  # gpt_neox: as GPTNeoXAttention.forward, .view(..., -1, 3 * head_size) then .chunk(3, dim=-1)
-        heads = config.num_attention_heads
-        for layer in base.layers:
-            attention = layer.attention
+    else:  # gpt_neox: as GPTNeoXAttention.forward, .view(..., -1, 3 * head_size) then .chunk(3, dim=-1); BLOOM's
+        # _reshape: .view(..., heads, 3, head_dim), the same layout
+        heads = config.num_attention_heads if config.model_type == "gpt_neox" else config.n_head
+        for layer in (base.layers if config.model_type == "gpt_neox" else base.h):
+            attention = getattr(layer, "attention", None) or layer.self_attention
             d_model = config.hidden_size
             rows, scale = _norm_rows(layer.input_layernorm if fold else None, d_model)
-            qkv = _linear_map(attention.query_key_value, rows).reshape(d_model, heads, 3 * attention.head_size)
+            head_size = d_model // heads
+            qkv = _linear_map(attention.query_key_value, rows).reshape(d_model, heads, 3 * head_size)
             q, k, v = (part.permute(1, 0, 2) * scale for part in qkv.chunk(3, dim=-1))
             o = _linear_map(attention.dense, torch.eye(d_model, dtype=torch.float64)).reshape(heads, -1, d_model)
             out.append((q, k, v, o))
@@ -202,7 +218,8 @@ def reference_scores(maps, kind: str) -> torch.Tensor:
     return scores.reshape(layers, heads, layers, heads)
 
 
-FAMILY_OF = {"opt": "linear", "gptj": "linear", "gemma": "linear",
+FAMILY_OF = {"gpt_neo": "linear", "bloom": "gpt_neox", "electra": "bert", "opt": "linear", "gptj": "linear",
+             "gemma": "linear",
              "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
              "gpt_neox": "gpt_neox"}
 
@@ -358,9 +375,9 @@ def test_queries_and_keys_normalised_per_head_are_refused_in_words():
 
 
 def test_an_architecture_it_does_not_read_is_refused_in_words():
-    config = transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=40)
-    with pytest.raises(ValueError, match="cannot read the attention weights of 'bloom' models.*gpt2"):
-        composition.head_weights(transformers.BloomForCausalLM(config))
+    config = transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, vocab_size=40)
+    with pytest.raises(ValueError, match="cannot read the attention weights of 'mpt' models.*gpt2"):
+        composition.head_weights(transformers.MptForCausalLM(config))
     with pytest.raises(ValueError, match="Linear without a transformers config"):
         composition.composition_scores(torch.nn.Linear(2, 2), "Q")
     with pytest.raises(ValueError, match="one of Q, K, V"):
@@ -408,3 +425,9 @@ def test_the_figures():
                                                          baseline_mean=result.baseline_mean,
                                                          baseline_spread=result.baseline_spread)
     assert len(histogram.data[0].x) == result.pairs and "48 head pairs" in histogram.layout.title.text
+
+
+def test_bloom_is_said_to_add_alibi():
+    weights = composition.head_weights(built("bloom"))
+    assert weights.positions == "alibi"
+    assert any("ALiBi" in said for said in composition.composition_words(composition.composition_scores(weights, "K")))

@@ -38,8 +38,8 @@ from attnviz.interventions.anatomy import NotReadable, frozen_norm
 KINDS = ("Q", "K", "V")
 # model_type -> the reader that knows its layout (checked against transformers 5.25's modeling code)
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe")
-BERT_LIKE = ("bert", "roberta", "xlm-roberta")
-FAMILIES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", **{name: "llama" for name in LLAMA_LIKE},
+BERT_LIKE = ("bert", "roberta", "xlm-roberta", "electra")
+FAMILIES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "bloom": "gpt_neox", **{name: "llama" for name in LLAMA_LIKE},
             **{name: "bert" for name in BERT_LIKE}}
 # how many baseline spreads above the baseline's mean the strongest pair must at least score for the map not to be
 # "flat" (more where there are many pairs: see CompositionScores.flat_threshold)
@@ -240,8 +240,9 @@ def _read_bert(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
 
 def _read_gpt_neox(layer: torch.nn.Module, heads: int) -> tuple[torch.Tensor, ...]:
     # GPTNeoXAttention: query_key_value [3 * d_model, d_model]; its output is viewed as (heads, 3 * d_head) and
-    # chunked into q, k, v inside each head (interleaved per head, not q|k|v blocks); dense [d_model, d_model]
-    attention = layer.attention
+    # chunked into q, k, v inside each head (interleaved per head, not q|k|v blocks); dense [d_model, d_model].
+    # BloomAttention (self_attention) the same: .view(..., heads, 3, head_dim)
+    attention = getattr(layer, "attention", None) or layer.self_attention
     weight = attention.query_key_value.weight  # [3 * d_model, d_model]
     d_model = weight.shape[1]
     per_head = weight.reshape(heads, 3, -1, d_model)  # [heads, (q, k, v), d_head, d_model]
@@ -266,6 +267,8 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.
         for block in module:
             attention = next((getattr(block, name) for name in ATTENTION_NAMES
                               if isinstance(getattr(block, name, None), torch.nn.Module)), None)
+            if attention is not None and not hasattr(attention, "q_proj"):  # GPT-Neo: attn.attention holds them
+                attention = getattr(attention, "attention", attention)
             if attention is None or not all(isinstance(getattr(attention, name, None), torch.nn.Linear)
                                             for name in ("q_proj", "k_proj", "v_proj")) or \
                     not any(isinstance(getattr(attention, name, None), torch.nn.Linear) for name in OUTPUT_NAMES):
@@ -319,7 +322,8 @@ def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
 
 def _positions(config, family: str) -> tuple[str, float]:
     """``(kind of positions, share of each head's dimensions RoPE rotates)`` from the config."""
-    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi" or \
+            getattr(config, "model_type", None) == "bloom":  # BLOOM always adds ALiBi
         return "alibi", 0.0
     rope = getattr(config, "rope_parameters", None)
     if getattr(config, "rotary_dim", None) and getattr(config, "n_embd", None) and getattr(config, "n_head", None):
@@ -367,9 +371,10 @@ def head_weights(model: torch.nn.Module, fold_norm: bool | None = None,
         read = [_read_llama(layer, heads, kv_heads) for layer in base.layers]
         norms = [layer.input_layernorm for layer in base.layers]
     elif family == "gpt_neox":
-        heads = kv_heads = config.num_attention_heads
-        read = [_read_gpt_neox(layer, heads) for layer in base.layers]
-        norms = [layer.input_layernorm for layer in base.layers]
+        heads = kv_heads = getattr(config, "num_attention_heads", None) or config.n_head
+        blocks = list(base.layers) if hasattr(base, "layers") else list(base.h)  # BLOOM: h
+        read = [_read_gpt_neox(layer, heads) for layer in blocks]
+        norms = [layer.input_layernorm for layer in blocks]
     else:
         layers = list(base.encoder.layer)
         read = [_read_bert(layer) for layer in layers]
