@@ -81,6 +81,13 @@ def tiny_linear(model_type: str):
         config = transformers.GPTNeoConfig(hidden_size=64, num_layers=3, num_heads=4, vocab_size=40,
                                            attention_types=[[["global", "local"], 1], [["global"], 1]],
                                            max_position_embeddings=64)
+    elif model_type == "phi3":
+        config = transformers.Phi3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=40, pad_token_id=0)
+    elif model_type == "mpt":
+        config = transformers.MptConfig(d_model=64, n_layers=3, n_heads=4, vocab_size=40)
+    elif model_type == "gpt_bigcode":
+        config = transformers.GPTBigCodeConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, n_positions=64)
     elif model_type == "bloom":
         config = transformers.BloomConfig(hidden_size=64, n_layer=3, n_head=4, vocab_size=40)
     elif model_type == "gptj":
@@ -91,7 +98,9 @@ def tiny_linear(model_type: str):
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 5)
 
 
-BUILDERS = {"gpt_neo": lambda: tiny_linear("gpt_neo"), "bloom": lambda: tiny_linear("bloom"),
+BUILDERS = {"phi3": lambda: tiny_linear("phi3"), "mpt": lambda: tiny_linear("mpt"),
+            "gpt_bigcode": lambda: tiny_linear("gpt_bigcode"), "gpt_neo": lambda: tiny_linear("gpt_neo"),
+            "bloom": lambda: tiny_linear("bloom"),
             "electra": lambda: tiny_bert("electra"), "opt": lambda: tiny_linear("opt"),
             "gptj": lambda: tiny_linear("gptj"),
             "gemma": lambda: tiny_linear("gemma"), "gpt2": tiny_gpt2, "llama": tiny_llama,
@@ -172,19 +181,35 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool):
             out.append((q, k, v, o.reshape(heads, -1, d_model)))
     elif family == "linear":  # each layer's attention: q_proj, k_proj, v_proj, then out_proj / o_proj
         heads = getattr(config, "num_attention_heads", None) or config.n_head
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
         d_model = getattr(config, "hidden_size", None) or config.n_embd
-        blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else base.layers
+        blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else\
+            base.blocks if hasattr(base, "blocks") else base.layers
         for block in blocks:
             attention = getattr(block, "self_attn", None) or block.attn
             attention = getattr(attention, "attention", attention)  # GPT-Neo: attn.attention
-            norm = next(getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm")
+            norm = next(getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm", "norm_1")
                         if hasattr(block, name))
             rows, scale = _norm_rows(norm if fold else None, d_model)
-            q = _linear_map(attention.q_proj, rows).reshape(d_model, heads, -1).permute(1, 0, 2) * scale
-            k, v = (repeat_kv(_linear_map(projection, rows).reshape(d_model, kv_heads, -1).permute(1, 0, 2)[None],
-                              heads // kv_heads)[0] * scale for projection in (attention.k_proj, attention.v_proj))
-            output = getattr(attention, "o_proj", None) or attention.out_proj
+            output = getattr(attention, "o_proj", None) or getattr(attention, "out_proj", None) or attention.c_proj
+            if hasattr(attention, "q_proj"):
+                q_map, k_map, v_map = (_linear_map(projection, rows) for projection in
+                                       (attention.q_proj, attention.k_proj, attention.v_proj))
+            else:  # as each model's forward splits its fused projection's output
+                fused = getattr(attention, "qkv_proj", None) or getattr(attention, "Wqkv", None) or attention.c_attn
+                mapped = _linear_map(fused, rows)  # [d_model, q_dim + 2 * kv_dim]
+                if config.model_type == "mpt":
+                    q_map, k_map, v_map = mapped.chunk(3, dim=-1)
+                elif config.model_type == "gpt_bigcode":
+                    q_map, k_map, v_map = mapped.split((d_model, attention.kv_dim, attention.kv_dim), dim=-1)
+                else:  # Phi-3: [:query_pos], then num_key_value_heads * head_dim each
+                    query_pos = heads * attention.head_dim
+                    kv = (mapped.shape[-1] - query_pos) // 2
+                    q_map, k_map, v_map = mapped[:, :query_pos], mapped[:, query_pos:query_pos + kv], \
+                        mapped[:, query_pos + kv:]
+            kv_heads = k_map.shape[-1] // (q_map.shape[-1] // heads)
+            q = q_map.reshape(d_model, heads, -1).permute(1, 0, 2) * scale
+            k, v = (repeat_kv(part.reshape(d_model, kv_heads, -1).permute(1, 0, 2)[None], heads // kv_heads)[0]
+                    * scale for part in (k_map, v_map))
             merged = torch.eye(output.in_features, dtype=torch.float64)  # one-hot head inputs
             out.append((q, k, v, _linear_map(output, merged).reshape(heads, -1, d_model)))
     else:  # gpt_neox: as GPTNeoXAttention.forward, .view(..., -1, 3 * head_size) then .chunk(3, dim=-1); BLOOM's
@@ -218,7 +243,8 @@ def reference_scores(maps, kind: str) -> torch.Tensor:
     return scores.reshape(layers, heads, layers, heads)
 
 
-FAMILY_OF = {"gpt_neo": "linear", "bloom": "gpt_neox", "electra": "bert", "opt": "linear", "gptj": "linear",
+FAMILY_OF = {"phi3": "linear", "mpt": "linear", "gpt_bigcode": "linear", "gpt_neo": "linear", "bloom": "gpt_neox",
+             "electra": "bert", "opt": "linear", "gptj": "linear",
              "gemma": "linear",
              "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
              "gpt_neox": "gpt_neox"}
@@ -375,9 +401,9 @@ def test_queries_and_keys_normalised_per_head_are_refused_in_words():
 
 
 def test_an_architecture_it_does_not_read_is_refused_in_words():
-    config = transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, vocab_size=40)
-    with pytest.raises(ValueError, match="cannot read the attention weights of 'mpt' models.*gpt2"):
-        composition.head_weights(transformers.MptForCausalLM(config))
+    config = transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=40)
+    with pytest.raises(ValueError, match="cannot read the attention weights of 'falcon' models.*gpt2"):
+        composition.head_weights(transformers.FalconForCausalLM(config))
     with pytest.raises(ValueError, match="Linear without a transformers config"):
         composition.composition_scores(torch.nn.Linear(2, 2), "Q")
     with pytest.raises(ValueError, match="one of Q, K, V"):

@@ -252,8 +252,11 @@ def _read_gpt_neox(layer: torch.nn.Module, heads: int) -> tuple[torch.Tensor, ..
 
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
-OUTPUT_NAMES = ("o_proj", "out_proj", "dense")
-INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "ln_attn")
+OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj")
+INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "ln_attn", "norm_1")
+# one linear layer whose output is the queries, then the keys, then the values, each head-major (Phi-3's qkv_proj,
+# MPT's Wqkv; GPT-BigCode's c_attn under multi-query attention)
+FUSED_NAMES = ("qkv_proj", "Wqkv", "c_attn")
 
 
 def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
@@ -269,13 +272,25 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.
                               if isinstance(getattr(block, name, None), torch.nn.Module)), None)
             if attention is not None and not hasattr(attention, "q_proj"):  # GPT-Neo: attn.attention holds them
                 attention = getattr(attention, "attention", attention)
-            if attention is None or not all(isinstance(getattr(attention, name, None), torch.nn.Linear)
-                                            for name in ("q_proj", "k_proj", "v_proj")) or \
+            separate = attention is not None and all(isinstance(getattr(attention, name, None), torch.nn.Linear)
+                                                     for name in ("q_proj", "k_proj", "v_proj"))
+            fused = attention is not None and _fused(attention) is not None
+            if not (separate or fused) or \
                     not any(isinstance(getattr(attention, name, None), torch.nn.Linear) for name in OUTPUT_NAMES):
                 break
             found.append((block, attention))
         else:
             return found
+    return None
+
+
+def _fused(attention: torch.nn.Module) -> torch.nn.Linear | None:
+    """The fused q|k|v linear layer of an attention laid out in blocks (None: none). GPT-BigCode's c_attn is in
+    blocks only under multi-query attention (else interleaved per head, not read)."""
+    for name in FUSED_NAMES:
+        layer = getattr(attention, name, None)
+        if isinstance(layer, torch.nn.Linear) and (name != "c_attn" or getattr(attention, "multi_query", False)):
+            return layer
     return None
 
 
@@ -289,15 +304,24 @@ def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     read, norms = [], []
     for block, attention in layers:
-        if any(isinstance(getattr(attention, name, None), torch.nn.Module) for name in ("q_norm", "k_norm")):
+        if any(isinstance(getattr(attention, name, None), torch.nn.Module) for name in ("q_norm", "k_norm")) or \
+                getattr(getattr(config, "attn_config", None), "qk_ln", False):  # MPT's qk_ln: the same
             raise ValueError(f"{config.model_type}'s attention normalises each head's queries and keys (q_norm, "
                              "k_norm): the query-key form is not a product of weight matrices, so composition scores "
                              "from the weights would be wrong")
         output = next(getattr(attention, name) for name in OUTPUT_NAMES
                       if isinstance(getattr(attention, name, None), torch.nn.Linear))
-        q = _linear_heads(attention.q_proj.weight, heads)  # [heads, d_model, d_head]
-        k = _linear_heads(attention.k_proj.weight, kv_heads)  # [kv_heads, d_model, d_head]
-        v = _linear_heads(attention.v_proj.weight, kv_heads)
+        fused = None if hasattr(attention, "q_proj") else _fused(attention)
+        if fused is None:
+            q_weight, k_weight, v_weight = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
+        else:  # [q_dim + 2 * kv_dim, d_model], the queries, keys and values in blocks
+            q_dim = output.in_features
+            kv_dim = (fused.out_features - q_dim) // 2
+            q_weight, k_weight, v_weight = fused.weight.split((q_dim, kv_dim, kv_dim), dim=0)
+            kv_heads = heads * kv_dim // q_dim
+        q = _linear_heads(q_weight, heads)  # [heads, d_model, d_head]
+        k = _linear_heads(k_weight, kv_heads)  # [kv_heads, d_model, d_head]
+        v = _linear_heads(v_weight, kv_heads)
         k, v = k.repeat_interleave(heads // kv_heads, dim=0), v.repeat_interleave(heads // kv_heads, dim=0)
         read.append((q, k, v, _linear_output_heads(output.weight, heads)))  # o: [heads, d_head, d_model]
         norms.append(next((getattr(block, name) for name in INPUT_NORM_NAMES
@@ -323,7 +347,8 @@ def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
 def _positions(config, family: str) -> tuple[str, float]:
     """``(kind of positions, share of each head's dimensions RoPE rotates)`` from the config."""
     if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi" or \
-            getattr(config, "model_type", None) == "bloom":  # BLOOM always adds ALiBi
+            getattr(config, "model_type", None) == "bloom" or \
+            getattr(getattr(config, "attn_config", None), "alibi", False):  # BLOOM always adds ALiBi; MPT by default
         return "alibi", 0.0
     rope = getattr(config, "rope_parameters", None)
     if getattr(config, "rotary_dim", None) and getattr(config, "n_embd", None) and getattr(config, "n_head", None):
