@@ -175,7 +175,7 @@ def test_the_paths_look_traces_the_induction_circuit_and_says_what_the_numbers_s
     numbers show it)."""
     at = open_page(PAGE, timeout=300, imp_view="Activation patching")
     at.selectbox(key="pat_change").set_value("previous").run()
-    at.slider(key="pat_examples").set_value(4).run()
+    at.slider(key="pat_examples").set_value(2).run()
     at.segmented_control(key="pat_look").set_value("Paths").run()
     assert not at.exception, [e.value for e in at.exception]
     receiver = at.selectbox(key="pat_receiver").value
@@ -187,7 +187,7 @@ def test_the_paths_look_traces_the_induction_circuit_and_says_what_the_numbers_s
 
     model, tokenizer = iv.editable_lm(BUNDLED_GPT_DIR)
     pool = circuits.ordinary_token_ids(tokenizer)
-    examples = [patch.induction_prompts(pool, 30, seed=5 + k, bos=0, change="previous") for k in range(4)]
+    examples = [patch.induction_prompts(pool, 30, seed=5 + k, bos=0, change="previous") for k in range(2)]
     frozen, free = (pp.path_patching(model, examples, receiver, "k", mlps=m) for m in ("frozen", "free"))
     through = {at_layer: pp.path_patching(model, examples, receiver, "k", mlps=(at_layer,))
                for at_layer in range(receiver[0])}
