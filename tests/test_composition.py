@@ -81,6 +81,10 @@ def tiny_linear(model_type: str):
         config = transformers.GPTNeoConfig(hidden_size=64, num_layers=3, num_heads=4, vocab_size=40,
                                            attention_types=[[["global", "local"], 1], [["global"], 1]],
                                            max_position_embeddings=64)
+    elif model_type == "distilbert":  # post-norm: no norm before its attention, so nothing to fold
+        config = transformers.DistilBertConfig(dim=64, hidden_dim=96, n_layers=3, n_heads=4, vocab_size=40,
+                                               max_position_embeddings=64)
+        return _roughen(transformers.DistilBertModel(config), 5)
     elif model_type == "phi3":
         config = transformers.Phi3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=40, pad_token_id=0)
@@ -98,7 +102,8 @@ def tiny_linear(model_type: str):
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 5)
 
 
-BUILDERS = {"phi3": lambda: tiny_linear("phi3"), "mpt": lambda: tiny_linear("mpt"),
+BUILDERS = {"distilbert": lambda: tiny_linear("distilbert"), "phi3": lambda: tiny_linear("phi3"),
+            "mpt": lambda: tiny_linear("mpt"),
             "gpt_bigcode": lambda: tiny_linear("gpt_bigcode"), "gpt_neo": lambda: tiny_linear("gpt_neo"),
             "bloom": lambda: tiny_linear("bloom"),
             "electra": lambda: tiny_bert("electra"), "opt": lambda: tiny_linear("opt"),
@@ -183,17 +188,19 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool):
         heads = getattr(config, "num_attention_heads", None) or config.n_head
         d_model = getattr(config, "hidden_size", None) or config.n_embd
         blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else\
-            base.blocks if hasattr(base, "blocks") else base.layers
+            base.blocks if hasattr(base, "blocks") else base.transformer.layer if hasattr(base, "transformer") \
+            else base.layers
         for block in blocks:
-            attention = getattr(block, "self_attn", None) or block.attn
+            attention = getattr(block, "self_attn", None) or getattr(block, "attn", None) or block.attention
             attention = getattr(attention, "attention", attention)  # GPT-Neo: attn.attention
-            norm = next(getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm", "norm_1")
-                        if hasattr(block, name))
+            norm = next((getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm",
+                                                           "norm_1") if hasattr(block, name)), None)
             rows, scale = _norm_rows(norm if fold else None, d_model)
-            output = getattr(attention, "o_proj", None) or getattr(attention, "out_proj", None) or attention.c_proj
-            if hasattr(attention, "q_proj"):
-                q_map, k_map, v_map = (_linear_map(projection, rows) for projection in
-                                       (attention.q_proj, attention.k_proj, attention.v_proj))
+            output = getattr(attention, "o_proj", None) or getattr(attention, "out_proj", None) or \
+                getattr(attention, "out_lin", None) or attention.c_proj
+            if hasattr(attention, "q_proj") or hasattr(attention, "q_lin"):
+                names = ("q_proj", "k_proj", "v_proj") if hasattr(attention, "q_proj") else ("q_lin", "k_lin", "v_lin")
+                q_map, k_map, v_map = (_linear_map(getattr(attention, name), rows) for name in names)
             else:  # as each model's forward splits its fused projection's output
                 fused = getattr(attention, "qkv_proj", None) or getattr(attention, "Wqkv", None) or attention.c_attn
                 mapped = _linear_map(fused, rows)  # [d_model, q_dim + 2 * kv_dim]
@@ -243,7 +250,8 @@ def reference_scores(maps, kind: str) -> torch.Tensor:
     return scores.reshape(layers, heads, layers, heads)
 
 
-FAMILY_OF = {"phi3": "linear", "mpt": "linear", "gpt_bigcode": "linear", "gpt_neo": "linear", "bloom": "gpt_neox",
+FAMILY_OF = {"distilbert": "linear", "phi3": "linear", "mpt": "linear", "gpt_bigcode": "linear", "gpt_neo": "linear",
+             "bloom": "gpt_neox",
              "electra": "bert", "opt": "linear", "gptj": "linear",
              "gemma": "linear",
              "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
@@ -255,6 +263,10 @@ FAMILY_OF = {"phi3": "linear", "mpt": "linear", "gpt_bigcode": "linear", "gpt_ne
 def test_weights_and_scores_match_the_functional_reference(name, fold):
     model = built(name)
     family = FAMILY_OF[name]
+    if fold and name == "distilbert":  # post-norm, its norms after each sub-layer: nothing feeds the attention
+        with pytest.raises(ValueError, match="pass fold_norm=False"):
+            composition.head_weights(model, fold_norm=True)
+        return
     weights = composition.head_weights(model, fold_norm=fold)
     assert weights.family == family and weights.folded == fold
     maps = reference_maps(model, family, fold)

@@ -252,7 +252,9 @@ def _read_gpt_neox(layer: torch.nn.Module, heads: int) -> tuple[torch.Tensor, ..
 
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
-OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj")
+OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin")
+# the separate query, key and value layers' names: most families', and DistilBERT's
+SEPARATE_NAMES = (("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"))
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "ln_attn", "norm_1")
 # one linear layer whose output is the queries, then the keys, then the values, each head-major (Phi-3's qkv_proj,
 # MPT's Wqkv; GPT-BigCode's c_attn under multi-query attention)
@@ -272,8 +274,7 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.
                               if isinstance(getattr(block, name, None), torch.nn.Module)), None)
             if attention is not None and not hasattr(attention, "q_proj"):  # GPT-Neo: attn.attention holds them
                 attention = getattr(attention, "attention", attention)
-            separate = attention is not None and all(isinstance(getattr(attention, name, None), torch.nn.Linear)
-                                                     for name in ("q_proj", "k_proj", "v_proj"))
+            separate = attention is not None and _separate(attention) is not None
             fused = attention is not None and _fused(attention) is not None
             if not (separate or fused) or \
                     not any(isinstance(getattr(attention, name, None), torch.nn.Linear) for name in OUTPUT_NAMES):
@@ -281,6 +282,15 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.
             found.append((block, attention))
         else:
             return found
+    return None
+
+
+def _separate(attention: torch.nn.Module) -> tuple[torch.nn.Linear, ...] | None:
+    """The separate query, key and value layers of an attention (None: it has none)."""
+    for names in SEPARATE_NAMES:
+        layers = tuple(getattr(attention, name, None) for name in names)
+        if all(isinstance(layer, torch.nn.Linear) for layer in layers):
+            return layers
     return None
 
 
@@ -311,9 +321,10 @@ def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
                              "from the weights would be wrong")
         output = next(getattr(attention, name) for name in OUTPUT_NAMES
                       if isinstance(getattr(attention, name, None), torch.nn.Linear))
-        fused = None if hasattr(attention, "q_proj") else _fused(attention)
+        separate = _separate(attention)
+        fused = None if separate is not None else _fused(attention)
         if fused is None:
-            q_weight, k_weight, v_weight = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
+            q_weight, k_weight, v_weight = (layer.weight for layer in separate)
         else:  # [q_dim + 2 * kv_dim, d_model], the queries, keys and values in blocks
             q_dim = output.in_features
             kv_dim = (fused.out_features - q_dim) // 2
@@ -326,7 +337,8 @@ def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
         read.append((q, k, v, _linear_output_heads(output.weight, heads)))  # o: [heads, d_head, d_model]
         norms.append(next((getattr(block, name) for name in INPUT_NORM_NAMES
                            if isinstance(getattr(block, name, None), torch.nn.Module)), None))
-    pre_norm = bool(getattr(config, "do_layer_norm_before", True))  # OPT-350m puts its norms after
+    # OPT-350m puts its norms after; so does a model whose blocks have no norm before their attention (DistilBERT)
+    pre_norm = bool(getattr(config, "do_layer_norm_before", True)) and any(norm is not None for norm in norms)
     return read, norms, kv_heads, pre_norm
 
 
