@@ -142,12 +142,12 @@ def test_a_corpus_that_cannot_be_read_is_refused_in_words(name, data, said, clea
 
 def test_the_spread_over_thousands_of_documents_is_that_of_one_call_a_slice_at_a_time(monkeypatch):
     from attnviz.interventions import activation_patching as ap
-    from attnviz.ui import patching_runs
+    from attnviz.ui import patching_run_results
 
     shares = torch.randn(30, 5, 7, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     shares[:, 4, 5:] = float("nan")  # a layer with fewer heads
-    monkeypatch.setattr(patching_runs, "MOST_GATHERED", 2000 * 30 * 4)  # four cells a slice
-    sliced, whole = patching_runs.spread_over_documents(shares), ap.spread(shares)
+    monkeypatch.setattr(patching_run_results, "MOST_GATHERED", 2000 * 30 * 4)  # four cells a slice
+    sliced, whole = patching_run_results.spread_over_documents(shares), ap.spread(shares)
     for name in ("mean", "std", "low", "high"):
         torch.testing.assert_close(getattr(sliced, name), getattr(whole, name), equal_nan=True)
     assert sliced.examples == whole.examples == 30

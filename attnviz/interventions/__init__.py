@@ -9,7 +9,7 @@
   V or pattern), both directions, three metrics, per-example shares with bootstrap intervals
 - ``path_patching``: from one head into another's queries, keys or values, directly or through the MLPs
 - ``logit_attribution``: direct logit attribution and the logit lens; ``composition``: Q/K/V composition scores
-  between heads from the weights
+  between heads from the weights, read by ``head_weights`` (every head's W_Q, W_K, W_V, W_O)
 - ``induction_circuit``: the induction circuit, demonstrated by ablation
 - ``word_order``: the same model with its position embeddings silenced
 """

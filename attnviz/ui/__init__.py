@@ -17,7 +17,8 @@ pages import Streamlit.
 - ``importance_maps``: "Does this head matter?"'s maps and whether its measures agree; ``importance_runs``: its map
   over a corpus, measured in the background; ``patching_views``: its patching experiment (the examples, and the
   looks: layer x position, heads, head inputs, paths, logit attribution, logit lens, composition);
-  ``patching_runs``: the same experiment over a corpus, measured in the background
+  ``patching_runs``: the same experiment over a corpus, measured in the background; ``patching_run_results``: its
+  maps read back and drawn
 - ``open_in_explore``: "Open in Explore heads" from any page; ``links``: what a link's parameters may hold
 - ``downloads``: large files streamed from disk; ``pattern_widgets``: a mask pattern's widgets, from the registry
 - ``page_scripts``: the browser-side scripts (``assets/*.js``)

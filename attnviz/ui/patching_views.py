@@ -21,6 +21,7 @@ from attnviz.pagelogic import patching as words
 from attnviz.ui.caches.importance import keep_form
 from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import show_figure
+from attnviz.ui.patching_run_results import cached_composition, composition_or_none
 from attnviz.ui.patching_runs import FORM as CORPUS_FORM
 from attnviz.ui.patching_runs import KEYS_TIP, choose_receiver, corpus_patching_view
 from attnviz.viz import composition as composition_figures
@@ -271,17 +272,10 @@ def _paths_view(base, model, tokenizer, examples, parts, direction, metric, fold
                 key=f"pat_path_{result.mlps}")
     if free.note:
         st.caption(free.note)
-    weights = _composition(folder, name, via.upper(), model)
     st.markdown(words.path_words(frozen, free, {at: result for at, result in enumerate(through)},
-                                 None if isinstance(weights, str) else weights))
+                                 composition_or_none(folder, name, via.upper(), model)))
 
 
-@st.cache_resource(max_entries=8, show_spinner="Reading every head's weights…")
-def _composition(folder: str, name: str, kind: str, _model):
-    try:
-        return comp.composition_scores(_model, kind)
-    except ValueError as problem:
-        return str(problem)
 
 
 def _composition_view(folder: str, name: str, model) -> None:
@@ -289,7 +283,7 @@ def _composition_view(folder: str, name: str, model) -> None:
     kind = st.segmented_control("Composition", ("Q", "K", "V"), default="K", key="pat_kind", required=True,
                                 help="How much of what an earlier head writes (its OV circuit) a later head reads "
                                      "through its queries, its keys or its values (Elhage et al. 2021)")
-    result = _composition(folder, name, kind, model)
+    result = cached_composition(folder, name, kind, model)
     if isinstance(result, str):
         st.warning(f"Composition is not read for this model: {result}.", icon=":material/block:")
         return
