@@ -258,6 +258,12 @@ def ends(model: torch.nn.Module, example: Example, metric: str) -> Measured:
     return Measured(float(values[0]), float(values[1]), foil)
 
 
+def ends_of(every: list[Measured]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The examples' clean and corrupted metrics ``[examples]`` and their foils, as a map keeps them."""
+    return (torch.tensor([m.clean for m in every], dtype=torch.float64),
+            torch.tensor([m.corrupted for m in every], dtype=torch.float64), [m.foil for m in every])
+
+
 def gap_of(measured: Measured, example: Example) -> float:
     """The clean-corrupted gap each share divides by: 0 for prompts that are the same (two rows of one batch may
     round apart) or a gap within rounding of the metric's size."""
@@ -390,13 +396,9 @@ def cells_of(site: str, model: torch.nn.Module, parts: Anatomy, n: int, by_posit
     return [Cell(layer, head) for layer in range(layers) for head in range(most)], (layers, most)
 
 
-def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "denoising",
-              metric: str = "logit difference", by_position: bool | None = None, rows_per_forward: int = 16,
-              progress: Callable[[float, str], None] | None = None, parts: Anatomy | None = None) -> PatchMap:
-    """Patch every cell of ``site`` (:data:`SITES`) on every example (:class:`Example`, or the page's ``Prompts``;
-    all the same length), one cell at a time, and measure ``metric`` (:data:`METRICS`) at the last position.
-    ``by_position`` (head sites only; default False): one cell per head and position instead of per head. A causal
-    LM whose layers are a list of blocks (:func:`attnviz.interventions.anatomy.anatomy`)."""
+def checked_examples(examples, direction: str, metric: str) -> list[Example]:
+    """The examples as :class:`Example` s, refused (ValueError, in words) when the direction or metric is unknown or
+    when they are not all prompts of one non-zero length."""
     examples = examples_of(examples)
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r}: denoising or noising")
@@ -408,6 +410,18 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
     for example in examples:
         if len(example.clean) != len(example.corrupted) or len(example.clean) != n or n == 0:
             raise ValueError("every clean and corrupted prompt must have the same, non-zero, number of tokens")
+    return examples
+
+
+def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "denoising",
+              metric: str = "logit difference", by_position: bool | None = None, rows_per_forward: int = 16,
+              progress: Callable[[float, str], None] | None = None, parts: Anatomy | None = None) -> PatchMap:
+    """Patch every cell of ``site`` (:data:`SITES`) on every example (:class:`Example`, or the page's ``Prompts``;
+    all the same length), one cell at a time, and measure ``metric`` (:data:`METRICS`) at the last position.
+    ``by_position`` (head sites only; default False): one cell per head and position instead of per head. A causal
+    LM whose layers are a list of blocks (:func:`attnviz.interventions.anatomy.anatomy`)."""
+    examples = checked_examples(examples, direction, metric)
+    n = len(examples[0].clean)
     parts = parts or anatomy(model, {"input_ids": torch.tensor([examples[0].clean])})
     by_position = bool(by_position) and site in HEAD_SITES
     cells, grid = cells_of(site, model, parts, n, by_position)
@@ -416,13 +430,11 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
     live = [cell for cell, keep in zip(cells, real, strict=True) if keep]
     values = torch.full((len(examples), len(cells)), float("nan"), dtype=torch.float64)
     shares = values.clone()
-    clean, corrupted, foils = [], [], []
+    every: list[Measured] = []
     total, done = len(examples) * len(live), 0
     for index, example in enumerate(examples):
         measured = ends(model, example, metric)
-        clean.append(measured.clean)
-        corrupted.append(measured.corrupted)
-        foils.append(measured.foil)
+        every.append(measured)
         source_ids, target_ids = source_and_target(example, direction)
         source = capture_site(model, parts, site, source_ids)
 
@@ -442,8 +454,7 @@ def patch_map(model: torch.nn.Module, examples, site: str, *, direction: str = "
     rows = residual_rows(len(parts.layers)) if site == "resid" else \
         [layer.attention.label for layer in parts.layers]
     return PatchMap(site, direction, metric, values.reshape(len(examples), *grid),
-                    shares.reshape(len(examples), *grid), torch.tensor(clean, dtype=torch.float64),
-                    torch.tensor(corrupted, dtype=torch.float64), foils, rows, by_position, heads)
+                    shares.reshape(len(examples), *grid), *ends_of(every), rows, by_position, heads)
 
 
 def whole_layers(model: torch.nn.Module, examples, site: str = "head", *, direction: str = "denoising",

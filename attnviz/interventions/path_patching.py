@@ -32,7 +32,9 @@ from attnviz.interventions.activation_patching import (
     _heads_at,
     _last_logits,
     capture_site,
+    checked_examples,
     ends,
+    ends_of,
     examples_of,
     metric_of,
     on_outputs,
@@ -138,6 +140,7 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
     if via not in VIA or (mlps not in MLPS and not free) or direction not in DIRECTIONS or metric not in METRICS:
         raise ValueError(f"via: one of {', '.join(VIA)}; mlps: one of {', '.join(MLPS)}; direction: one of "
                          f"{', '.join(DIRECTIONS)}; metric: one of {', '.join(METRICS)}")
+    examples = checked_examples(examples, direction, metric)
     parts = parts or anatomy(model, {"input_ids": torch.tensor([examples[0].clean])})
     layer, head = receiver
     if not 0 < layer < len(parts.layers) or not 0 <= head < parts.layers[layer].attention.heads:
@@ -151,13 +154,11 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
     grid = (layer, max(heads))
     values = torch.full((len(examples), *grid), float("nan"), dtype=torch.float64)
     shares = values.clone()
-    clean, corrupted, foils = [], [], []
+    every = []
     total, done = len(examples) * len(senders), 0
     for index, example in enumerate(examples):
         measured = ends(model, example, metric)
-        clean.append(measured.clean)
-        corrupted.append(measured.corrupted)
-        foils.append(measured.foil)
+        every.append(measured)
         source_ids, target_ids = source_and_target(example, direction)
         source = capture_site(model, parts, "head", source_ids)  # layer -> [n, heads, d_v]
         held = capture_site(model, parts, "head", target_ids)
@@ -189,5 +190,4 @@ def path_patching(model: torch.nn.Module, examples, receiver: tuple[int, int], v
             values[index, sender_layer, sender_head] = base + float(moved[at])
             shares[index, sender_layer, sender_head] = float(moved_shares[at])
     rows = [part.attention.label for part in parts.layers[:layer]]
-    return PathMap(receiver, via, mlps, direction, metric, values, shares, torch.tensor(clean, dtype=torch.float64),
-                   torch.tensor(corrupted, dtype=torch.float64), foils, rows, note)
+    return PathMap(receiver, via, mlps, direction, metric, values, shares, *ends_of(every), rows, note)
