@@ -1,8 +1,9 @@
 """Direct logit attribution and the logit lens against hand-written hooks on transformers' eager models (a separate
 copy, not attnviz's attention function): on the bundled tiny GPT-2 (where layer 2's induction heads carry the
 induction prompt's answer), a tiny Llama (grouped-query attention, RoPE, RMSNorm with random gains), and a tiny BERT
-masked LM (its lens through the whole ``cls`` head; its attribution refused). Every model in float64, so that the
-references agree in rounding, not by luck."""
+masked LM (its lens through the whole ``cls`` head; its attribution carried forward through its frozen norms by hand),
+with RoBERTa, DistilBERT and ELECTRA adding up too. Every model in float64, so that the references agree in rounding,
+not by luck."""
 
 import copy
 from types import SimpleNamespace
@@ -64,11 +65,24 @@ def llama():
     return SimpleNamespace(model=model, eager=eager, ids=_ids(1), answer=7, foil=11, spec=LLAMA)
 
 
+def _random_norms_and_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """Every LayerNorm's gain and bias and every linear layer's bias drawn at random (initialisation makes them 1
+    and 0, which a reference that forgot them would pass)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.copy_(1 + 0.5 * torch.randn_like(module.weight))
+                module.bias.copy_(0.2 * torch.randn_like(module.bias))
+            elif isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.copy_(0.2 * torch.randn_like(module.bias))
+    return model
+
+
 @pytest.fixture(scope="module")
 def bert():
     torch.manual_seed(0)
-    model, eager = _pair(T.BertForMaskedLM(T.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-                                                        intermediate_size=64, vocab_size=120)))
+    model, eager = _pair(_random_norms_and_biases(T.BertForMaskedLM(T.BertConfig(
+        hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=120))))
     return SimpleNamespace(model=model, eager=eager, ids=_ids(2), answer=7, foil=11)
 
 
@@ -203,12 +217,116 @@ def test_layer_2s_induction_heads_carry_the_induction_answer(gpt):
     assert f"{total:.3g}" in words[0] and "prefers 'A' to 'F'" in words[0]
 
 
-def test_a_post_norm_masked_lm_is_refused_with_the_reasons(bert):
+def reference_post_norm_parts(eager, ids: list[int], answer: int,
+                              foil: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """BERT's parts by hand, carried *forward* (attnviz reads them back): each part a ``[n, d]`` vector pushed
+    through every later LayerNorm at the scale the eager model computed there (from the norm's own input, a pre-hook),
+    the head's dense layer, its GELU at the gate it had (output over input, unit by unit), its LayerNorm, and finally
+    the decoder's answer row minus its foil row. Each norm's and linear layer's bias joins as a part where it is
+    added. At every step the parts must add up to what the eager model computed there."""
+    kept, handles = {}, []
+
+    def keep_in(module, key):
+        handles.append(module.register_forward_pre_hook(lambda _, args: kept.__setitem__(key, args[0][0].double())))
+
+    def keep_out(module, key):
+        handles.append(module.register_forward_hook(lambda _, __, out: kept.__setitem__(key, out[0].double())))
+
+    for index, layer in enumerate(eager.bert.encoder.layer):
+        keep_in(layer.attention.output.dense, ("z", index))
+        keep_in(layer.attention.output.LayerNorm, ("y1", index))
+        keep_out(layer.output.dense, ("mlp", index))
+        keep_in(layer.output.LayerNorm, ("y2", index))
+    transform = eager.cls.predictions.transform
+    keep_out(transform.dense, "t")
+    keep_in(transform.LayerNorm, "u")
+    try:
+        with torch.no_grad():
+            out = eager(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    logits = out.logits[0].double()
+
+    def normed(parts: dict, given: torch.Tensor, norm: torch.nn.LayerNorm, bias_label: str) -> dict:
+        torch.testing.assert_close(sum(parts.values()), given)  # the parts make up what the norm was given
+        scale = (given.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # [n, 1], frozen
+        result = {label: (p - p.mean(-1, keepdim=True)) * norm.weight.double() / scale for label, p in parts.items()}
+        result[bias_label] = norm.bias.double().expand_as(given)
+        return result
+
+    n, heads = len(ids), eager.config.num_attention_heads
+    parts = {"embeddings": out.hidden_states[0][0].double()}
+    with torch.no_grad():
+        for index, layer in enumerate(eager.bert.encoder.layer):
+            dense = layer.attention.output.dense
+            z, weight = kept[("z", index)], dense.weight.double()  # z [n, heads * d_head], weight [out, in]
+            width = z.shape[-1] // heads
+            for head in range(heads):
+                cut = slice(head * width, (head + 1) * width)
+                parts[f"L{index} H{head}"] = z[:, cut] @ weight[:, cut].T
+            parts[f"L{index} attention bias"] = dense.bias.double().expand(n, -1)
+            parts = normed(parts, kept[("y1", index)], layer.attention.output.LayerNorm,
+                           f"L{index} attention norm bias")
+            parts[f"L{index} MLP"] = kept[("mlp", index)]
+            parts = normed(parts, kept[("y2", index)], layer.output.LayerNorm, f"L{index} MLP norm bias")
+        torch.testing.assert_close(sum(parts.values()), out.hidden_states[-1][0].double())
+        parts = {label: p @ transform.dense.weight.double().T for label, p in parts.items()}
+        parts["output head transform.dense bias"] = transform.dense.bias.double().expand(n, -1)
+        t = kept["t"]
+        gate = kept["u"] / t  # GELU's output over its input, unit by unit
+        parts = {label: p * gate for label, p in parts.items()}
+        parts = normed(parts, kept["u"], transform.LayerNorm, "output head transform.LayerNorm bias")
+        decoder = eager.cls.predictions.decoder
+        direction = decoder.weight.double()[answer] - decoder.weight.double()[foil]  # [d]
+        shares = {label: p @ direction for label, p in parts.items()}
+    shares["unembedding bias"] = (decoder.bias[answer] - decoder.bias[foil]).double().expand(n)
+    return shares, logits[:, answer] - logits[:, foil]
+
+
+def test_a_post_norm_masked_lm_equals_its_parts_carried_forward_by_hand(bert):
+    found = la.direct_logit_attribution(bert.model, bert.ids, bert.answer, bert.foil)
+    expected, eager_difference = reference_post_norm_parts(bert.eager, bert.ids, bert.answer, bert.foil)
+    assert found.labels == list(expected)
+    torch.testing.assert_close(found.values, torch.stack(list(expected.values())), atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(found.values.sum(0), eager_difference, atol=1e-9, rtol=1e-9)
+    assert "every norm's scale" in found.note and "GELU" in found.note
+    assert found.head_map().shape == (2, 4) and {"norm bias", "output head bias"} <= set(found.kinds)
+
+
+@pytest.mark.parametrize("name", ["roberta", "distilbert", "electra"])
+def test_other_post_norm_masked_lms_add_up(name):
+    """RoBERTa calls its GELU as a function (recognised by its values), DistilBERT's MLP is a container, ELECTRA's
+    head narrows to its embedding width: each still adds up, and swapping the answer and the foil negates every
+    part."""
+    torch.manual_seed(0)
+    shape = dict(num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=120)
+    model = {"roberta": lambda: T.RobertaForMaskedLM(T.RobertaConfig(hidden_size=32, **shape)),
+             "distilbert": lambda: T.DistilBertForMaskedLM(T.DistilBertConfig(dim=32, n_heads=4, n_layers=2,
+                                                                                hidden_dim=64, vocab_size=120)),
+             "electra": lambda: T.ElectraForMaskedLM(T.ElectraConfig(hidden_size=32, embedding_size=16, **shape))}
+    model, _ = _pair(_random_norms_and_biases(model[name]()))
+    ids = _ids(4)
+    forward = la.direct_logit_attribution(model, ids, 7, 11)
+    backward = la.direct_logit_attribution(model, ids, 11, 7)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    torch.testing.assert_close(forward.values.sum(0), logits[:, 7] - logits[:, 11], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(backward.values, -forward.values, atol=1e-12, rtol=0)
+    assert sum(kind == "head" for kind in forward.kinds) == 8 and forward.kinds.count("norm bias") == 4
+
+
+def test_a_norm_after_the_attention_in_a_pre_norm_block_is_refused_with_the_reasons():
+    """Gemma 2 normalises each attention's and MLP's output before adding it: neither a plain sum nor post-norm."""
+    torch.manual_seed(0)
+    model, _ = _pair(T.Gemma2ForCausalLM(T.Gemma2Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=2,
+        intermediate_size=64, vocab_size=120, final_logit_softcapping=None, attn_logit_softcapping=None)))
     with pytest.raises(NotReadable) as refused:
-        la.direct_logit_attribution(bert.model, bert.ids, bert.answer, bert.foil)
+        la.direct_logit_attribution(model, _ids(3), 7, 11)
     said = str(refused.value)
-    assert "not the sum of its parts" in said and "post-norm" in said and "rescales" in said
-    assert "between the last layer and the unembedding" in said and "nonlinear" in said
+    assert "not the sum of its parts" in said and "norm after its attention" in said
+    assert "nor does it read as a post-norm model" in said
 
 
 def test_logits_scaled_after_the_unembedding_are_refused_and_a_parallel_block_is_not():

@@ -160,8 +160,8 @@ def attribute(model, example_or_ids, answer: int | None = None, foil: int | None
     """Direct logit attribution of logit(answer) - logit(foil) at every position of a prompt (an
     :class:`~attnviz.interventions.activation_patching.Example`'s clean prompt, its answer and foil, or token ids
     with ``answer`` and ``foil``): every head, MLP, the embeddings and the biases, the final norm's scale frozen at
-    its value on the prompt. The parts sum to the model's own difference (else refused: a post-norm model such as
-    BERT, a nonlinear head before the unembedding). Returns an
+    its value on the prompt (in a post-norm model such as BERT every norm's scale and the output head's activation
+    gate, each frozen). The parts sum to the model's own difference (else refused, the reason in words). Returns an
     :class:`~attnviz.interventions.logit_attribution.Attribution`."""
     from attnviz.interventions import logit_attribution as dla
 

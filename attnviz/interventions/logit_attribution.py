@@ -5,10 +5,13 @@ Direct logit attribution (Elhage et al. 2021) reads the stream leaving the last 
 each head adds (its output pushed through the output projection alone), each output projection's bias, each MLP's
 output. With the final norm's scale frozen at the value the model computed on this prompt, the norm and the
 unembedding are affine, so logit(answer) - logit(foil) splits into one number per part, and the numbers add up to
-the model's own difference. That holds only when the stream really is that sum and nothing but the final norm and
-the unembedding sits after it: each is measured on the prompt (never assumed from the family), and a model where it
-fails (a post-norm model such as BERT, a norm after each attention or MLP, a nonlinear head, logits softcapped or
-scaled after the unembedding) is refused with the reason in words.
+the model's own difference. That holds when the stream really is that sum and nothing but the final norm and
+the unembedding sits after it. Where it is not (a post-norm model such as BERT, whose every block renormalises the
+stream, and whose masked-LM head is a dense layer, GELU and LayerNorm before the unembedding), every norm's scale and
+the head's activation gate are frozen in turn (:mod:`attnviz.interventions.frozen_readout`), and the parts still add
+up. Each is measured on the prompt (never assumed from the family); a model where neither reading adds up (a norm
+after each attention or MLP in a pre-norm block, logits softcapped or scaled after the unembedding) is refused with
+the reason in words.
 
 The logit lens (nostalgebraist 2020) reads the stream at each layer boundary as if it were the last: through the
 final norm (at its own scale on that stream, not frozen) and the unembedding, or, for a masked LM whose head is more
@@ -29,10 +32,12 @@ from attnviz.interventions.activation_patching import residual_rows
 from attnviz.interventions.anatomy import Anatomy, FrozenNorm, NotReadable, frozen_norm
 from attnviz.interventions.anatomy import anatomy as find_anatomy
 from attnviz.interventions.edits import on_residual
+from attnviz.interventions.frozen_readout import Row, affine_readout, find_post_norm_shape, kept_names, post_norm_rows
 
 FROZEN_NOTE = "the final norm's scale frozen at its value on this prompt"
 # Part kinds, in the order they appear in an attribution
-KINDS = ("embeddings", "head", "attention bias", "mlp", "final norm bias", "unembedding bias")
+KINDS = ("embeddings", "head", "attention bias", "mlp", "norm bias", "final norm bias", "output head bias",
+         "unembedding bias")
 
 
 @dataclass
@@ -156,24 +161,6 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
-def _double_call(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module`` on ``x`` with its parameters and buffers in float64 (the module itself is not changed)."""
-    state = {name: value.detach().cpu().double() if value.is_floating_point() else value.cpu()
-             for name, value in [*module.named_parameters(), *module.named_buffers()]}
-    return torch.func.functional_call(module, state, (x.double(),))
-
-
-def _affine_readout(module: torch.nn.Module, width: int, read: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """For an affine ``module`` (a linear layer, whatever its weight's layout): the vector ``g`` ``[width]`` and the
-    number ``c`` with ``module(x) · read = x · g + c`` (``c = module(0) · read``, the bias's share). Found by one
-    vector-Jacobian product at 0, in float64; whether the module is affine is checked by the callers' sums."""
-    zero = torch.zeros(1, width, dtype=torch.float64)
-    with torch.enable_grad():
-        output, pull = torch.func.vjp(lambda x: _double_call(module, x), zero)  # output [1, out]
-        (gradient,) = pull(read.double()[None].expand_as(output))
-    return gradient[0], float(output[0] @ read.double())
-
-
 def _identity_norm(d_model: int) -> FrozenNorm:
     return FrozenNorm(torch.ones(d_model, dtype=torch.float64), torch.zeros(d_model, dtype=torch.float64), False, 0.0)
 
@@ -187,11 +174,15 @@ def direct_logit_attribution(model: torch.nn.Module, ids: list[int], answer: int
     is its own. A head's part is its output pushed through the output projection alone, ``proj(z with only head h)
     - proj(0)``; ``proj(0)``, the projection's bias, is a part of its own.
 
+    A post-norm model (BERT, RoBERTa, DistilBERT, ELECTRA: every block renormalises the stream, and the masked-LM
+    head is dense, activation, LayerNorm, decoder) is read with every norm's scale and the head's activation gate
+    frozen, each norm's bias a part of its own (:mod:`attnviz.interventions.frozen_readout`; said in ``note``).
+
     Refused (:class:`NotReadable`, the reason in words) when the parts do not add up to the model's logits, as
-    measured on this prompt: the stream is not the sum of the embeddings and what each attention and MLP adds
-    (post-norm models such as BERT, whose every block normalises the stream; a norm after the attention or the MLP),
-    something nonlinear sits between the stream and the unembedding (BERT's masked-LM head), or the logits are
-    changed after the unembedding (a softcap, a scale). ``anatomy``: the model's parts, if already found."""
+    measured on this prompt: the stream is neither the sum of the embeddings and what each attention and MLP adds nor
+    a post-norm stream (a norm after the attention or the MLP inside a pre-norm block), something nonlinear sits
+    between the stream and the unembedding, or the logits are changed after the unembedding (a softcap, a scale).
+    ``anatomy``: the model's parts, if already found."""
     inputs = _checked(model, ids, answer, foil)
     anatomy = anatomy or find_anatomy(model, inputs)
     if anatomy.unembedding is None:
@@ -208,6 +199,8 @@ def direct_logit_attribution(model: torch.nn.Module, ids: list[int], answer: int
     n, d_model = streams[0].shape
 
     problems = _stream_problems(anatomy, streams, kept_in, kept_out, tolerance)
+    if problems:  # perhaps a post-norm model: every norm on the way is frozen in turn
+        return _post_norm_attribution(model, anatomy, inputs, streams, answer, foil, problems)
     final = streams[len(layers)].double()  # [n, d_model], the stream leaving the last layer
     if anatomy.final_norm is not None:
         norm = frozen_norm(model.get_submodule(anatomy.final_norm), d_model)
@@ -226,7 +219,8 @@ def direct_logit_attribution(model: torch.nn.Module, ids: list[int], answer: int
                         "head (dense layer, GELU, LayerNorm), does not split into the parts' shares")
     direction = torch.zeros(logits.shape[-1], dtype=torch.float64)
     direction[answer], direction[foil] = 1.0, -1.0
-    readout, unembedding_bias = _affine_readout(unembedding, d_model, direction)  # [d_model]: W_U[a] - W_U[f]
+    readout, unembedding_bias = affine_readout(unembedding, d_model, direction)
+    unembedding_bias = float(unembedding_bias)  # [d_model]: W_U[a] - W_U[f]
     from_fed = fed @ readout + unembedding_bias  # [n]
     scale_of_logits = 1.0 + logits.double().abs().amax(-1)  # [n]
     if bool(((from_fed - model_difference).abs() > tolerance * scale_of_logits).any()):
@@ -245,56 +239,74 @@ def direct_logit_attribution(model: torch.nn.Module, ids: list[int], answer: int
     def read(part: torch.Tensor) -> torch.Tensor:  # [n, d_model] -> [n]
         return part.double() @ stream_readout / scale[:, 0]
 
-    rows: list[torch.Tensor] = [read(streams[0])]
-    labels, kinds, where, heads_of = ["embeddings"], ["embeddings"], [None], [None]
+    rows = [Row("embeddings", "embeddings", None, None, read(streams[0]))]
     for index, layer in enumerate(layers):
         projection = model.get_submodule(layer.output_projection)
         merged = kept_in[layer.output_projection].double()  # [n, heads * d_v]
         heads = layer.attention.heads
         z = merged.view(n, heads, -1)  # [n, heads, d_v]
-        back, bias = _affine_readout(projection, merged.shape[-1], stream_readout)  # [heads * d_v]
+        back, bias = affine_readout(projection, merged.shape[-1], stream_readout)  # [heads * d_v]
+        bias = float(bias)
         per_head = torch.einsum("nhd,hd->hn", z, back.view(heads, -1)) / scale[:, 0]  # [heads, n]
-        for head in range(heads):
-            rows.append(per_head[head])
-            labels.append(f"L{index} H{head}")
-            kinds.append("head")
-            where.append(index)
-            heads_of.append(head)
+        rows += [Row(f"L{index} H{head}", "head", index, head, per_head[head]) for head in range(heads)]
         if bias != 0.0:
-            rows.append(torch.full((n,), bias, dtype=torch.float64) / scale[:, 0])
-            labels.append(f"L{index} attention bias")
-            kinds.append("attention bias")
-            where.append(index)
-            heads_of.append(None)
+            rows.append(Row(f"L{index} attention bias", "attention bias", index, None,
+                            torch.full((n,), bias, dtype=torch.float64) / scale[:, 0]))
         # the heads and the bias together against the projection's own output: the projection is affine
         whole = read(kept_out[layer.output_projection])
         if bool(((per_head.sum(0) + bias / scale[:, 0] - whole).abs() > tolerance * scale_of_logits).any()):
             raise NotReadable(f"the output projection of layer {index} does not act as a linear layer on the heads' "
                               "outputs, so its heads' shares cannot be told apart")
-        rows.append(read(kept_out[layer.mlp]))
-        labels.append(f"L{index} MLP")
-        kinds.append("mlp")
-        where.append(index)
-        heads_of.append(None)
-    final_bias = float(norm.bias @ readout)
-    if bool(norm.bias.abs().max() > 0):
-        rows.append(torch.full((n,), final_bias, dtype=torch.float64))
-        labels.append("final norm bias")
-        kinds.append("final norm bias")
-        where.append(None)
-        heads_of.append(None)
-    if unembedding_bias != 0.0:
-        rows.append(torch.full((n,), unembedding_bias, dtype=torch.float64))
-        labels.append("unembedding bias")
-        kinds.append("unembedding bias")
-        where.append(None)
-        heads_of.append(None)
-    values = torch.stack(rows)  # [parts, n]
+        rows.append(Row(f"L{index} MLP", "mlp", index, None, read(kept_out[layer.mlp])))
+    for label, value in (("final norm bias", float(norm.bias @ readout)), ("unembedding bias", unembedding_bias)):
+        if value != 0.0:
+            rows.append(Row(label, label, None, None, torch.full((n,), value, dtype=torch.float64)))
+    return _assembled(rows, model_difference, logits, anatomy, answer, foil, note)
+
+
+def _post_norm_attribution(model: torch.nn.Module, anatomy: Anatomy, inputs: dict, streams: dict[int, torch.Tensor],
+                           answer: int, foil: int, problems: list[str]) -> Attribution:
+    """:func:`direct_logit_attribution` for a model whose stream is not a plain sum (``problems`` say why): read as a
+    post-norm model (:mod:`attnviz.interventions.frozen_readout`), or refused with both reasons."""
+    try:
+        shape = find_post_norm_shape(model, anatomy, inputs, streams)
+    except NotReadable as reason:
+        raise NotReadable("its logits do not split into the parts of its residual stream: " + "; ".join(problems)
+                          + f"; nor does it read as a post-norm model ({reason})") from None
+    names = kept_names(shape)
+    projections = [layer.output_projection for layer in anatomy.layers]
+    pre = tuple(dict.fromkeys([*projections, *names, anatomy.unembedding]))
+    post = tuple(dict.fromkeys([*projections, *[layer.mlp for layer in anatomy.layers], *names]))
+    with _watching(model, anatomy, pre=pre, post=post) as (streams, kept_in, kept_out):
+        logits = model(**inputs).logits[0].cpu()  # [n, vocab]
+    _in_vocabulary(logits, answer, foil)
+    model_difference = logits[:, answer].double() - logits[:, foil].double()  # [n]
+    direction = torch.zeros(logits.shape[-1], dtype=torch.float64)
+    direction[answer], direction[foil] = 1.0, -1.0
+    fed = kept_in[anatomy.unembedding].double()  # [n, width]
+    readout, unembedding_bias = affine_readout(model.get_submodule(anatomy.unembedding), fed.shape[-1], direction)
+    rows = post_norm_rows(model, anatomy, shape, streams, kept_in, kept_out, readout.expand_as(fed))
+    if float(unembedding_bias) != 0.0:
+        rows.append(Row("unembedding bias", "unembedding bias", None, None,
+                        torch.full_like(model_difference, float(unembedding_bias))))
+    activation = shape.activation
+    note = ("every norm's scale (each block's two" + (", the output head's" if any(
+        step.kind == "norm" for step in shape.head) else "") + ")" + (
+        f" and the output head's {activation} (each unit's output over its input)" if activation else "")
+        + " frozen at their values on this prompt")
+    return _assembled(rows, model_difference, logits, anatomy, answer, foil, note)
+
+
+def _assembled(rows: list[Row], model_difference: torch.Tensor, logits: torch.Tensor, anatomy: Anatomy, answer: int,
+               foil: int, note: str) -> Attribution:
+    """The rows as an :class:`Attribution`, once their sum is checked against the model's own difference."""
+    values = torch.stack([row.values.double() for row in rows])  # [parts, n]
     gap = (values.sum(0) - model_difference).abs()
-    if not bool((gap <= tolerance * scale_of_logits).all()):  # the promise itself, checked at every position
+    if not bool((gap <= _tolerance(logits.dtype) * (1.0 + logits.double().abs().amax(-1))).all()):
         raise NotReadable(f"its parts do not sum to its logit difference (off by up to {float(gap.max()):.3g}), "
                           "although each step was checked: the attribution would not add up, so none is given")
-    return Attribution(values, labels, kinds, where, heads_of, model_difference, anatomy.heads, answer, foil, note)
+    return Attribution(values, [row.label for row in rows], [row.kind for row in rows], [row.layer for row in rows],
+                       [row.head for row in rows], model_difference, anatomy.heads, answer, foil, note)
 
 
 def _stream_problems(anatomy: Anatomy, streams: dict[int, torch.Tensor], kept_in: dict[str, torch.Tensor],
