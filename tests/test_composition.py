@@ -1,11 +1,16 @@
 """Composition scores between heads (attnviz.interventions.composition) against an independent reference: each head's
 maps derived functionally, by feeding an identity matrix through the model's own projection modules and splitting
-the output as transformers' attention code does (for GQA with transformers' own ``repeat_kv``), then dense
+the output as transformers' attention code does (for GQA with transformers' own ``repeat_kv``), or, for the families
+whose attention code splits its projections in its own ways (Falcon, CodeGen, GPT-BigCode without multi-query
+attention, ALBERT, T5, BART-likes), by running that attention code itself on an identity matrix and taking the
+queries, keys and values it hands its attention function (DeBERTa: its own ``transpose_for_scores``); then dense
 d_model x d_model products and ``torch.linalg.matrix_norm``. Tiny models built from configs, CPU, no downloads."""
 
 import copy
 import dataclasses
 import math
+import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -102,6 +107,62 @@ def tiny_linear(model_type: str):
     return _roughen(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), 5)
 
 
+def tiny_other(name: str):
+    """The families whose attention splits its projections its own way, each in its tiny config (2-4 layers, d_model
+    32-64): Falcon in its three layouts (grouped K/V heads with two norms; multi-query; per head with ALiBi),
+    CodeGen (8 heads over its 4 shards: 2 heads a shard), GPT-BigCode without multi-query attention, DeBERTa-v2 with
+    its relative terms and convolution, ALBERT (one shared layer; 2 groups of 2 layers), T5 (d_kv * heads != d_model)
+    and the BART family (post-norm BART and Marian, pre-norm mBART and Pegasus)."""
+    torch.manual_seed(0)
+    auto = transformers.AutoModelForCausalLM
+    seq2seq = dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=40,
+                   max_position_embeddings=64, decoder_start_token_id=2, pad_token_id=1)
+    falcon = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, vocab_size=40)
+    if name == "falcon":
+        config = transformers.FalconConfig(**falcon, new_decoder_architecture=True, num_kv_heads=2, bias=True)
+    elif name == "falcon_mq":
+        config = transformers.FalconConfig(**falcon)  # multi_query, parallel attention: the defaults
+    elif name == "falcon_alibi":
+        config = transformers.FalconConfig(**falcon, multi_query=False, alibi=True, parallel_attn=False, bias=True)
+    elif name == "codegen":
+        config = transformers.CodeGenConfig(n_embd=64, n_layer=3, n_head=8, rotary_dim=4, vocab_size=40,
+                                            n_positions=64)
+    elif name == "gpt_bigcode_mha":
+        config = transformers.GPTBigCodeConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, n_positions=64,
+                                               multi_query=False)
+    elif name == "deberta-v2":
+        config = transformers.DebertaV2Config(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                              intermediate_size=64, vocab_size=40, max_position_embeddings=64,
+                                              relative_attention=True, pos_att_type="p2c|c2p",
+                                              position_biased_input=False, conv_kernel_size=3, position_buckets=8)
+        auto = transformers.AutoModel
+    elif name in ("albert", "albert_groups"):
+        groups = dict(num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2) if name == "albert_groups" \
+            else dict(num_hidden_layers=3)
+        config = transformers.AlbertConfig(hidden_size=32, embedding_size=16, num_attention_heads=4,
+                                           intermediate_size=64, vocab_size=40, max_position_embeddings=64, **groups)
+        auto = transformers.AutoModel
+    elif name == "t5":
+        config = transformers.T5Config(d_model=32, d_kv=16, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=3,
+                                       vocab_size=40, decoder_start_token_id=0)
+        auto = transformers.AutoModel
+    else:  # bart, mbart, marian, pegasus
+        config = transformers.AutoConfig.for_model(name, **seq2seq)
+        auto = transformers.AutoModel
+    return _roughen(auto.from_config(config, attn_implementation="eager"), 6)
+
+
+OTHER_FAMILIES = {"falcon": "falcon", "falcon_mq": "falcon", "falcon_alibi": "falcon", "codegen": "codegen",
+                  "gpt_bigcode_mha": "linear", "deberta-v2": "deberta", "albert": "albert", "albert_groups": "albert",
+                  "t5": "t5", "t5_decoder": "t5", "bart": "bart", "bart_decoder": "bart", "mbart": "bart",
+                  "marian": "bart", "pegasus": "bart"}
+STACK_OF = {"t5": "encoder", "t5_decoder": "decoder", "bart": "encoder", "bart_decoder": "decoder",
+            "mbart": "encoder", "marian": "encoder", "pegasus": "encoder"}
+# post-norm models whose first layer reads no norm: nothing to fold there
+NOTHING_TO_FOLD = ("distilbert", "albert", "albert_groups", "marian")
+
+
 BUILDERS = {"distilbert": lambda: tiny_linear("distilbert"), "phi3": lambda: tiny_linear("phi3"),
             "mpt": lambda: tiny_linear("mpt"),
             "gpt_bigcode": lambda: tiny_linear("gpt_bigcode"), "gpt_neo": lambda: tiny_linear("gpt_neo"),
@@ -110,7 +171,9 @@ BUILDERS = {"distilbert": lambda: tiny_linear("distilbert"), "phi3": lambda: tin
             "gptj": lambda: tiny_linear("gptj"),
             "gemma": lambda: tiny_linear("gemma"), "gpt2": tiny_gpt2, "llama": tiny_llama,
             "qwen2": lambda: tiny_llama("qwen2"),
-            "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox}
+            "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox,
+            **{name: (lambda name=name: built(name.removesuffix("_decoder")) if name.endswith("_decoder")
+                      else tiny_other(name)) for name in OTHER_FAMILIES}}
 _BUILT = {}
 
 
@@ -144,10 +207,120 @@ def _norm_rows(norm: torch.nn.Module | None, d_model: int) -> tuple[torch.Tensor
     return _linear_map(norm, eye), scale
 
 
-def reference_maps(model: torch.nn.Module, family: str, fold: bool):
+class _Handed(Exception):
+    """Raised in place of a model's attention function: the query, key and value states its forward handed it."""
+
+
+def _handed_states(attention: torch.nn.Module, call) -> tuple[torch.Tensor, ...]:
+    """``call(rows)`` runs ``attention``'s own forward on ``rows [1, n, d_model]``; what it hands its (eager)
+    attention function as query, key and value ``[1, heads or K/V heads, n, d_head]``: every split, reordering and
+    rotation its code does before the scores."""
+    code = sys.modules[type(attention).__module__]
+
+    def handed(module, query, key, value, *args, **kwargs):
+        raise _Handed(query, key, value)
+
+    def states(rows):
+        with mock.patch.object(code, "eager_attention_forward", handed), pytest.raises(_Handed) as caught:
+            with torch.no_grad():
+                call(rows)
+        return caught.value.args
+
+    return states
+
+
+def _attention_layers(model: torch.nn.Module, stack: str | None):
+    """Per layer, in the order the model's forward runs them: ``(states, norm, output)``: ``states(rows)`` the
+    (query, key, value) its attention code computes from ``rows [1, n, d_model]`` (``[heads or K/V heads, n,
+    d_head]`` each), the norm that feeds its input or produced it (post-norm; None: none), and its output
+    projection. From each modeling file's forward: which norm, which module, and how it is called."""
+    base, config = model.base_model, model.config
+    model_type = config.model_type
+    found = []
+
+    def zeros(rows):  # position 0 for every row
+        return torch.zeros(rows.shape[:2], dtype=torch.long)
+
+    if model_type == "falcon":  # FalconDecoderLayer.forward: ln_attn with the new architecture's two norms
+        for layer in base.h:
+            two = config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2
+            attention = layer.self_attention
+
+            def call(rows, a=attention):  # at position 0 FalconModel's rotary embedding turns nothing
+                turned = None if config.alibi else base.rotary_emb(rows, position_ids=zeros(rows))
+                return a(rows, attention_mask=None, position_embeddings=turned)
+            found.append((_handed_states(attention, call), layer.ln_attn if two else layer.input_layernorm,
+                          attention.dense))
+    elif model_type == "codegen":  # CodeGenBlock.forward: ln_1, then attn (rotary at position 0: nothing turned)
+        for block in base.h:
+
+            def call(rows, a=block.attn):
+                return a(rows, position_embeddings=base.rotary_emb(rows, zeros(rows)))
+            found.append((_handed_states(block.attn, call), block.ln_1, block.attn.out_proj))
+    elif model_type == "gpt_bigcode":
+        for block in base.h:
+            found.append((_handed_states(block.attn, block.attn), block.ln_1, block.attn.c_proj))
+    elif model_type == "deberta-v2":  # no attention function: its own transpose_for_scores splits each projection
+        layers = list(base.encoder.layer)
+        # DebertaV2Encoder.forward: after layer 0 its ConvLayer, whose LayerNorm makes layer 1's input
+        norms = [base.embeddings.LayerNorm, base.encoder.conv.LayerNorm] + \
+            [each.output.LayerNorm for each in layers[1:-1]]
+        for layer, norm in zip(layers, norms, strict=True):
+            attention = layer.attention.self
+
+            def states(rows, a=attention):
+                with torch.no_grad():
+                    return tuple(a.transpose_for_scores(getattr(a, name)(rows), a.num_attention_heads)[None]
+                                 for name in ("query_proj", "key_proj", "value_proj"))
+            found.append((states, norm, layer.attention.output.dense))
+    elif model_type == "albert":  # AlbertTransformer.forward: layer i applies group int(i / (layers / groups))
+        previous = None
+        for index in range(config.num_hidden_layers):
+            group = base.encoder.albert_layer_groups[int(index / (config.num_hidden_layers / config.num_hidden_groups))]
+            for layer in group.albert_layers:
+                found.append((_handed_states(layer.attention, layer.attention), previous, layer.attention.dense))
+                previous = layer.full_layer_layer_norm  # AlbertLayer.forward ends with it
+    elif model_type == "t5":  # T5Block.layer[0]: T5LayerSelfAttention, its layer_norm then SelfAttention
+        for block in getattr(base, stack).block:
+            attention = block.layer[0].SelfAttention
+            found.append((_handed_states(attention, attention), block.layer[0].layer_norm, attention.o))
+    else:  # the BART family: pre-norm (mBART, Pegasus) self_attn_layer_norm first; post-norm after each sub-layer
+        part = getattr(base, stack)
+        previous = getattr(part, "layernorm_embedding", None)
+        for layer in part.layers:
+            attention = layer.self_attn
+            pre = model_type in ("mbart", "pegasus")
+            found.append((_handed_states(attention, attention), layer.self_attn_layer_norm if pre else previous,
+                          attention.out_proj))
+            previous = layer.final_layer_norm
+    return found
+
+
+def _handed_maps(model: torch.nn.Module, fold: bool, stack: str | None):
+    """:func:`reference_maps` of the families whose attention code is run: per layer, its states on the identity
+    (through the norm when folding) less its states at zero (the biases), the K/V heads repeated with transformers'
+    own ``repeat_kv`` as the attention function does."""
+    out = []
+    for states, norm, output in _attention_layers(model, stack):
+        d_model = output.out_features
+        rows, scale = _norm_rows(norm if fold else None, d_model)
+        at_zero = states(torch.zeros(1, 1, d_model, dtype=torch.float64))
+        q, k, v = (on - off for on, off in zip(states(rows[None]), at_zero, strict=True))  # [1, heads, d_model, d_head]
+        heads = q.shape[1]
+        q, k, v = (repeat_kv(part, heads // part.shape[1])[0] * scale for part in (q, k, v))
+        merged = torch.eye(output.in_features, dtype=torch.float64)  # one-hot head inputs
+        out.append((q, k, v, _linear_map(output, merged).reshape(heads, -1, d_model)))
+    return out
+
+
+def reference_maps(model: torch.nn.Module, family: str, fold: bool, stack: str | None = None):
     """Per layer: (W_Q, W_K, W_V ``[heads, d_model, d_head]``, W_O ``[heads, d_head, d_model]``), derived by running
     the model's own modules (in float64) on identity inputs."""
     model = copy.deepcopy(model).double()
+    if model.config.model_type in {"falcon", "codegen", "deberta-v2", "albert", "t5", "bart", "mbart", "marian",
+                                   "pegasus"} or (model.config.model_type == "gpt_bigcode" and not
+                                                  model.config.multi_query):
+        return _handed_maps(model, fold, stack)
     base = model.base_model
     config = model.config
     out = []
@@ -255,25 +428,29 @@ FAMILY_OF = {"distilbert": "linear", "phi3": "linear", "mpt": "linear", "gpt_big
              "electra": "bert", "opt": "linear", "gptj": "linear",
              "gemma": "linear",
              "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
-             "gpt_neox": "gpt_neox"}
+             "gpt_neox": "gpt_neox", **OTHER_FAMILIES}
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["raw", "folded"])
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_weights_and_scores_match_the_functional_reference(name, fold):
     model = built(name)
-    family = FAMILY_OF[name]
-    if fold and name == "distilbert":  # post-norm, its norms after each sub-layer: nothing feeds the attention
+    family, stack = FAMILY_OF[name], STACK_OF.get(name)
+    if fold and name in NOTHING_TO_FOLD:  # post-norm, and no norm before the first layer's attention
         with pytest.raises(ValueError, match="pass fold_norm=False"):
             composition.head_weights(model, fold_norm=True)
         return
-    weights = composition.head_weights(model, fold_norm=fold)
-    assert weights.family == family and weights.folded == fold
-    maps = reference_maps(model, family, fold)
+    weights = composition.head_weights(model, fold_norm=fold, stack=stack)
+    assert weights.family == family and weights.folded == fold and weights.stack == (stack or "")
+    maps = reference_maps(model, family, fold, stack)
+    assert len(maps) == weights.layers
     for layer, (q, k, v, o) in enumerate(maps):
         for mine, theirs in zip((weights.W_Q, weights.W_K, weights.W_V, weights.W_O), (q, k, v, o), strict=True):
             torch.testing.assert_close(mine[layer].double(), theirs, rtol=RTOL, atol=1e-6)
-    for kind in composition.KINDS:
+    # the scores are computed alike for every family: the later families (CI's time) check one kind each, in turn
+    kinds = composition.KINDS if name not in OTHER_FAMILIES else \
+        composition.KINDS[list(OTHER_FAMILIES).index(name) % 3]
+    for kind in kinds:
         result = composition.composition_scores(weights, kind)
         torch.testing.assert_close(result.scores, reference_scores(maps, kind), rtol=RTOL, atol=0, equal_nan=True)
 
@@ -413,9 +590,21 @@ def test_queries_and_keys_normalised_per_head_are_refused_in_words():
 
 
 def test_an_architecture_it_does_not_read_is_refused_in_words():
-    config = transformers.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=40)
-    with pytest.raises(ValueError, match="cannot read the attention weights of 'falcon' models.*gpt2"):
-        composition.head_weights(transformers.FalconForCausalLM(config))
+    # DeBERTa (v1): one fused in_proj with separate q and v biases, a layout no reader knows
+    config = transformers.DebertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, vocab_size=40, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="cannot read the attention weights of 'deberta' models.*gpt2"):
+        composition.head_weights(transformers.DebertaModel(config))
+    # an encoder-decoder with q_proj, k_proj, v_proj that is not of the BART family's known types
+    config = transformers.BlenderbotSmallConfig(d_model=32, encoder_layers=1, decoder_layers=1, vocab_size=40,
+                                                encoder_attention_heads=4, decoder_attention_heads=4,
+                                                encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="this blenderbot-small model is another encoder-decoder"):
+        composition.head_weights(transformers.BlenderbotSmallModel(config))
+    with pytest.raises(ValueError, match="cross-attention is not read"):
+        composition.head_weights(built("t5"), stack="cross")
+    with pytest.raises(ValueError, match="has one stack"):
+        composition.head_weights(built("gpt2"), stack="decoder")
     with pytest.raises(ValueError, match="Linear without a transformers config"):
         composition.composition_scores(torch.nn.Linear(2, 2), "Q")
     with pytest.raises(ValueError, match="one of Q, K, V"):
@@ -469,3 +658,58 @@ def test_bloom_is_said_to_add_alibi():
     weights = composition.head_weights(built("bloom"))
     assert weights.positions == "alibi"
     assert any("ALiBi" in said for said in composition.composition_words(composition.composition_scores(weights, "K")))
+
+
+def _said(name: str, kind: str = "K", **options) -> tuple[composition.HeadWeights, str]:
+    weights = composition.head_weights(built(name), stack=STACK_OF.get(name), **options)
+    return weights, " ".join(composition.composition_words(composition.composition_scores(weights, kind)))
+
+
+def test_the_other_families_state_their_facts_in_words():
+    # Falcon: grouped K/V heads (2 of 4), multi-query (1), RoPE or ALiBi from the config, pre-norm
+    weights, said = _said("falcon")
+    assert (weights.kv_heads, weights.positions, weights.rotary_fraction, weights.pre_norm, weights.norm) == \
+        (2, "rotary", 1.0, True, "LayerNorm")
+    assert "RoPE" in said and "every 2 query heads share one K/V head" in said
+    weights, said = _said("falcon_mq")
+    assert weights.kv_heads == 1 and "every 4 query heads share one K/V head" in said
+    weights, said = _said("falcon_alibi")
+    assert (weights.kv_heads, weights.positions) == (4, "alibi") and "ALiBi" in said and "RoPE" not in said
+    # CodeGen: RoPE on its first rotary_dim = 4 of 8 dimensions per head
+    weights, said = _said("codegen", "Q")
+    assert (weights.positions, weights.rotary_fraction) == ("rotary", 0.5) and "50% of each head's dimensions" in said
+    weights, said = _said("gpt_bigcode_mha")
+    assert (weights.family, weights.kv_heads, weights.positions) == ("linear", 4, "learned absolute")
+    # DeBERTa: the content-to-content weights, its relative-position terms said to be left out; post-norm
+    weights, said = _said("deberta-v2")
+    assert weights.positions == "disentangled relative" and not weights.pre_norm and not weights.folded
+    assert "content-to-position" in said and "leave the relative-position terms out" in said and "Post-norm" in said
+    # T5: its relative bias, RMS norm (T5LayerNorm) folded, encoder or decoder self-attention
+    weights, said = _said("t5")
+    assert (weights.positions, weights.norm, weights.folded, weights.stack, weights.layers, weights.d_head) == \
+        ("relative bias", "RMSNorm", True, "encoder", 2, 16)
+    assert "relative position bias" in said and "encoder's self-attention heads only" in said and "centred" not in said
+    weights, said = _said("t5_decoder")
+    assert weights.stack == "decoder" and weights.layers == 3 and "decoder's self-attention heads only" in said
+    assert "Cross-attention is left out" in said
+    # the BART family: post-norm BART and Marian, pre-norm mBART and Pegasus; learned or sinusoidal tables
+    weights, said = _said("bart")
+    assert (weights.pre_norm, weights.folded, weights.positions) == (False, False, "learned absolute")
+    assert "Post-norm" in said and "encoder's self-attention heads only" in said
+    assert composition.head_weights(built("bart")).layers == 2  # the encoder by default
+    assert (_said("mbart")[0].pre_norm, _said("mbart")[0].folded) == (True, True)
+    assert _said("marian")[0].positions == _said("pegasus")[0].positions == "sinusoidal absolute"
+
+
+def test_albert_reads_its_shared_layers_once_per_layer_and_says_so():
+    weights, said = _said("albert")
+    assert weights.layers == 3 and weights.shared_weights == (0, 0, 0) and not weights.pre_norm
+    assert torch.equal(weights.W_Q[0], weights.W_Q[2]) and torch.equal(weights.W_O[1], weights.W_O[2])
+    assert "its 3 layers all apply the same matrices" in said and "with themselves" in said
+    # 4 layers in 2 groups of 2 inner layers: 8 attentions, in the order AlbertTransformer applies them
+    weights, said = _said("albert_groups")
+    assert weights.layers == 8 and weights.shared_weights == (0, 1, 0, 1, 2, 3, 2, 3)
+    assert torch.equal(weights.W_K[1], weights.W_K[3]) and not torch.equal(weights.W_K[1], weights.W_K[5])
+    assert "apply 4 sets of matrices" in said
+    with pytest.raises(ValueError, match="embedding_hidden_mapping_in.*pass fold_norm=False"):
+        composition.head_weights(built("albert"), fold_norm=True)

@@ -14,10 +14,13 @@ The score of a sender head s in layer i and a receiver head r in layer j > i is 
 when either matrix is scaled. Random matrices already score well above 0 (about 1/sqrt(d_model) for Gaussian ones),
 so every score here comes with a random baseline measured on Gaussian matrices of the same shapes.
 
-What is read: each self-attention's projections, per query head (a grouped-query head gets the K/V head it shares).
-Biases are ignored: they shift queries, keys and values by a constant, which the bilinear forms above do not hold.
-Nothing is run through the model; the weights are read as transformers' own attention code splits them (checked
-for each family against transformers 5.25, and in the tests against the projections applied to an identity matrix).
+What is read: each self-attention's projections, per query head (a grouped-query head gets the K/V head it shares);
+of an encoder-decoder, one stack's self-attention (the encoder's unless the decoder's is asked for), cross-attention
+never. Biases are ignored: they shift queries, keys and values by a constant, which the bilinear forms above do not
+hold; so are position terms added to the scores outside W_Q W_K^T (ALiBi, T5's relative bias, DeBERTa's
+disentangled terms), which :func:`composition_words` says. Nothing is run through the model; the weights are read as
+transformers' own attention code splits them (checked for each family against transformers 5.25, and in the tests
+against the model's own attention code run on an identity matrix).
 
 The weights are read by :mod:`attnviz.interventions.head_weights`. Imports torch and numpy (and that module).
 """
@@ -262,6 +265,35 @@ def composition_words(result: CompositionScores) -> list[str]:
     if weights.positions == "alibi":
         said.append("ALiBi adds a bias to each head's scores that grows with distance; the weights do not hold it, "
                     "so Q- and K-scores leave out how strongly each head prefers near tokens.")
+    if weights.positions == "relative bias":
+        said.append("T5's relative position bias, learned per head for each (bucketed) distance from query to key, is "
+                    "added to each head's scores; the weights do not hold it, so Q- and K-scores leave out where "
+                    "each head prefers to look by distance.")
+    if weights.positions == "disentangled relative":
+        said.append("DeBERTa's disentangled attention adds content-to-position and position-to-content terms to each "
+                    "head's scores (its queries and keys against embeddings of the relative distance). W_Q W_K^T here "
+                    "is the content-to-content term alone: Q- and K-scores leave the relative-position terms out, so "
+                    "they say neither what a head reads by distance nor how a sender's output changes those terms.")
+    if weights.shared_weights:
+        sets = len(set(weights.shared_weights))
+        if sets == 1:
+            said.append(f"ALBERT's layers share their weights: its {weights.layers} layers all apply the same "
+                        "matrices (one layer repeated), so every score between two layers is a score of that layer's "
+                        "heads with themselves, and the map repeats one block: what the shared heads could compose "
+                        "with when applied again, not a difference between layers.")
+        else:
+            said.append(f"ALBERT's layers share their weights: its {weights.layers} layers apply {sets} sets of "
+                        "matrices, so a score between two layers that apply the same set is a score of those heads "
+                        "with themselves (what they could compose with when applied again, not a difference between "
+                        "layers).")
+    if weights.stack == "encoder":
+        said.append("The encoder's self-attention heads only: the decoder's self-attention heads write into another "
+                    "residual stream (not scored with these), and cross-attention, whose keys and values are the "
+                    "encoder's output, is left out: it is no composition between heads of one stream.")
+    if weights.stack == "decoder":
+        said.append("The decoder's self-attention heads only: the encoder's heads write into another residual stream "
+                    "(not scored with these). Cross-attention is left out, though its queries read this stream and its "
+                    "output is added to it: what decoder heads compose with through it is not in these scores.")
     if weights.kv_heads < weights.heads:
         group = weights.heads // weights.kv_heads
         said.append(f"Grouped-query attention: every {group} query heads share one K/V head, so their W_K and W_V "
