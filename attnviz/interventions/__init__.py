@@ -11,6 +11,10 @@
 - ``logit_attribution``: direct logit attribution and the logit lens, a post-norm model read back through its frozen
   norms by ``frozen_readout``; ``composition``: Q/K/V composition scores
   between heads from the weights, read by ``head_weights`` (every head's W_Q, W_K, W_V, W_O)
+- ``head_weight_layouts``: each family's layout of its attention weights, read per layer for ``head_weights``
 - ``induction_circuit``: the induction circuit, demonstrated by ablation
 - ``word_order``: the same model with its position embeddings silenced
+- ``training_measures``: what a decoder has learned at one step (loss, in-context learning, every head's detector
+  scores and ablation cost) and the phase change; ``training_runs``: a run's measures by step, as the Over training
+  page draws them
 """

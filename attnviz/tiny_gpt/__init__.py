@@ -3,4 +3,5 @@
 - ``words``: a byte-level BPE that keeps everyday English whole; ``text``: English that ships with every Python
 - ``card``: the model card, the recipe in words with what training measured
 - ``train``: ``python -m attnviz.tiny_gpt.train``, seeded, on the CPU, in minutes
+- ``recording``: the run kept: its measures at log-spaced steps and snapshots around the phase change
 """

@@ -33,9 +33,11 @@ from pathlib import Path
 import torch
 
 from attnviz.core import circuits, positional
+from attnviz.interventions.training_measures import make_probe
 from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
 from attnviz.tiny_gpt.card import model_card
+from attnviz.tiny_gpt.recording import Recorder
 from attnviz.tiny_gpt.text import (
     HELD_OUT_SHARE,
     REPEAT_SENTENCES,
@@ -385,9 +387,9 @@ def _prepare(recipe: Recipe) -> _Prepared:
                      kept, pool)
 
 
-def _run_steps(recipe: Recipe, ready: _Prepared, log) -> tuple[list[float], float]:
+def _run_steps(recipe: Recipe, ready: _Prepared, log, on_step=None) -> tuple[list[float], float]:
     """Every training step (the last ``long_steps`` on whole-context rows): the documentation rows' mean loss per
-    step, and the seconds it took."""
+    step, and the seconds it took. ``on_step(steps done, model)``: called before the first step and after each."""
     model = ready.model
     model.train()
     optimiser = _optimiser(model, recipe)
@@ -398,6 +400,8 @@ def _run_steps(recipe: Recipe, ready: _Prepared, log) -> tuple[list[float], floa
     long_stream = batches(ready.train_ids, long_recipe, generator, ready.pool) if recipe.long_steps else None
     started = time.perf_counter()
     text_losses: list[float] = []
+    if on_step:
+        on_step(0, model)
     for step in range(recipe.steps):
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(step, recipe)
@@ -408,6 +412,8 @@ def _run_steps(recipe: Recipe, ready: _Prepared, log) -> tuple[list[float], floa
         losses = _training_step(model, optimiser, batch, positions, recipe.vocab_size)  # [batch, length - 1]
         if ready.kept is not None:
             ready.kept.restore()
+        if on_step:
+            on_step(step + 1, model)
         rows = batch_rows(long_recipe if long else recipe)
         text_losses.append(losses[:rows[0]].mean().item())
         if step % 100 == 0 or step == recipe.steps - 1:
@@ -419,11 +425,16 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     """Train the tiny GPT by ``recipe`` on ``threads`` CPU threads (0: every core), save it in ``out`` with its
     tokenizer, measure it, and write its ``training.json`` and model card; returns the report."""
     _check_recipe(recipe)
+    began = time.perf_counter()
     torch.manual_seed(recipe.seed)
     threads = threads or os.cpu_count() or 1  # 0: every core
     torch.set_num_threads(threads)
     ready = _prepare(recipe)
-    text_losses, seconds = _run_steps(recipe, ready, log)
+    # measured at log-spaced steps on held-out text and repeated random tokens (its own generator: the run's
+    # batches are the same with or without it)
+    recorder = Recorder(make_probe(ready.held_out_ids, ready.pool, bos=ready.tokenizer.bos_token_id), recipe.steps,
+                        log)
+    text_losses, seconds = _run_steps(recipe, ready, log, recorder)
     model, kept = ready.model, ready.kept
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -441,6 +452,11 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
         "circuits": measure_circuits(out, ready.held_out_text, ready.pool, recipe.context),
         **measure_generalisation(out),
     }
+    series = recorder.save(out, model, ready.tokenizer, {"seconds": seconds, "threads": threads,
+                                                         "torch": torch.__version__})
+    report["over_training"] = {"measured_steps": len(series["rows"]), "phase_change": series["phase_change"],
+                               "snapshots": series["snapshots"]}
+    report["total_seconds"] = time.perf_counter() - began  # the whole run: text, tokenizer, steps, measures
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "README.md").write_text(model_card(recipe, report, long_batch=long_batch_size(recipe),
                                                copied_positions=copies_positions(recipe), eos=EOS,
