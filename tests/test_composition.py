@@ -99,6 +99,13 @@ def tiny_linear(model_type: str):
         config = transformers.GPTBigCodeConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, n_positions=64)
     elif model_type == "bloom":
         config = transformers.BloomConfig(hidden_size=64, n_layer=3, n_head=4, vocab_size=40)
+    elif model_type == "mpnet":  # post-norm, q/k/v/o inside attention.attn, a relative bias shared by every layer
+        config = transformers.MPNetConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                          num_attention_heads=4, vocab_size=40, max_position_embeddings=64)
+        return _roughen(transformers.MPNetModel(config), 5)
+    elif model_type == "olmo":  # a LayerNorm without weight or bias before each attention
+        config = transformers.OlmoConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                         num_attention_heads=4, vocab_size=40, max_position_embeddings=64)
     elif model_type == "gptj":
         config = transformers.GPTJConfig(n_embd=64, n_layer=3, n_head=4, vocab_size=40, rotary_dim=8, n_positions=64)
     else:
@@ -160,7 +167,7 @@ OTHER_FAMILIES = {"falcon": "falcon", "falcon_mq": "falcon", "falcon_alibi": "fa
 STACK_OF = {"t5": "encoder", "t5_decoder": "decoder", "bart": "encoder", "bart_decoder": "decoder",
             "mbart": "encoder", "marian": "encoder", "pegasus": "encoder"}
 # post-norm models whose first layer reads no norm: nothing to fold there
-NOTHING_TO_FOLD = ("distilbert", "albert", "albert_groups", "marian")
+NOTHING_TO_FOLD = ("distilbert", "albert", "albert_groups", "marian", "mpnet")
 
 
 BUILDERS = {"distilbert": lambda: tiny_linear("distilbert"), "phi3": lambda: tiny_linear("phi3"),
@@ -168,7 +175,8 @@ BUILDERS = {"distilbert": lambda: tiny_linear("distilbert"), "phi3": lambda: tin
             "gpt_bigcode": lambda: tiny_linear("gpt_bigcode"), "gpt_neo": lambda: tiny_linear("gpt_neo"),
             "bloom": lambda: tiny_linear("bloom"),
             "electra": lambda: tiny_bert("electra"), "opt": lambda: tiny_linear("opt"),
-            "gptj": lambda: tiny_linear("gptj"),
+            "gptj": lambda: tiny_linear("gptj"), "mpnet": lambda: tiny_linear("mpnet"),
+            "olmo": lambda: tiny_linear("olmo"),
             "gemma": lambda: tiny_linear("gemma"), "gpt2": tiny_gpt2, "llama": tiny_llama,
             "qwen2": lambda: tiny_llama("qwen2"),
             "mistral": lambda: tiny_llama("mistral"), "bert": tiny_bert, "gpt_neox": tiny_neox,
@@ -200,8 +208,8 @@ def _norm_rows(norm: torch.nn.Module | None, d_model: int) -> tuple[torch.Tensor
     eye = torch.eye(d_model, dtype=torch.float64)
     if norm is None:
         return eye, 1.0
-    if isinstance(norm, torch.nn.LayerNorm):
-        scale = math.sqrt(float(eye[0].var(unbiased=False)) + norm.eps)
+    if isinstance(norm, torch.nn.LayerNorm) or type(norm).__name__ == "OlmoLayerNorm":  # OLMo's: eps 1e-5, no weight
+        scale = math.sqrt(float(eye[0].var(unbiased=False)) + getattr(norm, "eps", 1e-5))
     else:
         scale = math.sqrt(1.0 / d_model + getattr(norm, "variance_epsilon", getattr(norm, "eps", None)))
     return _linear_map(norm, eye), scale
@@ -360,19 +368,22 @@ def reference_maps(model: torch.nn.Module, family: str, fold: bool, stack: str |
     elif family == "linear":  # each layer's attention: q_proj, k_proj, v_proj, then out_proj / o_proj
         heads = getattr(config, "num_attention_heads", None) or config.n_head
         d_model = getattr(config, "hidden_size", None) or config.n_embd
-        blocks = base.decoder.layers if hasattr(base, "decoder") else base.h if hasattr(base, "h") else\
+        blocks = base.decoder.layers if hasattr(base, "decoder") else base.encoder.layer if hasattr(base, "encoder") \
+            else base.h if hasattr(base, "h") else\
             base.blocks if hasattr(base, "blocks") else base.transformer.layer if hasattr(base, "transformer") \
             else base.layers
         for block in blocks:
             attention = getattr(block, "self_attn", None) or getattr(block, "attn", None) or block.attention
             attention = getattr(attention, "attention", attention)  # GPT-Neo: attn.attention
+            attention = getattr(attention, "attn", attention)  # MPNet: attention.attn (q, k, v, o)
             norm = next((getattr(block, name) for name in ("input_layernorm", "ln_1", "self_attn_layer_norm",
                                                            "norm_1") if hasattr(block, name)), None)
             rows, scale = _norm_rows(norm if fold else None, d_model)
             output = getattr(attention, "o_proj", None) or getattr(attention, "out_proj", None) or \
-                getattr(attention, "out_lin", None) or attention.c_proj
-            if hasattr(attention, "q_proj") or hasattr(attention, "q_lin"):
-                names = ("q_proj", "k_proj", "v_proj") if hasattr(attention, "q_proj") else ("q_lin", "k_lin", "v_lin")
+                getattr(attention, "out_lin", None) or getattr(attention, "o", None) or attention.c_proj
+            if hasattr(attention, "q_proj") or hasattr(attention, "q_lin") or hasattr(attention, "q"):
+                names = ("q_proj", "k_proj", "v_proj") if hasattr(attention, "q_proj") else \
+                    ("q_lin", "k_lin", "v_lin") if hasattr(attention, "q_lin") else ("q", "k", "v")
                 q_map, k_map, v_map = (_linear_map(getattr(attention, name), rows) for name in names)
             else:  # as each model's forward splits its fused projection's output
                 fused = getattr(attention, "qkv_proj", None) or getattr(attention, "Wqkv", None) or attention.c_attn
@@ -425,7 +436,7 @@ def reference_scores(maps, kind: str) -> torch.Tensor:
 
 FAMILY_OF = {"distilbert": "linear", "phi3": "linear", "mpt": "linear", "gpt_bigcode": "linear", "gpt_neo": "linear",
              "bloom": "gpt_neox",
-             "electra": "bert", "opt": "linear", "gptj": "linear",
+             "electra": "bert", "opt": "linear", "gptj": "linear", "mpnet": "linear", "olmo": "linear",
              "gemma": "linear",
              "gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "mistral": "llama", "bert": "bert",
              "gpt_neox": "gpt_neox", **OTHER_FAMILIES}

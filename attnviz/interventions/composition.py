@@ -266,9 +266,10 @@ def composition_words(result: CompositionScores) -> list[str]:
         said.append("ALiBi adds a bias to each head's scores that grows with distance; the weights do not hold it, "
                     "so Q- and K-scores leave out how strongly each head prefers near tokens.")
     if weights.positions == "relative bias":
-        said.append("T5's relative position bias, learned per head for each (bucketed) distance from query to key, is "
-                    "added to each head's scores; the weights do not hold it, so Q- and K-scores leave out where "
-                    "each head prefers to look by distance.")
+        owner = "MPNet's" if weights.model_type == "mpnet" else "T5's"
+        said.append(f"{owner} relative position bias, learned per head for each (bucketed) distance from query to "
+                    "key, is added to each head's scores; the weights do not hold it, so Q- and K-scores leave out "
+                    "where each head prefers to look by distance.")
     if weights.positions == "disentangled relative":
         said.append("DeBERTa's disentangled attention adds content-to-position and position-to-content terms to each "
                     "head's scores (its queries and keys against embeddings of the relative distance). W_Q W_K^T here "

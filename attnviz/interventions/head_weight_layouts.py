@@ -200,9 +200,9 @@ def _read_bart(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
 
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
-OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin")
+OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "out_lin", "o")
 # the separate query, key and value layers' names: most families', and DistilBERT's
-SEPARATE_NAMES = (("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"))
+SEPARATE_NAMES = (("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"), ("q", "k", "v"))  # MPNet: q, k, v
 INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "ln_attn", "norm_1")
 # one linear layer whose output is the queries, then the keys, then the values, each head-major (Phi-3's qkv_proj,
 # MPT's Wqkv; GPT-BigCode's c_attn under multi-query attention; without it, c_attn is interleaved per head)
@@ -222,6 +222,9 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.
                               if isinstance(getattr(block, name, None), torch.nn.Module)), None)
             if attention is not None and not hasattr(attention, "q_proj"):  # GPT-Neo: attn.attention holds them
                 attention = getattr(attention, "attention", attention)
+            if attention is not None and _separate(attention) is None and \
+                    isinstance(getattr(attention, "attn", None), torch.nn.Module):  # MPNet: attention.attn
+                attention = attention.attn
             separate = attention is not None and _separate(attention) is not None
             fused = attention is not None and _fused(attention) is not None
             if not (separate or fused) or \

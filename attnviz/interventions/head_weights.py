@@ -149,6 +149,12 @@ def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
     T5LayerNorm is one: no centring, no bias)."""
     if isinstance(norm, torch.nn.LayerNorm):
         return norm.weight, True
+    shape = getattr(norm, "normalized_shape", None)
+    if not list(norm.parameters()) and isinstance(shape, tuple) and len(shape) == 1:  # OLMo: no weight, no bias
+        probe = torch.randn(2, shape[0], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            if torch.allclose(norm(probe), torch.nn.functional.layer_norm(probe, shape, eps=1e-5), atol=1e-5):
+                return torch.ones(shape[0]), True  # a LayerNorm with gain 1
     rms = type(norm).__name__.endswith("RMSNorm") or type(norm).__name__ == "T5LayerNorm"
     if rms and isinstance(getattr(norm, "weight", None), torch.Tensor):
         width = norm.weight.shape[0]
@@ -162,7 +168,8 @@ def _norm_gain(norm: torch.nn.Module) -> tuple[torch.Tensor | None, bool]:
 
 def _positions(config, family: str) -> tuple[str, float]:
     """``(kind of positions, share of each head's dimensions RoPE rotates)`` from the config."""
-    if family == "t5":  # a learned bias per head and bucket of relative distance, added to the scores
+    if family == "t5" or getattr(config, "model_type", None) == "mpnet":  # a learned bias per head and bucket of
+        # relative distance, added to the scores (MPNet's shared by every layer)
         return "relative bias", 0.0
     if family == "deberta":  # c2p / p2c terms added to the scores (a DeBERTa without them: its absolute table only)
         relative = getattr(config, "relative_attention", False) and getattr(config, "pos_att_type", None)
