@@ -593,11 +593,38 @@ def test_the_words_say_what_is_not_comparable():
     assert "ALiBi" in said and "RoPE" not in said
 
 
-def test_queries_and_keys_normalised_per_head_are_refused_in_words():
-    config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=8, vocab_size=40)
-    with pytest.raises(ValueError, match="q_norm, k_norm"):
-        composition.head_weights(transformers.Qwen3ForCausalLM(config))
+@pytest.mark.parametrize("name", ["qwen3", "gemma3_text"])
+def test_queries_and_keys_normalised_per_head_fold_their_gains_and_say_so(name):
+    """Qwen3 (RMSNorm: weight) and Gemma 3 (1 + weight) normalise each head's queries and keys. By hand: the model's
+    own q_norm on each row of q_proj applied to the identity, times that row's RMS (undoing the per-token scale),
+    is the gain-folded W_Q; the same for keys. MPT's qk_ln, one norm over every head together, stays refused."""
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, vocab_size=40)
+    config = transformers.Qwen3Config(**shape) if name == "qwen3" else transformers.Gemma3TextConfig(**shape)
+    model = transformers.AutoModelForCausalLM.from_config(config).double()
+    with torch.no_grad():
+        for module in model.modules():
+            if module is not model and hasattr(module, "weight") and "Norm" in type(module).__name__:
+                module.weight.copy_(0.5 + torch.rand_like(module.weight))
+    weights = composition.head_weights(model, fold_norm=False, dtype=torch.float64)
+    eye = torch.eye(32, dtype=torch.float64)
+    for layer, block in enumerate(model.model.layers):
+        attention = block.self_attn
+        for projection, norm, found, heads in ((attention.q_proj, attention.q_norm, weights.W_Q[layer], 4),
+                                               (attention.k_proj, attention.k_norm, weights.W_K[layer][::2], 2)):
+            with torch.no_grad():
+                rows = projection(eye).view(32, heads, 8)  # [d_model, heads, d_head]
+                rms = (rows.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon if hasattr(
+                    norm, "variance_epsilon") else rows.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+                expected = (norm(rows) * rms).permute(1, 0, 2)  # [heads, d_model, d_head]
+            torch.testing.assert_close(found, expected, atol=1e-6, rtol=1e-6)  # the norms compute in float32
+    assert weights.per_head_norms
+    said = " ".join(composition.composition_words(composition.composition_scores(weights, "K")))
+    assert "q_norm, k_norm" in said and "per-token scale" in said
+    mpt = transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, vocab_size=40, attn_config={"qk_ln": True})
+    with pytest.raises(ValueError, match="qk_ln"):
+        composition.head_weights(transformers.MptForCausalLM(mpt))
 
 
 def test_an_architecture_it_does_not_read_is_refused_in_words():

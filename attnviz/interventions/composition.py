@@ -262,6 +262,10 @@ def composition_words(result: CompositionScores) -> list[str]:
                     "depends on how far the key is from the query: W_Q W_K^T (before rotation) is only its form at "
                     "offset 0 (a token attending to itself). Q- and K-scores compare that form, not what the head "
                     "does at other distances.")
+    if weights.per_head_norms:
+        said.append("Each head's queries and keys are normalised (q_norm, k_norm) before their scores: the norms' "
+                    "gains are folded into W_Q and W_K, but their per-token scale, a positive factor on each score, "
+                    "is not in the weights, so Q- and K-scores say which directions a head reads, not how strongly.")
     if weights.positions == "alibi":
         said.append("ALiBi adds a bias to each head's scores that grows with distance; the weights do not hold it, "
                     "so Q- and K-scores leave out how strongly each head prefers near tokens.")

@@ -14,12 +14,14 @@ separate q/k/v layers or one projection holding q, k and v (in blocks; GPT-BigCo
 attention interleaved per head), which also finds each layer's input norm. Biases are ignored. Checked for each
 family against transformers 5.25, and in the tests against the model's own attention code run on an identity matrix.
 
-Imports torch.
+Imports torch and attnviz.interventions.anatomy (a per-head norm's gain, read by calling it).
 """
 
 from __future__ import annotations
 
 import torch
+
+from attnviz.interventions.anatomy import NotReadable, frozen_norm
 
 
 def _linear_heads(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -264,21 +266,43 @@ def _interleaved(attention: torch.nn.Module) -> bool:
         not getattr(attention, "multi_query", True)
 
 
+def has_per_head_norms(attention: torch.nn.Module) -> bool:
+    """Whether an attention normalises each head's queries and keys (``q_norm``, ``k_norm``)."""
+    return any(isinstance(getattr(attention, name, None), torch.nn.Module) for name in ("q_norm", "k_norm"))
+
+
+def _per_head_norm_gain(norm: torch.nn.Module | None, part: torch.Tensor, config) -> torch.Tensor:
+    """``part`` ``[heads, d_model, d_head]`` times the gain of the norm applied to each head's queries or keys
+    (Qwen3's RMSNorm: its weight; Gemma 3's: 1 + weight; read by calling it); ``part`` itself without one."""
+    if norm is None:
+        return part
+    width = part.shape[-1]
+    try:
+        found = frozen_norm(norm, width)
+    except NotReadable as problem:
+        raise ValueError(f"{config.model_type}'s per-head norm of queries or keys was not read: {problem}") from None
+    if found.centres or bool(found.bias.abs().max() > 0):
+        raise ValueError(f"{config.model_type}'s per-head norm of queries or keys centres or shifts them: the "
+                         "query-key form is not a product of weight matrices")
+    return part * found.gain.to(part.dtype)  # [heads, d_model, d_head] * [d_head]
+
+
 def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
     """The generic reader: each layer's ``(q, k, v, o)`` (K/V heads repeated for the query heads that share them),
     the norm that feeds each attention (None where none is found), the K/V heads, and whether the model is pre-norm.
-    Refused for queries and keys normalised per head (``q_norm``/``k_norm``: QK is then no product of weights)."""
+    Queries and keys normalised per head (``q_norm``/``k_norm``: Qwen3, Gemma 3, OLMo 2 when per head) have their
+    norms' gains folded into W_Q and W_K (their per-token scale is a positive factor on each score, left out);
+    MPT's ``qk_ln`` (one LayerNorm over every head's queries together, centring them) is refused."""
     config = model.config
     layers = _linear_layers(model)
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     read, norms = [], []
     for block, attention in layers:
-        if any(isinstance(getattr(attention, name, None), torch.nn.Module) for name in ("q_norm", "k_norm")) or \
-                getattr(getattr(config, "attn_config", None), "qk_ln", False):  # MPT's qk_ln: the same
-            raise ValueError(f"{config.model_type}'s attention normalises each head's queries and keys (q_norm, "
-                             "k_norm): the query-key form is not a product of weight matrices, so composition scores "
-                             "from the weights would be wrong")
+        if getattr(getattr(config, "attn_config", None), "qk_ln", False):  # MPT: one norm over all heads together
+            raise ValueError(f"{config.model_type}'s attention normalises the queries and keys of all its heads "
+                             "together (qk_ln, centring them): the query-key form is not a product of weight matrices, "
+                             "so composition scores from the weights would be wrong")
         output = next(getattr(attention, name) for name in OUTPUT_NAMES
                       if isinstance(getattr(attention, name, None), torch.nn.Linear))
         separate = _separate(attention)
@@ -298,6 +322,8 @@ def _read_linear(model: torch.nn.Module) -> tuple[list, list, int, bool]:
         k = _linear_heads(k_weight, kv_heads)  # [kv_heads, d_model, d_head]
         v = _linear_heads(v_weight, kv_heads)
         k, v = k.repeat_interleave(heads // kv_heads, dim=0), v.repeat_interleave(heads // kv_heads, dim=0)
+        q, k = (_per_head_norm_gain(getattr(attention, name, None), part, config)
+                for name, part in (("q_norm", q), ("k_norm", k)))
         read.append((q, k, v, _linear_output_heads(output.weight, heads)))  # o: [heads, d_head, d_model]
         norms.append(next((getattr(block, name) for name in INPUT_NORM_NAMES
                            if isinstance(getattr(block, name, None), torch.nn.Module)), None))

@@ -42,6 +42,7 @@ from attnviz.interventions.head_weight_layouts import (  # noqa: F401 - the *_NA
     _read_linear,
     _read_llama,
     _read_t5,
+    has_per_head_norms,
 )
 
 # model_type -> the reader that knows its layout (checked against transformers 5.25's modeling code)
@@ -85,6 +86,9 @@ class HeadWeights:
     # layers that share their weights (ALBERT): per layer, the set of weights it applies (layers with the same number
     # hold the same matrices); () where every layer has its own
     shared_weights: tuple[int, ...] = ()
+    # queries and keys normalised per head (q_norm, k_norm): their gains folded into W_Q and W_K, their per-token
+    # scale (a positive factor on each query-key score) left out
+    per_head_norms: bool = False
 
     @property
     def layers(self) -> int:
@@ -307,4 +311,6 @@ def head_weights(model: torch.nn.Module, fold_norm: bool | None = None,
     positions, rotary = _positions(config, family)
     return HeadWeights(W_Q=q, W_K=k, W_V=v, W_O=o, model_type=config.model_type, family=family, kv_heads=kv_heads,
                        pre_norm=pre_norm, norm=norm_name, folded=fold, positions=positions, rotary_fraction=rotary,
-                       stack=stack or "", shared_weights=shared)
+                       stack=stack or "", shared_weights=shared,
+                       per_head_norms=family == "linear" and any(has_per_head_norms(attention)
+                                                                 for _, attention in _linear_layers(model)))
