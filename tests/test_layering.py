@@ -18,13 +18,14 @@ RANKS = {
     "core": 0, "system": 0,  # the from-scratch maths; the process's environment, timing and run log
     "checkpoints": 1, "flash": 1, "viz": 1,  # intake and safety; the flash kernels; figure builders
     "models": 2,  # loading, capture, scoring
-    "interventions": 3, "tiny_gpt": 3,  # edits and what they show; the bundled GPT's words, card and training
-    "corpus": 4, "pagelogic": 4,  # background runs over documents; what each page computes
-    "ui": 5,  # the app layer: pages' frame, session models, caches, figures
-    "api": 5,  # the notebook API: captures, figures, detectors and corpus runs from Python
-    "bench": 6,  # the benchmarks measure everything
-    "app": 7,  # the Streamlit app (app.py, attnviz/app/: its script, pages and the attnviz command)
-    "package": 8,  # attnviz/__init__.py (the notebook API's names, imported on first use) and python -m attnviz
+    "interventions": 3,  # edits and what they show, and measures of a model over its training
+    "tiny_gpt": 4,  # the bundled GPT's words, card and training (which records its run with interventions' measures)
+    "corpus": 5, "pagelogic": 5,  # background runs over documents; what each page computes
+    "ui": 6,  # the app layer: pages' frame, session models, caches, figures
+    "api": 6,  # the notebook API: captures, figures, detectors and corpus runs from Python
+    "bench": 7,  # the benchmarks measure everything
+    "app": 8,  # the Streamlit app (app.py, attnviz/app/: its script, pages and the attnviz command)
+    "package": 9,  # attnviz/__init__.py (the notebook API's names, imported on first use) and python -m attnviz
 }
 # The third-party packages each group may import (the standard library is always allowed).
 THIRD_PARTY = {

@@ -47,7 +47,7 @@ wrongly, and it has memorised much of its training text.
     {best_prev[0]:.3f} on held-out text;
   - induction head: layer {best_ind[1]}, head {best_ind[2]}, mean weight from each second-half token to the
     token after its first occurrence = {best_ind[0]:.3f} on {report['circuits']['period']} random tokens
-    repeated twice.
+    repeated twice.{_over_training(report)}
 - **On inputs it never saw** (`attnviz.core.circuits`, the same measures as the tests, which repeat them on fresh
   seeds):
   - random tokens drawn from the whole vocabulary (special tokens left out) repeated twice, lengths
@@ -66,6 +66,24 @@ wrongly, and it has memorised much of its training text.
   recipe.common_words else ""}{" The whole-word embeddings started from all-MiniLM-L6-v2's (Apache License 2.0)."
   if transplanted else ""}
 """
+
+
+def _over_training(report: dict) -> str:
+    """The card's lines on the run's own record (``over-training/``), empty for a run that kept none."""
+    kept = report.get("over_training")
+    if not kept:
+        return ""
+    change, icl = kept["phase_change"], {int(step): value for step, value in kept["icl_by_step"].items()}
+    lines = (f"\n- **Over training** (`over-training/measures.json`: every head's scores, the loss and the in-context "
+             f"learning score at {kept['measured_steps']} log-spaced steps")
+    if change is None:
+        return lines + "): no phase change by the rule the Over training page states."
+    before = change["before"] if change["before"] is not None else min(icl)
+    return (lines + f"; float16 snapshots at steps {', '.join(map(str, kept['snapshots']))}): the induction head "
+            f"layer {change['layer']}, head {change['head']} rose from {change['low']:.3f} to {change['high']:.3f}, "
+            f"its phase change from step {change['start']} to {change['end']}; the in-context-learning score (loss "
+            f"on tokens 96–127 minus tokens 8–23) went from {icl[before]:+.3f} at step {before} to "
+            f"{icl[change['end']]:+.3f} at step {change['end']}.")
 
 
 def _best_head(scores) -> tuple[float, int, int]:

@@ -455,7 +455,8 @@ def train(recipe: Recipe, out: Path, log=print, threads: int = 1) -> dict:
     series = recorder.save(out, model, ready.tokenizer, {"seconds": seconds, "threads": threads,
                                                          "torch": torch.__version__})
     report["over_training"] = {"measured_steps": len(series["rows"]), "phase_change": series["phase_change"],
-                               "snapshots": series["snapshots"]}
+                               "snapshots": series["snapshots"],
+                               "icl_by_step": {row["step"]: row["icl"] for row in series["rows"]}}
     report["total_seconds"] = time.perf_counter() - began  # the whole run: text, tokenizer, steps, measures
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "README.md").write_text(model_card(recipe, report, long_batch=long_batch_size(recipe),
