@@ -8,8 +8,8 @@ In a notebook::
     attnviz.detect(captured, "induction")         # every head's score, highest first (a pandas DataFrame)
 
 ``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan``, ``open_importance``, ``patch``, ``paths``,
-``induction_examples``, ``example``, ``attribute``, ``logit_lens``, ``composition``, ``patch_corpus`` and
-``open_patching`` come from
+``induction_examples``, ``example``, ``attribute``, ``logit_lens``, ``composition``, ``patch_corpus``,
+``open_patching``, ``measure_series`` and ``open_series`` come from
 ``attnviz.api`` and are imported on first use, so ``import attnviz`` alone stays light. The installed command is
 ``attnviz`` (``attnviz serve`` runs the app; ``python -m attnviz`` is the same command).
 
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "patch", "paths",
            "induction_examples", "example", "attribute", "logit_lens", "composition", "patch_corpus", "open_patching",
-           "__version__"]
+           "measure_series", "open_series", "__version__"]
 
 
 def __getattr__(name: str):
@@ -55,6 +55,10 @@ def __getattr__(name: str):
         from attnviz.api import patching_runs
 
         return getattr(patching_runs, name)
+    if name in ("measure_series", "open_series"):
+        from attnviz.api import series
+
+        return getattr(series, name)
     if name in ("open_scan", "open_importance"):
         from attnviz.api import run_files
 

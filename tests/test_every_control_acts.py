@@ -35,6 +35,7 @@ PAGES = {
     "importance, circuit": ("app_pages/importance.py", {}),
     "importance, map": ("app_pages/importance.py", {"imp_view": "Importance map"}),
     "importance, patching": ("app_pages/importance.py", {"imp_view": "Activation patching"}),
+    "over training": ("app_pages/over_training.py", {}),
     "queries and keys": ("app_pages/queries_keys.py", {"qk_documents": 2, "qk_tokens": 32}),  # small: t-SNE stays quick
     "checkpoints": ("app_pages/checkpoints.py", {}),
 }

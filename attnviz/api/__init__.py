@@ -13,5 +13,7 @@
 - ``patching``: patching from a notebook (``patch``, ``paths``, ``induction_examples``, ``example``) and what a
   clean run says directly (``attribute``, ``logit_lens``, ``composition``); ``patching_runs``: patching over a
   corpus (``patch_corpus``, ``open_patching``, ``PatchingRun``)
+- ``series``: a series of checkpoints measured over training (``measure_series``) and read back as the Over training
+  page draws it (``open_series``)
 - ``reference``: docs/api.md, written from these modules' docstrings
 """

@@ -3,13 +3,14 @@
     attnviz serve [--port 8501] [--address HOST] [streamlit options]   the app, from the installed package
     attnviz scan CORPUS --model NAME --out FILE.duckdb [...]          heads across a corpus (DuckDB)
     attnviz importance CORPUS --model NAME --out FILE.duckdb [...]    does a head matter, across a corpus
+    attnviz series FOLDER --db FILE.duckdb [--ray] [...]              a series of checkpoints, measured over training
     attnviz bench {flash,pages,scan,...} [...]                        the benchmarks (ratios measured in one run)
     attnviz train-tiny [--out tiny-gpt] [...]                         train attnviz's tiny GPT again
 
 ``attnviz COMMAND --help`` lists that command's options with their defaults. Each subcommand is the same code as
 its module's own command line (``python -m attnviz.corpus.scan``, ``python -m attnviz.corpus.importance``,
-``python -m attnviz.bench``, ``python -m attnviz.tiny_gpt.train``), which keep working; ``python -m attnviz`` is this
-command.
+``python -m attnviz.corpus.series``, ``python -m attnviz.bench``, ``python -m attnviz.tiny_gpt.train``), which keep
+working; ``python -m attnviz`` is this command.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMANDS = {  # name -> what it does, for the overview
     "scan": "scan a corpus: every head's statistics and labels, in one DuckDB file (resumable)",
     "importance": "does a head matter across a corpus: ablation costs per document, in one DuckDB file (resumable)",
     "patch": "activation and path patching across a corpus: each document's text typed twice (DuckDB, resumable)",
+    "series": "a folder of checkpoints (step1000/, ...) measured over training: losses, heads, phase change (DuckDB)",
     "bench": "the benchmarks: speed and memory, as ratios measured in one run",
     "train-tiny": "train attnviz's tiny GPT again (about 15 minutes on 2 cores)",
 }
@@ -44,7 +46,7 @@ def overview() -> str:
     lines += [f"  {name!r}  ({folder})" for name, folder in bundled_models().items()]
     lines += ["", "attnviz COMMAND --help lists a command's options with their defaults.",
               "In Python: import attnviz; attnviz.capture(...), attnviz.show, attnviz.detect, attnviz.scan, "
-              "attnviz.importance, attnviz.patch, attnviz.paths, attnviz.attribute."]
+              "attnviz.importance, attnviz.patch, attnviz.paths, attnviz.attribute, attnviz.open_series."]
     return "\n".join(lines)
 
 
@@ -97,13 +99,19 @@ def _patch(argv: list[str]) -> int:
     return main(argv, prog="attnviz patch")
 
 
+def _series(argv: list[str]) -> int:
+    from attnviz.corpus.series.__main__ import main
+
+    return main(argv, prog="attnviz series")
+
+
 def _bench(argv: list[str]) -> int:
     from attnviz.bench.__main__ import main
 
     return main(argv, prog="attnviz bench")
 
 
-RUNNERS = {"serve": serve, "scan": _scan, "importance": _importance, "patch": _patch,
+RUNNERS = {"serve": serve, "scan": _scan, "importance": _importance, "patch": _patch, "series": _series,
            "bench": _bench, "train-tiny": _train_tiny}
 
 

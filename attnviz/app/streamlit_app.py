@@ -26,6 +26,7 @@ PAGES = (  # (script, title, icon); the first is the default page
     ("app_pages/generation.py", "Generation and KV cache", ":material/edit_note:"),
     ("app_pages/corpus.py", "Heads across a corpus", ":material/dataset:"),
     ("app_pages/importance.py", "Does this head matter?", ":material/science:"),
+    ("app_pages/over_training.py", "Over training", ":material/timeline:"),
     ("app_pages/queries_keys.py", "Queries and keys", ":material/scatter_plot:"),
     ("app_pages/checkpoints.py", "Checkpoints", ":material/inventory_2:"),
 )

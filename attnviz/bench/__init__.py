@@ -4,7 +4,8 @@ run, with ratios, and writing JSON under ``bench-results/``.
 - ``explore``, ``pages``, ``startup``, ``load``, ``long``: the app as its users meet it
 - ``flash_gpu`` (and ``attnviz.flash.cpu_sweep`` on the CPU): the flash contenders
 - ``scan``, ``ablation``, ``queries_keys``: what a scan, an importance map and a picture of queries and keys cost;
-  ``patching``: a patching map against the forwards it needs
+  ``patching``: a patching map against the forwards it needs; ``series``: a series' checkpoint measured against
+  the forwards its measures need
 - ``browser``: a real ``streamlit run`` and Chromium; ``tiny``: tiny checkpoints made locally
 - ``__main__``: the command line
 

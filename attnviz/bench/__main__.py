@@ -1,5 +1,6 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
-``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``, ``... patching``."""
+``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``, ``... patching``,
+``... series``."""
 
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ def build_parser(prog: str = "python -m attnviz.bench") -> argparse.ArgumentPars
     patching_parser.add_argument("--rows", type=int, default=16, help="cells patched per forward (rows_per_forward)")
     patching_parser.add_argument("--model", default=None, help="a causal LM folder (default: the bundled tiny GPT)")
     patching_parser.add_argument("--out", type=Path, default=Path("bench-results/patching.json"))
+    series_parser = commands.add_parser("series", help="a series' checkpoint measured against the forwards it needs")
+    series_parser.add_argument("--checkpoints", type=int, default=6)
+    series_parser.add_argument("--repeats", type=int, default=3, help="rounds per checkpoint")
+    series_parser.add_argument("--shape", type=int, nargs=3, default=[3, 4, 128], metavar=("LAYERS", "HEADS", "WIDTH"))
+    series_parser.add_argument("--out", type=Path, default=Path("bench-results/series.json"))
     return parser
 
 
@@ -158,9 +164,16 @@ def _patching(args) -> tuple[dict, list[str], Path]:
     return report, patching.print_patching(report), args.out
 
 
+def _series(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import series
+
+    report = series.bench_series(args.checkpoints, args.repeats, *args.shape)
+    return report, series.print_series(report), args.out
+
+
 BENCHMARKS = {"queries-keys": _queries_keys, "ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages,
               "load": _load, "startup": _startup, "long": _long, "flash": _flash,
-              "patching": _patching}
+              "patching": _patching, "series": _series}
 
 
 def write_report(report: dict, out: Path) -> None:

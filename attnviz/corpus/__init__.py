@@ -12,4 +12,6 @@ runs that keep their results in DuckDB (a scan, a corpus importance run, a corpu
 - ``database``: a DuckDB results file, written with its memory bounded and opened safely
 - ``scan``: heads across a corpus (statistics, labels, examples); ``importance``: does a head matter across a corpus;
   ``patching``: activation and path patching over a corpus, one example made from each document
+- ``series``: a series of a user's checkpoints measured over training, one checkpoint at a time through the same
+  runner (each checkpoint a "document"), one row per step in DuckDB
 """

@@ -1,12 +1,13 @@
-"""Scans and corpus importance and patching runs the pages start: each runs as ``python -m attnviz.corpus.scan`` (or
-``attnviz.corpus.importance``, ``attnviz.corpus.patching``) in a process of its own (it goes on while the page is left
-or reloaded, and a crash in it cannot take the server down), through the server's queue (:mod:`attnviz.corpus.jobs`:
-at most ``ATTNVIZ_JOBS`` at once, all browsers together, one per browser and per session), writing its progress to a
-JSON file beside its database and stopping, resumably, when a stop file appears.
+"""Scans, corpus importance and patching runs and series of checkpoints the pages start: each runs as ``python -m
+attnviz.corpus.scan`` (or ``attnviz.corpus.importance``, ``attnviz.corpus.patching``, ``attnviz.corpus.series``) in a
+process of its own (it goes on while the page is left or reloaded, and a crash in it cannot take the server down),
+through the server's queue (:mod:`attnviz.corpus.jobs`: at most ``ATTNVIZ_JOBS`` at once, all browsers together, one
+per browser and per session), writing its progress to a JSON file beside its database and stopping, resumably, when a
+stop file appears.
 
-A job is ``(kind, key, settings)``: the run of ``kind`` (``scan``, ``importance`` or ``patching``) whose files are
-named by ``key``, told everything by one JSON file, ``<key>.settings.json`` (:mod:`attnviz.corpus.command`: its
-options and settings, as the command line's ``--settings`` reads them). A scans folder holds, per scan ``<key>``
+A job is ``(kind, key, settings)``: the run of ``kind`` (``scan``, ``importance``, ``patching`` or ``series``) whose
+files are named by ``key``, told everything by one JSON file, ``<key>.settings.json`` (:mod:`attnviz.corpus.command`:
+its options and settings, as the command line's ``--settings`` reads them). A scans folder holds, per scan ``<key>``
 (:func:`attnviz.corpus.scan.runner.scan_key`): ``<key>.duckdb``, ``<key>.settings.json``, ``<key>.progress.json``,
 ``<key>.log`` and, while it runs, ``<key>.stop`` when asked to stop; uploaded corpora are
 kept as ``<name>-<sha256>.<format>``, at most :data:`MAX_CORPORA`; projections the Queries and keys page makes
@@ -38,6 +39,7 @@ from attnviz.corpus.importance.runner import ImportanceSettings
 from attnviz.corpus.jobs import Job
 from attnviz.corpus.patching.runner import PatchingSettings
 from attnviz.corpus.scan.runner import ScanSettings
+from attnviz.corpus.series.runner import SeriesOptions, SeriesSettings
 
 MAX_SCANS = 6  # kept per scans folder (per browser); the oldest goes first
 MAX_CORPORA = 3  # uploaded corpora kept per browser; the oldest not in use goes first
@@ -140,6 +142,16 @@ class ScanFolder:
                                 field_name=field_name or None)
         return self._launch("patching", key, options, settings, disk_bytes, session)
 
+    def start_series(self, key: str, folder: str | Path, settings: SeriesSettings, *, dtype: str = "fp32",
+                     name: str | None = None, disk_bytes: int = 0, session: str | None = None) -> Job:
+        """Start (or go on with) the measures of a series of checkpoints ``key`` (:mod:`attnviz.corpus.series`;
+        ``folder`` the series folder, checked by the caller as a server folder) in a process of its own, through the
+        server's queue, like :meth:`start`."""
+        options = SeriesOptions(folder=str(folder), db=str(self.database(key)), name=name or None, dtype=dtype,
+                                threads=_threads(), progress_file=str(self.progress_file(key)),
+                                stop_file=str(self.stop_file(key)), disk_limit=int(disk_bytes), quiet=True)
+        return self._launch("series", key, options, settings, disk_bytes, session, reads=str(folder))
+
     def _options(self, key: str, corpus: str, model_folder: str | Path, dtype: str, model_name: str | None,
                  disk_bytes: int, **reading) -> RunOptions:
         """A page's job as the command line would be told it: quiet, its progress and stop files beside its
@@ -148,8 +160,8 @@ class ScanFolder:
                           dtype=dtype, threads=_threads(), progress_file=str(self.progress_file(key)),
                           stop_file=str(self.stop_file(key)), disk_limit=int(disk_bytes), quiet=True, **reading)
 
-    def _launch(self, kind: str, key: str, options: RunOptions, settings, disk_bytes: int,
-                session: str | None) -> Job:
+    def _launch(self, kind: str, key: str, options, settings, disk_bytes: int, session: str | None,
+                reads: str | None = None) -> Job:
         """The job ``(kind, key, settings)`` queued: its settings file is written beside its database once the
         queue takes it, and its process is told nothing else."""
         written = disk.written_bytes(self.folder, key)  # a resumed job's files are on disk already
@@ -164,7 +176,8 @@ class ScanFolder:
             return str(reservation.entry) if needed else None
 
         job = self._queue().submit(folder=self.folder, key=key, kind=kind,
-                                   command=job_command(kind, self.settings_file(key)), corpus=options.corpus,
+                                   command=job_command(kind, self.settings_file(key)),
+                                   corpus=options.corpus if reads is None else reads,
                                    log=self.folder / f"{key}.log", owner=str(self.owner), session=session,
                                    reserve=reserve)
         self.bound(keep=key)

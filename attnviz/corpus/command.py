@@ -99,9 +99,10 @@ def job_command(kind: str, settings_file: Path) -> list[str]:
     return [sys.executable, "-m", f"attnviz.corpus.{kind}", "--settings", str(settings_file)]
 
 
-def read_settings_file(path: str, command: RunCommand) -> dict[str, Any]:
+def read_settings_file(path: str, command: RunCommand, options: type = RunOptions) -> dict[str, Any]:
     """A settings file's values, checked: a JSON object of at most :data:`MOST_SETTINGS_BYTES`, its keys fields of
-    :class:`RunOptions` or of the run's settings (and ``kind``, this run's), each of its field's type."""
+    ``options`` (:class:`RunOptions`, or a run's own) or of the run's settings (and ``kind``, this run's), each of its
+    field's type."""
     try:
         with open(path, "rb") as handle:
             data = handle.read(MOST_SETTINGS_BYTES + 1)
@@ -118,7 +119,7 @@ def read_settings_file(path: str, command: RunCommand) -> dict[str, Any]:
     kind = values.pop("kind", command.kind)
     if kind != command.kind:
         raise SettingsRefused(f"--settings {path} is the settings of {kind!r}, not of {command.kind!r}"[:300])
-    return checked_values((RunOptions, command.settings), values, f"--settings {path}")
+    return checked_values((options, command.settings), values, f"--settings {path}")
 
 
 # -- parsing -----------------------------------------------------------------------------------------------------

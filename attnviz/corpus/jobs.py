@@ -188,7 +188,8 @@ class JobQueue:
             self._move_on(entries)
             for entry in entries:
                 if entry["owner"] == owner or (session is not None and entry.get("session") == session):
-                    what = {"scan": "scan", "patching": "patching run"}.get(entry["kind"], "importance run")
+                    what = {"scan": "scan", "patching": "patching run", "series": "series' measures"}.get(
+                        entry["kind"], "importance run")
                     doing = "running" if entry["state"] == RUNNING else "waiting"
                     raise JobRefused(f"a {what} of this browser is {doing} already: one job at a time per browser. "
                                      "Wait for it, or stop it")

@@ -17,4 +17,6 @@
 - ``training_measures``: what a decoder has learned at one step (loss, in-context learning, every head's detector
   scores and ablation cost) and the phase change; ``training_runs``: a run's measures by step, as the Over training
   page draws them
+- ``norm_placement``: pre-norm against post-norm, measured: gradients per layer at initialisation and over the
+  first steps, and four short training runs
 """

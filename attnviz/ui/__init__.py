@@ -19,7 +19,12 @@ pages import Streamlit.
   looks: layer x position, heads, head inputs, paths, logit attribution, logit lens, composition);
   ``patching_runs``: the same experiment over a corpus, measured in the background; ``patching_run_results``: its
   maps read back and drawn
+- ``over_training_series``: the Over training page's series of the user's checkpoints (a folder on the server,
+  measured in the background)
+- ``over_training_view``: the Over training page's view (a run's figures, its words, one step's numbers);
+  ``norm_placement_view``: its pre-norm or post-norm section
 - ``open_in_explore``: "Open in Explore heads" from any page; ``links``: what a link's parameters may hold
+- ``open_in_generation``: "Open in Generation" from any page
 - ``downloads``: large files streamed from disk; ``pattern_widgets``: a mask pattern's widgets, from the registry
 - ``page_scripts``: the browser-side scripts (``assets/*.js``)
 - ``lifespan`` and ``warm_up``: the server's start, and what it computes before the first visit

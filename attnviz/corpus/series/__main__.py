@@ -1,0 +1,119 @@
+"""``python -m attnviz.corpus.series FOLDER --db FILE.duckdb [--ray]``: measure every checkpoint of a series over
+training (:mod:`attnviz.corpus.series.runner`): FOLDER holds one folder per checkpoint, named with its step
+(``step1000/``, ``checkpoint-500/``, ...). ``--settings FILE.json`` gives any of the options as one JSON object. Run
+again with the same arguments to go on with the steps it lacks (a stopped run, or checkpoints added since).
+
+The options are the fields of :class:`~attnviz.corpus.series.runner.SeriesOptions` and
+:class:`~attnviz.corpus.series.runner.SeriesSettings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnviz.corpus.command import RunCommand, read_settings_file, stopper, unwritable, write_json
+from attnviz.corpus.options import SettingsRefused, add_options, built, field_names, given, required
+from attnviz.corpus.series.runner import SeriesOptions, SeriesSettings
+
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def measure_series(options: SeriesOptions, settings: SeriesSettings, progress, should_stop, measure):
+    from attnviz.corpus.series.runner import run_series
+
+    return run_series(options.folder, options.db, settings, dtype=options.dtype, name=options.name,
+                      progress=progress, should_stop=should_stop, measure=measure)
+
+
+SERIES = RunCommand(kind="series", description=DESCRIPTION, settings=SeriesSettings, helps={},
+                    results_words="a series' database", refusals=(ValueError,), verb="measure the series",
+                    run=measure_series)
+
+
+def parser_of(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or "python -m attnviz.corpus.series", description=DESCRIPTION)
+    parser.add_argument("--settings", metavar="FILE.json", default=None,
+                        help="the run's options and settings as one JSON object, by field name (folder, db, windows, "
+                             "...); an option also given on the command line takes the command line's value")
+    add_options(parser, SeriesOptions)
+    add_options(parser, SeriesSettings)
+    return parser
+
+
+def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[SeriesOptions, dict[str, Any]]:
+    """The options, and the settings' values (their ranges are checked as the settings are built). Each value from the
+    command line, else the settings file, else the field's default."""
+    parser = parser_of(prog)
+    namespace = parser.parse_args(argv)
+    try:
+        from_file = read_settings_file(namespace.settings, SERIES, SeriesOptions) if namespace.settings else {}
+    except SettingsRefused as problem:
+        parser.error(str(problem))
+    values = {**from_file, **given(namespace, SeriesOptions), **given(namespace, SeriesSettings)}
+    missing = [name for name in required(SeriesOptions) if name not in values]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    return built(SeriesOptions, values), {name: value for name, value in values.items()
+                                          if name in field_names(SeriesSettings)}
+
+
+class Reporter:
+    """A progress line on the terminal, and the JSON progress file the page reads."""
+
+    def __init__(self, progress_file: str | None, quiet: bool):
+        self.progress_file = Path(progress_file) if progress_file else None
+        self.quiet = quiet
+
+    def __call__(self, state) -> None:
+        if self.progress_file is not None:
+            write_json(self.progress_file, state.as_dict())
+        if not self.quiet:
+            bar = "#" * int(state.done / max(state.planned, 1) * 30)
+            last = f" · step {state.step:,} in {state.seconds:.1f} s" if state.step is not None else ""
+            print(f"\r[{bar:<30}] {state.done:,}/{state.planned:,} checkpoints{last} · {state.status}   ", end="",
+                  file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Parse, run, and say how it ended: 0 when it finished or stopped; 2, the problem said on stderr and in the
+    progress file (the page shows it), when it was refused or failed."""
+    options, values = parse(argv, prog)
+    from attnviz.system.runtime import configure_environment
+
+    configure_environment()  # before torch is imported
+    import duckdb
+    import torch
+
+    from attnviz.checkpoints.safety import CheckpointRefused
+    from attnviz.corpus.on_ray import on_ray
+    from attnviz.corpus.scan.runner import ScanRefused
+
+    started = time.time()
+    try:
+        settings = SeriesSettings(**values)
+        if options.threads and not options.ray:
+            torch.set_num_threads(options.threads)
+        measure = on_ray(options.ray_address, options.workers, options.threads or 1, what=SERIES.verb) \
+            if options.ray else None
+        state = measure_series(options, settings, Reporter(options.progress_file, options.quiet),
+                               stopper(options.stop_file, options.db, options.disk_limit), measure)
+    except (ScanRefused, CheckpointRefused, OSError, duckdb.Error, ValueError) as problem:
+        if isinstance(problem, duckdb.Error):
+            problem = unwritable(options.db, problem, SERIES.results_words)
+        if options.progress_file:
+            write_json(Path(options.progress_file), {"status": "failed", "error": str(problem),
+                                                     "updated": time.time()})
+        print(f"\nattnviz.corpus.series: {problem}", file=sys.stderr)
+        return 2
+    if not options.quiet:
+        print(f"\n{state.status}: {state.done:,} of {state.planned:,} checkpoints in {options.db} "
+              f"({time.time() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The Over training page's series source (attnviz.ui.over_training_series.series_source) in AppTest: a folder typed
+on the page is checked, measured by a background job of the server's queue, and returned as the Run its DuckDB file
+holds; a stopped series resumes from the page and stops from it; what cannot be measured is refused in words; a server
+that reads no folders says so."""
+
+import shutil
+import time
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from attnviz.corpus.series import runner as sr
+from attnviz.corpus.series.store import open_series
+from tests.test_series import STEPS, assert_same_rows, copy_tokenizer, save_gpt
+
+
+def script():
+    import streamlit as st
+
+    from attnviz.ui.over_training_series import series_source
+
+    run = series_source()
+    st.markdown("RUN: " + ("none" if run is None else ",".join(str(step) for step in run.steps)))
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    root = tmp_path_factory.mktemp("page-series")
+    for seed, step in enumerate(STEPS):
+        save_gpt(root / f"step{step}", seed)
+    copy_tokenizer(root)
+    return root
+
+
+def source(folder=None) -> AppTest:
+    at = AppTest.from_function(script, default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    if folder is not None:
+        at.text_input(key="ot_series_folder").set_value(str(folder)).run()
+        assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def said_run(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("RUN: "))[5:]
+
+
+def wait_for_the_job(at: AppTest, seconds: float = 150) -> AppTest:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        if not at.get("progress"):
+            return at
+        time.sleep(1)
+    raise AssertionError("the series' job did not end")
+
+
+def test_a_folder_typed_on_the_page_is_measured_in_the_background_resumed_and_stopped(series, tmp_path,
+                                                                                       clean_streamlit_caches):
+    folder = tmp_path / "run"
+    shutil.copytree(series, folder)
+    at = source()
+    assert said_run(at) == "none" and any("Give a folder of checkpoints" in c.value for c in at.caption)
+    at.text_input(key="ot_series_folder").set_value(str(folder)).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("3 checkpoints (steps 100 to 300) of a gpt2 of 2 layers x 2 heads" in c.value for c in at.caption)
+    assert at.button(key="ot_series_start").label == "Measure 3 checkpoints" and said_run(at) == "none"
+    # the same series, stopped after its first checkpoint: the page returns what is measured, and resumes it
+    path = at.session_state["ot_series_path"]
+    asked = []
+    torch.set_num_threads(1)
+    sr.run_series(folder, path, should_stop=lambda: asked.append(1) or len(asked) > 1)
+    at.run()
+    assert said_run(at) == "100"
+    button = at.button(key="ot_series_resume")
+    assert button.label == "Resume: 2 checkpoints left"
+    button.click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.get("progress")  # the job's progress, with its Stop
+    at.button(key="ot_series_stop").click().run()  # while the job starts: it stops before its next checkpoint
+    assert not at.exception, [e.value for e in at.exception]
+    wait_for_the_job(at)
+    assert not at.error, [e.value for e in at.error]
+    if said_run(at) != "100,200,300":  # stopped part way: Resume goes on with what is left
+        at.button(key="ot_series_resume").click().run()
+        wait_for_the_job(at)
+    assert not at.error, [e.value for e in at.error]
+    assert said_run(at) == "100,200,300"
+    assert any("Every checkpoint is measured (3)" in s.value for s in at.success)
+    run = open_series(path)
+    assert run.facts["status"] == "finished" and run.checkpoints == {step: folder / f"step{step}" for step in STEPS}
+    assert_same_rows(run.rows, sr_rows(series, tmp_path), rel=1e-6, abs_=1e-9)  # the background job's are the runner's
+
+
+def sr_rows(series, tmp_path) -> list[dict]:
+    sr.run_series(series, tmp_path / "here.duckdb")
+    return open_series(tmp_path / "here.duckdb").rows
+
+
+def test_what_cannot_be_a_series_is_refused_in_words(series, tmp_path, clean_streamlit_caches):
+    at = source(tmp_path / "nowhere")
+    assert any("does not exist on this server" in e.value for e in at.error), [e.value for e in at.error]
+    shutil.copytree(series / "step100", tmp_path / "bad" / "final")
+    copy_tokenizer(tmp_path / "bad")
+    at.text_input(key="ot_series_folder").set_value(str(tmp_path / "bad")).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["This folder cannot be measured as a series: final holds a checkpoint, but "
+                                          "its name has no step number: name each checkpoint's folder with its step "
+                                          "(step1000, checkpoint-1000, ...)."]
+    assert not at.button and said_run(at) == "none"
+
+
+def test_a_server_that_reads_no_folders_says_so(monkeypatch, clean_streamlit_caches):
+    monkeypatch.setenv("ATTNVIZ_SERVER_FOLDERS", "0")
+    at = source()
+    assert any("reads no folders on its disk" in i.value for i in at.info)
+    assert not at.text_input and said_run(at) == "none"
