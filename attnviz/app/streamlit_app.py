@@ -50,7 +50,7 @@ def main() -> None:
     )
     pages = [st.Page(script, title=title, icon=icon, default=index == 0)
              for index, (script, title, icon) in enumerate(PAGES)]
-    navigation = st.navigation(pages)
+    navigation = st.navigation(pages, expanded=True)  # every page listed: past ten, Streamlit hides the rest
     start_janitor()  # uploads are deleted soon after their session ends (or their browser's keep time)
     open_linked_model()  # a link's model=, before the sidebar's model widget reads the URL
     apply_pending_model()
