@@ -24,7 +24,7 @@ def test_the_package_is_imported_from_the_environment_with_its_data(installed_at
     found = json.loads(result.stdout)
     site = str(installed_attnviz.venv)
     assert found["package"].startswith(site) and found["script"].startswith(site) and found["config"].startswith(site)
-    assert len(found["pages"]) == 12 and "explore_heads.py" in found["pages"]
+    assert len(found["pages"]) == 13 and "explore_heads.py" in found["pages"]
     assert {"icon.png", "svg_downloads.js"} <= set(found["assets"])
     assert found["upload"] == 2048 * 1024**2  # read from the settings shipped beside the script
     tiny = [folder for name, folder in found["models"].items() if name.startswith("tiny GPT")]
