@@ -8,14 +8,16 @@ from attnviz.ui import frame
 
 SCRIPTS = {"Attention step by step": "app_pages/step_by_step.py", "Scaling and softmax": "app_pages/scaling.py",
            "Masks": "app_pages/masks.py", "Positional encodings": "app_pages/positional.py",
-           "Explore heads": "app_pages/explore_heads.py", "Heads and KV cache": "app_pages/heads_kv_cache.py",
+           "Explore heads": "app_pages/explore_heads.py", "Over training": "app_pages/over_training.py",
+           "Heads and KV cache": "app_pages/heads_kv_cache.py",
            "Flash vs naive": "app_pages/flash.py", "Generation and KV cache": "app_pages/generation.py"}
 
 
 def test_the_story_runs_from_the_mechanism_to_the_systems():
     assert frame.STORY[0] == "Attention step by step" and frame.STORY[-1] == "Generation and KV cache"
     assert frame.story_neighbours("Attention step by step") == (None, "Scaling and softmax")
-    assert frame.story_neighbours("Explore heads") == ("Positional encodings", "Heads and KV cache")
+    assert frame.story_neighbours("Explore heads") == ("Positional encodings", "Over training")
+    assert frame.story_neighbours("Over training") == ("Explore heads", "Heads and KV cache")
     assert frame.story_neighbours("Flash vs naive") == ("Heads and KV cache", "Generation and KV cache")
     assert frame.story_neighbours("Generation and KV cache") == ("Flash vs naive", None)
     assert frame.story_neighbours("Checkpoints") == (None, None)

@@ -55,7 +55,7 @@ PAGES = (
     PageVisit("Corpus: a scan's map", "app_pages/corpus.py", "corpus_statistic", ("entropy", "first"), scan=True),
     PageVisit("Corpus: a head", "app_pages/corpus.py", "corpus_layer", (1, 2), (("corpus_view", "Head"),), scan=True),
     PageVisit("Does this head matter?", "app_pages/importance.py", "imp_circuit_seed", (12, 13)),
-    PageVisit("Over training", "app_pages/over_training.py", "ot_step", (1091, 1300)),  # two measured steps
+    PageVisit("Over training", "app_pages/over_training.py", "ot_step", (3720, 4433)),  # the phase change
     PageVisit("Queries and keys", "app_pages/queries_keys.py", "qk_head", (3, 4)),
     PageVisit("Checkpoints", "app_pages/checkpoints.py", "ckpt_dtype", ("fp32", "stored")),
 )

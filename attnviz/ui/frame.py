@@ -145,9 +145,10 @@ def presentation_requested() -> bool:
     return st.query_params.get("presentation_mode", "").lower() in ("true", "1", "yes")
 
 
-# The order a talk follows, from the mechanism to the real model and to the systems that make it fast.
+# The order a talk follows, from the mechanism to the real model (its heads, then how they formed over its training)
+# and to the systems that make it fast.
 STORY = ("Attention step by step", "Scaling and softmax", "Masks", "Positional encodings", "Explore heads",
-         "Heads and KV cache", "Flash vs naive", "Generation and KV cache")
+         "Over training", "Heads and KV cache", "Flash vs naive", "Generation and KV cache")
 
 
 def story_neighbours(title: str) -> tuple[str | None, str | None]:

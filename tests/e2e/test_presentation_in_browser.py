@@ -8,7 +8,7 @@ from tests.e2e.conftest import wait_until_idle
 
 pytestmark = pytest.mark.e2e
 
-PAGES = ["step_by_step", "scaling", "masks", "positional", "", "heads_kv_cache", "flash", "generation"]
+PAGES = ["step_by_step", "scaling", "masks", "positional", "", "over_training", "heads_kv_cache", "flash", "generation"]
 
 # Labels and tabs whose text does not fit their box (the browser cuts them with an ellipsis or a scroll).
 TRUNCATED = """
