@@ -35,6 +35,16 @@ def _run(rows, checkpoints=None, name=ot.BUNDLED_RUN_NAME) -> Run:
                checkpoints or {})
 
 
+def test_a_step_the_rule_names_twice_is_said_once():
+    # 0.02 -> 0.6 -> 0.72: step 400 is past 10% and past half of the rise, step 1,000 past 90%
+    run = _run(_rows(induction=(0.02, 0.03, 0.02, 0.6, 0.72)))
+    assert (run.phase.start, run.phase.middle, run.phase.end) == (400, 400, 1000)
+    phase = ot.phase_words(run)
+    assert "**The phase change runs from step 400 to step 1,000**" in phase
+    assert ("L1 H1's induction score is 0.6 at step 400 (10% of its rise and half) and 0.72 at step 1,000 (90%); "
+            "0.02 at step 100, the last measured step before") in phase
+
+
 def test_a_rise_from_0_02_to_0_7_between_steps_100_and_400_is_the_phase_change_and_the_words_say_so():
     run = _run(_rows())
     assert (run.phase.layer, run.phase.head, run.phase.before, run.phase.start, run.phase.end) == (1, 1, 100, 400, 400)
@@ -52,9 +62,9 @@ def test_a_rise_from_0_02_to_0_7_between_steps_100_and_400_is_the_phase_change_a
     assert "**+0.15** at step 100, before the phase change, and **−0.2** at step 400, after it" in icl
     assert "it moves by −0.35 across the phase change, and by −0.1 from there to the last step" in icl
     loss = ot.loss_words(run)
-    assert "8 at step 0" in loss and "6 at step 100 (before the phase change)" in loss
-    assert "5 at step 400 (after it)" in loss and "4 at step 1,000 (the last)" in loss
-    assert "falls by 1 across the phase change, 25% of its fall over the whole run (4)" in loss
+    assert "8.00 at step 0" in loss and "6.00 at step 100 (before the phase change)" in loss
+    assert "5.00 at step 400 (after it)" in loss and "4.00 at step 1,000 (the last)" in loss
+    assert "falls by 1.00 across the phase change, 25% of its fall over the whole run (4.00)" in loss
     previous = ot.previous_token_words(run)
     assert "**L0 H0** passes 0.5 at step 100 (0.6; 0.05 at step 0, 0.9 at the last step)" in previous
     assert "before the phase change starts (step 400)" in previous

@@ -211,8 +211,11 @@ def phase_words(run: Run) -> str:
             is not None else f"{label}'s induction score is {at(phase.end)}"
     else:
         where = f"**The phase change runs from {_step(phase.start)} to {_step(phase.end)}**"
-        how = (f"{label}'s induction score is {at(phase.start)} (10% of its rise), {at(phase.middle)} (half) and "
-               f"{at(phase.end)} (90%)")
+        marks: dict[int, list[str]] = {}  # a step the rule names twice (10% and half at once) is said once
+        for step, share in ((phase.start, "10% of its rise"), (phase.middle, "half"), (phase.end, "90%")):
+            marks.setdefault(step, []).append(share)
+        said = [f"{at(step)} ({' and '.join(shares)})" for step, shares in marks.items()]
+        how = f"{label}'s induction score is {', '.join(said[:-1])} and {said[-1]}"
         if phase.before is not None:
             how += f"; {at(phase.before)}, the last measured step before"
     return (f"{where}: {how}. It rises from {_n(phase.low)} at {_step(steps[0])} to its highest, {_n(phase.high)} "
@@ -273,15 +276,15 @@ def loss_words(run: Run) -> str:
     shown += [(first, first_name), (second, second_name)]
     if second != steps[-1]:
         shown.append((steps[-1], "the last"))
-    each = ", ".join(f"{_n(loss[_index(rows, step)])} at {_step(step)} ({name})" for step, name in shown)
+    each = ", ".join(f"{loss[_index(rows, step)]:.2f} at {_step(step)} ({name})" for step, name in shown)
     said = f"The **held-out loss** (nats per token): {each}."
     if run.phase is not None:
         during = loss[_index(rows, first)] - loss[_index(rows, second)]
         whole = loss[0] - loss[-1]
-        said += (f" It falls by {_n(during)}" if during >= 0 else f" It rises by {_n(-during)}") + \
+        said += (f" It falls by {during:.2f}" if during >= 0 else f" It rises by {-during:.2f}") + \
             " across the phase change"
         if whole > 0 and during > 0:
-            said += f", {during / whole:.0%} of its fall over the whole run ({_n(whole)})"
+            said += f", {during / whole:.0%} of its fall over the whole run ({whole:.2f})"
         said += "."
     return said
 
