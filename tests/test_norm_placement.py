@@ -312,3 +312,30 @@ def test_section_trains_a_tiny_run_when_the_button_is_pressed(clean_streamlit_ca
     assert not [button for button in at.button if button.key in ("np_stop", "np_train")]  # their place emptied
     at.run()  # a rerun reads the kept result: no button to press again
     assert not at.exception and len(at.get("plotly_chart")) == 3
+
+
+def test_a_second_session_training_at_once_is_told_to_wait(clean_streamlit_caches):
+    from attnviz.ui import norm_placement_view as view
+
+    base = npl.Settings(batch=2, length=16, held_out_windows=2,
+                        shape=npl.Shape(context=16, n_layer=2, n_head=2, d_model=16, d_mlp=32))
+    slots = view._training_slots()
+    assert view.training_limit() == 1
+    assert slots.acquire(blocking=False)  # another session's runs hold the server's one slot
+    try:
+        at = AppTest.from_function(_section, kwargs={"base": base}, default_timeout=120)
+        at.run()
+        at.number_input(key="np_steps").set_value(5)
+        at.run()
+        at.button(key="np_train").click()
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("Another session is training these runs" in warning.value for warning in at.warning)
+        assert len(at.get("plotly_chart")) == 1  # nothing trained
+    finally:
+        slots.release()
+    at.button(key="np_retry").click()
+    at.run()  # the slot is free again: it trains
+    assert not at.exception and len(at.get("plotly_chart")) == 3
+    assert slots.acquire(blocking=False)  # and gave its slot back
+    slots.release()

@@ -1,11 +1,14 @@
 """Pre-norm or post-norm? A section for the "Over training" page: the bundled tiny GPT's shape built both ways, each
 block's gradient norm at initialisation (drawn at once: one backward pass each), and, behind a button, four short
 training runs (each way, with and without warm-up) with their gradients and losses, kept by their settings for every
-session. The measuring is :mod:`attnviz.interventions.norm_placement`; the words and figures
-:mod:`attnviz.pagelogic.norm_placement`."""
+session. At most :func:`training_limit` sessions train at once on a server; the others are told to press again. The
+measuring is :mod:`attnviz.interventions.norm_placement`; the words and figures :mod:`attnviz.pagelogic.norm_placement`.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import replace
 
@@ -18,6 +21,7 @@ from attnviz.ui.caches.store import BoundedStore
 from attnviz.ui.figures import figure_once, show_figure
 
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+TRAININGS_VARIABLE = "ATTNVIZ_NORM_TRAININGS"
 FORM = ("np_lr", "np_steps", "np_warmup", "np_seed")
 
 
@@ -42,6 +46,21 @@ def _init_gradients(settings: npl.Settings) -> tuple[dict[str, list[float]], flo
     return gradients, time.perf_counter() - started
 
 
+def training_limit() -> int:
+    """How many sessions may train these runs at once on this server (``ATTNVIZ_NORM_TRAININGS``; default 1: each
+    training takes the cores it is given, and the runs are short)."""
+    try:
+        return max(1, int(os.environ.get(TRAININGS_VARIABLE, "") or 1))
+    except ValueError:
+        return 1
+
+
+@st.cache_resource(show_spinner=False)
+def _training_slots() -> threading.BoundedSemaphore:
+    """The server's training slots, shared by every session of this process (the server)."""
+    return threading.BoundedSemaphore(training_limit())
+
+
 def _settings(base: npl.Settings) -> npl.Settings:
     """The widgets, started from ``base`` through the session state (a widget given a value as well as a session
     state value draws Streamlit's warning) and kept across page changes."""
@@ -62,14 +81,27 @@ def _settings(base: npl.Settings) -> npl.Settings:
     return replace(base, learning_rate=rate, steps=int(steps), warmup=min(int(warmup), int(steps)), seed=int(seed))
 
 
-def _train(settings: npl.Settings, slot) -> npl.Result:
+def _train(settings: npl.Settings, slot) -> npl.Result | None:
     """The four runs, with a progress bar and a Stop button in ``slot`` (the place of the button that started them;
-    a click on Stop reruns the page, which ends the runs), emptied when they end."""
-    with slot.container():
-        st.button("Stop", key="np_stop", icon=":material/stop:", help="ends the runs; nothing is kept")
-        bar = st.progress(0.0, text="Training…")
-    result = npl.experiment(settings, _text(),
-                            progress=lambda share, what: bar.progress(min(1.0, share), text=f"Training: {what}"))
+    a click on Stop reruns the page, which ends the runs), emptied when they end. None (said in the page) when every
+    training slot of the server is taken: nothing waits in a request thread."""
+    slots = _training_slots()
+    if not slots.acquire(blocking=False):
+        limit = training_limit()
+        with slot.container():
+            st.warning(f"{'Another session is' if limit == 1 else f'{limit} sessions are'} training these runs on "
+                       f"this server now (at most {limit} at once): try again in a minute.",
+                       icon=":material/hourglass_top:")
+            st.button("Try again", key="np_retry", icon=":material/refresh:")
+        return None
+    try:
+        with slot.container():
+            st.button("Stop", key="np_stop", icon=":material/stop:", help="ends the runs; nothing is kept")
+            bar = st.progress(0.0, text="Training…")
+        result = npl.experiment(settings, _text(),
+                                progress=lambda share, what: bar.progress(min(1.0, share), text=f"Training: {what}"))
+    finally:
+        slots.release()  # also when Stop's rerun ends the thread
     slot.empty()
     _results().put(settings, result)
     return result
@@ -92,7 +124,9 @@ def norm_placement_section(base: npl.Settings | None = None) -> None:
     result = _results().get(settings)
     if result is None:
         slot = st.empty()
-        if not slot.button("Train both ways", key="np_train", type="primary", icon=":material/play_arrow:"):
+        retried = st.session_state.get("np_retry", False)  # "Try again", shown when the server's slots were taken
+        if not retried and not slot.button("Train both ways", key="np_train", type="primary",
+                                           icon=":material/play_arrow:"):
             if st.session_state.get("np_stop"):
                 st.warning("Stopped: nothing was kept. Press *Train both ways* to start again.", icon=":material/stop:")
             else:
@@ -102,6 +136,8 @@ def norm_placement_section(base: npl.Settings | None = None) -> None:
                         f"{2 * settings.steps * seconds:.0f} s on this server).", icon=":material/info:")
             return
         result = _train(settings, slot)
+        if result is None:
+            return
     st.caption(logic.timing_words(result))
     show_figure(*figure_once(("np_gradients", settings), lambda: logic.gradients_figure(result)),
                 key="np_gradients_figure")
