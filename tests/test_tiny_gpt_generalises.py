@@ -123,5 +123,7 @@ def test_the_card_states_what_the_script_measured(report):
     repeats, sentences = report["random_repeats"], report["sentences_twice"]
     assert f"{_best(repeats['induction'])[0]:.3f}" in card
     assert f"{repeats['ratio']:.2f}" in card and f"{sentences['ratio']:.2f}" in card
-    assert report["seconds"] <= 20 * 60
+    # 20 minutes on the 2-core machine that trained the model shipped until 2026-12-06 (16.3); the same recipe's
+    # steps take 26.6 on the slower 2-core machine that made the run shipped now (docs/benchmarks.md, 2026-12-06)
+    assert report["seconds"] <= 30 * 60
     assert (BUNDLED_GPT_DIR / "model.safetensors").stat().st_size <= 20 * 2**20
