@@ -10,6 +10,7 @@ from attnviz.viz import framing
 from attnviz.viz.charts import bar_chart, line_chart
 from attnviz.viz.heads import statistic_heatmap
 from attnviz.viz.matrix import SIGNED, heatmap_row, mask_heatmap, matrix_heatmap
+from attnviz.viz.over_training import head_panels_figure
 
 LABELS = [f"t{i}" for i in range(6)]
 
@@ -26,6 +27,8 @@ def figures() -> dict[str, go.Figure]:
                                      y_title="difference", log_y=True),
         "bars with text": bar_chart(["a", "b"], [0.2, 0.8], title="Next token", y_title="p", text=["0.20", "0.80"]),
         "statistic map": statistic_heatmap(np.random.rand(3, 4), title="previous token", statistic="previous"),
+        "small multiples with a legend title": head_panels_figure(
+            [0, 10, 100], {"induction score": np.random.rand(3, 2, 2)}, named=[(1, 1)], span=(10, 100)),
     }
 
 
@@ -55,6 +58,8 @@ def test_presentation_mode_leaves_no_text_under_16_px(name):
     sizes = font_sizes(figure)
     assert sizes and all(size >= framing.PROJECTOR_FLOOR for _, size in sizes), sizes
     assert figure.layout.font.size >= 16 and figure.layout.title.font.size >= 22  # 17 px x 1.35
+    if figure.layout.legend.title.text:  # Plotly draws it at its own size, under 16 px unless given one
+        assert figure.layout.legend.title.font.size >= 16, name
     for trace in figure.data:  # text drawn on the data (cell values, bar labels) has a size of its own
         if getattr(trace, "texttemplate", None) or getattr(trace, "text", None) is not None:
             assert trace.textfont.size >= 16, (name, trace.type)

@@ -31,6 +31,9 @@ def enlarge_text(figure: go.Figure, scale: float, floor: int = PROJECTOR_FLOOR) 
                          height=int((layout.height or 400) * scale))
     # Set even where the figure sets none: Plotly draws a legend's entries smaller than the base font otherwise.
     figure.update_layout(legend_font_size=_at_least((layout.legend.font.size or BASE_FONT) * scale, floor))
+    if layout.legend.title.text:  # its own size, else drawn below the floor
+        figure.update_layout(legend_title_font_size=_at_least(
+            (layout.legend.title.font.size or layout.legend.font.size or BASE_FONT) * scale, floor))
     for axis in [*figure.select_xaxes(), *figure.select_yaxes()]:
         axis.tickfont.size = _at_least((axis.tickfont.size or BASE_FONT) * scale, floor)
         if axis.title.font.size:

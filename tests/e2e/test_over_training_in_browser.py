@@ -89,7 +89,8 @@ def test_the_kept_checkpoint_opens_in_explore_heads_and_generation(page, app_url
     wait_until_idle(page)
     page.wait_for_url("**/generation*", timeout=30_000)
     model_chosen(page, f"tiny GPT at step {after:,} (bundled run)")
-    assert page.get_by_label("Prompt").input_value() == REPEATED_SENTENCE
+    prompt = page.locator('[data-testid="stTextArea"]').filter(has_text="Prompt").locator("textarea").first
+    assert prompt.input_value() == REPEATED_SENTENCE
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(screenshot_dir / "over_training_opened_in_generation.png"), full_page=True)
 
@@ -97,7 +98,7 @@ def test_the_kept_checkpoint_opens_in_explore_heads_and_generation(page, app_url
 def test_pre_norm_and_post_norm_train_when_asked(page, app_url, screenshot_dir):
     page.goto(f"{app_url}/over_training")
     wait_until_idle(page)
-    page.get_by_label("Steps per run").fill("10")
+    page.get_by_label("Steps per run").fill("5")
     page.get_by_label("Steps per run").press("Enter")
     wait_until_idle(page)
     page.get_by_role("button", name="Train both ways").click()
