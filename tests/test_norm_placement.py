@@ -294,7 +294,8 @@ def test_section_draws_the_gradients_at_once_and_trains_only_when_asked(clean_st
     assert len(at.get("plotly_chart")) == 1  # nothing trained
 
 
-def test_section_trains_a_tiny_run_when_the_button_is_pressed(clean_streamlit_caches):
+def _train_pressed() -> AppTest:
+    """The section on a tiny shape, set to 5 steps a run, after a click on "Train both ways"."""
     base = npl.Settings(batch=2, length=16, held_out_windows=2,
                         shape=npl.Shape(context=16, n_layer=2, n_head=2, d_model=16, d_mlp=32))
     at = AppTest.from_function(_section, kwargs={"base": base}, default_timeout=120)
@@ -303,6 +304,11 @@ def test_section_trains_a_tiny_run_when_the_button_is_pressed(clean_streamlit_ca
     at.run()
     at.button(key="np_train").click()
     at.run()
+    return at
+
+
+def test_section_trains_a_tiny_run_when_the_button_is_pressed(clean_streamlit_caches):
+    at = _train_pressed()
     assert not at.exception, [e.value for e in at.exception]
     losses = figure_titled(at, "Loss of the four runs")
     assert len([trace for trace in losses["data"] if trace["mode"] == "lines+markers"]) == 4
@@ -317,18 +323,11 @@ def test_section_trains_a_tiny_run_when_the_button_is_pressed(clean_streamlit_ca
 def test_a_second_session_training_at_once_is_told_to_wait(clean_streamlit_caches):
     from attnviz.ui import norm_placement_view as view
 
-    base = npl.Settings(batch=2, length=16, held_out_windows=2,
-                        shape=npl.Shape(context=16, n_layer=2, n_head=2, d_model=16, d_mlp=32))
     slots = view._training_slots()
     assert view.training_limit() == 1
     assert slots.acquire(blocking=False)  # another session's runs hold the server's one slot
     try:
-        at = AppTest.from_function(_section, kwargs={"base": base}, default_timeout=120)
-        at.run()
-        at.number_input(key="np_steps").set_value(5)
-        at.run()
-        at.button(key="np_train").click()
-        at.run()
+        at = _train_pressed()
         assert not at.exception, [e.value for e in at.exception]
         assert any("Another session is training these runs" in warning.value for warning in at.warning)
         assert len(at.get("plotly_chart")) == 1  # nothing trained
