@@ -30,7 +30,7 @@ COMMANDS = {  # name -> what it does, for the overview
     "patch": "activation and path patching across a corpus: each document's text typed twice (DuckDB, resumable)",
     "series": "a folder of checkpoints (step1000/, ...) measured over training: losses, heads, phase change (DuckDB)",
     "bench": "the benchmarks: speed and memory, as ratios measured in one run",
-    "train-tiny": "train attnviz's tiny GPT again (about 15 minutes on 2 cores)",
+    "train-tiny": "train attnviz's tiny GPT again (16 to 27 minutes on 2 cores, by the machine)",
 }
 
 
