@@ -9,7 +9,7 @@ In a notebook::
 
 ``capture``, ``show``, ``detect``, ``scan``, ``importance``, ``open_scan``, ``open_importance``, ``patch``, ``paths``,
 ``induction_examples``, ``example``, ``attribute``, ``logit_lens``, ``composition``, ``patch_corpus``,
-``open_patching``, ``measure_series`` and ``open_series`` come from
+``open_patching``, ``measure_series``, ``open_series``, ``series_scan_statistics`` and ``series_scan_maps`` come from
 ``attnviz.api`` and are imported on first use, so ``import attnviz`` alone stays light. The installed command is
 ``attnviz`` (``attnviz serve`` runs the app; ``python -m attnviz`` is the same command).
 
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = ["capture", "show", "detect", "scan", "importance", "open_scan", "open_importance", "patch", "paths",
            "induction_examples", "example", "attribute", "logit_lens", "composition", "patch_corpus", "open_patching",
-           "measure_series", "open_series", "__version__"]
+           "measure_series", "open_series", "series_scan_statistics", "series_scan_maps", "__version__"]
 
 
 def __getattr__(name: str):
@@ -55,7 +55,7 @@ def __getattr__(name: str):
         from attnviz.api import patching_runs
 
         return getattr(patching_runs, name)
-    if name in ("measure_series", "open_series"):
+    if name in ("measure_series", "open_series", "series_scan_statistics", "series_scan_maps"):
         from attnviz.api import series
 
         return getattr(series, name)

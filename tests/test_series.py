@@ -1,8 +1,8 @@
 """A user's series of checkpoints measured over training (attnviz.corpus.series): each checkpoint's measures equal an
 independent computation written here (transformers' own eager attention weights, the detectors' keys by hand, every
 head ablated one forward at a time by a hook of this file, the losses by hand), a stopped run goes on to the same rows,
-a finished one reopens without measuring, Ray gives the same rows, the tokenizer is found in the series folder or in
-each checkpoint, the command line runs, and what cannot be a series is refused in words."""
+a finished one reopens without measuring (Ray gives the same rows: tests/test_series_scans.py), the tokenizer is found
+in the series folder or in each checkpoint, the command line runs, and what cannot be a series is refused in words."""
 
 import os
 import shutil
@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from attnviz.corpus.database import NotAResultsFile
+from attnviz.corpus.series import folder as sfolder
+from attnviz.corpus.series import probe as sprobe
 from attnviz.corpus.series import runner as sr
 from attnviz.corpus.series import store as sstore
 from attnviz.interventions import training_measures as tm
@@ -177,8 +179,9 @@ def test_each_checkpoints_measures_equal_an_independent_computation(series, meas
     # typed twice after the BOS
     tokenizer = AutoTokenizer.from_pretrained(series)
     ids = tokenizer(split_text(documentation_text(), HELD_OUT_SHARE)[1], add_special_tokens=False)["input_ids"]
-    found = sr.find_series(series)
-    probe = sr.series_probe(sr.series_tokenizer(found), sr.probe_text(None), sr.DEFAULT_SETTINGS, found.shape)
+    found = sfolder.find_series(series)
+    probe = sprobe.series_probe(sfolder.series_tokenizer(found), sprobe.probe_text(None), sr.DEFAULT_SETTINGS,
+                                found.shape)
     assert probe.held_out.shape == (16, 128) and probe.held_out[0].tolist() == ids[:128]
     assert probe.held_out[-1].tolist() == ids[len(ids) - 129 : len(ids) - 1]
     assert probe.repeated.shape == (8, 81) and probe.start == 1 and (probe.repeated[:, 0] == 0).all()
@@ -244,31 +247,12 @@ def test_the_tokenizer_in_each_checkpoint_and_the_command_line(series, measured,
     assert state.done_this_run == 1 and sstore.open_series(path).steps == [*STEPS, 400]
 
 
-@pytest.mark.slow
-@pytest.mark.serial
-def test_ray_gives_the_same_rows_as_the_run_here(series, measured, tmp_path):
-    from attnviz.corpus.on_ray import ray_available
-    from attnviz.corpus.series.on_ray import run_series_on_ray
-
-    if not ray_available():
-        pytest.skip("Ray is an optional extra")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        state = run_series_on_ray(series, tmp_path / "ray.duckdb", address=None, workers=1)
-    finally:
-        ray.shutdown()
-    assert state.status == sstore.STATUS_FINISHED and state.done == 3
-    assert_same_rows(rows_of(tmp_path / "ray.duckdb"), rows_of(measured), rel=1e-5, abs_=1e-6)
-
-
 # -- finding the series, and refusals -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "step"), [("step1000", 1000), ("checkpoint-500", 500), ("ckpt_step_1200", 1200),
                                             ("run-step=300", 300), ("epoch2-step1500", 1500), ("global_step7", 7),
                                             ("model-v2-0042", 42), ("final", None)])
 def test_a_checkpoints_step_is_read_from_its_folders_name(name, step):
-    assert sr.step_of(name) == step
+    assert sfolder.step_of(name) == step
 
 
 def a_copy(series, tmp_path, steps=STEPS, names=None):
@@ -280,14 +264,14 @@ def a_copy(series, tmp_path, steps=STEPS, names=None):
 
 
 def refused(folder, match: str) -> None:
-    with pytest.raises(sr.SeriesRefused, match=match):
-        sr.series_tokenizer(sr.find_series(folder))
+    with pytest.raises(sfolder.SeriesRefused, match=match):
+        sfolder.series_tokenizer(sfolder.find_series(folder))
 
 
 def test_names_without_a_step_and_two_checkpoints_of_one_step_are_refused(series, tmp_path):
     root = a_copy(series, tmp_path)
     (root / "logs").mkdir()  # a folder without config.json is passed over
-    assert sr.find_series(root).steps == list(STEPS)
+    assert sfolder.find_series(root).steps == list(STEPS)
     shutil.copytree(root / "step100", root / "final")
     refused(root, "final holds a checkpoint, but its name has no step number")
     shutil.move(root / "final", root / "checkpoint-100")
@@ -298,8 +282,8 @@ def test_empty_folders_one_checkpoint_and_too_many_are_refused(series, tmp_path)
     (tmp_path / "empty").mkdir()
     refused(tmp_path / "empty", "no checkpoint found")
     refused(series / "step100", "it is one checkpoint, not a series")
-    with pytest.raises(sr.SeriesRefused, match="it holds 3 checkpoints; a series is measured on at most 2"):
-        sr.find_series(series, most=2)
+    with pytest.raises(sfolder.SeriesRefused, match="it holds 3 checkpoints; a series is measured on at most 2"):
+        sfolder.find_series(series, most=2)
 
 
 def test_a_link_out_of_the_series_and_a_pickle_only_checkpoint_are_refused(series, tmp_path):
@@ -333,9 +317,9 @@ def test_other_vocabularies_shapes_encoders_and_short_contexts_are_refused_namin
     for step in STEPS:
         save_gpt(short / f"step{step}", step, positions=64)
     copy_tokenizer(short)
-    found = sr.find_series(short)
-    with pytest.raises(sr.SeriesRefused, match="the checkpoints read at most 64 positions: the measures need 128"):
-        sr.series_probe(sr.series_tokenizer(found), sr.probe_text(None), sr.DEFAULT_SETTINGS, found.shape)
+    found = sfolder.find_series(short)
+    with pytest.raises(sfolder.SeriesRefused, match="the checkpoints read at most 64 positions: the measures need 128"):
+        sprobe.series_probe(sfolder.series_tokenizer(found), sprobe.probe_text(None), sr.DEFAULT_SETTINGS, found.shape)
 
 
 def test_no_tokenizer_anywhere_is_refused_and_another_series_file_is_not_added_to(series, measured, tmp_path):
@@ -346,7 +330,7 @@ def test_no_tokenizer_anywhere_is_refused_and_another_series_file_is_not_added_t
     copy_tokenizer(bare)
     copied = tmp_path / "copied.duckdb"
     shutil.copy(measured, copied)
-    with pytest.raises(sr.SeriesRefused, match="holds another series"):
+    with pytest.raises(sfolder.SeriesRefused, match="holds another series"):
         sr.run_series(bare, copied)  # another folder: never added to the first series' file
 
 

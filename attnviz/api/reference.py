@@ -30,7 +30,8 @@ SECTIONS = (
     ("attnviz.api.runs", ("scan", "importance"), "Corpus runs"),
     ("attnviz.api.patching_runs", ("patch_corpus", "open_patching", "PatchingRun"), "Corpus patching"),
     ("attnviz.api.run_files", ("open_scan", "open_importance", "ScanRun", "ImportanceRun"), "Corpus runs' files"),
-    ("attnviz.api.series", ("measure_series", "open_series"), "Checkpoints over training"),
+    ("attnviz.api.series", ("measure_series", "open_series", "series_scan_statistics", "series_scan_maps"),
+     "Checkpoints over training"),
 )
 
 

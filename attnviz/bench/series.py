@@ -68,7 +68,10 @@ def timed_measure(model: torch.nn.Module, probe) -> float:
 
 
 def bench_series(checkpoints: int = 6, repeats: int = 3, layers: int = 3, heads: int = 4, width: int = 128) -> dict:
+    from attnviz.corpus.series import folder as sfolder
+    from attnviz.corpus.series import probe as sprobe
     from attnviz.corpus.series import runner as sr
+    from attnviz.corpus.series import steps as ssteps
     from attnviz.corpus.series.store import SeriesReader
     from attnviz.interventions import training_measures as tm
 
@@ -81,14 +84,15 @@ def bench_series(checkpoints: int = 6, repeats: int = 3, layers: int = 3, heads:
         run_seconds = time.perf_counter() - began
         with SeriesReader(database) as reader:
             recorded = reader.steps()
-        series = sr.find_series(root)
-        probe = sr.series_probe(sr.series_tokenizer(series), sr.probe_text(None), sr.DEFAULT_SETTINGS, series.shape)
-        work = sr.StepWork(probe, series.root, series.tokenizer, frozenset(), series.layers)
+        series = sfolder.find_series(root)
+        probe = sprobe.series_probe(sfolder.series_tokenizer(series), sprobe.probe_text(None), sr.DEFAULT_SETTINGS,
+                                    series.shape)
+        work = ssteps.StepWork(probe, series.root, series.tokenizer, frozenset(), series.layers)
         batches = [probe.held_out, probe.repeated, probe.repeated.repeat(layers * heads, 1)]
         measures, forwards, loads = [], [], []
         for step in steps:
             began = time.perf_counter()
-            model = sr.load_step(root / f"step{step}", work, False)
+            model = ssteps.load_step(root / f"step{step}", work, False)
             loads.append(time.perf_counter() - began)
             tm.measure(model, probe)  # warm: every batch shape once
             plain_forwards(model, batches)

@@ -9,6 +9,7 @@ builders; no Streamlit, so tests and notebooks can call everything a page shows.
 - ``importance``: Does this head matter?, beside the interventions (captions, tables, a corpus run's maps and rows);
   ``importance_words``: what it says beside its numbers; ``patching``: its patching experiment's grids and words
 - ``clicks``: what a click on a chart selected, read in every shape the browser sends
-- ``over_training``: Over training, its rows per measure and the sentences read off them; ``norm_placement``:
-  its pre-norm against post-norm section (the training text, the figures, the words)
+- ``over_training``: Over training, its rows per measure and the sentences read off them; ``series_scans``: what it
+  says beside a series' corpus scans (statistic names, the step drawn, the caption); ``norm_placement``: its
+  pre-norm against post-norm section (the training text, the figures, the words)
 """

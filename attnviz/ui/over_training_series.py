@@ -4,14 +4,18 @@ as the :class:`~attnviz.interventions.training_runs.Run` the page draws. The fol
 reads folders: :func:`attnviz.ui.session_models.server_folders_allowed`, inside ``ATTNVIZ_MODEL_ROOT`` when it is
 set), checked before anything starts (every checkpoint's files, their shapes and tokenizer, the probe: refusals in
 words), then measured by a job of the server's queue with its progress, a Stop, and a Resume that goes on with the
-steps not measured yet. Widgets keyed ``ot_series_*``."""
+steps not measured yet. With "Scan a corpus at each checkpoint" (off by default), each checkpoint is also scanned over
+the bundled corpus (:mod:`attnviz.corpus.series.scans`), and a statistic's layer x head map is drawn at the step of
+the page's step slider (``ot_step``), so that the map plays over training. Widgets keyed ``ot_series_*``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import streamlit as st
 
 from attnviz.checkpoints.safety import CheckpointRefused
@@ -20,15 +24,22 @@ from attnviz.core.units import human_bytes
 from attnviz.corpus import background
 from attnviz.corpus import jobs as background_jobs
 from attnviz.corpus.database import DatabaseBusy
+from attnviz.corpus.documents import BUNDLED
 from attnviz.corpus.jobs import JobRefused
 from attnviz.corpus.scan.runner import ScanRefused
+from attnviz.corpus.scan.store import estimated_scan_bytes
+from attnviz.corpus.series import folder as series_folder
+from attnviz.corpus.series import probe as series_probe
 from attnviz.corpus.series import runner as series_runner
-from attnviz.corpus.series.store import STATUS_FINISHED, open_series
+from attnviz.corpus.series.store import STATUS_FINISHED, SeriesReader, open_series
 from attnviz.interventions.training_runs import Run
+from attnviz.pagelogic import series_scans as scan_words
 from attnviz.ui.caches.store import file_stamp
+from attnviz.ui.figures import figure_once, show_figure
 from attnviz.ui.messages import problem_text
 from attnviz.ui.scans import scan_folder, session_id, waiting_for_turn
 from attnviz.ui.session_models import server_folders_allowed
+from attnviz.viz import series_scans as scan_figures
 
 SETTINGS = series_runner.DEFAULT_SETTINGS  # the probe the bundled tiny GPT's own run is measured on
 DTYPE = "fp32"
@@ -50,7 +61,7 @@ def folder_stamp(folder: Path) -> tuple:
     try:
         with os.scandir(folder) as entries:
             for count, entry in enumerate(entries):
-                if count >= series_runner.MOST_ENTRIES:
+                if count >= series_folder.MOST_ENTRIES:
                     break
                 try:
                     stamps.append((entry.name, entry.stat().st_mtime_ns))
@@ -66,18 +77,73 @@ def series_facts(folder: str, stamp: tuple) -> dict:
     """The series in ``folder`` checked as a run checks it (its checkpoints, their shape and tokenizer, the probe):
     its steps and shape, or ``{"refused": why}`` (a refusal is kept too, so a rerun does not check again)."""
     try:
-        series = series_runner.find_series(folder)
-        tokenizer = series_runner.series_tokenizer(series)
-        series_runner.series_probe(tokenizer, series_runner.probe_text(SETTINGS.text_file), SETTINGS, series.shape)
+        series = series_folder.find_series(folder)
+        tokenizer = series_folder.series_tokenizer(series)
+        text = series_probe.probe_text(SETTINGS.text_file)
+        series_probe.series_probe(tokenizer, text, SETTINGS, series.shape)
     except (ScanRefused, CheckpointRefused, OSError) as problem:
         return {"refused": str(problem).rstrip(".")}
     return {"steps": series.steps, "describe": series.describe(), "layers": series.layers, "heads": series.heads,
             "notes": series.notes}
 
 
-def estimated_bytes(steps: int, layers: int, heads: int) -> int:
-    """At most what a series' database takes on disk: a row per checkpoint, and per checkpoint and head."""
-    return int(steps * (layers * heads * 96 + 4096) + 16 * 1024**2)
+CHARACTERS_PER_TOKEN = 16  # a bound on the characters of a scanned token, for the disk a checkpoint's scan takes
+
+
+def estimated_bytes(steps: int, layers: int, heads: int, settings: series_runner.SeriesSettings = SETTINGS) -> int:
+    """At most what a series' database takes on disk: a row per checkpoint, and per checkpoint and head; scanned
+    over a corpus, a map per statistic, checkpoint and head, and one checkpoint's scan file at a time."""
+    measures = steps * (layers * heads * 96 + 4096) + 16 * 1024**2
+    if settings.corpus is None:
+        return int(measures)
+    maps = steps * (layers * heads * len(scan_words.STATISTIC_NAMES) * 2 * 64 + 4096)
+    scan_file = estimated_scan_bytes(settings.scan_docs, settings.scan_tokens, layers, heads,
+                                     settings.scan_docs * settings.scan_tokens * CHARACTERS_PER_TOKEN)
+    return int(measures + maps + scan_file)
+
+
+def chosen_settings() -> series_runner.SeriesSettings:
+    """The probe, and the bundled corpus where the page's "scan a corpus" is on (off by default)."""
+    scanned = st.toggle("Scan a corpus at each checkpoint", key="ot_series_scan", value=False,
+                        help=f"Each checkpoint is also scanned over the first {SETTINGS.scan_docs} documents of the "
+                             "bundled corpus (Python's documentation and docstrings), "
+                             f"{SETTINGS.scan_tokens} tokens each, as the Heads across a corpus page scans a model: "
+                             "any statistic's layer x head map can then be played over training with the step "
+                             "slider. Checkpoints measured before are scanned only.")
+    return dataclasses.replace(SETTINGS, corpus=BUNDLED) if scanned else SETTINGS
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _scanned(path: str, stamp: tuple) -> dict:
+    with SeriesReader(path) as reader:
+        steps = [int(step) for step, in reader.connection.execute(
+            "SELECT step FROM scan_steps ORDER BY step").fetchall()] if reader.has_scans() else []
+        documents = reader.connection.execute("SELECT max(documents) FROM scan_steps").fetchone()[0] if steps else 0
+        return {"steps": steps, "statistics": reader.scan_statistics(), "documents": int(documents or 0)}
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _maps(path: str, statistic: str, stamp: tuple) -> dict[int, np.ndarray]:
+    with SeriesReader(path) as reader:
+        return reader.scan_maps(statistic)
+
+
+def stamp_of(path: Path) -> tuple:
+    return (file_stamp(path), file_stamp(path.with_name(path.name + ".wal")))
+
+
+def scanned_facts(path: Path) -> dict:
+    """The steps scanned into the series' file so far, its statistics and documents (none while a writer holds
+    it, or before it exists)."""
+    empty = {"steps": [], "statistics": [], "documents": 0}
+    if not path.is_file():
+        return empty
+    try:
+        return _scanned(str(path), stamp_of(path))
+    except DatabaseBusy:
+        return empty
+    except Exception:  # noqa: BLE001 - a damaged file: open_series's reading says it in words
+        return empty
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -131,22 +197,36 @@ def series_source() -> Run | None:
     if "refused" in facts:
         st.error(f"This folder cannot be measured as a series: {facts['refused']}.", icon=":material/block:")
         return None
+    settings = chosen_settings()
     jobs = series_jobs()
-    key = series_runner.series_key(folder, SETTINGS, DTYPE)
+    key = series_runner.series_key(folder, settings, DTYPE)  # the same file with a corpus or without
     path = jobs.database(key)
     st.session_state["ot_series_path"] = str(path)
     running = jobs.job()
     run = measured_run(path)
+    scanned = scanned_facts(path)
+    series_controls(folder, facts, settings, jobs, key, run, running, scanned["steps"])
+    if scanned["steps"]:
+        scan_map_view(path, scanned)
+    return run
+
+
+def series_controls(folder: Path, facts: dict, settings: series_runner.SeriesSettings, jobs: background.ScanFolder,
+                    key: str, run: Run | None, running, scanned_steps: list[int]) -> None:
+    """The series' job: its progress and Stop while it runs, else what is left and the button that starts it."""
     measured = set(run.steps) if run is not None else set()
-    left = [step for step in facts["steps"] if step not in measured]
-    reserved = estimated_bytes(len(facts["steps"]), facts["layers"], facts["heads"])
-    st.caption(f"{facts['describe']}. Each checkpoint is loaded, measured and let go in a process of its own (the "
-               f"server runs at most {background_jobs.job_limit()} jobs at once, the rest wait their turn), with up to "
-               f"{human_bytes(reserved)} of disk reserved: leave the page or reload, it goes on; the same folder "
-               "reopens the same measures.")
+    scanned = set(scanned_steps) if settings.corpus is not None else set(facts["steps"])
+    unmeasured = [step for step in facts["steps"] if step not in measured]
+    left = [step for step in facts["steps"] if step not in measured or step not in scanned]
+    reserved = estimated_bytes(len(facts["steps"]), facts["layers"], facts["heads"], settings)
+    scanning = " and scanned over the bundled corpus" if settings.corpus is not None else ""
+    st.caption(f"{facts['describe']}. Each checkpoint is loaded, measured{scanning} and let go in a process of its "
+               f"own (the server runs at most {background_jobs.job_limit()} jobs at once, the rest wait their turn), "
+               f"with up to {human_bytes(reserved)} of disk reserved: leave the page or reload, it goes on; the same "
+               "folder reopens the same measures.")
     if running is not None and running.key == key:
         series_progress(jobs)
-        return run
+        return
     if running is not None:
         st.info("Another job of this browser is running (a scan or another run): this series can be measured once "
                 "it ends, or after its Stop.", icon=":material/pending:")
@@ -155,21 +235,26 @@ def series_source() -> Run | None:
         st.error(f"The measures stopped: {str(said.get('error', 'an unknown problem')).rstrip('.')}.",
                  icon=":material/error:")
     if not left:
-        st.success(f"Every checkpoint is measured ({len(measured):,}).", icon=":material/check_circle:")
-        return run
+        st.success(f"Every checkpoint is measured ({len(measured):,})"
+                   + (" and scanned over the corpus." if settings.corpus is not None else "."),
+                   icon=":material/check_circle:")
+        return
+    checkpoints = f"{len(left):,} checkpoint{'s' if len(left) != 1 else ''}"
     if run is None:
-        label, button_key = f"Measure {len(left):,} checkpoint{'s' if len(left) != 1 else ''}", "ot_series_start"
+        verb = "Measure and scan" if settings.corpus is not None else "Measure"
+        label, button_key = f"{verb} {checkpoints}", "ot_series_start"
+    elif not unmeasured:
+        label, button_key = f"Scan {checkpoints} over the corpus", "ot_series_resume"
     else:
-        label, button_key = f"Resume: {len(left):,} checkpoint{'s' if len(left) != 1 else ''} left", "ot_series_resume"
+        label, button_key = f"Resume: {checkpoints} left", "ot_series_resume"
     if st.button(label, type="primary", key=button_key, icon=":material/play_arrow:", disabled=running is not None):
         try:
-            jobs.start_series(key, folder, SETTINGS, dtype=DTYPE, disk_bytes=reserved, session=session_id())
+            jobs.start_series(key, folder, settings, dtype=DTYPE, disk_bytes=reserved, session=session_id())
         except (JobRefused, CheckpointRefused, ScanRefused) as problem:
             st.error(f"The measures cannot start: {str(problem).rstrip('.')}.", icon=":material/block:")
-            return run
+            return
         st.session_state["ot_series_seen"] = -1
         st.rerun()
-    return run
 
 
 def progress_words(said: dict, seconds: float) -> tuple[float, str]:
@@ -207,3 +292,35 @@ def series_progress(jobs: background.ScanFolder) -> None:
                       "on from there"):
         jobs.stop(job.key)
         st.toast("Stopping after this checkpoint…")
+
+
+def scan_map_view(path: Path, scanned: dict) -> None:
+    """A statistic's layer x head map at the step of the page's step slider (``ot_step``; the latest scanned step at
+    or before it), on one colour range for every step: moving the step plays the map over training. Maps are read
+    once per statistic and version of the file, and each step's figure is built once."""
+    statistics = scanned["statistics"]
+    if not statistics:
+        return
+    st.subheader("A statistic's map over training")
+    statistic = st.selectbox("Statistic", statistics, index=statistics.index(scan_words.default_statistic(statistics)),
+                             format_func=scan_words.statistic_name, key="ot_series_statistic",
+                             help="What the Heads across a corpus page maps for a scan, here for each checkpoint's "
+                                  "scan of the corpus; statistics no head has at any step are left out.")
+    stamp = stamp_of(path)
+    try:
+        maps = _maps(str(path), statistic, stamp)
+    except DatabaseBusy:
+        st.caption("The scans are being written: the map comes back after this checkpoint.")
+        return
+    except Exception as problem:  # noqa: BLE001 - a damaged file: said in words
+        st.error(f"The scans cannot be read: {problem_text(problem).rstrip('.')}.", icon=":material/error:")
+        return
+    if not maps:
+        return
+    wanted = st.session_state.get("ot_step")
+    step = scan_words.step_shown(wanted if isinstance(wanted, int) else None, sorted(maps))
+    figure = figure_once(("series scan map", str(path), stamp, statistic, step), lambda: scan_figures.step_map(
+        maps[step], statistic=statistic, title=scan_words.map_title(statistic, step, scanned["documents"]),
+        value_range=scan_words.value_range(statistic, maps)))
+    show_figure(figure, scan_words.map_caption(statistic, step, wanted if isinstance(wanted, int) else None, maps),
+                key="ot_series_map")

@@ -7,6 +7,7 @@
 - ``corpus``: a scan's figures; ``queries_keys``: queries and keys as points; ``importance``: importance maps;
   ``patching``: patching maps with their intervals and examples; ``logit_attribution``: attribution bars and the
   logit lens; ``composition``: composition scores between heads
-- ``over_training``: a run's measures against the training step, with the phase change shaded;
-  ``norm_placement``: pre-norm against post-norm (gradients per block, loss curves)
+- ``over_training``: a run's measures against the training step, with the phase change shaded; ``series_scans``:
+  a series' corpus-scan map of one statistic at one step; ``norm_placement``: pre-norm against post-norm (gradients
+  per block, loss curves)
 """

@@ -1,6 +1,6 @@
 """A series measured on a Ray cluster: :func:`attnviz.corpus.series.runner.run_series` with its checkpoints measured by
 the one Ray runner (:mod:`attnviz.corpus.on_ray`), each actor loading and measuring the checkpoints it is given as
-:func:`attnviz.corpus.series.runner.measure_chunk` does in-process; the driver commits each checkpoint's row like an
+:func:`attnviz.corpus.series.steps.measure_chunk` does in-process; the driver commits each checkpoint's row like an
 in-process one, so the database is the same either way and a series stopped on Ray goes on in-process or on Ray
 alike. The checkpoints' folders must be readable at the same paths on every node.
 

@@ -15,6 +15,13 @@ Tables (``layer`` and ``head`` count from 0):
   :mod:`attnviz.interventions.training_measures`), and the seconds its loading and its measures took.
 * ``head_scores``: one row per measured checkpoint and head: ``step``, ``layer``, ``head``, ``previous_token``,
   ``induction``, ``duplicate_token``, ``ablation_cost``.
+* ``scan_steps`` (when a corpus is chosen): one row per checkpoint scanned over the corpus
+  (:mod:`attnviz.corpus.series.scans`): ``step``, ``scan_key`` (the corpus and the scan's limits), ``documents``,
+  ``tokens``, ``scan_seconds``, ``scanned_at``.
+* ``scan_heads``: one row per scanned checkpoint, head and statistic: ``step``, ``layer``, ``head``, ``statistic``
+  (a name of :data:`attnviz.corpus.scan.heads.SCAN_STATISTICS` or :data:`~attnviz.corpus.scan.heads.LABELS`),
+  ``value`` (its mean over the corpus's queries, as the Heads across a corpus page maps it; for a label, the share of
+  documents where the head got it).
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ import pandas as pd
 
 from attnviz.checkpoints.checked_files import plain_name_problem
 from attnviz.corpus.database import DatabaseFile, NotAResultsFile, insert_frame
+from attnviz.corpus.scan.heads import LABELS, SCAN_STATISTICS
 from attnviz.corpus.scan.store import STATUS_FINISHED, STATUS_RUNNING, STATUS_STOPPED, versions
 from attnviz.interventions import training_measures as tm
 from attnviz.interventions.training_runs import Run
 
-__all__ = ["HEAD_COLUMNS", "STATUS_FINISHED", "STATUS_RUNNING", "STATUS_STOPPED", "STEP_COLUMNS", "SeriesReader",
-           "SeriesStore", "open_series", "versions"]
+__all__ = ["HEAD_COLUMNS", "SCAN_HEAD_COLUMNS", "SCAN_STEP_COLUMNS", "STATUS_FINISHED", "STATUS_RUNNING",
+           "STATUS_STOPPED", "STEP_COLUMNS", "SeriesReader", "SeriesStore", "open_series", "scan_maps",
+           "scan_statistics", "versions"]
 
 SCHEMA_VERSION = 1
 SCALARS = ("loss", "icl", "early_loss", "late_loss", "copy_loss")  # what measure() gives once per checkpoint
@@ -53,7 +62,12 @@ CREATE TABLE IF NOT EXISTS steps (step BIGINT PRIMARY KEY, name VARCHAR, fingerp
     measured_at DOUBLE);
 CREATE TABLE IF NOT EXISTS head_scores (step BIGINT, layer SMALLINT, head SMALLINT,
     {", ".join(f"{name} DOUBLE" for name in tm.HEAD_MEASURES)});
+CREATE TABLE IF NOT EXISTS scan_steps (step BIGINT PRIMARY KEY, scan_key VARCHAR, documents INTEGER, tokens BIGINT,
+    scan_seconds DOUBLE, scanned_at DOUBLE);
+CREATE TABLE IF NOT EXISTS scan_heads (step BIGINT, layer SMALLINT, head SMALLINT, statistic VARCHAR, value DOUBLE);
 """
+SCAN_STEP_COLUMNS = ["step", "scan_key", "documents", "tokens", "scan_seconds", "scanned_at"]
+SCAN_HEAD_COLUMNS = ["step", "layer", "head", "statistic", "value"]
 
 
 def _locked(problem: duckdb.Error) -> bool:
@@ -100,14 +114,27 @@ class SeriesStore:
             return {int(step): str(fingerprint) for step, fingerprint in opened.connection.execute(
                 "SELECT step, fingerprint FROM steps").fetchall()}
 
-    def commit(self, step_row: dict, heads: pd.DataFrame) -> None:
-        """One checkpoint's row (``STEP_COLUMNS``) and its heads' rows (``HEAD_COLUMNS``), in one transaction."""
+    def scanned_steps(self) -> dict[int, str]:
+        """The steps scanned over a corpus already, with the key of their scan (its corpus and limits)."""
+        with self._connected() as opened:
+            return {int(step): str(key) for step, key in opened.connection.execute(
+                "SELECT step, scan_key FROM scan_steps").fetchall()}
+
+    def commit(self, step_row: dict | None, heads: pd.DataFrame | None, scan_row: dict | None = None,
+               scan_heads: pd.DataFrame | None = None) -> None:
+        """One checkpoint's row (``STEP_COLUMNS``) and its heads' rows (``HEAD_COLUMNS``), and its corpus scan's row
+        (``SCAN_STEP_COLUMNS``) and maps (``SCAN_HEAD_COLUMNS``) where it was scanned, in one transaction (either
+        part may be None: a checkpoint measured before, scanned now)."""
         with self._connected() as opened:
             connection = opened.connection
             connection.execute("BEGIN TRANSACTION")
             try:
-                insert_frame(connection, "steps", pd.DataFrame([step_row], columns=STEP_COLUMNS))
-                insert_frame(connection, "head_scores", heads[HEAD_COLUMNS])
+                if step_row is not None:
+                    insert_frame(connection, "steps", pd.DataFrame([step_row], columns=STEP_COLUMNS))
+                    insert_frame(connection, "head_scores", heads[HEAD_COLUMNS])
+                if scan_row is not None:
+                    insert_frame(connection, "scan_steps", pd.DataFrame([scan_row], columns=SCAN_STEP_COLUMNS))
+                    insert_frame(connection, "scan_heads", scan_heads[SCAN_HEAD_COLUMNS])
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
@@ -174,6 +201,69 @@ class SeriesReader(DatabaseFile):
             rows.append({"step": int(step.step), **{name: float(getattr(step, name)) for name in SCALARS},
                          **{name: grids[name][at].tolist() for name in tm.HEAD_MEASURES}})
         return rows
+
+    def has_scans(self) -> bool:
+        """Whether the file has the corpus scans' tables (a file written before they existed has not)."""
+        return self.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                                       "AND schema_name = 'main' AND table_name = 'scan_heads'").fetchone()[0] > 0
+
+    def scan_statistics(self) -> list[str]:
+        """The statistics and labels whose maps the file holds for some scanned step, in the scan's order
+        (:data:`~attnviz.corpus.scan.heads.SCAN_STATISTICS`, then :data:`~attnviz.corpus.scan.heads.LABELS`): as
+        :meth:`attnviz.corpus.scan.store.ScanReader.statistics_that_apply` chooses them, a statistic or label that
+        no head of any step has (0 or missing everywhere) is left out."""
+        if not self.has_scans():
+            return []
+        present = {name for name, in self.connection.execute(
+            "SELECT statistic FROM scan_heads WHERE step IN (SELECT step FROM scan_steps) GROUP BY statistic "
+            "HAVING max(value) > 0 OR (count(value) > 0 AND statistic IN ('entropy', 'normalised_entropy', "
+            "'mean_distance'))").fetchall()}
+        return [name for name in (*SCAN_STATISTICS, *LABELS) if name in present]
+
+    def scan_maps(self, statistic: str) -> dict[int, np.ndarray]:
+        """``{step: [layers, heads] array}`` of ``statistic`` for every scanned step, ascending (NaN where a head has
+        no value); refused for a statistic no scan keeps, or rows outside the model's shape."""
+        if statistic not in (*SCAN_STATISTICS, *LABELS):
+            raise ValueError(f"{statistic!r} is not a statistic a scan keeps; these are: "
+                             f"{', '.join((*SCAN_STATISTICS, *LABELS))}")
+        if not self.has_scans():
+            return {}
+        layers, heads = self.shape()
+        steps = [int(step) for step, in self.connection.execute(
+            "SELECT step FROM scan_steps ORDER BY step LIMIT ?", [MOST_STEPS_READ + 1]).fetchall()]
+        if len(steps) > MOST_STEPS_READ:
+            raise NotAResultsFile(f"it holds more scanned steps than a series has ({MOST_STEPS_READ:,}): it is not "
+                                  "read")
+        maps = {step: np.full((layers, heads), np.nan) for step in steps}
+        found = self.connection.execute(
+            "SELECT step, layer, head, value FROM scan_heads WHERE statistic = ? AND step IN (SELECT step FROM "
+            "scan_steps) LIMIT ?", [statistic, len(steps) * layers * heads + 1]).fetchnumpy()
+        if len(found["step"]) > len(steps) * layers * heads:
+            raise NotAResultsFile("its scans hold more rows than one per step, layer and head: it is not read")
+        for step, layer, head, value in zip(found["step"], found["layer"], found["head"],
+                                            np.ma.filled(np.ma.asarray(found["value"], dtype=float), np.nan),
+                                            strict=True):
+            if not (0 <= layer < layers and 0 <= head < heads):
+                raise NotAResultsFile(f"its scans name head {layer}.{head}, outside the model's {layers} x {heads}: "
+                                      "it is not read")
+            maps[int(step)][layer, head] = value
+        return maps
+
+
+def scan_statistics(path: str | Path) -> list[str]:
+    """The statistics whose per-head maps the series' DuckDB file at ``path`` holds for its scanned steps (none when
+    the series was measured without a corpus); see :meth:`SeriesReader.scan_statistics`."""
+    with SeriesReader(path) as reader:
+        return reader.scan_statistics()
+
+
+def scan_maps(path: str | Path, statistic: str) -> dict[int, list[list[float]]]:
+    """``{step: [layers][heads] values}`` of ``statistic`` (e.g. ``"previous"``, ``"entropy"``, a label such as
+    ``"induction head"``) for every checkpoint scanned over the corpus, ascending by step; NaN where a head has no
+    value. Each map is what the Heads across a corpus page maps for a scan of that checkpoint alone (the mean over
+    the corpus's queries; for a label, the share of documents where the head got it)."""
+    with SeriesReader(path) as reader:
+        return {step: grid.tolist() for step, grid in reader.scan_maps(statistic).items()}
 
 
 def checkpoint_folders(root: str | None, names: dict[int, str]) -> dict[int, Path]:
