@@ -123,40 +123,44 @@ def read_settings_file(path: str, command: RunCommand, options: type = RunOption
 
 
 # -- parsing -----------------------------------------------------------------------------------------------------
-def parser_of(command: RunCommand, prog: str | None = None) -> argparse.ArgumentParser:
-    """The run's command line (``prog``: how ``--help`` names it: ``attnviz scan`` from the installed command)."""
-    from attnviz.models.shipped import bundled_models
+def parser_of(command: RunCommand, prog: str | None = None, options: type = RunOptions,
+              examples: str = "corpus, model, out, max_docs") -> argparse.ArgumentParser:
+    """The run's command line (``prog``: how ``--help`` names it: ``attnviz scan`` from the installed command), its
+    options the fields of ``options`` (:class:`RunOptions`, or a run's own) and of the run's settings."""
+    helps = dict(command.helps)
+    if options is RunOptions:
+        from attnviz.models.shipped import bundled_models
 
+        bundled = ", ".join(repr(name) for name in bundled_models())
+        helps = {"model": f"a checkpoint folder, or a bundled model's name ({bundled}; any start that names one alone)",
+                 **helps}
     parser = argparse.ArgumentParser(prog=prog or f"python -m attnviz.corpus.{command.kind}",
                                      description=command.description)
-    bundled = ", ".join(repr(name) for name in bundled_models())
-    helps = {"model": f"a checkpoint folder, or a bundled model's name ({bundled}; any start that names one alone)",
-             **command.helps}
     parser.add_argument("--settings", metavar="FILE.json", default=None,
-                        help="the run's options and settings as one JSON object, by field name (corpus, model, out, "
-                             "max_docs, ...); an option also given on the command line takes the command line's value")
-    add_options(parser, RunOptions, helps)
+                        help=f"the run's options and settings as one JSON object, by field name ({examples}, ...); "
+                             "an option also given on the command line takes the command line's value")
+    add_options(parser, options, helps)
     add_options(parser, command.settings)
     return parser
 
 
-def parse(command: RunCommand, argv: list[str] | None = None,
-          prog: str | None = None) -> tuple[RunOptions, dict[str, Any]]:
-    """The run's options, and its settings' values (checked by type; their ranges are checked as the settings are
-    built, by the run, which says a refusal like any other). Each value from the command line, else the settings
-    file, else the field's default."""
-    parser = parser_of(command, prog)
+def parse(command: RunCommand, argv: list[str] | None = None, prog: str | None = None, *, options: type = RunOptions,
+          parser: argparse.ArgumentParser | None = None) -> tuple[Any, dict[str, Any]]:
+    """The run's options (an ``options``: :class:`RunOptions`, or a run's own), and its settings' values (checked by
+    type; their ranges are checked as the settings are built, by the run, which says a refusal like any other). Each
+    value from the command line, else the settings file, else the field's default."""
+    parser = parser or parser_of(command, prog, options)
     namespace = parser.parse_args(argv)
     try:
-        from_file = read_settings_file(namespace.settings, command) if namespace.settings else {}
+        from_file = read_settings_file(namespace.settings, command, options) if namespace.settings else {}
     except SettingsRefused as problem:
         parser.error(str(problem))
-    values = {**from_file, **given(namespace, RunOptions), **given(namespace, command.settings)}
-    missing = [name for name in required(RunOptions) if name not in values]
+    values = {**from_file, **given(namespace, options), **given(namespace, command.settings)}
+    missing = [name for name in required(options) if name not in values]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
-    return built(RunOptions, values), {name: value for name, value in values.items()
-                                       if name in field_names(command.settings)}
+    return built(options, values), {name: value for name, value in values.items()
+                                    if name in field_names(command.settings)}
 
 
 # -- running -----------------------------------------------------------------------------------------------------
@@ -207,24 +211,33 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-class Reporter:
-    """A progress line on the terminal, and the JSON progress file the page reads."""
+def progress_bar(state) -> str:
+    return "[" + f"{'#' * int(state.done / max(state.planned, 1) * 30):<30}" + "]"
 
-    def __init__(self, progress_file: str | None, quiet: bool):
+
+def documents_line(state) -> str:
+    """A corpus run's progress: documents done, their rate, the time left."""
+    return (f"{progress_bar(state)} {state.done:,}/{state.planned:,} documents · "
+            f"{state.documents_per_second:.1f} doc/s · {state.tokens_per_second:,.0f} tok/s · "
+            f"ETA {_duration(state.eta)} · {state.status}"
+            + (f" · queries and keys of {state.sampled}/{state.sample_planned} documents kept"
+               if state.sample_planned else ""))
+
+
+class Reporter:
+    """A progress line on the terminal (``line(state)``: a corpus run's :func:`documents_line`, or a run's own), and
+    the JSON progress file the page reads."""
+
+    def __init__(self, progress_file: str | None, quiet: bool, line: Callable[[Any], str] = documents_line):
         self.progress_file = Path(progress_file) if progress_file else None
         self.quiet = quiet
+        self.line = line
 
     def __call__(self, state) -> None:
         if self.progress_file is not None:
             write_json(self.progress_file, state.as_dict())
         if not self.quiet:
-            share = state.done / max(state.planned, 1)
-            bar = "#" * int(share * 30)
-            print(f"\r[{bar:<30}] {state.done:,}/{state.planned:,} documents · "
-                  f"{state.documents_per_second:.1f} doc/s · {state.tokens_per_second:,.0f} tok/s · "
-                  f"ETA {_duration(state.eta)} · {state.status}"
-                  + (f" · queries and keys of {state.sampled}/{state.sample_planned} documents kept"
-                     if state.sample_planned else "") + "   ", end="", file=sys.stderr, flush=True)
+            print("\r" + self.line(state) + "   ", end="", file=sys.stderr, flush=True)
 
 
 def write_json(path: Path, value: dict) -> None:

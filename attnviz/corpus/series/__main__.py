@@ -9,14 +9,13 @@ The options are the fields of :class:`~attnviz.corpus.series.runner.SeriesOption
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from attnviz.corpus.command import RunCommand, read_settings_file, stopper, unwritable, write_json
-from attnviz.corpus.options import SettingsRefused, add_options, built, field_names, given, required
+from attnviz.corpus import command
+from attnviz.corpus.command import Reporter, RunCommand, stopper, unwritable, write_json
 from attnviz.corpus.series.runner import SeriesOptions, SeriesSettings
 
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -34,48 +33,17 @@ SERIES = RunCommand(kind="series", description=DESCRIPTION, settings=SeriesSetti
                     run=measure_series)
 
 
-def parser_of(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog or "python -m attnviz.corpus.series", description=DESCRIPTION)
-    parser.add_argument("--settings", metavar="FILE.json", default=None,
-                        help="the run's options and settings as one JSON object, by field name (folder, db, windows, "
-                             "...); an option also given on the command line takes the command line's value")
-    add_options(parser, SeriesOptions)
-    add_options(parser, SeriesSettings)
-    return parser
-
-
 def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[SeriesOptions, dict[str, Any]]:
     """The options, and the settings' values (their ranges are checked as the settings are built). Each value from the
     command line, else the settings file, else the field's default."""
-    parser = parser_of(prog)
-    namespace = parser.parse_args(argv)
-    try:
-        from_file = read_settings_file(namespace.settings, SERIES, SeriesOptions) if namespace.settings else {}
-    except SettingsRefused as problem:
-        parser.error(str(problem))
-    values = {**from_file, **given(namespace, SeriesOptions), **given(namespace, SeriesSettings)}
-    missing = [name for name in required(SeriesOptions) if name not in values]
-    if missing:
-        parser.error(f"the following arguments are required: {', '.join(missing)}")
-    return built(SeriesOptions, values), {name: value for name, value in values.items()
-                                          if name in field_names(SeriesSettings)}
+    return command.parse(SERIES, argv, prog, options=SeriesOptions, parser=command.parser_of(
+        SERIES, prog, SeriesOptions, examples="folder, db, windows"))
 
 
-class Reporter:
-    """A progress line on the terminal, and the JSON progress file the page reads."""
-
-    def __init__(self, progress_file: str | None, quiet: bool):
-        self.progress_file = Path(progress_file) if progress_file else None
-        self.quiet = quiet
-
-    def __call__(self, state) -> None:
-        if self.progress_file is not None:
-            write_json(self.progress_file, state.as_dict())
-        if not self.quiet:
-            bar = "#" * int(state.done / max(state.planned, 1) * 30)
-            last = f" · step {state.step:,} in {state.seconds:.1f} s" if state.step is not None else ""
-            print(f"\r[{bar:<30}] {state.done:,}/{state.planned:,} checkpoints{last} · {state.status}   ", end="",
-                  file=sys.stderr, flush=True)
+def checkpoints_line(state) -> str:
+    """The series' progress: checkpoints done, the last one's step and seconds."""
+    last = f" · step {state.step:,} in {state.seconds:.1f} s" if state.step is not None else ""
+    return f"{command.progress_bar(state)} {state.done:,}/{state.planned:,} checkpoints{last} · {state.status}"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -99,7 +67,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             torch.set_num_threads(options.threads)
         measure = on_ray(options.ray_address, options.workers, options.threads or 1, what=SERIES.verb) \
             if options.ray else None
-        state = measure_series(options, settings, Reporter(options.progress_file, options.quiet),
+        state = measure_series(options, settings, Reporter(options.progress_file, options.quiet, checkpoints_line),
                                stopper(options.stop_file, options.db, options.disk_limit), measure)
     except (ScanRefused, CheckpointRefused, OSError, duckdb.Error, ValueError) as problem:
         if isinstance(problem, duckdb.Error):
