@@ -9,6 +9,18 @@ import numpy as np
 MOST_OFFSET = 32  # the scan keeps the weight at each relative position within ±32
 
 
+# The row statistics' names, as the Heads across a corpus page words them (and Over training for a series' scans).
+STATISTIC_NAMES = {
+    "previous": "weight on the previous token", "next": "weight on the next token", "self": "weight on itself",
+    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>, <|endoftext|>)",
+    "special": "weight on special tokens ([UNK] not counted)", "punctuation": "weight on punctuation",
+    "duplicate": "duplicate token: weight on earlier copies of the query's token",
+    "induction": "induction: weight on the token after an earlier copy of the query's token",
+    "max_weight": "largest weight of a query", "normalised_entropy": "normalised entropy (1 = uniform)",
+    "entropy": "entropy (nats)", "mean_distance": "mean distance (tokens)",
+}
+
+
 def scan_progress(said: dict, seconds: float) -> tuple[float, str]:
     """A running scan's progress bar, ``(share done, words)``, from its progress record ``said`` ({} before the
     first) and the ``seconds`` since it started."""

@@ -7,16 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# The row statistics' names, as the Heads across a corpus page words them; any other name a scan maps is a head label.
-STATISTIC_NAMES = {
-    "previous": "weight on the previous token", "next": "weight on the next token", "self": "weight on itself",
-    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>, <|endoftext|>)",
-    "special": "weight on special tokens ([UNK] not counted)", "punctuation": "weight on punctuation",
-    "duplicate": "duplicate token: weight on earlier copies of the query's token",
-    "induction": "induction: weight on the token after an earlier copy of the query's token",
-    "max_weight": "largest weight of a query", "normalised_entropy": "normalised entropy (1 = uniform)",
-    "entropy": "entropy (nats)", "mean_distance": "mean distance (tokens)",
-}
+from attnviz.pagelogic.corpus import STATISTIC_NAMES
+
 PREFERRED = ("induction", "previous")  # what the map opens on, the first a scan has
 
 

@@ -24,13 +24,7 @@ from attnviz.viz import corpus as figures
 
 CUSTOM_OFFSETS = "custom offsets"
 STATISTIC_NAMES = {
-    "previous": "weight on the previous token", "next": "weight on the next token", "self": "weight on itself",
-    "first": "weight on the first token", "separator": "weight on separators ([SEP], </s>, <|endoftext|>)",
-    "special": "weight on special tokens ([UNK] not counted)", "punctuation": "weight on punctuation",
-    "duplicate": "duplicate token: weight on earlier copies of the query's token",
-    "induction": "induction: weight on the token after an earlier copy of the query's token",
-    "max_weight": "largest weight of a query", "normalised_entropy": "normalised entropy (1 = uniform)",
-    "entropy": "entropy (nats)", "mean_distance": "mean distance (tokens)",
+    **corpus_page.STATISTIC_NAMES,
     **{label: f"documents labelled '{label}'" for label in LABELS},
     CUSTOM_OFFSETS: "custom pattern: weight at chosen relative positions",
 }
