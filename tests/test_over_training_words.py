@@ -109,7 +109,7 @@ def test_rows_become_arrays_and_a_step_its_numbers():
     assert table.loc[3, "induction score"] == 0.7 and table.loc[0, "previous-token score"] == 0.8
     numbers = ot.step_numbers(run, 400)
     assert (numbers.loss, numbers.icl, numbers.copy_loss, numbers.best_induction, numbers.best_head) == (
-        "5", "−0.2", "3", "0.7", "L1 H1")
+        "5.00", "−0.2", "3.00", "0.7", "L1 H1")
 
 
 def test_the_run_s_facts_and_the_head_the_buttons_open_come_from_the_run():
@@ -180,9 +180,13 @@ def test_the_head_panels_draw_every_head_and_the_named_ones_strong():
     assert len(figure.to_json()) < 2_000_000
 
 
-@pytest.mark.parametrize("steps", [[0, 4, 5, 7500], [0], [3, 30, 300]])
+@pytest.mark.parametrize("steps", [[0, 4, 5, 7500], [0], [3, 30, 300], [3122, 3720, 4433]])
 def test_every_step_has_a_place_on_the_log_axis(steps):
     placed = figures.positions(steps)
     assert all(x > 0 and math.isfinite(x) for x in placed) and placed == sorted(placed)
     values, labels = figures._ticks(steps)
-    assert labels[0] == "0" and values == sorted(values)
+    assert values == sorted(values) and len(values) == len(set(values))
+    assert (labels[0] == "0") == (0 in steps)  # a series that starts later draws no step 0
+    assert len(values) >= 2 or steps == [0]
+    title = figures.axis_title(steps)
+    assert ("step 0 drawn at" in title) == (0 in steps)

@@ -43,7 +43,7 @@ def test_the_page_draws_the_run_with_its_words_and_a_step_s_numbers(fake_run):
     assert len(heads["data"]) == 4 * 3  # four measures: the other heads' lines, then each named head's
     assert [trace["name"] for trace in heads["data"] if trace.get("showlegend")] == ["L1 H1", "L0 H0"]
     row = fake_run.rows[STEPS.index(400)]
-    assert _metrics(at)["Held-out loss"] == ot.step_numbers(fake_run, 400).loss == f"{row['loss']:.3g}"
+    assert _metrics(at)["Held-out loss"] == ot.step_numbers(fake_run, 400).loss == f"{row['loss']:.2f}"
     assert any("The buttons open the checkpoint kept at step 400" in caption.value for caption in at.caption)
 
     at.select_slider(key="ot_step").set_value(10).run()

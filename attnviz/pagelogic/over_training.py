@@ -386,7 +386,7 @@ def step_numbers(run: Run, step: int) -> StepNumbers:
     row = run.rows[_index(run.rows, step)]
     scores = np.asarray(row["induction"], dtype=np.float64)
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
-    return StepNumbers(_n(row["loss"]), _signed(row["icl"]), _n(row["copy_loss"]), _n(scores[layer, head]),
+    return StepNumbers(f"{row['loss']:.2f}", _signed(row["icl"]), f"{row['copy_loss']:.2f}", _n(scores[layer, head]),
                        head_label(layer, head))
 
 

@@ -30,28 +30,41 @@ def positions(steps) -> list[float]:
     return [float(step) if step > 0 else zero for step in steps]
 
 
-def axis_title(steps) -> str:
-    return f"training step (log scale; step 0 drawn at {style.format_number(zero_position(steps))})"
+def has_step_zero(steps) -> bool:
+    return any(step <= 0 for step in steps)
+
+
+def axis_title(steps, short: bool = False) -> str:
+    """The step axis's title; where step 0 is drawn when the run has one (a series may start later)."""
+    words = "step (log" if short else "training step (log scale"
+    if not has_step_zero(steps):
+        return words + ")"
+    zero = style.format_number(zero_position(steps))
+    return f"{words}; 0 drawn at {zero})" if short else f"{words}; step 0 drawn at {zero})"
 
 
 def _ticks(steps) -> tuple[list[float], list[str]]:
-    """Tick positions and labels: step 0 at its place, then the powers of ten the steps reach (sparse enough for a
-    half-width panel on a projector)."""
+    """Tick positions and labels: step 0 at its place (when the run has one), then the powers of ten the steps reach
+    (sparse enough for a half-width panel on a projector); where fewer than two of those fall among the steps (a
+    series from step 3,000 to 5,000), the first and last steps themselves."""
     zero = zero_position(steps)
     last = max(max(steps), 1)
-    values, labels = [zero], ["0"]
-    for power in range(int(math.ceil(math.log10(last * 1.05))) + 1):
-        value = 10 ** power
-        if zero * 1.8 <= value <= last * 1.05:
-            values.append(float(value))
-            labels.append(f"{value:,}")
+    positive = [step for step in steps if step > 0]
+    start = zero * 1.8 if has_step_zero(steps) else min(positive) / 1.05
+    values, labels = ([zero], ["0"]) if has_step_zero(steps) else ([], [])
+    powers = [10 ** power for power in range(int(math.ceil(math.log10(last * 1.05))) + 1)
+              if start <= 10 ** power <= last * 1.05]
+    if len(powers) < 2 and positive:
+        powers = sorted(set(powers) | {min(positive), max(positive)})
+    values += [float(value) for value in powers]
+    labels += [f"{value:,}" for value in powers]
     return values, labels
 
 
 def _step_axes(figure: go.Figure, steps) -> None:
     values, labels = _ticks(steps)
-    zero = zero_position(steps)
-    span = [math.log10(zero) - 0.08, math.log10(max(max(steps), 1)) + 0.05]
+    first = zero_position(steps) if has_step_zero(steps) else min(step for step in steps if step > 0)
+    span = [math.log10(first) - 0.08, math.log10(max(max(steps), 1)) + 0.05]
     figure.update_xaxes(type="log", tickmode="array", tickvals=values, ticktext=labels, range=span, showgrid=True,
                         gridcolor="#eeeeee", zeroline=False)
     figure.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
@@ -183,8 +196,7 @@ def head_panels_figure(steps: list[int], measures: dict[str, np.ndarray], *, nam
     _shade(figure, steps, span, panels=True)
     _pick(figure, steps, picked)
     for col in range(1, columns + 1):
-        figure.update_xaxes(title_text=f"step (log; 0 drawn at {style.format_number(zero_position(steps))})", row=rows,
-                            col=col)
+        figure.update_xaxes(title_text=axis_title(steps, short=True), row=rows, col=col)
     figure.update_layout(
         title=dict(text=title, x=0, xanchor="left"), height=250 + 220 * rows, margin=dict(l=10, r=10, t=60, b=10),
         font=dict(family=style.FONT_FAMILY), plot_bgcolor="white",
