@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.corpus.series import runner as sr
 from attnviz.corpus.series.store import open_series
-from tests.test_series import STEPS, assert_same_rows, copy_tokenizer, save_gpt
+from tests.test_series import STEPS, assert_same_rows, copy_tokenizer, make_series
 
 
 def script():
@@ -30,11 +30,7 @@ def script():
 
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
-    root = tmp_path_factory.mktemp("page-series")
-    for seed, step in enumerate(STEPS):
-        save_gpt(root / f"step{step}", seed)
-    copy_tokenizer(root)
-    return root
+    return make_series(tmp_path_factory.mktemp("page-series"), STEPS)
 
 
 def source(folder=None) -> AppTest:

@@ -40,8 +40,17 @@ def copy_tokenizer(folder, source=BUNDLED_GPT_DIR):
         shutil.copy(source / name, folder / name)
 
 
+def make_series(root, steps=STEPS):
+    """``root``: one tiny GPT-2 per step (``step100/``, ..., different weights) and the tokenizer once beside them."""
+    for seed, step in enumerate(steps):
+        save_gpt(root / f"step{step}", seed)
+    copy_tokenizer(root)
+    return root
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
+    """One torch thread for the module (the tests measure tiny models; other workers share the cores)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -51,11 +60,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
     """step100/, step200/, step300/ (different weights) and the tokenizer once, in the series folder."""
-    root = tmp_path_factory.mktemp("series")
-    for seed, step in enumerate(STEPS):
-        save_gpt(root / f"step{step}", seed)
-    copy_tokenizer(root)
-    return root
+    return make_series(tmp_path_factory.mktemp("series"))
 
 
 @pytest.fixture(scope="module")

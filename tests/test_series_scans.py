@@ -10,7 +10,6 @@ import shutil
 import duckdb
 import numpy as np
 import pytest
-import torch
 
 from attnviz.api import series as api
 from attnviz.corpus.document_files import open_corpus
@@ -21,7 +20,7 @@ from attnviz.corpus.series import runner as sr
 from attnviz.corpus.series import store as sstore
 from attnviz.corpus.series.scans import MAPPED, scan_path
 from attnviz.models.loading import load_model_dir
-from tests.test_series import assert_same_rows, copy_tokenizer, save_gpt
+from tests.test_series import assert_same_rows, copy_tokenizer, make_series, one_thread  # noqa: F401 - a fixture
 
 STEPS = (100, 200)  # two checkpoints of different weights: a map that moves over training
 DOCUMENTS, TOKENS = 5, 24
@@ -34,22 +33,10 @@ LINES = ["the cat sat on the mat and the cat sat on the mat again",
          "this line is past the documents a scan reads"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
     """step100/ and step200/ (different weights), the tokenizer once in the series folder."""
-    root = tmp_path_factory.mktemp("scanned-series")
-    for seed, step in enumerate(STEPS):
-        save_gpt(root / f"step{step}", seed)
-    copy_tokenizer(root)
-    return root
+    return make_series(tmp_path_factory.mktemp("scanned-series"), STEPS)
 
 
 @pytest.fixture(scope="module")

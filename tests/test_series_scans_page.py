@@ -19,7 +19,7 @@ from attnviz.api.series import series_scan_maps
 from attnviz.corpus.series import runner as sr
 from attnviz.ui.over_training_series import SETTINGS
 from tests.apptest_helpers import assert_no_failure, figure_containing, open_page, plotly_array
-from tests.test_series import copy_tokenizer, save_gpt
+from tests.test_series import make_series
 from tests.test_series_scans import LINES
 
 STEPS = (100, 200)
@@ -36,10 +36,7 @@ def script():
 
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
-    root = tmp_path_factory.mktemp("page-scanned-series")
-    for seed, step in enumerate(STEPS):
-        save_gpt(root / f"step{step}", seed)
-    copy_tokenizer(root)
+    root = make_series(tmp_path_factory.mktemp("page-scanned-series"), STEPS)
     corpus = root.parent / "page-corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n")
     return root, corpus
