@@ -45,7 +45,8 @@ def metric(page, label: str) -> str:
     return page.locator('[data-testid="stMetric"]').filter(has_text=label).first.inner_text().split("\n")[-1]
 
 
-def test_the_shipped_run_opens_on_its_phase_change_and_the_slider_moves_it(page, app_url, screenshot_dir):
+def test_the_shipped_run_opens_on_its_phase_change_the_slider_moves_it_and_pre_norm_trains(page, app_url,
+                                                                                            screenshot_dir):
     run = shipped_run()
     steps = [row["step"] for row in run["rows"]]
     change = run["phase_change"]
@@ -70,6 +71,18 @@ def test_the_shipped_run_opens_on_its_phase_change_and_the_slider_moves_it(page,
     assert float(metric(page, "Held-out loss")) == pytest.approx(by_step[before]["loss"], abs=6e-3)
     assert "ot_step=" + str(before) in page.url  # the step is in the link: a talk can open on it
 
+    # Pre-norm or post-norm, on the same page: four runs of 5 steps trained when asked
+    page.get_by_label("Steps per run").fill("5")
+    page.get_by_label("Steps per run").press("Enter")
+    wait_until_idle(page)
+    page.get_by_role("button", name="Train both ways").click()
+    wait_until_idle(page)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(el => "
+                           "(el.layout.title.text || '').includes('Loss of the four runs'))", timeout=120_000)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.get_by_role("button", name="Train both ways").count() == 0
+    page.screenshot(path=str(screenshot_dir / "over_training_pre_post_norm.png"), full_page=True)
+
 
 def test_the_kept_checkpoint_opens_in_explore_heads_and_generation(page, app_url, screenshot_dir):
     run = shipped_run()
@@ -93,18 +106,3 @@ def test_the_kept_checkpoint_opens_in_explore_heads_and_generation(page, app_url
     assert prompt.input_value() == REPEATED_SENTENCE
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(screenshot_dir / "over_training_opened_in_generation.png"), full_page=True)
-
-
-def test_pre_norm_and_post_norm_train_when_asked(page, app_url, screenshot_dir):
-    page.goto(f"{app_url}/over_training")
-    wait_until_idle(page)
-    page.get_by_label("Steps per run").fill("5")
-    page.get_by_label("Steps per run").press("Enter")
-    wait_until_idle(page)
-    page.get_by_role("button", name="Train both ways").click()
-    wait_until_idle(page)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(el => "
-                           "(el.layout.title.text || '').includes('Loss of the four runs'))", timeout=120_000)
-    assert page.locator('[data-testid="stException"]').count() == 0
-    assert page.get_by_role("button", name="Train both ways").count() == 0
-    page.screenshot(path=str(screenshot_dir / "over_training_pre_post_norm.png"), full_page=True)
