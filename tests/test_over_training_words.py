@@ -66,7 +66,7 @@ def test_a_rise_from_0_02_to_0_7_between_steps_100_and_400_is_the_phase_change_a
     assert "5.00 at step 400 (after it)" in loss and "4.00 at step 1,000 (the last)" in loss
     assert "falls by 1.00 across the phase change, 25% of its fall over the whole run (4.00)" in loss
     previous = ot.previous_token_words(run)
-    assert "**L0 H0** passes 0.5 at step 100 (0.6; 0.05 at step 0, 0.9 at the last step)" in previous
+    assert "**L0 H0** reaches 0.5 at step 100 (0.6; 0.05 at step 0, 0.9 at the last step)" in previous
     assert "before the phase change starts (step 400)" in previous
     assert ot.previous_token_heads(run) == [(0, 0)]
     ablation = ot.ablation_words(run)
@@ -93,7 +93,9 @@ def test_a_head_that_starts_high_is_no_rise():
     """Over 0.5 without ever being under 0.1 before: not named as rising (the phase change is still placed)."""
     run = _run(_rows(induction=(0.15, 0.2, 0.3, 0.7, 0.72)))
     assert ot.rising_heads(run.rows) == []
-    assert run.phase is not None and ot.induction_heads(run) == [(1, 1)]  # the head the phase change follows
+    assert run.phase is not None and ot.induction_heads(run) == [] and ot.followed_heads(run) == [(1, 1)]
+    assert ot.ablation_words(run).startswith("**Zeroing the head the phase change follows**")  # not an induction head
+    assert ot.head_to_open(run, 1000) == (1, 1)
     assert "The highest any head reaches is 0.72 (**L1 H1** at step 1,000); that head's lowest before then is 0.15 " \
            "(at step 0)" in ot.induction_words(run)
 
@@ -190,3 +192,37 @@ def test_every_step_has_a_place_on_the_log_axis(steps):
     assert len(values) >= 2 or steps == [0]
     title = figures.axis_title(steps)
     assert ("step 0 drawn at" in title) == (0 in steps)
+
+
+def test_what_a_sceptic_tried_reads_true():
+    """Runs built to break the words: each sentence still says what its numbers show."""
+    nan = float("nan")
+    # a diverged checkpoint: no crash, and its numbers read as no value, never as '−' or 'nan'
+    run = _run(_rows(induction=(0.02, nan, 0.02, 0.7, 0.72), icl=(0.1, nan, 0.15, -0.2, -0.3),
+                     loss=(8.0, nan, 6.0, 5.0, 4.0)))
+    assert run.phase is not None and run.phase.end == 400
+    for sentence in ot.run_words(run):
+        assert "nan" not in sentence.lower() and "− " not in sentence and "−." not in sentence, sentence
+    assert ot._signed(nan) == ot._n(float("inf")) == ot.NOT_FINITE
+    # a loss that falls more across the phase change than over the whole run: no share over 100%
+    loss = ot.loss_words(_run(_rows(loss=(8.0, 7.0, 4.0, 1.0, 6.5))))
+    assert "falls by 3.00 across the phase change, more than it falls over the whole run (1.50)" in loss
+    assert "%" not in loss
+    assert "barely moves across the phase change" in ot.loss_words(_run(_rows(loss=(8.0, 7.0, 5.0, 5.001, 4.0))))
+    # numbers beside a threshold keep the digits that put them on its side
+    close = _run(_rows(induction=(0.02, 0.03, 0.0999, 0.50004, 0.72)))
+    assert "to 0.50004 at step 400" in ot.induction_words(close)
+    # exactly 0.5 is a previous-token head, as Explore heads labels it; one over it from the start is not 'becoming'
+    at_threshold = ot.previous_token_words(_run(_rows(previous=(0.05, 0.2, 0.3, 0.4, 0.5))))
+    assert "**L0 H0** reaches 0.5 at step 1,000" in at_threshold
+    from_start = ot.previous_token_words(_run(_rows(previous=(0.9, 0.9, 0.9, 0.9, 0.9))))
+    assert "is at 0.5 or over already at the first measured step (0.9 at step 0" in from_start
+    assert "reaches" not in from_start
+    # a head that falls after its peak: where it ends is said
+    falling = ot.phase_words(_run(_rows(induction=(0.8, 0.7, 0.6, 0.5, 0.45))))
+    assert "**No phase change**" in falling and "and is 0.45 at the last step" in falling
+    # the run's facts: one step, a short run, a long one
+    one = Run("one", [_rows()[0]], None, {}, {"seconds": 20.0, "threads": 1})
+    assert ot.run_facts(one) == "1 measured step, step 0; its training steps took under 1 min on 1 CPU thread."
+    assert "16,667 min" in ot.run_facts(Run("long", _rows(), None, {}, {"seconds": 1e6}))
+    assert "step 0 drawn at 50,000" in figures.axis_title([0, 100_000, 1_000_000])

@@ -207,9 +207,11 @@ def test_the_pages_words_for_a_step_that_was_not_scanned_and_one_colour_range_fo
         400, 100, 100, 200, 400, 400]  # the latest scanned at or before the step; the first before any
     grids = {100: np.array([[0.2, 0.9], [np.nan, 0.1]]), 200: np.array([[0.5, 0.3], [2.5, 0.0]])}
     caption = words.map_caption("entropy", 200, 250, grids)
-    assert caption.startswith("Step 250 was not scanned: the map is step 200's. Highest at step 200: layer 1, head 0 "
-                              "(2.5), which had no value at step 100.")
-    assert "layer 0, head 1 (0.9)" in words.map_caption("entropy", 100, 100, grids)
+    assert caption.startswith("Step 250 was not scanned: the map is step 200's. Highest at step 200: L1 H0 (2.5), "
+                              "which had no value at step 100. Move the step")
+    assert "L0 H1 (0.9)" in words.map_caption("entropy", 100, 100, grids)
+    assert words.map_caption("entropy", 100, 100, {100: grids[100]}).endswith("One step is scanned so far.")
+    assert "L0 H0 (1)" in words.map_caption("entropy", 100, 100, {100: np.array([[1.0, np.inf]])})  # inf: no value
     values = np.concatenate([grid.ravel() for grid in grids.values()])
     assert words.value_range("entropy", grids) == (np.nanmin(values), np.nanmax(values))  # over every step
     assert words.value_range("previous", grids) == (0.0, 1.0)  # a share of weight

@@ -113,7 +113,7 @@ def test_the_map_of_a_scanned_series_plays_with_the_step(series, scanned_file, c
     assert first["data"][0]["zmin"] == latest["data"][0]["zmin"] == 0  # one colour range for every step
     caption = next(c.value for c in at.caption if c.value.startswith("Highest at step 100"))
     layer, head = np.unravel_index(np.nanargmax(maps[100]), np.shape(maps[100]))
-    assert f"layer {layer}, head {head} ({maps[100][layer][head]:.3g})" in caption
+    assert f"L{layer} H{head} ({maps[100][layer][head]:.3g})" in caption
     at.selectbox(key="ot_series_statistic").set_value("previous").run()
     np.testing.assert_allclose(cells(the_map(at)), series_scan_maps(path, "previous")[100], rtol=1e-12)
 

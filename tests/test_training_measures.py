@@ -133,6 +133,17 @@ def test_the_phase_change_follows_its_rule():
     assert found.low == pytest.approx(0.02) and found.high == pytest.approx(0.8)
     assert tm.phase_change(steps, [scores(0.05 + 0.01 * index) for index in range(len(steps))]) is None  # flat
     assert "10%" in tm.PHASE_RULE and "90%" in tm.PHASE_RULE
+    # an early blip past 10% that falls back does not start the phase change: the stretch that reaches 90% does
+    blip = tm.phase_change([0, 10, 100, 1000, 5000], [scores(value) for value in (0.0, 0.2, 0.0, 0.0, 1.0)])
+    assert (blip.before, blip.start, blip.middle, blip.end) == (1000, 5000, 5000, 5000)
+    # a diverged checkpoint (NaN) is passed over, not followed, and crashes nothing
+    nan = float("nan")
+    found = tm.phase_change(steps, [scores(value) for value in (0.02, nan, 0.05, 0.2, 0.5, 0.72, 0.8)])
+    assert (found.start, found.end, found.low, found.high) == (40, 320, 0.02, 0.8)
+    # the NaN head is not the highest at the last step: a flat head is followed, which does not rise
+    assert tm.phase_change(steps, [scores(value, other=0.3) for value in (0.02, 0.03, 0.05, 0.2, 0.5, 0.72, nan)]) \
+        is None
+    assert tm.phase_change([0, 10], [scores(nan), scores(nan, other=nan)]) is None
 
 
 def test_the_measured_steps_are_log_spaced_from_0_to_the_last():

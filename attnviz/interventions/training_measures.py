@@ -186,9 +186,9 @@ def _ablation_costs(model: torch.nn.Module, projections: list[torch.nn.Module], 
 
 # -- the phase change -----------------------------------------------------------------------------------------------
 PHASE_RULE = ("the head with the highest induction score at the last step is followed: the phase change runs from the "
-              "first measured step at which its score has risen 10% of the way from its value at the first step to "
-              "its highest value, to the first at which it has risen 90% of the way (none is marked when it rises "
-              f"by less than {0.1})")
+              "measured step at which its score last rose past 10% of the way from its value at the first step to "
+              "its highest value (and stayed there), to the first at which it has risen 90% of the way (none is "
+              f"marked when it rises by less than {0.1}; steps without a finite score are passed over)")
 LEAST_RISE = 0.1
 
 
@@ -215,19 +215,36 @@ class PhaseChange:
 
 
 def phase_change(steps: list[int], induction: list[list[list[float]]]) -> PhaseChange | None:
-    """:data:`PHASE_RULE` on the induction scores ``[measured steps][layers][heads]`` at ``steps`` (ascending)."""
+    """:data:`PHASE_RULE` on the induction scores ``[measured steps][layers][heads]`` at ``steps`` (ascending). A score
+    that is not finite (a diverged checkpoint) is never the highest, nor past any share of the rise."""
     scores = torch.tensor(induction, dtype=torch.float64)  # [steps, layers, heads]
     if not len(steps) or scores.numel() == 0:
         return None
-    layer, head = divmod(int(scores[-1].flatten().argmax()), scores.shape[2])
+    finite = torch.isfinite(scores)
+    last = torch.where(finite[-1], scores[-1], -torch.inf).flatten()
+    if not finite[-1].any():
+        return None
+    layer, head = divmod(int(last.argmax()), scores.shape[2])
     curve = scores[:, layer, head]  # [steps]
-    low, high = float(curve[0]), float(curve.max())
+    kept = finite[:, layer, head]
+    if int(kept.sum()) < 2:
+        return None
+    low, high = float(curve[kept][0]), float(curve[kept].max())
     if high - low < LEAST_RISE:
         return None
 
-    def first_at(share: float) -> int:
-        return int((curve >= low + share * (high - low)).nonzero()[0])
+    def past(share: float) -> torch.Tensor:  # [steps] bool; False where the score is not finite
+        return curve >= low + share * (high - low)
 
-    start, middle, end = first_at(0.1), first_at(0.5), first_at(0.9)
+    end = int(past(0.9).nonzero()[0])
+
+    def last_rise(share: float) -> int:
+        """The first step of the unbroken stretch past ``share`` that reaches ``end``."""
+        index = end
+        while index > 0 and bool(past(share)[index - 1]):
+            index -= 1
+        return index
+
+    start, middle = last_rise(0.1), last_rise(0.5)
     return PhaseChange(layer, head, steps[start], steps[middle], steps[end], steps[start - 1] if start else None,
                        low, high)

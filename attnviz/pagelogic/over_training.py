@@ -77,14 +77,36 @@ def _step(step: int) -> str:
     return f"step {step:,}"
 
 
+NOT_FINITE = "no finite value"  # what a diverged checkpoint's number reads as
+
+
 def _n(value: float) -> str:
-    return format_number(float(value))
+    value = float(value)
+    return format_number(value) if np.isfinite(value) else NOT_FINITE
 
 
 def _signed(value: float) -> str:
     """A signed number for reading: ``+0.12``, ``−0.35``, ``0``."""
-    text = format_number(abs(float(value)))
+    value = float(value)
+    if not np.isfinite(value):
+        return NOT_FINITE
+    text = format_number(abs(value))
     return text if text == "0" else ("+" if value > 0 else "−") + text
+
+
+def _nats(value: float) -> str:
+    """A loss, to two decimals (4.00, not 4)."""
+    return f"{float(value):.2f}" if np.isfinite(float(value)) else NOT_FINITE
+
+
+def _beside(value: float, threshold: float) -> str:
+    """``value`` with enough digits not to read as ``threshold`` itself (0.50004 beside 'over 0.5': 0.50004)."""
+    text = _n(value)
+    for digits in (4, 6, 9):
+        if text != format_number(threshold) or value == threshold:
+            break
+        text = f"{value:.{digits}g}"
+    return text
 
 
 # -- the heads ----------------------------------------------------------------------------------------------------
@@ -126,23 +148,27 @@ def rising_heads(rows: list[dict], measure: str = "induction", below: float = RI
 
 
 def induction_heads(run: Run) -> list[tuple[int, int]]:
-    """The heads the words name as induction heads: those whose score rises (:func:`rising_heads`); when none does,
-    the head the phase change follows; else none."""
-    rises = rising_heads(run.rows)
-    if rises:
-        return [(rise.layer, rise.head) for rise in rises]
-    return [(run.phase.layer, run.phase.head)] if run.phase is not None else []
+    """The heads the words name as induction heads: those whose score rises (:func:`rising_heads`)."""
+    return [(rise.layer, rise.head) for rise in rising_heads(run.rows)]
+
+
+def followed_heads(run: Run) -> list[tuple[int, int]]:
+    """Where no head's score rises to an induction head's, the head the phase change follows (named as that, not as
+    an induction head); else none."""
+    if induction_heads(run) or run.phase is None:
+        return []
+    return [(run.phase.layer, run.phase.head)]
 
 
 def previous_token_heads(run: Run) -> list[tuple[int, int]]:
-    """The heads the words name as previous-token heads: a previous-token score over :data:`PREVIOUS_TOKEN` at the
+    """The heads the words name as previous-token heads: a previous-token score of :data:`PREVIOUS_TOKEN` or more at the
     last step, in the order they first passed it."""
     return [(layer, head) for _, layer, head, *_ in _formed_previous_token_heads(run)]
 
 
 def _formed_previous_token_heads(run: Run) -> list[tuple[int, int, int, float, float, float]]:
     """(the first step over the threshold, layer, head, the score then, at the first step, at the last) of each head
-    over :data:`PREVIOUS_TOKEN` at the last step, by that first step."""
+    at :data:`PREVIOUS_TOKEN` or over at the last step, by that first step."""
     steps, scores = run.steps, head_series(run.rows, "previous_token")  # [steps, layers, heads]
     formed = []
     if scores.size == 0:
@@ -150,8 +176,8 @@ def _formed_previous_token_heads(run: Run) -> list[tuple[int, int, int, float, f
     for layer in range(scores.shape[1]):
         for head in range(scores.shape[2]):
             curve = scores[:, layer, head]
-            if curve[-1] > PREVIOUS_TOKEN:
-                index = int(np.flatnonzero(curve > PREVIOUS_TOKEN)[0])
+            if curve[-1] >= PREVIOUS_TOKEN:  # Explore heads labels a head at the threshold too
+                index = int(np.flatnonzero(curve >= PREVIOUS_TOKEN)[0])
                 formed.append((steps[index], layer, head, float(curve[index]), float(curve[0]), float(curve[-1])))
     return sorted(formed)
 
@@ -192,12 +218,20 @@ def phase_words(run: Run) -> str:
     if scores.size == 0:
         return "This run has no induction scores: no phase change can be placed."
     if phase is None:
-        layer, head = divmod(int(scores[-1].flatten().argmax()), scores.shape[2])
-        curve = scores[:, layer, head]
-        return (f"**No phase change** is marked: the head with the highest induction score at the last step, "
-                f"**{head_label(layer, head)}**, goes from {_n(curve[0])} at {_step(steps[0])} to at most "
-                f"{_n(curve.max())} (at {_step(steps[int(curve.argmax())])}), a rise of less than "
-                f"{format_number(tm.LEAST_RISE)}.")
+        last = np.where(np.isfinite(scores[-1]), scores[-1], -np.inf)
+        if not np.isfinite(last).any():
+            return "**No phase change** is marked: no head has a finite induction score at the last step."
+        layer, head = divmod(int(last.flatten().argmax()), scores.shape[2])
+        curve = np.where(np.isfinite(scores[:, layer, head]), scores[:, layer, head], -np.inf)
+        said = (f"**No phase change** is marked: the head with the highest induction score at the last step, "
+                f"**{head_label(layer, head)}**, goes from {_n(scores[0, layer, head])} at {_step(steps[0])} to at "
+                f"most {_n(curve.max())} (at {_step(steps[int(curve.argmax())])}), a rise of less than "
+                f"{format_number(tm.LEAST_RISE)}, and is {_n(curve[-1])} at the last step")
+        rises = [rise for rise in rising_heads(rows) if (rise.layer, rise.head) != (layer, head)]
+        if rises:
+            said += (f" (the rule follows that head; {_listed([f'**{rise.label}**' for rise in rises])}, whose "
+                     "score rises as below, is not the highest at the last step)")
+        return said + "."
     curve = scores[:, phase.layer, phase.head]
 
     def at(step: int) -> str:
@@ -227,8 +261,8 @@ def induction_words(run: Run) -> str:
     do when none does."""
     rises = rising_heads(run.rows)
     if rises:
-        each = "; ".join(f"**{rise.label}** from {_n(rise.low)} at {_step(rise.low_step)} to {_n(rise.high)} at "
-                         f"{_step(rise.high_step)}" for rise in rises)
+        each = "; ".join(f"**{rise.label}** from {_beside(rise.low, RISE_FROM)} at {_step(rise.low_step)} to "
+                         f"{_beside(rise.high, RISE_TO)} at {_step(rise.high_step)}" for rise in rises)
         heads = "One head's induction score rises" if len(rises) == 1 else f"{len(rises)} heads' induction scores rise"
         return (f"{heads} from under {format_number(RISE_FROM)} to over "
                 f"{format_number(RISE_TO)}: {each} (the last measured step under, the first over).")
@@ -276,17 +310,20 @@ def loss_words(run: Run) -> str:
     shown += [(first, first_name), (second, second_name)]
     if second != steps[-1]:
         shown.append((steps[-1], "the last"))
-    each = ", ".join(f"{loss[_index(rows, step)]:.2f} at {_step(step)} ({name})" for step, name in shown)
+    each = ", ".join(f"{_nats(loss[_index(rows, step)])} at {_step(step)} ({name})" for step, name in shown)
     said = f"The **held-out loss** (nats per token): {each}."
-    if run.phase is not None:
-        during = loss[_index(rows, first)] - loss[_index(rows, second)]
-        whole = loss[0] - loss[-1]
-        said += (f" It falls by {during:.2f}" if during >= 0 else f" It rises by {-during:.2f}") + \
-            " across the phase change"
-        if whole > 0 and during > 0:
-            said += f", {during / whole:.0%} of its fall over the whole run ({whole:.2f})"
-        said += "."
-    return said
+    during = loss[_index(rows, first)] - loss[_index(rows, second)]
+    if run.phase is None or not np.isfinite(during):
+        return said
+    whole = loss[0] - loss[-1]
+    if abs(during) < 0.005:
+        return said + " It barely moves across the phase change (by less than 0.005)."
+    said += (f" It falls by {during:.2f}" if during > 0 else f" It rises by {-during:.2f}") + " across the phase change"
+    if np.isfinite(whole) and 0 < during <= whole:
+        said += f", {during / whole:.0%} of its fall over the whole run ({whole:.2f})"
+    elif np.isfinite(whole) and during > whole:
+        said += f", more than it falls over the whole run ({whole:.2f}): it rises again elsewhere"
+    return said + "."
 
 
 def previous_token_words(run: Run) -> str:
@@ -298,30 +335,38 @@ def previous_token_words(run: Run) -> str:
     formed = _formed_previous_token_heads(run)
     if not formed:
         layer, head = divmod(int(scores[-1].flatten().argmax()), scores.shape[2])
-        return (f"No head is a **previous-token head** at the last step (a score over {format_number(PREVIOUS_TOKEN)}, "
-                f"Explore heads' threshold): the highest then is **{head_label(layer, head)}**'s, "
-                f"{_n(scores[-1, layer, head])}.")
+        return (f"No head is a **previous-token head** at the last step (a score of {format_number(PREVIOUS_TOKEN)} or "
+                f"more, Explore heads' threshold): the highest then is **{head_label(layer, head)}**'s, "
+                f"{_beside(scores[-1, layer, head], PREVIOUS_TOKEN)}.")
     steps, each = run.steps, []
     for step, layer, head, value, start, last in formed:
-        words = (f"**{head_label(layer, head)}** passes {format_number(PREVIOUS_TOKEN)} at {_step(step)} "
-                 f"({_n(value)}; {_n(start)} at {_step(steps[0])}, {_n(last)} at the last step)")
+        if step == steps[0]:
+            words = (f"**{head_label(layer, head)}** is at {format_number(PREVIOUS_TOKEN)} or over already at the "
+                     f"first measured step ({_beside(value, PREVIOUS_TOKEN)} at {_step(step)}, {_n(last)} at the "
+                     "last step)")
+            each.append(words)
+            continue
+        words = (f"**{head_label(layer, head)}** reaches {format_number(PREVIOUS_TOKEN)} at {_step(step)} "
+                 f"({_beside(value, PREVIOUS_TOKEN)}; {_n(start)} at {_step(steps[0])}, {_n(last)} at the last step)")
         if run.phase is not None:
             words += (f", before the phase change starts ({_step(run.phase.start)})" if step < run.phase.start else
                       f", after the phase change ends ({_step(run.phase.end)})" if step > run.phase.end else
                       ", during the phase change")
         each.append(words)
-    heads = "One head becomes a" if len(formed) == 1 else f"{len(formed)} heads become"
+    heads = "One head is a" if len(formed) == 1 else f"{len(formed)} heads are"
     kind = "previous-token head" if len(formed) == 1 else "previous-token heads"
-    return (f"{heads} **{kind}** (a previous-token score over {format_number(PREVIOUS_TOKEN)}, Explore heads' "
-            f"threshold, at the last step): " + "; ".join(each) + ".")
+    return (f"{heads} **{kind}** at the last step (a previous-token score of {format_number(PREVIOUS_TOKEN)} or more, "
+            f"Explore heads' threshold): " + "; ".join(each) + ".")
 
 
 def ablation_words(run: Run) -> str:
     """What zeroing each induction head costs on the second copy, before and after the phase change (or at the first
     and the last step), beside the clean second copy's loss."""
-    heads = induction_heads(run)
-    if not heads:
+    heads, followed = induction_heads(run), followed_heads(run)
+    if not heads and not followed:
         return ""
+    heads = heads or followed
+    what = "an induction head" if not followed else "the head the phase change follows"
     rows, steps = run.rows, run.steps
     cost = head_series(rows, "ablation_cost")
     copy = run_series(rows, "copy_loss")
@@ -330,7 +375,7 @@ def ablation_words(run: Run) -> str:
     each = "; ".join(f"**{head_label(layer, head)}** {_signed(cost[i, layer, head])} → {_signed(cost[j, layer, head])}"
                      + (f" ({_signed(cost[-1, layer, head])} at the last step)" if second != steps[-1] else "")
                      for layer, head in heads)
-    return (f"**Zeroing an induction head** changes the loss on the second copy of repeated random tokens by, at "
+    return (f"**Zeroing {what}** changes the loss on the second copy of repeated random tokens by, at "
             f"{_step(first)} ({first_name}) → {_step(second)} ({second_name}): {each}. The second copy's loss "
             f"with every head is {_n(copy[i])} → {_n(copy[j])} nats.")
 
@@ -345,13 +390,15 @@ def run_words(run: Run) -> list[str]:
 def run_facts(run: Run) -> str:
     """How the run was measured: its steps, the checkpoints it keeps, and (when it says) how long it trained."""
     steps = run.steps
-    said = f"{len(steps)} measured steps, from step {steps[0]:,} to step {steps[-1]:,}"
+    said = (f"{len(steps):,} measured steps, from step {steps[0]:,} to step {steps[-1]:,}" if len(steps) > 1 else
+            f"1 measured step, step {steps[0]:,}")
     kept = sorted(run.checkpoints)
     if kept:
         said += f"; checkpoints kept at step{'s' * (len(kept) > 1)} " + _listed([f"{step:,}" for step in kept])
     seconds, threads = run.facts.get("seconds"), run.facts.get("threads")
     if isinstance(seconds, (int, float)) and seconds > 0:
-        said += f"; its training steps took {seconds / 60:.0f} min" + (
+        took = "under 1 min" if seconds < 30 else f"{seconds / 60:,.0f} min"
+        said += f"; its training steps took {took}" + (
             f" on {threads} CPU thread{'s' * (threads != 1)}" if isinstance(threads, int) else "")
     return said + "."
 
@@ -393,7 +440,7 @@ def step_numbers(run: Run, step: int) -> StepNumbers:
 def head_to_open(run: Run, step: int) -> tuple[int, int]:
     """The head Explore heads opens on: the first induction head the words name, else the head with the highest
     induction score at ``step``."""
-    named = induction_heads(run)
+    named = induction_heads(run) or followed_heads(run)
     if named:
         return named[0]
     steps = run.steps

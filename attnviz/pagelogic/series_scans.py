@@ -56,13 +56,15 @@ def map_caption(statistic: str, step: int, wanted: int | None, maps: dict[int, n
     said = ""
     if wanted is not None and wanted != step:
         said = f"Step {wanted:,} was not scanned: the map is step {step:,}'s. "
-    if not np.isfinite(grid).any():
+    if not np.isfinite(grid).any():  # NaN and infinite alike
         return said + "No head has this statistic at this step."
-    layer, head = (int(i) for i in np.unravel_index(np.nanargmax(grid), grid.shape))
-    said += f"Highest at step {step:,}: layer {layer}, head {head} ({grid[layer, head]:.3g})"
+    finite = np.where(np.isfinite(grid), grid, -np.inf)  # an infinite value is no value either
+    layer, head = (int(i) for i in np.unravel_index(np.argmax(finite), grid.shape))
+    said += f"Highest at step {step:,}: L{layer} H{head} ({grid[layer, head]:.3g})"
     first = min(maps)
     if first != step:
         before = float(np.asarray(maps[first], dtype=float)[layer, head])
         said += (f", which had {before:.3g} at step {first:,}" if np.isfinite(before)
                  else f", which had no value at step {first:,}")
-    return said + ". Move the step to play the map over training."
+    return said + (". Move the step to play the map over training." if len(maps) > 1 else
+                   ". One step is scanned so far.")

@@ -79,8 +79,8 @@ def show_figures(run: Run, key: str, step: int) -> None:
     """The two figures, each built once per run (cached, shared by sessions) and marked at ``step`` on a cheap copy
     (cached too): a move of the slider sends them without building them again."""
     steps, span = run.steps, words.shaded_span(run)
-    named = words.induction_heads(run)
-    previous = [head for head in words.previous_token_heads(run) if head not in named]
+    named, followed = words.induction_heads(run), words.followed_heads(run)
+    previous = [head for head in words.previous_token_heads(run) if head not in named + followed]
     shaded = ("Shaded: the phase change, from the last measured step before the rise to the step where it reached "
               "90%. " if span else "")
     loss = figure_once(("over training loss", key), lambda: figures.loss_and_icl_figure(
@@ -91,17 +91,19 @@ def show_figures(run: Run, key: str, step: int) -> None:
                 "ones; dashed: the step picked below.", key="ot_loss")
     heads = figure_once(("over training heads", key), lambda: figures.head_panels_figure(
         steps, {title: words.head_series(run.rows, measure) for measure, title in words.HEAD_MEASURE_TITLES.items()},
-        named=named + previous, span=span, ranges=words.SCORE_RANGES))
+        named=named + followed + previous, span=span, ranges=words.SCORE_RANGES))
     show_figure(figure_once(("over training heads", key, step), lambda: figures.marked(heads, steps, step)),
-                figures_caption(named, previous) + shaded + "Scores: the mean attention weight on the detector's "
-                "keys; ablation cost: how much the second copy's loss rises when the head is zeroed.",
+                figures_caption(named, previous, followed) + shaded + "Scores: the mean attention weight on the "
+                "detector's keys; ablation cost: how much the second copy's loss rises when the head is zeroed.",
                 key="ot_heads")
 
 
-def figures_caption(induction: list[tuple[int, int]], previous: list[tuple[int, int]]) -> str:
+def figures_caption(induction: list[tuple[int, int]], previous: list[tuple[int, int]],
+                    followed: list[tuple[int, int]] = ()) -> str:
     """Which heads the small multiples draw in strong colours (those the words name)."""
     said = [f"{', '.join(words.head_label(*head) for head in heads)} ({kind}{'s' * (len(heads) > 1)})"
-            for heads, kind in ((induction, "induction head"), (previous, "previous-token head")) if heads]
+            for heads, kind in ((induction, "induction head"), (list(followed), "the head the phase change follows"),
+                                (previous, "previous-token head")) if heads]
     if not said:
         return "One faint line per head. "
     return f"Strong colours: {' and '.join(said)}, as named below; faint: every other head. "

@@ -39,7 +39,8 @@ def axis_title(steps, short: bool = False) -> str:
     words = "step (log" if short else "training step (log scale"
     if not has_step_zero(steps):
         return words + ")"
-    zero = style.format_number(zero_position(steps))
+    position = zero_position(steps)
+    zero = f"{position:,.0f}" if position >= 1000 else style.format_number(position)  # 50,000, not 5e+04
     return f"{words}; 0 drawn at {zero})" if short else f"{words}; step 0 drawn at {zero})"
 
 
