@@ -70,7 +70,7 @@ def test_a_rise_from_0_02_to_0_7_between_steps_100_and_400_is_the_phase_change_a
     assert "before the phase change starts (step 400)" in previous
     assert ot.previous_token_heads(run) == [(0, 0)]
     ablation = ot.ablation_words(run)
-    assert "**L1 H1** +0.02 → +1.5 (+2 at the last step)" in ablation and "7 → 3 nats" in ablation
+    assert "**L1 H1** +0.02 → +1.5 (+2 at the last step)" in ablation and "7.00 → 3.00 nats" in ablation
     assert tm.PHASE_RULE in ot.rule_words()
 
 

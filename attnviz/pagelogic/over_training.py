@@ -377,7 +377,7 @@ def ablation_words(run: Run) -> str:
                      for layer, head in heads)
     return (f"**Zeroing {what}** changes the loss on the second copy of repeated random tokens by, at "
             f"{_step(first)} ({first_name}) → {_step(second)} ({second_name}): {each}. The second copy's loss "
-            f"with every head is {_n(copy[i])} → {_n(copy[j])} nats.")
+            f"with every head is {_nats(copy[i])} → {_nats(copy[j])} nats.")
 
 
 def run_words(run: Run) -> list[str]:
