@@ -3,6 +3,7 @@ saved folder (circuits, generalisation, losses), so every figure on the card com
 
 from __future__ import annotations
 
+import textwrap
 from types import SimpleNamespace
 
 
@@ -73,8 +74,13 @@ def _over_training(report: dict) -> str:
     kept = report.get("over_training")
     if not kept:
         return ""
+    return "\n" + textwrap.fill(_over_training_line(kept), width=116, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _over_training_line(kept: dict) -> str:
+    """The card's bullet on the run's record, on one line."""
     change, icl = kept["phase_change"], {int(step): value for step, value in kept["icl_by_step"].items()}
-    lines = (f"\n- **Over training** (`over-training/measures.json`: every head's scores, the loss and the in-context "
+    lines = (f"- **Over training** (`over-training/measures.json`: every head's scores, the loss and the in-context "
              f"learning score at {kept['measured_steps']} log-spaced steps")
     if change is None:
         return lines + "): no phase change by the rule the Over training page states."
