@@ -33,6 +33,7 @@ from torch import nn
 
 from attnviz.core import masks
 from attnviz.core.attention import scaled_dot_product_attention
+from attnviz.core.schedule import warmup_cosine
 
 NORMS = ("pre", "post")
 NORM_NAMES = {"pre": "pre-norm", "post": "post-norm"}
@@ -221,13 +222,7 @@ def held_out_windows(held_out_ids: torch.Tensor, windows: int, length: int) -> t
     return torch.stack([held_out_ids[s : s + length] for s in starts])
 
 
-def learning_rate(step: int, peak: float, warmup: int, steps: int) -> float:
-    """The tiny GPT's schedule: linear warm-up over ``warmup`` steps, then a cosine decay to a tenth of ``peak``
-    at ``steps`` (no warm-up: the cosine starts at the peak)."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+learning_rate = warmup_cosine  # the tiny GPT's schedule (attnviz.core.schedule)
 
 
 def held_out_steps(steps: int, count: int) -> list[int]:

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from attnviz.core import circuits, positional
+from attnviz.core.schedule import warmup_cosine
 from attnviz.interventions.training_measures import make_probe
 from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.tiny_gpt.card import model_card
@@ -199,11 +200,9 @@ def text_pattern(train_ids: torch.Tensor, period: int, span: tuple[int, int],
 
 
 def learning_rate(step: int, recipe: Recipe) -> float:
-    """Linear warm-up, then cosine decay to a tenth."""
-    if step < recipe.warmup:
-        return recipe.learning_rate * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    """The recipe's schedule: linear warm-up, then cosine decay to a tenth
+    (:func:`attnviz.core.schedule.warmup_cosine`)."""
+    return warmup_cosine(step, recipe.learning_rate, recipe.warmup, recipe.steps)
 
 
 def build_model(recipe: Recipe, tokenizer):
