@@ -189,15 +189,26 @@ def main(command: RunCommand, argv: list[str] | None = None, prog: str | None = 
         state = command.run(options, settings, Reporter(options.progress_file, options.quiet),
                             stopper(options.stop_file, options.out, options.disk_limit), measure)
     except (CorpusRefused, ScanRefused, CheckpointRefused, OSError, duckdb.Error, *command.refusals) as problem:
-        if isinstance(problem, duckdb.Error):
-            problem = unwritable(options.out, problem, command.results_words)
-        if options.progress_file:
-            write_json(Path(options.progress_file), {"status": "failed", "error": str(problem),
-                                                     "updated": time.time()})
-        print(f"\nattnviz.corpus.{command.kind}: {problem}", file=sys.stderr)
-        return 2
-    if not options.quiet:
-        print(f"\n{state.status}: {state.done:,} of {state.planned:,} documents in {options.out} "
+        return failed(command, problem, options.out, options.progress_file)
+    return finished(state, "documents", options.out, started, options.quiet)
+
+
+def failed(command: RunCommand, problem: Exception, results: str | Path, progress_file: str | None) -> int:
+    """A run refused or failed: said on stderr and in the progress file (the page shows it); the exit status, 2."""
+    import duckdb
+
+    if isinstance(problem, duckdb.Error):
+        problem = unwritable(results, problem, command.results_words)
+    if progress_file:
+        write_json(Path(progress_file), {"status": "failed", "error": str(problem), "updated": time.time()})
+    print(f"\nattnviz.corpus.{command.kind}: {problem}", file=sys.stderr)
+    return 2
+
+
+def finished(state, unit: str, results: str | Path, started: float, quiet: bool) -> int:
+    """A run that finished or stopped: how far it got, unless ``quiet``; the exit status, 0."""
+    if not quiet:
+        print(f"\n{state.status}: {state.done:,} of {state.planned:,} {unit} in {results} "
               f"({time.time() - started:.1f} s)", file=sys.stderr)
     return 0
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from attnviz.corpus import command
-from attnviz.corpus.command import Reporter, RunCommand, stopper, unwritable, write_json
+from attnviz.corpus.command import Reporter, RunCommand, stopper
 from attnviz.corpus.series.runner import SeriesOptions, SeriesSettings
 
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -70,17 +69,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         state = measure_series(options, settings, Reporter(options.progress_file, options.quiet, checkpoints_line),
                                stopper(options.stop_file, options.db, options.disk_limit), measure)
     except (ScanRefused, CheckpointRefused, OSError, duckdb.Error, ValueError) as problem:
-        if isinstance(problem, duckdb.Error):
-            problem = unwritable(options.db, problem, SERIES.results_words)
-        if options.progress_file:
-            write_json(Path(options.progress_file), {"status": "failed", "error": str(problem),
-                                                     "updated": time.time()})
-        print(f"\nattnviz.corpus.series: {problem}", file=sys.stderr)
-        return 2
-    if not options.quiet:
-        print(f"\n{state.status}: {state.done:,} of {state.planned:,} checkpoints in {options.db} "
-              f"({time.time() - started:.1f} s)", file=sys.stderr)
-    return 0
+        return command.failed(SERIES, problem, options.db, options.progress_file)
+    return command.finished(state, "checkpoints", options.db, started, options.quiet)
 
 
 if __name__ == "__main__":
