@@ -62,3 +62,18 @@ def assert_no_failure(at: AppTest, allowed: tuple[str, ...] = ()) -> None:
     assert not at.exception, [e.value for e in at.exception]
     problems = [e.value for e in at.error if not any(text in e.value for text in allowed)]
     assert not problems, problems
+
+
+def wait_while_progress(at: AppTest, seconds: float, what: str = "the run") -> AppTest:
+    """Rerun ``at`` each second until the page shows no progress bar (its background job ended), at most
+    ``seconds``; an exception on the page fails at once."""
+    import time
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        if not at.get("progress"):
+            return at
+        time.sleep(1)
+    raise AssertionError(f"{what} did not end")

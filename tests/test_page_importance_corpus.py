@@ -9,21 +9,14 @@ import pytest
 
 from attnviz.corpus.importance import store as istore
 from attnviz.models.shipped import BUNDLED_GPT_NAME
-from tests.apptest_helpers import figure_titled, open_page, plotly_array
+from tests.apptest_helpers import figure_titled, open_page, plotly_array, wait_while_progress
 from tests.tiny_models import TINY_GPT_HEADS, TINY_GPT_LAYERS
 
 PAGE = "app_pages/importance.py"
 
 
 def wait_for_the_run(at, seconds: float = 240):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
-        if not at.get("progress"):
-            return at
-        time.sleep(1)
-    raise AssertionError("the run did not finish")
+    return wait_while_progress(at, seconds, "the run")
 
 
 @pytest.mark.slow

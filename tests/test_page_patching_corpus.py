@@ -11,7 +11,7 @@ import torch
 
 from attnviz.api.patching_runs import open_patching
 from attnviz.viz.style import format_number
-from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array
+from tests.apptest_helpers import assert_no_failure, figure_titled, open_page, plotly_array, wait_while_progress
 
 PAGE = "app_pages/importance.py"
 CORPUS = "A corpus, in the background"
@@ -28,14 +28,7 @@ def corpus_view(docs: int = 5, period: int = 16):
 
 
 def wait_for_the_run(at, seconds: float = 120):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
-        if not at.get("progress"):
-            return at
-        time.sleep(1)
-    raise AssertionError("the run did not finish")
+    return wait_while_progress(at, seconds, "the run")
 
 
 def kept_mean(shares: torch.Tensor) -> np.ndarray:

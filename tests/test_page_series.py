@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz.corpus.series import runner as sr
 from attnviz.corpus.series.store import open_series
+from tests.apptest_helpers import wait_while_progress
 from tests.test_series import STEPS, assert_same_rows, copy_tokenizer, make_series
 
 
@@ -47,14 +48,7 @@ def said_run(at: AppTest) -> str:
 
 
 def wait_for_the_job(at: AppTest, seconds: float = 150) -> AppTest:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
-        if not at.get("progress"):
-            return at
-        time.sleep(1)
-    raise AssertionError("the series' job did not end")
+    return wait_while_progress(at, seconds, "the series' job")
 
 
 def job_progress(path) -> dict:
