@@ -116,10 +116,8 @@ def chosen_settings() -> series_runner.SeriesSettings:
 @st.cache_data(max_entries=16, show_spinner=False)
 def _scanned(path: str, stamp: tuple) -> dict:
     with SeriesReader(path) as reader:
-        steps = [int(step) for step, in reader.connection.execute(
-            "SELECT step FROM scan_steps ORDER BY step").fetchall()] if reader.has_scans() else []
-        documents = reader.connection.execute("SELECT max(documents) FROM scan_steps").fetchone()[0] if steps else 0
-        return {"steps": steps, "statistics": reader.scan_statistics(), "documents": int(documents or 0)}
+        steps, documents = reader.scan_facts()
+        return {"steps": steps, "statistics": reader.scan_statistics(), "documents": documents}
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

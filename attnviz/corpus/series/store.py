@@ -207,6 +207,14 @@ class SeriesReader(DatabaseFile):
         return self.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
                                        "AND schema_name = 'main' AND table_name = 'scan_heads'").fetchone()[0] > 0
 
+    def scan_facts(self) -> tuple[list[int], int]:
+        """The steps scanned so far (ascending) and the most documents a scan of them read (([], 0) without scans)."""
+        if not self.has_scans():
+            return [], 0
+        steps = [int(step) for step, in self.connection.execute("SELECT step FROM scan_steps ORDER BY step").fetchall()]
+        documents = self.connection.execute("SELECT max(documents) FROM scan_steps").fetchone()[0] if steps else 0
+        return steps, int(documents or 0)
+
     def scan_statistics(self) -> list[str]:
         """The statistics and labels whose maps the file holds for some scanned step, in the scan's order
         (:data:`~attnviz.corpus.scan.heads.SCAN_STATISTICS`, then :data:`~attnviz.corpus.scan.heads.LABELS`): as
