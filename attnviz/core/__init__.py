@@ -10,5 +10,5 @@ them), no models, no Streamlit, no Plotly.
 - ``analysis``: what heads do (statistics, labels, rollout); ``qk_geometry``: queries and keys as points of one space
 - ``vision``: images to patch tokens and attention back onto the image
 - ``tokens_display``: tokens as people read them; ``units``: sizes, dtypes and ratios in words
-- ``schedule``: the learning-rate schedule attnviz trains with (warm-up, then a cosine decay)
+- ``schedule``: the learning-rate schedule attnviz trains with (warm-up, then a cosine decay), and log-spaced steps
 """

@@ -33,7 +33,7 @@ from torch import nn
 
 from attnviz.core import masks
 from attnviz.core.attention import scaled_dot_product_attention
-from attnviz.core.schedule import warmup_cosine
+from attnviz.core.schedule import log_spaced_steps, warmup_cosine
 
 NORMS = ("pre", "post")
 NORM_NAMES = {"pre": "pre-norm", "post": "post-norm"}
@@ -229,8 +229,7 @@ def held_out_steps(steps: int, count: int) -> list[int]:
     """Step 0 and ``count`` steps up to ``steps`` spaced evenly on a log scale (rounded, repeats dropped)."""
     if steps <= count:
         return list(range(steps + 1))
-    ratio = math.log(steps) / (count - 1)
-    return [0, *sorted({max(1, round(math.exp(ratio * index))) for index in range(count)} | {steps})]
+    return log_spaced_steps(steps, count)
 
 
 def optimiser(model: nn.Module, settings: Settings) -> torch.optim.AdamW:

@@ -14,12 +14,12 @@ Imports torch, transformers and attnviz.interventions.training_measures."""
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
 import torch
 
+from attnviz.core.schedule import log_spaced_steps
 from attnviz.interventions import training_measures as tm
 from attnviz.interventions.training_runs import MEASURES_FILE, SERIES_DIR, snapshot_name
 
@@ -32,9 +32,7 @@ def measured_steps(steps: int, count: int = MEASURED) -> list[int]:
     repeats dropped): a step ``s`` is the model after ``s`` optimiser steps."""
     if steps <= FIRST_MEASURED:
         return list(range(steps + 1))
-    ratio = math.log(steps / FIRST_MEASURED) / max(1, count - 1)
-    found = {round(FIRST_MEASURED * math.exp(ratio * index)) for index in range(count)}
-    return [0, *sorted(found | {steps})]
+    return log_spaced_steps(steps, count, FIRST_MEASURED)
 
 
 class Recorder:
