@@ -125,3 +125,17 @@ def test_patching_benchmark_times_each_map_against_the_forwards_it_needs(tmp_pat
     printed = capsys.readouterr().out
     assert "ratio" in printed and "target at most 1.2x" in printed and "naive:" in printed
     assert "residual stream" in printed and "JSON written" in printed
+
+
+def test_train_step_benchmark_times_both_batches_plain_and_fused(tmp_path, capsys):
+    out = tmp_path / "train-step.json"
+    assert main(["train-step", "--repeats", "1", "--steps", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    kinds = report["kinds"]
+    assert kinds["short"]["shape"] == [16, 128] and kinds["long"]["shape"] == [8, 256]  # the recipe's batches
+    assert kinds["short"]["steps_in_recipe"] + kinds["long"]["steps_in_recipe"] == 7500
+    for times in kinds.values():
+        assert len(times["plain"]) == len(times["fused"]) == 1 and times["ratio"] > 0
+        assert times["ratio"] == times["fused"][0] / times["plain"][0]
+    assert report["recipe_fused_seconds"] == sum(t["fused_median"] * t["steps_in_recipe"] for t in kinds.values())
+    assert "fused / plain" in capsys.readouterr().out

@@ -33,6 +33,10 @@ def test_the_shipped_card_is_what_the_script_writes_from_its_report():
                       copied_positions=train_tiny.copies_positions(recipe), eos=train_tiny.EOS,
                       rare_count=train_tiny.RARE_WORD_COUNT)
     assert card == (BUNDLED_GPT_DIR / "README.md").read_text()
+    assert "fused" not in card
+    fused = model_card(replace(recipe, fused_loss=True), report, long_batch=train_tiny.long_batch_size(recipe),
+                       copied_positions=True, eos=train_tiny.EOS, rare_count=train_tiny.RARE_WORD_COUNT)
+    assert "the LM head and its loss fused" in fused  # a run with --fused-loss says so on its card
 
 
 def test_batches_repeat_random_tokens_and_shifted_rows_reach_the_end_of_the_context():

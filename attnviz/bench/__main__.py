@@ -1,6 +1,6 @@
 """The command line: ``python -m attnviz.bench explore``, ``... flash [--gpu]``, ``... long``, ``... pages``,
 ``... load``, ``... startup``, ``... scan``, ``... ablation``, ``... queries-keys``, ``... patching``,
-``... series``."""
+``... series``, ``... train-step``."""
 
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def build_parser(prog: str = "python -m attnviz.bench") -> argparse.ArgumentPars
     series_parser.add_argument("--repeats", type=int, default=3, help="rounds per checkpoint")
     series_parser.add_argument("--shape", type=int, nargs=3, default=[3, 4, 128], metavar=("LAYERS", "HEADS", "WIDTH"))
     series_parser.add_argument("--out", type=Path, default=Path("bench-results/series.json"))
+    train_step_parser = commands.add_parser(
+        "train-step", help="the tiny GPT's training step: PyTorch's cross-entropy against the fused LM-head loss")
+    train_step_parser.add_argument("--repeats", type=int, default=5, help="rounds, plain and fused in turn")
+    train_step_parser.add_argument("--steps", type=int, default=10, help="timed steps of each kind per round")
+    train_step_parser.add_argument("--threads", type=int, default=2)
+    train_step_parser.add_argument("--out", type=Path, default=Path("bench-results/train-step.json"))
     return parser
 
 
@@ -171,9 +177,16 @@ def _series(args) -> tuple[dict, list[str], Path]:
     return report, series.print_series(report), args.out
 
 
+def _train_step(args) -> tuple[dict, list[str], Path]:
+    from attnviz.bench import train_step
+
+    report = train_step.bench_train_step(args.repeats, args.steps, args.threads)
+    return report, train_step.print_train_step(report), args.out
+
+
 BENCHMARKS = {"queries-keys": _queries_keys, "ablation": _ablation, "scan": _scan, "explore": _explore, "pages": _pages,
               "load": _load, "startup": _startup, "long": _long, "flash": _flash,
-              "patching": _patching, "series": _series}
+              "patching": _patching, "series": _series, "train-step": _train_step}
 
 
 def write_report(report: dict, out: Path) -> None:

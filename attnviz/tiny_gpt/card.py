@@ -39,7 +39,7 @@ wrongly, and it has memorised much of its training text.
   text{common_words}{app_words}; `{eos}` is BOS and EOS.{word_embeddings}
 - **Training**: {recipe.steps} steps of {recipe.batch} x {recipe.train_length} tokens{positions}, AdamW (lr
   {recipe.learning_rate}, warm-up {recipe.warmup}, cosine to a tenth, weight decay {recipe.weight_decay}), seed
-  {recipe.seed}, CPU ({report['threads']} thread{'s' if report['threads'] != 1 else ''}):
+  {recipe.seed}{_fused(recipe)}, CPU ({report['threads']} thread{'s' if report['threads'] != 1 else ''}):
   {report['seconds'] / 60:.1f} minutes with torch {report['torch']}.
 - **Final loss**: training {report['final_train_loss']:.3f} nats/token (documentation batches), held-out
   {report['held_out_loss']:.3f} nats/token (32 windows of {recipe.train_length} tokens){halves}.
@@ -103,6 +103,12 @@ def _best_heads(report: dict) -> tuple:
     circuits = report["circuits"]
     return (_best_head(circuits["previous_token"]), _best_head(circuits["induction"]),
             _best_head(report["random_repeats"]["induction"]))
+
+
+def _fused(recipe) -> str:
+    """The loss's words when the run fused it with the LM head (``--fused-loss``); none in the shipped recipe."""
+    return (", the LM head and its loss fused a block of rows at a time (`attnviz.tiny_gpt.loss`)"
+            if getattr(recipe, "fused_loss", False) else "")
 
 
 def _recipe_phrases(recipe, report: dict, *, long_batch: int, copied_positions: bool, rare_count: int):
