@@ -9,6 +9,7 @@ from scipy.stats import spearmanr
 from attnviz.core import circuits
 from attnviz.interventions import edits as iv
 from attnviz.interventions import importance as imp
+from attnviz.interventions import importance_ranks as ranking
 from attnviz.interventions import induction_circuit as ind
 from attnviz.models.shipped import BUNDLED_GPT_DIR
 from attnviz.models.with_heads import load_causal_lm
@@ -111,10 +112,10 @@ def test_the_measures_are_compared_by_the_size_of_each_effect_either_way():
                                  "next-token", 1.0)
     gradient = imp.ImportanceMap("gradient", torch.tensor([[6.0, 1.0, 2.0], [3.0, 0.5, 0.1]]), modules,
                                  "next-token", 1.0)
-    assert imp.agreement({"zero": ablation, "gradient": gradient})[0][2] == pytest.approx(1.0)
-    assert all(row["rank gap"] == 0 for row in imp.disagreements(ablation, gradient))
+    assert ranking.agreement({"zero": ablation, "gradient": gradient})[0][2] == pytest.approx(1.0)
+    assert all(row["rank gap"] == 0 for row in ranking.disagreements(ablation, gradient))
     study = imp.Study(None, "next-token", modules, {"zero": ablation, "gradient": gradient})
-    rows = imp.head_rows(study)
+    rows = ranking.head_rows(study)
     assert rows[0]["head"] == "layer 0, head 0" and rows[0]["rank (zero)"] == 1 and rows[0]["zero"] == -6.0
 
 
@@ -123,9 +124,9 @@ def test_spearman_agrees_with_scipy_with_ties_and_missing_heads():
     second = torch.tensor([[0.2, 0.1, 0.7, 0.4], [0.8, 0.0, 0.3, 0.3]])
     keep = ~first.isnan()
     expected = spearmanr(first[keep].numpy(), second[keep].numpy()).statistic
-    assert imp.spearman(first, second) == pytest.approx(expected, abs=1e-12)
-    assert imp.spearman(second, second) == pytest.approx(1.0)
-    assert imp.spearman(second, -second) == pytest.approx(-1.0)
+    assert ranking.spearman(first, second) == pytest.approx(expected, abs=1e-12)
+    assert ranking.spearman(second, second) == pytest.approx(1.0)
+    assert ranking.spearman(second, -second) == pytest.approx(-1.0)
 
 
 def test_disagreements_name_the_heads_ranked_furthest_apart():
@@ -133,7 +134,7 @@ def test_disagreements_name_the_heads_ranked_furthest_apart():
     first = imp.ImportanceMap("zero", torch.tensor([[6.0, 5.0, 4.0], [3.0, 2.0, 1.0]]), modules, "next-token", 1.0)
     second = imp.ImportanceMap("gradient", torch.tensor([[6.0, 5.0, 4.0], [3.0, 2.0, 7.0]]), modules, "next-token",
                                1.0)
-    top = imp.disagreements(first, second, count=1)[0]
+    top = ranking.disagreements(first, second, count=1)[0]
     assert top["head"] == "layer 1, head 2" and top["zero"] == 6 and top["gradient"] == 1 and top["rank gap"] == 5
 
 
@@ -298,13 +299,13 @@ def test_the_head_table_ranks_every_head_by_each_measure():
     result.maps["zero"] = imp.ImportanceMap("zero", torch.tensor([[0.1, 0.4], [0.3, -0.2]]), modules, "next-token", 1)
     result.maps["gradient"] = imp.ImportanceMap("gradient", torch.tensor([[0.9, 0.1], [0.2, 0.3]]), modules,
                                                 "next-token", 1)
-    rows = imp.head_rows(result, {("self", 0, 1): "previous token"})
+    rows = ranking.head_rows(result, {("self", 0, 1): "previous token"})
     # by the size of the effect: removing layer 1's head 1 lowers the loss by 0.2, more than layer 0's head 0 moves it
     assert [row["head"] for row in rows] == ["layer 0, head 1", "layer 1, head 0", "layer 1, head 1",
                                              "layer 0, head 0"]
     assert rows[0]["label"] == "previous token" and rows[1]["label"] == ""
     assert [row["rank (gradient)"] for row in rows] == [4, 3, 2, 1]
-    rows = imp.head_rows(result, statistics={("self", 1, 1): {"previous token": 0.9}})
+    rows = ranking.head_rows(result, statistics={("self", 1, 1): {"previous token": 0.9}})
     assert next(row for row in rows if row["head"] == "layer 1, head 1")["previous token"] == 0.9
 
 

@@ -5,7 +5,7 @@ run, with ratios, and writing JSON under ``bench-results/``.
 - ``flash_gpu`` (and ``attnviz.flash.cpu_sweep`` on the CPU): the flash contenders
 - ``scan``, ``ablation``, ``queries_keys``: what a scan, an importance map and a picture of queries and keys cost;
   ``patching``: a patching map against the forwards it needs; ``series``: a series' checkpoint measured against
-  the forwards its measures need
+  the forwards its measures need; ``train_step``: the tiny GPT's training step, plain and with the fused loss
 - ``browser``: a real ``streamlit run`` and Chromium; ``tiny``: tiny checkpoints made locally
 - ``__main__``: the command line
 

@@ -2,7 +2,8 @@
 
 - ``edits``: zero, mean-replace or patch a head's output, restoring the model afterwards
 - ``importance``: the importance maps (the loss change when each head is ablated, and the gradient estimate);
-  ``mlp_ablation``: each layer's MLP ablated the same ways
+  ``importance_ranks``: how two maps agree, rank by rank, and the table of heads; ``mlp_ablation``: each layer's
+  MLP ablated the same ways
 - ``patching``: the page's prompts (the induction presets, typed prompts)
 - ``anatomy``: where a model's parts are (blocks, output projections, MLPs, final norm), found by watching a forward
 - ``activation_patching``: patching at every site (residual stream, attention and MLP outputs, heads, a head's Q, K,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from attnviz.interventions import importance as imp
+from attnviz.interventions import importance_ranks as ranking
 from attnviz.interventions import induction_circuit as ind
 from attnviz.pagelogic.explore_heads.statistics import statistics_table
 
@@ -31,14 +32,14 @@ def map_caption(method: str, objective: str, over: str = "texts") -> str:
 def agreement_rows(maps: dict[str, imp.ImportanceMap]) -> list[dict]:
     """Spearman's rho between each two measures' maps, a row each."""
     return [{"first": METHOD_TITLES[a], "second": METHOD_TITLES[b], "Spearman's rho": round(rho, 3)}
-            for a, b, rho in imp.agreement(maps)]
+            for a, b, rho in ranking.agreement(maps)]
 
 
 def disagreement_rows(maps: dict[str, imp.ImportanceMap]) -> tuple[str, list[dict]]:
     """(the measure compared with zero ablation: gradient importance where there is one, the heads where they
     disagree most, with their ranks by each)."""
     second = "gradient" if "gradient" in maps else list(maps)[-1]
-    rows = imp.disagreements(maps["zero"], maps[second])
+    rows = ranking.disagreements(maps["zero"], maps[second])
     names = {"zero": "rank by zero ablation", second: f"rank by {METHOD_TITLES[second].lower()}"}
     return second, [{names.get(column, column): value for column, value in row.items()} for row in rows]
 
@@ -92,7 +93,7 @@ def run_rows(results: dict, maps: dict[str, imp.ImportanceMap], objective: str,
     modules = results["modules"]
     cells = {f"{module.label}, head {head}": (row, head)
              for row, module in enumerate(modules) for head in range(module.heads)}
-    rows = imp.head_rows(imp.Study(None, objective, modules, maps))
+    rows = ranking.head_rows(imp.Study(None, objective, modules, maps))
     for entry in rows:
         row, head = cells[entry["head"]]
         for method in maps:

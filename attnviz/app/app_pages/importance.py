@@ -8,6 +8,7 @@ import torch
 
 from attnviz.core import circuits
 from attnviz.interventions import importance as imp
+from attnviz.interventions import importance_ranks as ranking
 from attnviz.interventions import induction_circuit as ind
 from attnviz.interventions.edits import editable
 from attnviz.models.loading import architecture_of_folder
@@ -205,7 +206,7 @@ def heads_beside_labels(folder: str, name: str, result: imp.Study) -> None:
     except (ValueError, RuntimeError) as problem:
         st.caption(f"Head labels are not available for this model: {problem_text(problem)}")
     with st.expander("Every head: what it looks like and what it costs", icon=":material/table:"):
-        st.dataframe(imp.head_rows(result, labels, statistics), hide_index=True, width="stretch")
+        st.dataframe(ranking.head_rows(result, labels, statistics), hide_index=True, width="stretch")
         st.caption("Label and statistics: where the head looks on the first text, as Explore heads measures it "
                    "(shares of attention weight; entropy over the keys, normalised to 0-1; distance in tokens). "
                    "Ranks: 1 is the most important by that measure. A head can look like a pattern and matter "
