@@ -5,7 +5,7 @@ transformers' own eager weights (an independent copy of the model, output_attent
 import pytest
 import torch
 
-from attnviz.models import architectures
+from attnviz.models import architectures, position_tables
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from attnviz.models.record import NotReplayable
@@ -47,7 +47,7 @@ def test_every_listed_type_loads_and_matches_transformers_eager_weights(checkpoi
             check_scaling_panels(record, reference[record.kind], f"{kind} {record.kind}")
     assert (bundle.capture_note is None) == (bundle.capture_path == "interface")
     record = architectures.ARCHITECTURES[kind]
-    table = architectures.learned_position_table(bundle.model)  # where the record says the table is, or none
+    table = position_tables.learned_position_table(bundle.model)  # where the record says the table is, or none
     assert (table is not None) == (record.position_table is not None), kind
     assert table is None or table[0].endswith(record.position_table)
 
@@ -134,7 +134,7 @@ def test_a_changed_record_changes_how_a_type_is_loaded_and_captured(checkpoint, 
     bundle = load_model_dir(checkpoint("mpnet"))
     assert bundle.capture_path == "weights" and "a test took its adapter away" in bundle.capture_note
     assert not capture(bundle, TEXT).records["self"].replayable
-    assert architectures.learned_position_table(bundle.model) is None
+    assert position_tables.learned_position_table(bundle.model) is None
 
     bert = architectures.ARCHITECTURES["bert"]
     monkeypatch.setitem(architectures.ARCHITECTURES, "bert",

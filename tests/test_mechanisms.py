@@ -86,7 +86,7 @@ def test_alibi_bias():
 
 
 def test_learned_position_table_of_the_bundled_bert():
-    from attnviz.models.architectures import learned_position_table
+    from attnviz.models.position_tables import learned_position_table
     from tests.tiny_models import bundled_bert
 
     name, table = learned_position_table(bundled_bert().model)

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from attnviz.bench.tiny import VISION_KINDS
 from attnviz.core import positional
 from attnviz.interventions.word_order import word_order_experiment
-from attnviz.models import architectures
+from attnviz.models import architectures, position_tables
 from attnviz.models.capture import capture
 from attnviz.models.loading import load_model_dir
 from tests.apptest_helpers import figure_titled, figures, open_page, plotly_array
@@ -142,7 +142,7 @@ def test_the_learned_tab_states_each_text_models_table_as_the_checkpoint_uses_it
         return
     n_positions = facts["rows"] - facts["first_row"]  # rows before the first token's row never serve a position
     # attnviz's reading of the table (its records) is the model's, and so is the token limit loading sets
-    found = architectures.position_table(bundle.model)
+    found = position_tables.position_table(bundle.model)
     assert (found.name, found.first_row, found.n_positions) == (facts["table"], facts["first_row"], n_positions)
     assert found.trained == (not facts["fixed"]) and bundle.max_positions == n_positions
     padding = getattr(bundle.model.get_submodule(found.name.rsplit(".", 1)[0]), "padding_idx", None)
@@ -206,7 +206,7 @@ def test_a_distilbert_asked_for_sinusoids_is_said_to_be_fixed(tiny_checkpoint):
     bundle = load_model_dir(tiny_checkpoint("distilbert", label="distilbert-sinusoidal", config=config))
     facts = text_facts(bundle)
     assert facts["fixed"] and facts["first_row"] == 0
-    found = architectures.position_table(bundle.model)
+    found = position_tables.position_table(bundle.model)
     assert not found.trained and positional.sinusoidal_layout(found.rows) == "interleaved"
     from attnviz.pagelogic.positional import table_caption, table_heatmap_caption
 

@@ -1,6 +1,6 @@
 """Positional encodings: sinusoidal (Vaswani et al.), RoPE (Su et al.) and ALiBi (Press et al.), with the
 properties each one is known for, computed rather than asserted. A checkpoint's learned table is read by
-:func:`attnviz.models.architectures.learned_position_table`, which knows where each architecture keeps it."""
+:func:`attnviz.models.position_tables.learned_position_table`, which knows where each architecture keeps it."""
 
 from __future__ import annotations
 

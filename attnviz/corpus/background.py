@@ -196,7 +196,8 @@ class ScanFolder:
     # -- kept scans ----------------------------------------------------------------------------------------------
     def scans(self) -> list[Path]:
         """This folder's scan databases, newest first (the running one included)."""
-        # a name starting with "." is a scan's database being rewritten (store.rewrite_compactly): not a scan yet
+        # a name starting with "." is a scan's database being rewritten (attnviz.corpus.scan.disk.rewrite_compactly):
+        # not a scan yet
         found = [path for path in self.folder.glob("*.duckdb")
                  if not path.name.startswith(".") and path.is_file() and not path.is_symlink()]
         return sorted(found, key=_modified, reverse=True)

@@ -10,7 +10,7 @@ import torch
 
 from attnviz.core.positional import permutation_of_words
 from attnviz.core.tokens_display import readable_tokens, tokenizer_style
-from attnviz.models import architectures
+from attnviz.models import position_tables
 from attnviz.models.capture import device_of, record_from_calls, recorded_calls, tokenize
 from attnviz.models.loading import ModelBundle
 
@@ -43,7 +43,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
     are exactly the original's with rows and columns permuted. Returns the original and un-permuted weights
     ``[heads, n, n]``, the permutation and the max difference.
     """
-    found = architectures.position_table(bundle.model)
+    found = position_tables.position_table(bundle.model)
     if bundle.modality == "image":
         table = "" if found is None else (
             f" Its position table (`{found.name}`: {found.rows_text()}) is on the Learned tab.")
@@ -52,7 +52,7 @@ def word_order_experiment(bundle: ModelBundle, text: str, seed: int = 0, *, remo
                          "experiment.")
     if found is None:
         raise ValueError(f"{bundle.name} has no absolute position table to remove: "
-                         f"{architectures.position_scheme_text(bundle.model)}.")
+                         f"{position_tables.position_scheme_text(bundle.model)}.")
     if bundle.architecture != "encoder":
         raise ValueError("the word-order experiment runs on encoders (BERT-like), whose attention is not causal: "
                          "under a causal mask each token sees only the tokens before it, so shuffled words give "

@@ -9,7 +9,7 @@ import math
 import torch
 
 from attnviz.core import positional
-from attnviz.models import architectures
+from attnviz.models import position_tables
 from attnviz.models.capture import AttentionRecord
 
 
@@ -80,10 +80,10 @@ SINUSOID_LAYOUTS = {
 
 def no_table_text(model_name: str, model) -> str:
     """What the Learned tab says about a model without an absolute position table, and how it encodes positions."""
-    return f"{model_name} has no absolute position table: {architectures.position_scheme_text(model)}."
+    return f"{model_name} has no absolute position table: {position_tables.position_scheme_text(model)}."
 
 
-def table_caption(found: architectures.PositionTable, model_name: str) -> str:
+def table_caption(found: position_tables.PositionTable, model_name: str) -> str:
     """The Learned tab's line on the table: its size in positions (text) or rows (an image), trained or fixed, and
     which rows serve which positions or tokens."""
     d = found.rows.shape[1]
@@ -100,7 +100,7 @@ def table_caption(found: architectures.PositionTable, model_name: str) -> str:
     return text
 
 
-def table_heatmap_caption(found: architectures.PositionTable) -> str:
+def table_heatmap_caption(found: position_tables.PositionTable) -> str:
     """What made the table: training, or a formula (in the layout the table holds, checked on its values)."""
     clipped = ("Colours are clipped at the 99th percentile, as a few dimensions are much larger; hover for exact "
                "values.")
@@ -113,7 +113,7 @@ def table_heatmap_caption(found: architectures.PositionTable) -> str:
             f"{clipped}")
 
 
-def table_band_caption(found: architectures.PositionTable, facts: dict) -> str:
+def table_band_caption(found: position_tables.PositionTable, facts: dict) -> str:
     """Whether nearby positions (an image's: consecutive rows) are alike, with the measured cosines."""
     near, far, far_from = facts["near"], facts["far"], facts["far_from"]
     unit = "rows" if found.is_image else "positions"
@@ -128,7 +128,7 @@ def table_band_caption(found: architectures.PositionTable, facts: dict) -> str:
             f"make nearby {unit} alike{untrained}.")
 
 
-def table_distance_caption(found: architectures.PositionTable, facts: dict) -> str:
+def table_distance_caption(found: position_tables.PositionTable, facts: dict) -> str:
     """Whether the similarity by distance depends on the starting point, measured."""
     gap = facts["curves_gap"]
     if gap < 1e-3:
@@ -139,13 +139,13 @@ def table_distance_caption(found: architectures.PositionTable, facts: dict) -> s
             "is only roughly relative.")
 
 
-def model_table_series_name(found: architectures.PositionTable, model_name: str) -> str:
+def model_table_series_name(found: position_tables.PositionTable, model_name: str) -> str:
     """The ALiBi tab's extrapolation chart: the model's own table, named as what it is."""
     kind = "learned" if found.trained else "fixed sinusoidal"
     return f"{model_name}'s {kind} table: cos(PE(0), PE(k))"
 
 
-def extrapolation_caption(found: architectures.PositionTable | None, model_name: str) -> str:
+def extrapolation_caption(found: position_tables.PositionTable | None, model_name: str) -> str:
     if found is None:
         own = "A learned table simply ends (no vector exists past it)"
     elif found.trained:

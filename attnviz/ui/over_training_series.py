@@ -26,8 +26,8 @@ from attnviz.corpus import jobs as background_jobs
 from attnviz.corpus.database import DatabaseBusy
 from attnviz.corpus.documents import BUNDLED
 from attnviz.corpus.jobs import JobRefused
+from attnviz.corpus.scan.disk import estimated_scan_bytes
 from attnviz.corpus.scan.runner import ScanRefused
-from attnviz.corpus.scan.store import estimated_scan_bytes
 from attnviz.corpus.series import folder as series_folder
 from attnviz.corpus.series import probe as series_probe
 from attnviz.corpus.series import runner as series_runner

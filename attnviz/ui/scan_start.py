@@ -14,7 +14,7 @@ from attnviz.core.units import human_bytes
 from attnviz.corpus import background, jobs
 from attnviz.corpus.documents import FORMATS, CorpusRefused, characters_noted, max_corpus_bytes
 from attnviz.corpus.jobs import JobRefused
-from attnviz.corpus.scan import qk_sample, store
+from attnviz.corpus.scan import disk, qk_sample, store
 from attnviz.corpus.scan.runner import ScanSettings, token_limit
 from attnviz.pagelogic import corpus as corpus_page
 from attnviz.ui.caches.store import file_stamp
@@ -142,7 +142,7 @@ def start_button(folder: background.ScanFolder, bundle, corpus: tuple[str | None
     label = ("Open the finished scan" if finished else
              "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")
     characters = characters_noted(facts["chars_every"], facts["characters"], planned)
-    reserved = store.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads, characters,
+    reserved = disk.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads, characters,
                                           qk_points, bundle.d_model // max(bundle.n_heads, 1))
     if st.button(label, type="primary", key="corpus_scan", disabled=job is not None, icon=":material/play_arrow:"):
         if not finished:

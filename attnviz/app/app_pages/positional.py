@@ -8,7 +8,7 @@ import streamlit as st
 
 from attnviz.core import positional, stepwise
 from attnviz.interventions.word_order import word_order_experiment
-from attnviz.models import architectures
+from attnviz.models import position_tables
 from attnviz.pagelogic.positional import (
     alibi_on_real_head,
     alibi_slopes_caption,
@@ -98,7 +98,7 @@ def learned_tab() -> None:
     """The current checkpoint's absolute position table (trained or fixed), if it has one: its rows labelled by the
     positions (an image's tokens) they serve."""
     bundle = current_bundle()
-    found = architectures.position_table(bundle.model)
+    found = position_tables.position_table(bundle.model)
     if found is None:
         st.info(no_table_text(bundle.name, bundle.model))
         return
@@ -236,7 +236,7 @@ def rope_tab() -> None:
     )
 
 
-def extrapolation_figure(bundle, found: architectures.PositionTable | None):
+def extrapolation_figure(bundle, found: position_tables.PositionTable | None):
     training = bundle.max_positions
     distances = np.arange(0, 2 * training)
     sinus = positional.cosine_by_distance(positional.sinusoidal(2 * training, 64)).numpy()
@@ -322,7 +322,7 @@ def alibi_tab() -> None:
             "The bias pulls attention toward nearby tokens; the steeper the slope, the more local the head becomes.",
             key="pos_alibi_real",
         )
-    found = architectures.position_table(bundle.model)
+    found = position_tables.position_table(bundle.model)
     show_figure(
         extrapolation_figure(bundle, found),
         extrapolation_caption(found, bundle.name),

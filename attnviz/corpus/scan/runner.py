@@ -36,7 +36,7 @@ from attnviz.corpus.runner import (
     report,
     run_chunks,
 )
-from attnviz.corpus.scan import qk_sample, store
+from attnviz.corpus.scan import disk, qk_sample, store
 from attnviz.corpus.scan.heads import CRITERIA, Partial, document_partial
 from attnviz.models.capture import capture
 from attnviz.models.loading import ModelBundle
@@ -253,7 +253,7 @@ def run_scan(corpus: Corpus, bundle: ModelBundle, path: str | Path, settings: Sc
             state.status = store.STATUS_STOPPED
         finish(writer, state, keep_sample(writer, bundle, kind, corpus, settings, state, progress, should_stop))
     if state.status == store.STATUS_FINISHED and not state.finished_before:  # copied compactly, grouped on the way
-        store.rewrite_compactly(path)
+        disk.rewrite_compactly(path)
     report(progress, state)
     return state
 
@@ -292,7 +292,7 @@ def keep_sample(writer: store.ScanWriter, bundle: ModelBundle, kind: str, corpus
 
 def finish(writer: store.ScanWriter, state: Progress, sample: Callable[[], bool] | None = None) -> None:
     """The scan marked finished (``sample`` run first: a stop there leaves it stopped, to resume) or stopped. A
-    scan this run finished is then copied with :func:`store.rewrite_compactly`, which groups its parts."""
+    scan this run finished is then copied with :func:`disk.rewrite_compactly`, which groups its parts."""
     if state.status != store.STATUS_STOPPED and sample is not None and not sample():
         state.status = store.STATUS_STOPPED
     if state.status != store.STATUS_STOPPED:
