@@ -235,9 +235,12 @@ def _training_step(model, optimiser, batch: torch.Tensor, positions: torch.Tenso
     """One optimiser step on next-token prediction; returns each row's per-token losses ``[batch, length - 1]``.
     ``fused_loss``: the LM head and its loss a block of rows at a time (:mod:`attnviz.tiny_gpt.loss`)."""
     if fused_loss:
+        head = model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("the fused loss takes an LM head without bias (GPT-2's and Llama's have none)")
         hidden = model.base_model(input_ids=batch, position_ids=positions).last_hidden_state  # [batch, length, d]
         mean, losses = mean_next_token_loss(hidden[:, :-1].reshape(-1, hidden.shape[-1]),  # [batch * (length-1), d]
-                                            model.get_output_embeddings().weight, batch[:, 1:].reshape(-1))
+                                            head.weight, batch[:, 1:].reshape(-1))
         losses = losses.view(batch.shape[0], -1)
     else:
         logits = model(input_ids=batch, position_ids=positions).logits  # [batch, length, vocab]
