@@ -128,9 +128,16 @@ def test_patching_benchmark_times_each_map_against_the_forwards_it_needs(tmp_pat
 
 
 def test_train_step_benchmark_times_both_batches_plain_and_fused(tmp_path, capsys):
+    import os
+
+    import torch
+
     out = tmp_path / "train-step.json"
-    assert main(["train-step", "--repeats", "1", "--steps", "1", "--out", str(out)]) == 0
+    threads = torch.get_num_threads()
+    assert main(["train-step", "--repeats", "1", "--steps", "1", "--threads", "0", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # the worker's own setting, back
     report = json.loads(out.read_text())
+    assert report["threads"] == os.cpu_count()  # 0: every core, as the training command takes it
     kinds = report["kinds"]
     assert kinds["short"]["shape"] == [16, 128] and kinds["long"]["shape"] == [8, 256]  # the recipe's batches
     assert kinds["short"]["steps_in_recipe"] + kinds["long"]["steps_in_recipe"] == 7500

@@ -83,6 +83,13 @@ def test_shapes_that_do_not_fit_are_refused():
         mean_next_token_loss(torch.zeros(4, 8), torch.zeros(10, 7), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="rows_per_block"):
         mean_next_token_loss(torch.zeros(4, 8), torch.zeros(10, 8), torch.zeros(4, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="no rows"):
+        mean_next_token_loss(torch.zeros(0, 8), torch.zeros(10, 8), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="float32"):
+        mean_next_token_loss(torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(10, 8, dtype=torch.bfloat16),
+                             torch.zeros(4, dtype=torch.long))
+    with pytest.raises((IndexError, RuntimeError)):  # no ignore_index: every target must be a token of the vocabulary
+        mean_next_token_loss(torch.zeros(4, 8), torch.zeros(10, 8), torch.tensor([0, 1, 2, -100]))
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])

@@ -5,12 +5,14 @@ steps, ``long_batch_size`` x 256 for the last ``long_steps``.
 
 The model is the recipe's (3 layers, 4 heads, d_model 128, 4,096 tokens of vocabulary) with random weights and random
 tokens: a step's arithmetic does not depend on the values. Each round times ``steps`` steps of each kind, plain and
-fused in turn; it prints each median, the ratio (the median of the rounds' ratios) and the recipe's steps at those
-medians. The measures and the rest of a run (text, tokenizer, final checks) come on top: ``training.json``'s
-``total_seconds`` tells the whole."""
+fused in turn (which goes first alternates from round to round); it prints each median, the ratio (the median of the
+rounds' ratios) and the recipe's steps at those medians. The steps alone: a run also sets its rare words' kept
+directions back after each step (well under a millisecond), and its measures and the rest (text, tokenizer, final
+checks) come on top: ``training.json``'s ``total_seconds`` tells the whole."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from types import SimpleNamespace
@@ -32,7 +34,17 @@ def _median_step(model, optimiser, batch: torch.Tensor, steps: int, fused: bool,
 
 
 def bench_train_step(repeats: int = 5, steps: int = 10, threads: int = 2) -> dict:
+    """``threads``: 0 for every core, as the training command takes it."""
+    threads = threads or os.cpu_count() or 1
+    before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        return _bench(repeats, steps, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _bench(repeats: int, steps: int, threads: int) -> dict:
     torch.manual_seed(0)
     recipe = train_tiny.Recipe()
     model = train_tiny.build_model(recipe, SimpleNamespace(bos_token_id=0, eos_token_id=0))
@@ -43,11 +55,12 @@ def bench_train_step(repeats: int = 5, steps: int = 10, threads: int = 2) -> dic
     counts = {"short": recipe.steps - recipe.long_steps, "long": recipe.long_steps}
     generator = torch.Generator().manual_seed(0)
     kinds: dict[str, dict] = {}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for kind, shape in shapes.items():
             batch = torch.randint(0, recipe.vocab_size, shape, generator=generator)
-            plain = _median_step(model, optimiser, batch, steps, False, recipe.vocab_size)
-            fused = _median_step(model, optimiser, batch, steps, True, recipe.vocab_size)
+            order = (False, True) if round_ % 2 == 0 else (True, False)  # neither always runs first
+            timed = {fused: _median_step(model, optimiser, batch, steps, fused, recipe.vocab_size) for fused in order}
+            plain, fused = timed[False], timed[True]
             times = kinds.setdefault(kind, {"shape": list(shape), "steps_in_recipe": counts[kind], "plain": [],
                                             "fused": []})
             times["plain"].append(plain)

@@ -57,11 +57,16 @@ def mean_next_token_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          rows_per_block: int = ROWS_PER_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of the logits ``hidden @ weight.T`` (an LM head without bias) against ``targets``.
 
-    ``hidden`` [n, d_model] (float32), ``weight`` [vocab, d_model], ``targets`` [n] token ids. Returns the mean loss
-    (differentiable in ``hidden`` and ``weight``) and each row's loss [n] (detached)."""
+    ``hidden`` [n, d_model] and ``weight`` [vocab, d_model], float32; ``targets`` [n] token ids, every one counted
+    (no ``ignore_index``: an id outside the vocabulary raises). Returns the mean loss (differentiable in ``hidden``
+    and ``weight``) and each row's loss [n] (detached)."""
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"expected hidden [n, d], weight [vocab, d], targets [n]; got {tuple(hidden.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(targets.shape)}")
+    if hidden.shape[0] < 1:
+        raise ValueError("no rows: the mean of no losses is not defined")
+    if hidden.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"the fused loss sums in float32; got {hidden.dtype} and {weight.dtype}")
     if rows_per_block < 1:
         raise ValueError("rows_per_block must be at least 1")
     return _MeanNextTokenLoss.apply(hidden, weight, targets, rows_per_block)

@@ -139,8 +139,8 @@ class Recipe:
     # weights give logits sqrt(d_head) times larger: a sharp pattern costs less weight (and weight decay).
     scale_attention: bool = True
     # The LM head and its cross-entropy fused, a block of rows at a time (attnviz.tiny_gpt.loss): the same loss and
-    # gradients up to rounding, a step about 15% faster on a 2-core CPU (docs/benchmarks.md, 2026-12-07). Off in the
-    # shipped recipe: with it, a run is not bit for bit the shipped model's.
+    # gradients up to rounding, about a fifth less time a step on a 2-core CPU (docs/benchmarks.md, 2026-12-07).
+    # Off in the shipped recipe: with it, a run is not bit for bit the shipped model's.
     fused_loss: bool = False
 
 
@@ -433,8 +433,8 @@ def _parser(prog: str, out: Path) -> argparse.ArgumentParser:
     parser.add_argument("--no-copy-positions", action="store_true",
                         help="GPT-2: the untrained positions keep their random start (with --long-steps)")
     parser.add_argument("--fused-loss", action="store_true",
-                        help="the LM head and its loss fused, a block of rows at a time: about 15%% faster on a "
-                             "CPU, the same arithmetic up to rounding (not bit for bit the shipped model)")
+                        help="the LM head and its loss fused, a block of rows at a time: about a fifth less time a "
+                             "step on a CPU, the same arithmetic up to rounding (not bit for bit the shipped model)")
     parser.add_argument("--threads", type=int, default=2,
                         help="CPU threads (default 2, as the shipped model was trained: the same numbers run after run "
                              "on one machine; another count can change the rounding; 0: every core)")
