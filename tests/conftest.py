@@ -80,6 +80,7 @@ SERIAL_GROUP = "servers-browsers-clusters"
 SERIAL_MODULES = {"test_scan_ray.py", "test_concurrent_loads.py", "test_hostile_corpora.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         serial = ("e2e" in item.path.parts or item.path.name in SERIAL_MODULES
