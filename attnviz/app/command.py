@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from attnviz.app import SCRIPT
@@ -67,11 +69,25 @@ def serve(argv: list[str]) -> int:
         command += ["--server.port", str(args.port)]
     if args.address is not None:
         command += ["--server.address", args.address]
-    process = subprocess.Popen(command + streamlit_options)
+    return run_until_stopped(command + streamlit_options)
+
+
+def run_until_stopped(command: list[str]) -> int:
+    """Run ``command`` (the server) and wait for it; its exit status (128 + the signal when a signal ended it).
+    Ctrl-C reaches the server too (the same process group). SIGTERM, how systemd, ``docker stop`` or a test stops
+    ``attnviz serve``, reaches this process alone: it is passed on, so that the server stops with it instead of
+    running on without a parent."""
+    process = subprocess.Popen(command)
+    forwarding = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: process.send_signal(signum)) if forwarding else None
     try:
-        return process.wait()
-    except KeyboardInterrupt:  # Ctrl-C reaches the server too (same process group): wait for it to stop
-        return process.wait()
+        code = process.wait()
+    except KeyboardInterrupt:
+        code = process.wait()
+    finally:
+        if forwarding:
+            signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code  # ended by a signal: the shell's status for it (SIGTERM: 143)
 
 
 def _train_tiny(argv: list[str]) -> int:
