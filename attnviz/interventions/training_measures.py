@@ -214,6 +214,16 @@ class PhaseChange:
                 "before": self.before, "low": self.low, "high": self.high}
 
 
+def followed_head(induction) -> tuple[int, int] | None:
+    """The head :data:`PHASE_RULE` follows: the highest finite induction score at the last step of ``induction``
+    ``[measured steps][layers][heads]`` (the first such head on a tie); None when no score there is finite."""
+    last = torch.as_tensor(induction, dtype=torch.float64)[-1]  # [layers, heads]
+    if not torch.isfinite(last).any():
+        return None
+    layer, head = divmod(int(torch.where(torch.isfinite(last), last, -torch.inf).flatten().argmax()), last.shape[1])
+    return layer, head
+
+
 def phase_change(steps: list[int], induction: list[list[list[float]]]) -> PhaseChange | None:
     """:data:`PHASE_RULE` on the induction scores ``[measured steps][layers][heads]`` at ``steps`` (ascending). A score
     that is not finite (a diverged checkpoint) is never the highest, nor past any share of the rise."""
@@ -221,10 +231,10 @@ def phase_change(steps: list[int], induction: list[list[list[float]]]) -> PhaseC
     if not len(steps) or scores.numel() == 0:
         return None
     finite = torch.isfinite(scores)
-    last = torch.where(finite[-1], scores[-1], -torch.inf).flatten()
-    if not finite[-1].any():
+    followed = followed_head(scores)
+    if followed is None:
         return None
-    layer, head = divmod(int(last.argmax()), scores.shape[2])
+    layer, head = followed
     curve = scores[:, layer, head]  # [steps]
     kept = finite[:, layer, head]
     if int(kept.sum()) < 2:
@@ -233,15 +243,15 @@ def phase_change(steps: list[int], induction: list[list[list[float]]]) -> PhaseC
     if high - low < LEAST_RISE:
         return None
 
-    def past(share: float) -> torch.Tensor:  # [steps] bool; False where the score is not finite
-        return curve >= low + share * (high - low)
+    def past(share: float) -> list[bool]:  # per step; False where the score is not finite
+        return (curve >= low + share * (high - low)).tolist()
 
-    end = int(past(0.9).nonzero()[0])
+    end = past(0.9).index(True)
 
     def last_rise(share: float) -> int:
         """The first step of the unbroken stretch past ``share`` that reaches ``end``."""
-        index = end
-        while index > 0 and bool(past(share)[index - 1]):
+        above, index = past(share), end
+        while index > 0 and above[index - 1]:
             index -= 1
         return index
 

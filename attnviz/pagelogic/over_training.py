@@ -218,10 +218,10 @@ def phase_words(run: Run) -> str:
     if scores.size == 0:
         return "This run has no induction scores: no phase change can be placed."
     if phase is None:
-        last = np.where(np.isfinite(scores[-1]), scores[-1], -np.inf)
-        if not np.isfinite(last).any():
+        followed = tm.followed_head(scores)
+        if followed is None:
             return "**No phase change** is marked: no head has a finite induction score at the last step."
-        layer, head = divmod(int(last.flatten().argmax()), scores.shape[2])
+        layer, head = followed
         curve = np.where(np.isfinite(scores[:, layer, head]), scores[:, layer, head], -np.inf)
         said = (f"**No phase change** is marked: the head with the highest induction score at the last step, "
                 f"**{head_label(layer, head)}**, goes from {_n(scores[0, layer, head])} at {_step(steps[0])} to at "

@@ -108,7 +108,7 @@ def _best_heads(report: dict) -> tuple:
 def _fused(recipe) -> str:
     """The loss's words when the run fused it with the LM head (``--fused-loss``); none in the shipped recipe."""
     return (", the LM head and its loss fused a block of rows at a time (`attnviz.tiny_gpt.loss`)"
-            if getattr(recipe, "fused_loss", False) else "")
+            if recipe.fused_loss else "")
 
 
 def _recipe_phrases(recipe, report: dict, *, long_batch: int, copied_positions: bool, rare_count: int):

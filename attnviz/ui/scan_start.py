@@ -143,7 +143,7 @@ def start_button(folder: background.ScanFolder, bundle, corpus: tuple[str | None
              "Resume the scan" if said is not None else f"Scan {planned:,} document{'s' if planned != 1 else ''}")
     characters = characters_noted(facts["chars_every"], facts["characters"], planned)
     reserved = disk.estimated_scan_bytes(planned, max_tokens, bundle.n_layers, bundle.n_heads, characters,
-                                          qk_points, bundle.d_model // max(bundle.n_heads, 1))
+                                         qk_points, bundle.d_model // max(bundle.n_heads, 1))
     if st.button(label, type="primary", key="corpus_scan", disabled=job is not None, icon=":material/play_arrow:"):
         if not finished:
             try:
