@@ -178,29 +178,31 @@ def test_the_command_line_says_what_is_wrong(tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["status"] == "failed"
 
 
+def importance_on_ray(path: str) -> dict:
+    """The run on Ray, in the child process of :mod:`tests.ray_child` (a cluster of its own)."""
+    from attnviz.corpus.importance.on_ray import run_importance_on_ray
+
+    seen = []
+    state = run_importance_on_ray(corpus(), BUNDLED_GPT_DIR, path, SETTINGS, address=None, workers=2,
+                                  loaded=iv.editable_lm(BUNDLED_GPT_DIR), progress=lambda s: seen.append(s.done))
+    return {"status": state.status, "seen": seen}
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
-    from attnviz.corpus.importance.on_ray import run_importance_on_ray
     from attnviz.corpus.on_ray import ray_available
+    from tests.ray_child import on_ray
 
     if not ray_available():
         pytest.skip("Ray is an optional extra")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "here.duckdb", SETTINGS, loaded=tiny_gpt)
-        seen = []
-        state = run_importance_on_ray(corpus(), BUNDLED_GPT_DIR, tmp_path / "ray.duckdb", SETTINGS, address=None,
-                                      workers=2, loaded=tiny_gpt, progress=lambda s: seen.append(s.done))
-        assert state.status == istore.STATUS_FINISHED and seen[-1] == 8
-        here, there = table(tmp_path / "here.duckdb", EFFECTS), table(tmp_path / "ray.duckdb", EFFECTS)
-        assert [row[:4] for row in here] == [row[:4] for row in there]
-        for a, b in zip(here, there, strict=True):
-            assert (a[4] is None and b[4] is None) or a[4] == pytest.approx(b[4], rel=1e-5, abs=1e-7)
-    finally:
-        ray.shutdown()
+    run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "here.duckdb", SETTINGS, loaded=tiny_gpt)
+    answer = on_ray("tests.test_importance_corpus:importance_on_ray", path=str(tmp_path / "ray.duckdb"))
+    assert answer["status"] == istore.STATUS_FINISHED and answer["seen"][-1] == 8
+    here, there = table(tmp_path / "here.duckdb", EFFECTS), table(tmp_path / "ray.duckdb", EFFECTS)
+    assert [row[:4] for row in here] == [row[:4] for row in there]
+    for a, b in zip(here, there, strict=True):
+        assert (a[4] is None and b[4] is None) or a[4] == pytest.approx(b[4], rel=1e-5, abs=1e-7)
 
 
 def test_corpus_means_weigh_every_token_alike(tiny_gpt):

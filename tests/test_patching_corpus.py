@@ -241,24 +241,26 @@ def test_the_api_resumes_a_run_and_gives_its_spread(whole, direct, tmp_path):
         patch_corpus(corpus(), str(BUNDLED_GPT_DIR), tmp_path / "x.duckdb", progress=False, periods=3)
 
 
+def patching_on_ray(path: str) -> dict:
+    """The run on Ray, in the child process of :mod:`tests.ray_child` (a cluster of its own)."""
+    from attnviz.corpus.patching.on_ray import run_patching_on_ray
+
+    seen = []
+    state = run_patching_on_ray(corpus(), BUNDLED_GPT_DIR, path, SETTINGS, address=None, workers=2,
+                                loaded=load_model(BUNDLED_GPT_DIR), progress=lambda s: seen.append(s.done))
+    return {"status": state.status, "seen": seen, "skipped": state.skipped}
+
+
 @pytest.mark.slow
 @pytest.mark.serial
-def test_ray_gives_the_same_results_as_the_run_here(whole, tiny_gpt, tmp_path):
+def test_ray_gives_the_same_results_as_the_run_here(whole, tmp_path):
     from attnviz.corpus.on_ray import ray_available
-    from attnviz.corpus.patching.on_ray import run_patching_on_ray
+    from tests.ray_child import on_ray
 
     if not ray_available():
         pytest.skip("Ray is an optional extra")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        seen = []
-        state = run_patching_on_ray(corpus(), BUNDLED_GPT_DIR, tmp_path / "ray.duckdb", SETTINGS, address=None,
-                                    workers=2, loaded=tiny_gpt, progress=lambda s: seen.append(s.done))
-    finally:
-        ray.shutdown()
-    assert state.status == pstore.STATUS_FINISHED and seen[-1] == 7 and state.skipped == 1
+    state = on_ray("tests.test_patching_corpus:patching_on_ray", path=str(tmp_path / "ray.duckdb"))
+    assert state["status"] == pstore.STATUS_FINISHED and state["seen"][-1] == 7 and state["skipped"] == 1
     here, there = table(whole, CELLS), table(tmp_path / "ray.duckdb", CELLS)
     assert [row[:6] for row in here] == [row[:6] for row in there]
     for a, b in zip(here, there, strict=True):

@@ -177,23 +177,25 @@ def test_another_corpus_a_missing_one_and_an_unknown_statistic_are_refused_in_wo
     assert sr.series_key(series, settings_with(corpus)) == sr.series_key(series, sr.SeriesSettings(**PROBE))
 
 
+def series_on_ray(series: str, path: str, corpus: str) -> dict:
+    """The run on Ray, in the child process of :mod:`tests.ray_child` (a cluster of its own)."""
+    from attnviz.corpus.series.on_ray import run_series_on_ray
+
+    return {"status": run_series_on_ray(series, path, settings_with(corpus), address=None, workers=1).status}
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_measures_and_maps_as_the_run_here(series, corpus, scanned, tmp_path):
     """Each actor loads, measures and scans its checkpoints; the driver commits them as the run here does."""
     from attnviz.corpus.on_ray import ray_available
-    from attnviz.corpus.series.on_ray import run_series_on_ray
+    from tests.ray_child import on_ray
 
     if not ray_available():
         pytest.skip("Ray is an optional extra")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        state = run_series_on_ray(series, tmp_path / "ray.duckdb", settings_with(corpus), address=None, workers=1)
-    finally:
-        ray.shutdown()
-    assert state.status == sstore.STATUS_FINISHED
+    state = on_ray("tests.test_series_scans:series_on_ray", series=str(series), path=str(tmp_path / "ray.duckdb"),
+                   corpus=str(corpus))
+    assert state["status"] == sstore.STATUS_FINISHED
     assert_same_maps(maps_of(tmp_path / "ray.duckdb"), maps_of(scanned), rtol=1e-5)
     assert_same_rows(sstore.open_series(tmp_path / "ray.duckdb").rows, sstore.open_series(scanned).rows, rel=1e-5,
                      abs_=1e-6)
