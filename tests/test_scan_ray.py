@@ -43,3 +43,15 @@ def test_ray_gives_the_same_tables_as_in_process(bert, tmp_path):
     assert answer["stopped_status"] == store.STATUS_STOPPED and 0 < answer["stopped_done"] < len(TEXTS)
     run_scan(corpus, bert, stopped, SETTINGS)
     assert_same_tables(tables(tmp_path / "local.duckdb"), tables(stopped), rtol=2e-5, atol=1e-6)
+
+
+def test_no_test_starts_ray_in_the_pytest_worker():
+    """A cluster started in a pytest-xdist worker can take the worker down with it (tests/ray_child.py says how):
+    every test's cluster starts in the child of tests.ray_child."""
+    from pathlib import Path
+
+    starts = ("ray" + ".init(", "start" + "_ray(", "joined" + "_ray(")  # split: this file would name itself
+    tests = Path(__file__).parent
+    found = sorted(f"{path.relative_to(tests)}: {start}" for path in tests.rglob("*.py") if path.name != "ray_child.py"
+                   for start in starts if start in path.read_text(encoding="utf-8"))
+    assert found == []
