@@ -1,7 +1,7 @@
 """A test's Ray run in a process of its own: ``python -m tests.ray_child MODULE:FUNCTION ARGUMENTS``.
 
-A Ray driver's core worker ends the process it lives in, with no Python traceback, when it loses its raylet (a
-starved or killed cluster); inside a pytest-xdist worker that takes the worker and the test's fixtures down, and
+A Ray driver's C++ core worker can end the process it lives in with no Python traceback (when it loses its raylet,
+for one); inside a pytest-xdist worker that takes the worker and the test's fixtures down, and
 pytest-xdist 3.8 then waits forever for the scheduler's next item (pytest-dev/pytest-xdist#1378): CI stopped at its
 90-minute limit with nothing named (2026-12-07, in the patching Ray test, the second cluster of its worker). So a
 test starts its cluster here, one per run, and what goes wrong is a failed test that shows the child's output and
@@ -20,6 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from attnviz.corpus.on_ray import ray_available, start_ray
+
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = "RAY-CHILD-ANSWER "
 RAY_LOGS = Path("/tmp/ray")  # Ray's default temporary folder: session_*/logs/python-core-driver-*_<pid>.log
@@ -27,7 +31,10 @@ RAY_LOGS = Path("/tmp/ray")  # Ray's default temporary folder: session_*/logs/py
 
 def on_ray(target: str, timeout: float = 540, **arguments) -> dict:
     """``target`` ("tests.module:function") called with ``arguments`` (JSON values) on a local Ray cluster in a child
-    process; its answer. A child that fails, dies or outlives ``timeout`` fails the test with what it printed."""
+    process; its answer. A child that fails, dies or outlives ``timeout`` fails the test with what it printed; the
+    test is skipped where Ray is not installed (an optional extra)."""
+    if not ray_available():
+        pytest.skip("Ray is an optional extra")
     command = [sys.executable, "-m", "tests.ray_child", target, json.dumps(arguments)]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -57,7 +64,7 @@ def main(argv: list[str]) -> int:
     function = getattr(importlib.import_module(module), name)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(None, num_cpus=2)
     try:
         answer = function(**json.loads(arguments))
     finally:

@@ -191,11 +191,8 @@ def importance_on_ray(path: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_results_as_the_run_here(tiny_gpt, tmp_path):
-    from attnviz.corpus.on_ray import ray_available
     from tests.ray_child import on_ray
 
-    if not ray_available():
-        pytest.skip("Ray is an optional extra")
     run_importance(corpus(), BUNDLED_GPT_DIR, tmp_path / "here.duckdb", SETTINGS, loaded=tiny_gpt)
     answer = on_ray("tests.test_importance_corpus:importance_on_ray", path=str(tmp_path / "ray.duckdb"))
     assert answer["status"] == istore.STATUS_FINISHED and answer["seen"][-1] == 8

@@ -254,11 +254,8 @@ def patching_on_ray(path: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_ray_gives_the_same_results_as_the_run_here(whole, tmp_path):
-    from attnviz.corpus.on_ray import ray_available
     from tests.ray_child import on_ray
 
-    if not ray_available():
-        pytest.skip("Ray is an optional extra")
     state = on_ray("tests.test_patching_corpus:patching_on_ray", path=str(tmp_path / "ray.duckdb"))
     assert state["status"] == pstore.STATUS_FINISHED and state["seen"][-1] == 7 and state["skipped"] == 1
     here, there = table(whole, CELLS), table(tmp_path / "ray.duckdb", CELLS)

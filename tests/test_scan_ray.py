@@ -4,12 +4,10 @@ process (:mod:`tests.ray_child`)."""
 
 import pytest
 
-from attnviz.corpus.on_ray import ray_available
 from attnviz.corpus.scan import store
 from attnviz.corpus.scan.runner import ScanSettings, run_scan
 from tests.test_scan import TEXTS, assert_same_tables, small_corpus, tables
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ray_available(), reason="Ray is an optional extra")]
 SETTINGS = ScanSettings(max_docs=10, max_tokens=20, chunk_docs=2)
 
 
@@ -28,6 +26,7 @@ def scans_on_ray(whole: str, stopped: str) -> dict:
             "stopped_status": stopped_state.status, "stopped_done": stopped_state.done}
 
 
+@pytest.mark.slow
 def test_ray_gives_the_same_tables_as_in_process(bert, tmp_path):
     from tests.ray_child import on_ray
 

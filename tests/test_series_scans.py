@@ -188,11 +188,8 @@ def series_on_ray(series: str, path: str, corpus: str) -> dict:
 @pytest.mark.serial
 def test_ray_gives_the_same_measures_and_maps_as_the_run_here(series, corpus, scanned, tmp_path):
     """Each actor loads, measures and scans its checkpoints; the driver commits them as the run here does."""
-    from attnviz.corpus.on_ray import ray_available
     from tests.ray_child import on_ray
 
-    if not ray_available():
-        pytest.skip("Ray is an optional extra")
     state = on_ray("tests.test_series_scans:series_on_ray", series=str(series), path=str(tmp_path / "ray.duckdb"),
                    corpus=str(corpus))
     assert state["status"] == sstore.STATUS_FINISHED
